@@ -1,0 +1,93 @@
+"""Typed values at the engine's boundary: what goes in (fields, questions, placements) and what
+comes out (one result per strategy, a report). The CLI, the Celery tasks and the benchmarks speak
+only these; `Report.to_dict()` is the JSON contract of `kvnotes edit|compose --json`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Callable
+
+import numpy as np
+
+STRATEGIES = ("recompute", "prefix_reuse", "stale", "in_place", "erratum", "field_erratum", "selective", "auto")
+
+# stage name, fraction done in [0, 1]
+ProgressFn = Callable[[str, float], None]
+
+
+class EngineError(ValueError):
+    """Bad input or an impossible operation; the message is one line a person can act on."""
+
+
+@dataclass(frozen=True)
+class Field:
+    """A character span [start, end) of the document and the value it should now hold."""
+
+    start: int
+    end: int
+    new_value: str
+    label: str = ""
+
+
+@dataclass(frozen=True)
+class Question:
+    """The readout: a question asked after the document. With `choices` the decision is the most
+    probable whole choice; without, a greedy generation of up to `max_new_tokens`."""
+
+    text: str
+    choices: tuple[str, ...] = ()
+    cot: bool = False
+    max_new_tokens: int = 32
+
+
+@dataclass
+class StrategyResult:
+    """One strategy's decision and its fidelity against `recompute` (same names as the CLI JSON)."""
+
+    decision: str
+    choice_probs: dict[str, float]
+    kl_to_recompute: float
+    top1_agrees: bool
+    topk_overlap: int
+    logit_cosine: float
+    decision_matches_recompute: bool
+    tokens_computed: int
+    latency_ms: float
+    text: str = ""  # generated text (free answer or chain of thought), "" when scored over choices
+    detail: str = ""  # e.g. which strategy `auto` picked, or the selective fraction
+
+
+@dataclass
+class TokenView:
+    """A cached token as the UI shows it: id, text, and its character span in the document (or -1)."""
+
+    id: int
+    text: str
+    start: int
+    end: int
+    segment: str  # "frame" | "document" | "skill" | "erratum" | "question"
+
+
+@dataclass
+class Attention:
+    """Attention of the decision position over every cached position, every layer and head.
+    weights: float16 [layers, heads, T]; tokens: the T cached tokens it looks at."""
+
+    weights: np.ndarray
+    tokens: list[TokenView]
+
+
+@dataclass
+class Report:
+    model: str
+    document_tokens: int
+    strategies: dict[str, StrategyResult] = field(default_factory=dict)
+    attention: dict[str, Attention] = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return {
+            "model": self.model,
+            "document_tokens": self.document_tokens,
+            "strategies": {name: asdict(r) for name, r in self.strategies.items()},
+        }
