@@ -1,0 +1,240 @@
+"""The database schema as a typed SQLAlchemy 2 ORM: what a user makes (notebooks, fields, errata,
+skills, placements, questions) and what a run produced (runs, run results).
+
+The database is the source of truth; the broker carries only ids. A run keeps a `snapshot` of
+exactly what it ran on, so editing or deleting the notebook afterwards never changes an old result
+(deleting a notebook sets `runs.notebook_id` to NULL instead of deleting its runs). Attention maps
+are stored compactly: float16 bytes `[layers, heads, T]` in a blob column, never JSON floats.
+The worker imports these models; nothing here imports the worker.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    Boolean,
+    CheckConstraint,
+    DateTime,
+    Float,
+    ForeignKey,
+    Integer,
+    LargeBinary,
+    MetaData,
+    String,
+    Text,
+    UniqueConstraint,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+
+STRATEGIES = ("recompute", "prefix_reuse", "stale", "in_place", "erratum", "field_erratum", "selective", "auto")
+RUN_STATUSES = ("queued", "running", "succeeded", "failed", "cancelled")
+RUN_FINISHED = ("succeeded", "failed", "cancelled")
+SKILL_STATUSES = ("draft", "compiling", "compiled", "failed")
+ERRATUM_SOURCES = ("generated", "custom")
+
+NAMING_CONVENTION = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+def _one_of(column: str, values: tuple[str, ...]) -> str:
+    return f"{column} IN ({', '.join(repr(v) for v in values)})"
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+
+
+class Notebook(Base):
+    __tablename__ = "notebooks"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    title: Mapped[str] = mapped_column(String(200))
+    model: Mapped[str] = mapped_column(String(200))
+    document: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow, onupdate=utcnow)
+
+    fields: Mapped[list[Field]] = relationship(
+        back_populates="notebook", cascade="all, delete-orphan", passive_deletes=True, order_by="Field.start"
+    )
+    errata: Mapped[list[Erratum]] = relationship(
+        back_populates="notebook", cascade="all, delete-orphan", passive_deletes=True,
+        order_by="(Erratum.position, Erratum.id)",
+    )
+    placements: Mapped[list[Placement]] = relationship(
+        back_populates="notebook", cascade="all, delete-orphan", passive_deletes=True, order_by="Placement.id"
+    )
+    questions: Mapped[list[Question]] = relationship(
+        back_populates="notebook", cascade="all, delete-orphan", passive_deletes=True, order_by="Question.id"
+    )
+
+    @property
+    def question(self) -> Question | None:
+        """The notebook's current question: its latest."""
+        return self.questions[-1] if self.questions else None
+
+
+class Field(Base):
+    """A character span [start, end) of the document, its old value and the value it now holds."""
+
+    __tablename__ = "fields"
+    __table_args__ = (CheckConstraint("start >= 0 AND start < \"end\"", name="span"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    notebook_id: Mapped[int] = mapped_column(ForeignKey("notebooks.id", ondelete="CASCADE"), index=True)
+    start: Mapped[int] = mapped_column(Integer)
+    end: Mapped[int] = mapped_column(Integer)
+    old_value: Mapped[str] = mapped_column(Text)
+    new_value: Mapped[str] = mapped_column(Text)
+    label: Mapped[str] = mapped_column(String(200), default="")
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+    notebook: Mapped[Notebook] = relationship(back_populates="fields")
+
+
+class Erratum(Base):
+    """A correction appended after the document: generated from a field, or written by hand.
+    A generated erratum edited by hand becomes `custom` and is no longer re-rendered."""
+
+    __tablename__ = "errata"
+    __table_args__ = (CheckConstraint(_one_of("source", ERRATUM_SOURCES), name="source"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    notebook_id: Mapped[int] = mapped_column(ForeignKey("notebooks.id", ondelete="CASCADE"), index=True)
+    field_id: Mapped[int | None] = mapped_column(ForeignKey("fields.id", ondelete="SET NULL"), index=True)
+    text: Mapped[str] = mapped_column(Text)
+    source: Mapped[str] = mapped_column(String(16), default="custom")
+    position: Mapped[int] = mapped_column(Integer, default=0)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+    notebook: Mapped[Notebook] = relationship(back_populates="errata")
+
+
+class Skill(Base):
+    """A text compiled once into notes (KV) that can be spliced into any notebook."""
+
+    __tablename__ = "skills"
+    __table_args__ = (CheckConstraint(_one_of("status", SKILL_STATUSES), name="status"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String(200))
+    text: Mapped[str] = mapped_column(Text)
+    model: Mapped[str] = mapped_column(String(200))
+    status: Mapped[str] = mapped_column(String(16), default="draft")
+    token_count: Mapped[int | None] = mapped_column(Integer)
+    store_key: Mapped[str | None] = mapped_column(String(200))
+    compile_ms: Mapped[float | None] = mapped_column(Float)
+    error: Mapped[str | None] = mapped_column(Text)
+    progress: Mapped[float] = mapped_column(Float, default=0.0)
+    task_id: Mapped[str | None] = mapped_column(String(64))
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow, onupdate=utcnow)
+
+
+class Placement(Base):
+    """A skill spliced into a notebook at a character offset of the document (NULL: at the end)."""
+
+    __tablename__ = "placements"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    notebook_id: Mapped[int] = mapped_column(ForeignKey("notebooks.id", ondelete="CASCADE"), index=True)
+    skill_id: Mapped[int] = mapped_column(ForeignKey("skills.id", ondelete="CASCADE"), index=True)
+    position: Mapped[int | None] = mapped_column(Integer)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+    notebook: Mapped[Notebook] = relationship(back_populates="placements")
+    skill: Mapped[Skill] = relationship()
+
+
+class Question(Base):
+    """The readout asked after the document; a notebook's current question is its latest."""
+
+    __tablename__ = "questions"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    notebook_id: Mapped[int] = mapped_column(ForeignKey("notebooks.id", ondelete="CASCADE"), index=True)
+    text: Mapped[str] = mapped_column(Text)
+    choices: Mapped[list[str]] = mapped_column(JSON, default=list)
+    cot: Mapped[bool] = mapped_column(Boolean, default=False)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+    notebook: Mapped[Notebook] = relationship(back_populates="questions")
+
+
+class Run(Base):
+    """One request to the worker. `snapshot` is exactly what was run (see
+    `app.services.runs.build_snapshot`); `notebook_id` becomes NULL if the notebook is deleted."""
+
+    __tablename__ = "runs"
+    __table_args__ = (CheckConstraint(_one_of("status", RUN_STATUSES), name="status"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    notebook_id: Mapped[int | None] = mapped_column(ForeignKey("notebooks.id", ondelete="SET NULL"), index=True)
+    kind: Mapped[str] = mapped_column(String(16), default="edit")
+    snapshot: Mapped[dict[str, Any]] = mapped_column(JSON)
+    strategies: Mapped[list[str]] = mapped_column(JSON)
+    status: Mapped[str] = mapped_column(String(16), default="queued", index=True)
+    stage: Mapped[str] = mapped_column(String(64), default="queued")
+    progress: Mapped[float] = mapped_column(Float, default=0.0)
+    error: Mapped[str | None] = mapped_column(Text)
+    worker: Mapped[str | None] = mapped_column(String(200))
+    task_id: Mapped[str | None] = mapped_column(String(64))
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    heartbeat_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    timings: Mapped[dict[str, float]] = mapped_column(JSON, default=dict)
+
+    results: Mapped[list[RunResult]] = relationship(
+        back_populates="run", cascade="all, delete-orphan", passive_deletes=True, order_by="RunResult.id"
+    )
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status in RUN_FINISHED
+
+    @property
+    def model(self) -> str:
+        return str(self.snapshot.get("model", ""))
+
+
+class RunResult(Base):
+    """One strategy's decision and fidelity against `recompute` (the engine's JSON names), its
+    generated text, and the decision's attention over the cached tokens."""
+
+    __tablename__ = "run_results"
+    __table_args__ = (UniqueConstraint("run_id", "strategy"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), index=True)
+    strategy: Mapped[str] = mapped_column(String(32))
+    decision: Mapped[str] = mapped_column(Text, default="")
+    choice_probs: Mapped[dict[str, float]] = mapped_column(JSON, default=dict)
+    kl_to_recompute: Mapped[float] = mapped_column(Float, default=0.0)
+    top1_agrees: Mapped[bool] = mapped_column(Boolean, default=True)
+    topk_overlap: Mapped[int] = mapped_column(Integer, default=0)
+    logit_cosine: Mapped[float] = mapped_column(Float, default=1.0)
+    decision_matches_recompute: Mapped[bool] = mapped_column(Boolean, default=True)
+    tokens_computed: Mapped[int] = mapped_column(Integer, default=0)
+    latency_ms: Mapped[float] = mapped_column(Float, default=0.0)
+    text: Mapped[str] = mapped_column(Text, default="")
+    detail: Mapped[str] = mapped_column(Text, default="")
+    # float16 bytes, C order, shape `attention_shape` = [layers, heads, T]; loaded only when asked for.
+    attention: Mapped[bytes | None] = mapped_column(LargeBinary, deferred=True)
+    attention_shape: Mapped[list[int] | None] = mapped_column(JSON)
+    # [{id, text, start, end, segment}] for the T cached tokens the attention looks at
+    tokens: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON)
+
+    run: Mapped[Run] = relationship(back_populates="results")

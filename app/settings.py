@@ -1,0 +1,79 @@
+"""One place for configuration: the data folder, the database / broker / result-backend URLs, the
+models offered, and every input limit the API enforces.
+
+Read from the environment (explicit names, no prefix) by pydantic-settings. Every URL defaults to a
+SQLite file under the data folder, so `kvnotes serve` runs with nothing else installed; production
+sets `DATABASE_URL` (PostgreSQL) and `BROKER_URL` / `RESULT_BACKEND` (Redis or RabbitMQ).
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+
+from pydantic import Field, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(extra="ignore", populate_by_name=True)
+
+    data_dir: Path = Field(default=Path("./var"), validation_alias="KVNOTES_DATA")
+    database_url: str = Field(default="", validation_alias="DATABASE_URL")
+    broker_url: str = Field(default="", validation_alias="BROKER_URL")
+    result_backend: str = Field(default="", validation_alias="RESULT_BACKEND")
+    default_model: str = Field(default="smollm2-135m", validation_alias="KVNOTES_DEFAULT_MODEL")
+    models_csv: str = Field(default="smollm2-135m,gemma3-270m", validation_alias="KVNOTES_MODELS")
+
+    # Limits: the API answers 422 naming the field and the limit when one is exceeded.
+    max_document_chars: int = Field(default=200_000, validation_alias="KVNOTES_MAX_DOCUMENT_CHARS")
+    max_document_tokens: int = Field(default=8192, validation_alias="KVNOTES_MAX_DOCUMENT_TOKENS")
+    max_upload_bytes: int = Field(default=1 << 20, validation_alias="KVNOTES_MAX_UPLOAD_BYTES")
+    max_fields: int = Field(default=32, validation_alias="KVNOTES_MAX_FIELDS")
+    max_errata: int = Field(default=32, validation_alias="KVNOTES_MAX_ERRATA")
+    max_placements: int = Field(default=32, validation_alias="KVNOTES_MAX_PLACEMENTS")
+    max_choices: int = Field(default=16, validation_alias="KVNOTES_MAX_CHOICES")
+    max_question_chars: int = Field(default=2_000, validation_alias="KVNOTES_MAX_QUESTION_CHARS")
+    max_label_chars: int = Field(default=200, validation_alias="KVNOTES_MAX_LABEL_CHARS")
+    max_value_chars: int = Field(default=2_000, validation_alias="KVNOTES_MAX_VALUE_CHARS")
+    max_skill_chars: int = Field(default=20_000, validation_alias="KVNOTES_MAX_SKILL_CHARS")
+    max_title_chars: int = Field(default=200, validation_alias="KVNOTES_MAX_TITLE_CHARS")
+
+    # How long the web process waits for the broker before answering 503.
+    broker_connect_timeout_s: float = Field(default=3.0, validation_alias="KVNOTES_BROKER_TIMEOUT")
+
+    @field_validator("data_dir")
+    @classmethod
+    def _absolute(cls, value: Path) -> Path:
+        return value.expanduser().resolve()
+
+    @model_validator(mode="after")
+    def _defaults_under_data_dir(self) -> Settings:
+        data = self.data_dir.as_posix()
+        if not self.database_url:
+            self.database_url = f"sqlite:///{data}/kvnotes.db"
+        if not self.broker_url:
+            self.broker_url = f"sqla+sqlite:///{data}/broker.db"
+        if not self.result_backend:
+            self.result_backend = f"db+sqlite:///{data}/results.db"
+        return self
+
+    @property
+    def models(self) -> list[str]:
+        """Model aliases offered in the UI, the default first."""
+        names = [m.strip() for m in self.models_csv.split(",") if m.strip()]
+        return [self.default_model, *[m for m in names if m != self.default_model]]
+
+    def ensure_data_dir(self) -> Path:
+        """Create the data folder (and nothing else) when it is missing."""
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        return self.data_dir
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    """The process's settings, read once. Tests call `get_settings.cache_clear()` after changing
+    the environment."""
+    settings = Settings()
+    settings.ensure_data_dir()
+    return settings

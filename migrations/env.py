@@ -1,0 +1,62 @@
+"""Alembic environment: the URL from settings (or the one `app.migrate` hands over), the ORM's
+metadata as the target, and batch mode so ALTERs work on SQLite."""
+
+from __future__ import annotations
+
+from logging.config import fileConfig
+
+from alembic import context
+from sqlalchemy import Connection
+
+from app.db import make_engine
+from app.models import Base
+from app.settings import get_settings
+
+config = context.config
+if config.config_file_name is not None and config.attributes.get("configure_logger", True):
+    fileConfig(config.config_file_name, disable_existing_loggers=False)
+
+target_metadata = Base.metadata
+
+
+def _url() -> str:
+    return (
+        context.get_x_argument(as_dictionary=True).get("url")
+        or config.attributes.get("url")
+        or get_settings().database_url
+    )
+
+
+def _configure(**kwargs: object) -> None:
+    context.configure(target_metadata=target_metadata, render_as_batch=True, compare_type=True, **kwargs)
+
+
+def run_migrations_offline() -> None:
+    _configure(url=_url(), literal_binds=True, dialect_opts={"paramstyle": "named"})
+    with context.begin_transaction():
+        context.run_migrations()
+
+
+def _run_with(connection: Connection) -> None:
+    _configure(connection=connection)
+    with context.begin_transaction():
+        context.run_migrations()
+
+
+def run_migrations_online() -> None:
+    connection = config.attributes.get("connection")
+    if connection is not None:
+        _run_with(connection)
+        return
+    engine = make_engine(_url())
+    try:
+        with engine.connect() as connection:
+            _run_with(connection)
+    finally:
+        engine.dispose()
+
+
+if context.is_offline_mode():
+    run_migrations_offline()
+else:
+    run_migrations_online()
