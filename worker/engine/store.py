@@ -1,0 +1,372 @@
+"""The KV store: notes (per-layer keys and values) on disk, content addressed and block hashed.
+
+A sequence's notes are cut into fixed-size token blocks, the way a serving engine's prefix cache
+(vLLM's block pool) does it. A block's key hashes (model key, block size, EVERY token id up to the
+block's end), so two documents that share a prefix share those blocks, and a lookup walks the chain
+until the first block it does not have. Only full blocks are stored as blocks; `put` also writes a
+small manifest for the whole sequence (its block keys plus the partial tail) so a compiled skill can
+be fetched back exactly by the key `put` returned.
+
+Files are safetensors under `<root>/blocks/ab/<key>.safetensors` and `<root>/seqs/ab/<key>...`.
+Every file carries a sha256 of its tensor bytes in its metadata, checked on every load: a corrupted
+or truncated file is deleted, counted (`corrupt`) and treated as a miss, never returned. An sqlite
+index (`<root>/index.sqlite`) holds sizes, a least-recently-used clock and the hit/miss counters;
+it is shared safely between processes, so the web side can read `stats()` too. Writes go through a
+temporary file and `os.replace`, so a reader never sees half a file from a writer that is still
+running (a writer killed mid-write leaves only a stray `.tmp`).
+
+Tensors come in and go out as [kv_heads, T, head_dim] per layer (batch dimension squeezed), in the
+dtype they were given (float32 on CPU, bfloat16 on GPU); they are returned on the CPU.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import sqlite3
+import struct
+import tempfile
+import threading
+from collections.abc import Sequence
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+from safetensors.torch import load as st_load
+from safetensors.torch import save as st_save
+
+log = logging.getLogger(__name__)
+
+Layers = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: (keys, values), each [kv_heads, T, head_dim]
+
+# kind: 'block' | 'seq'; last_access: a logical LRU clock, strictly increasing across processes
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS entries (
+    key TEXT PRIMARY KEY,
+    kind TEXT NOT NULL,
+    bytes INTEGER NOT NULL,
+    last_access INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS counters (name TEXT PRIMARY KEY, value INTEGER NOT NULL);
+"""
+_COUNTERS = ("hits", "misses", "evictions", "corrupt")
+
+
+class KVStore:
+    """Content-addressed, block-hashed KV notes on disk with a byte budget and LRU eviction.
+
+    Example:
+        >>> store = KVStore(Path("var/kv"), block_tokens=64)
+        >>> key = store.put("smollm2-135m", ids, layers)       # layers[i] = (k, v), [kv_heads, T, head_dim]
+        >>> n, prefix = store.get_prefix("smollm2-135m", ids + more_ids)   # n == 64 * (len(ids) // 64)
+        >>> store.get(key)                                     # the whole sequence again, exactly
+    """
+
+    def __init__(self, root: Path, block_tokens: int = 64, budget_bytes: int = 4 * 2**30) -> None:
+        if block_tokens < 1:
+            raise ValueError(f"block_tokens must be at least 1, got {block_tokens}")
+        self.root = Path(root)
+        self.block_tokens = block_tokens
+        self.budget_bytes = budget_bytes
+        self._lock = threading.Lock()
+        (self.root / "blocks").mkdir(parents=True, exist_ok=True)
+        (self.root / "seqs").mkdir(parents=True, exist_ok=True)
+        with self._db() as db:
+            for statement in _SCHEMA.split(";"):
+                if statement.strip():
+                    db.execute(statement)
+            db.executemany("INSERT OR IGNORE INTO counters VALUES (?, 0)", [(c,) for c in _COUNTERS])
+
+    # ---- public API -------------------------------------------------------------------------
+
+    def put(self, model_key: str, token_ids: Sequence[int], layers: Layers) -> str:
+        """Store the notes of `token_ids`; return the key of the whole sequence (for `get`).
+
+        Full blocks already present are only touched (LRU), not rewritten."""
+        ids = [int(t) for t in token_ids]
+        layers = _squeeze(layers)
+        _check_shapes(layers, len(ids))
+        block_keys = self._block_keys(model_key, ids)
+        written: list[tuple[str, str, int]] = []
+        for i, bkey in enumerate(block_keys):
+            path = self._path("block", bkey)
+            if path.exists() and self._known(bkey):
+                self._touch(bkey)
+                continue
+            s, e = i * self.block_tokens, (i + 1) * self.block_tokens
+            tensors = _layer_tensors(layers, s, e)
+            tensors["token_ids"] = torch.tensor(ids[s:e], dtype=torch.int64)
+            written.append((bkey, "block", self._write(path, tensors, {"model_key": model_key})))
+        seq_key = _hash(b"seq", model_key.encode(), str(self.block_tokens).encode(), _ids_bytes(ids))
+        tail_start = len(block_keys) * self.block_tokens
+        tail = _layer_tensors(layers, tail_start, len(ids))
+        tail["token_ids"] = torch.tensor(ids, dtype=torch.int64)
+        meta = {"model_key": model_key, "blocks": json.dumps(block_keys), "n_layers": str(len(layers))}
+        written.append((seq_key, "seq", self._write(self._path("seq", seq_key), tail, meta)))
+        self._record(written)
+        self._evict()
+        return seq_key
+
+    def get_prefix(self, model_key: str, token_ids: Sequence[int]) -> tuple[int, Layers | None]:
+        """The longest stored block prefix of `token_ids`: (n_tokens, layers cut to n_tokens).
+
+        Counts one hit per block found and one miss per full block of the query not found."""
+        ids = [int(t) for t in token_ids]
+        block_keys = self._block_keys(model_key, ids)
+        found: list[dict[str, torch.Tensor]] = []
+        for i, bkey in enumerate(block_keys):
+            expect = ids[i * self.block_tokens : (i + 1) * self.block_tokens]
+            loaded = self._load("block", bkey)
+            if loaded is None or loaded[0]["token_ids"].tolist() != expect:
+                break
+            found.append(loaded[0])
+        self._count(hits=len(found), misses=len(block_keys) - len(found))
+        if not found:
+            return 0, None
+        return len(found) * self.block_tokens, _concat(found)
+
+    def get(self, key: str) -> Layers | None:
+        """The whole sequence stored under `key` (as returned by `put`), or None if any part of it
+        is missing, evicted or corrupt (the caller recomputes and puts it again)."""
+        loaded = self._load("seq", key)
+        if loaded is None:
+            self._count(misses=1)
+            return None
+        tail, meta = loaded
+        parts: list[dict[str, torch.Tensor]] = []
+        for bkey in json.loads(meta["blocks"]):
+            block = self._load("block", bkey)
+            if block is None:
+                self._count(misses=1)
+                return None
+            parts.append(block[0])
+        self._count(hits=1)
+        parts.append(tail)
+        return _concat(parts)
+
+    def stats(self) -> dict[str, int]:
+        """Counters since the store was created: hits, misses, blocks, bytes, evictions, corrupt."""
+        with self._db() as db:
+            out = {name: value for name, value in db.execute("SELECT name, value FROM counters")}
+            blocks, total = db.execute(
+                "SELECT COUNT(*) FILTER (WHERE kind = 'block'), COALESCE(SUM(bytes), 0) FROM entries"
+            ).fetchone()
+        return {
+            "hits": out["hits"],
+            "misses": out["misses"],
+            "blocks": blocks,
+            "bytes": total,
+            "evictions": out["evictions"],
+            "corrupt": out["corrupt"],
+        }
+
+    # ---- keys and paths ---------------------------------------------------------------------
+
+    def _block_keys(self, model_key: str, ids: list[int]) -> list[str]:
+        """Chained hashes: block i's key covers the model, the block size and ids[: (i+1)*B]."""
+        keys: list[str] = []
+        prev = _hash(b"root", model_key.encode(), str(self.block_tokens).encode())
+        for i in range(len(ids) // self.block_tokens):
+            chunk = ids[i * self.block_tokens : (i + 1) * self.block_tokens]
+            prev = _hash(b"block", prev.encode(), _ids_bytes(chunk))
+            keys.append(prev)
+        return keys
+
+    def _path(self, kind: str, key: str) -> Path:
+        folder = "blocks" if kind == "block" else "seqs"
+        return self.root / folder / key[:2] / f"{key}.safetensors"
+
+    # ---- files ------------------------------------------------------------------------------
+
+    def _write(self, path: Path, tensors: dict[str, torch.Tensor], meta: dict[str, str]) -> int:
+        """Write atomically (temp file + os.replace) with a checksum; return the bytes written."""
+        meta = {**meta, "sha256": _checksum(tensors)}
+        data = st_save(tensors, metadata=meta)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        return len(data)
+
+    def _load(self, kind: str, key: str) -> tuple[dict[str, torch.Tensor], dict[str, str]] | None:
+        """Read and verify one file: (tensors, metadata), or None when absent. A file that fails verification is deleted,
+        dropped from the index and counted as corrupt."""
+        path = self._path(kind, key)
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            self._forget([key])
+            return None
+        try:
+            meta = _header_metadata(data)
+            tensors = st_load(data)
+            if meta.get("sha256") != _checksum(tensors):
+                raise ValueError("checksum mismatch")
+        except Exception as exc:  # any parse error of a damaged file is the same event: corrupt
+            log.warning("kv store: dropping corrupt %s %s (%s)", kind, key[:12], exc)
+            path.unlink(missing_ok=True)
+            self._forget([key])
+            self._count(corrupt=1)
+            return None
+        self._touch(key, size=len(data), kind=kind)
+        return tensors, meta
+
+    # ---- index ------------------------------------------------------------------------------
+
+    @contextmanager
+    def _db(self):
+        with self._lock:
+            db = sqlite3.connect(self.root / "index.sqlite", timeout=30, isolation_level=None)
+            try:
+                db.execute("PRAGMA journal_mode=WAL")
+                db.execute("BEGIN IMMEDIATE")
+                yield db
+                db.execute("COMMIT")
+            except BaseException:
+                if db.in_transaction:
+                    db.execute("ROLLBACK")
+                raise
+            finally:
+                db.close()
+
+    def _known(self, key: str) -> bool:
+        with self._db() as db:
+            return db.execute("SELECT 1 FROM entries WHERE key = ?", (key,)).fetchone() is not None
+
+    def _record(self, entries: list[tuple[str, str, int]]) -> None:
+        with self._db() as db:
+            for key, kind, size in entries:
+                db.execute(
+                    "INSERT OR REPLACE INTO entries VALUES (?, ?, ?, "
+                    "(SELECT COALESCE(MAX(last_access), 0) + 1 FROM entries))",
+                    (key, kind, size),
+                )
+
+    def _touch(self, key: str, size: int | None = None, kind: str | None = None) -> None:
+        """Move `key` to the most-recent end of the LRU order (re-adding it if another process's
+        index lost it but the verified file is here)."""
+        with self._db() as db:
+            clock = "(SELECT COALESCE(MAX(last_access), 0) + 1 FROM entries)"
+            cur = db.execute(f"UPDATE entries SET last_access = {clock} WHERE key = ?", (key,))
+            if cur.rowcount == 0 and size is not None and kind is not None:
+                db.execute(f"INSERT INTO entries VALUES (?, ?, ?, {clock})", (key, kind, size))
+
+    def _forget(self, keys: list[str]) -> None:
+        with self._db() as db:
+            db.executemany("DELETE FROM entries WHERE key = ?", [(k,) for k in keys])
+
+    def _count(self, **deltas: int) -> None:
+        deltas = {k: v for k, v in deltas.items() if v}
+        if not deltas:
+            return
+        with self._db() as db:
+            for name, delta in deltas.items():
+                db.execute("UPDATE counters SET value = value + ? WHERE name = ?", (delta, name))
+
+    def _evict(self) -> None:
+        """Delete least-recently-used files until the store fits its byte budget."""
+        with self._db() as db:
+            total = db.execute("SELECT COALESCE(SUM(bytes), 0) FROM entries").fetchone()[0]
+            if total <= self.budget_bytes:
+                return
+            victims: list[tuple[str, str]] = []
+            for key, kind, size in db.execute("SELECT key, kind, bytes FROM entries ORDER BY last_access"):
+                if total <= self.budget_bytes:
+                    break
+                victims.append((key, kind))
+                total -= size
+            db.executemany("DELETE FROM entries WHERE key = ?", [(k,) for k, _ in victims])
+            db.execute("UPDATE counters SET value = value + ? WHERE name = 'evictions'", (len(victims),))
+        for key, kind in victims:
+            self._path(kind, key).unlink(missing_ok=True)
+        log.info("kv store: evicted %d files to fit %d bytes", len(victims), self.budget_bytes)
+
+
+# ---- tensor helpers -----------------------------------------------------------------------------
+
+
+def _hash(*parts: bytes) -> str:
+    h = hashlib.sha256()
+    for p in parts:
+        h.update(len(p).to_bytes(8, "little"))
+        h.update(p)
+    return h.hexdigest()
+
+
+def _ids_bytes(ids: Sequence[int]) -> bytes:
+    return struct.pack(f"<{len(ids)}q", *ids)
+
+
+def _tensor_bytes(t: torch.Tensor) -> bytes:
+    """Raw bytes of any dtype (bfloat16 has no numpy twin, so view it as bytes first)."""
+    return t.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+
+
+def _checksum(tensors: dict[str, torch.Tensor]) -> str:
+    h = hashlib.sha256()
+    for name in sorted(tensors):
+        t = tensors[name]
+        h.update(f"{name}:{t.dtype}:{tuple(t.shape)};".encode())
+        h.update(_tensor_bytes(t))
+    return h.hexdigest()
+
+
+def _header_metadata(data: bytes) -> dict[str, str]:
+    """The `__metadata__` of a safetensors file, read from its JSON header."""
+    if len(data) < 8:
+        raise ValueError("file shorter than its header length")
+    (n,) = struct.unpack("<Q", data[:8])
+    if 8 + n > len(data):
+        raise ValueError("truncated header")
+    return json.loads(data[8 : 8 + n]).get("__metadata__", {})
+
+
+def _squeeze(layers: Layers) -> Layers:
+    """Accept [1, kv_heads, T, head_dim] too (a transformers cache layer) and drop the batch dim."""
+    out: Layers = []
+    for k, v in layers:
+        if k.dim() == 4:
+            if k.shape[0] != 1:
+                raise ValueError(f"the KV store holds one sequence, got batch size {k.shape[0]}")
+            k, v = k[0], v[0]
+        out.append((k, v))
+    return out
+
+
+def _check_shapes(layers: Layers, n_tokens: int) -> None:
+    if not layers:
+        raise ValueError("no layers to store")
+    for i, (k, v) in enumerate(layers):
+        if k.dim() != 3 or k.shape[1] != n_tokens or v.shape[1] != n_tokens:
+            raise ValueError(
+                f"layer {i}: expected keys and values [kv_heads, {n_tokens}, head_dim], "
+                f"got {tuple(k.shape)} and {tuple(v.shape)}"
+            )
+
+
+def _layer_tensors(layers: Layers, start: int, end: int) -> dict[str, torch.Tensor]:
+    """Positions [start, end) of every layer as named, contiguous CPU tensors (k.0, v.0, k.1, …)."""
+    out: dict[str, torch.Tensor] = {}
+    for i, (k, v) in enumerate(layers):
+        out[f"k.{i}"] = k[:, start:end, :].detach().to("cpu").contiguous().clone()
+        out[f"v.{i}"] = v[:, start:end, :].detach().to("cpu").contiguous().clone()
+    return out
+
+
+def _concat(parts: list[dict[str, torch.Tensor]]) -> Layers:
+    """Join blocks along the token axis back into per-layer (keys, values)."""
+    n_layers = sum(1 for name in parts[0] if name.startswith("k."))
+    return [
+        (
+            torch.cat([p[f"k.{i}"] for p in parts], dim=1),  # [kv_heads, T, head_dim]
+            torch.cat([p[f"v.{i}"] for p in parts], dim=1),
+        )
+        for i in range(n_layers)
+    ]
