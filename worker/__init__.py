@@ -1,0 +1,1 @@
+"""kvnotes worker: the Celery process that owns the model, and the engine library it drives."""

