@@ -157,6 +157,10 @@ class Placement(Base):
     notebook: Mapped[Notebook] = relationship(back_populates="placements")
     skill: Mapped[Skill] = relationship()
 
+    @property
+    def skill_name(self) -> str:
+        return self.skill.name
+
 
 class Question(Base):
     """The readout asked after the document; a notebook's current question is its latest."""

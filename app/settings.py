@@ -37,6 +37,7 @@ class Settings(BaseSettings):
     max_label_chars: int = Field(default=200, validation_alias="KVNOTES_MAX_LABEL_CHARS")
     max_value_chars: int = Field(default=2_000, validation_alias="KVNOTES_MAX_VALUE_CHARS")
     max_skill_chars: int = Field(default=20_000, validation_alias="KVNOTES_MAX_SKILL_CHARS")
+    max_erratum_chars: int = Field(default=5_000, validation_alias="KVNOTES_MAX_ERRATUM_CHARS")
     max_title_chars: int = Field(default=200, validation_alias="KVNOTES_MAX_TITLE_CHARS")
 
     # How long the web process waits for the broker before answering 503.

@@ -1,0 +1,62 @@
+"""Errata: corrections appended after the document, in the order the notebook gives them."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, status
+
+from app.api.deps import SessionDep, errors, get_or_404
+from app.models import Erratum, Notebook
+from app.schemas import ErrataOrder, ErratumCreate, ErratumOut, ErratumPatch
+from app.services.notebooks import check_errata_room, next_erratum_position, reorder_errata, touch
+
+router = APIRouter(tags=["errata"])
+
+
+@router.post(
+    "/notebooks/{notebook_id}/errata",
+    response_model=ErratumOut,
+    status_code=status.HTTP_201_CREATED,
+    responses=errors(404),
+)
+def create_erratum(notebook_id: int, body: ErratumCreate, session: SessionDep) -> Erratum:
+    notebook = get_or_404(session, Notebook, notebook_id, "notebook")
+    check_errata_room(notebook)
+    erratum = Erratum(text=body.text, source="custom", position=next_erratum_position(session, notebook))
+    notebook.errata.append(erratum)
+    touch(notebook)
+    session.commit()
+    return erratum
+
+
+@router.get("/notebooks/{notebook_id}/errata", response_model=list[ErratumOut], responses=errors(404))
+def list_errata(notebook_id: int, session: SessionDep) -> list[Erratum]:
+    return get_or_404(session, Notebook, notebook_id, "notebook").errata
+
+
+@router.post("/notebooks/{notebook_id}/errata/order", response_model=list[ErratumOut], responses=errors(404))
+def order_errata(notebook_id: int, body: ErrataOrder, session: SessionDep) -> list[Erratum]:
+    notebook = get_or_404(session, Notebook, notebook_id, "notebook")
+    reorder_errata(notebook, body.ids)
+    session.commit()
+    session.refresh(notebook, ["errata"])
+    return notebook.errata
+
+
+@router.patch("/errata/{erratum_id}", response_model=ErratumOut, responses=errors(404))
+def patch_erratum(erratum_id: int, body: ErratumPatch, session: SessionDep) -> Erratum:
+    """Edit the text; a generated erratum edited by hand becomes `custom` (no longer re-rendered)."""
+    erratum = get_or_404(session, Erratum, erratum_id, "erratum")
+    if body.text != erratum.text:
+        erratum.text = body.text
+        erratum.source = "custom"
+        touch(erratum.notebook)
+    session.commit()
+    return erratum
+
+
+@router.delete("/errata/{erratum_id}", status_code=status.HTTP_204_NO_CONTENT, responses=errors(404))
+def delete_erratum(erratum_id: int, session: SessionDep) -> None:
+    erratum = get_or_404(session, Erratum, erratum_id, "erratum")
+    touch(erratum.notebook)
+    session.delete(erratum)
+    session.commit()

@@ -1,0 +1,77 @@
+"""Notebooks: create, list, read, update, delete; and the notebook's current question."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, status
+from sqlalchemy import select
+
+from app.api.deps import SessionDep, errors, get_or_404
+from app.models import Notebook, Question
+from app.schemas import NotebookCreate, NotebookOut, NotebookPatch, NotebookSummary, QuestionIn, QuestionOut
+from app.services.notebooks import change_document, touch
+
+router = APIRouter(tags=["notebooks"])
+
+
+def notebook_out(notebook: Notebook) -> NotebookOut:
+    return NotebookOut(
+        id=notebook.id,
+        title=notebook.title,
+        model=notebook.model,
+        created_at=notebook.created_at,
+        updated_at=notebook.updated_at,
+        text=notebook.document,
+        fields=notebook.fields,  # type: ignore[arg-type]
+        errata=notebook.errata,  # type: ignore[arg-type]
+        placements=notebook.placements,  # type: ignore[arg-type]
+        question=notebook.question,  # type: ignore[arg-type]
+    )
+
+
+@router.post("/notebooks", response_model=NotebookOut, status_code=status.HTTP_201_CREATED)
+def create_notebook(body: NotebookCreate, session: SessionDep) -> NotebookOut:
+    notebook = Notebook(title=body.title, model=body.model, document=body.text)
+    session.add(notebook)
+    session.commit()
+    return notebook_out(notebook)
+
+
+@router.get("/notebooks", response_model=list[NotebookSummary])
+def list_notebooks(session: SessionDep) -> list[Notebook]:
+    return list(session.scalars(select(Notebook).order_by(Notebook.updated_at.desc(), Notebook.id.desc())))
+
+
+@router.get("/notebooks/{notebook_id}", response_model=NotebookOut, responses=errors(404))
+def read_notebook(notebook_id: int, session: SessionDep) -> NotebookOut:
+    return notebook_out(get_or_404(session, Notebook, notebook_id, "notebook"))
+
+
+@router.patch("/notebooks/{notebook_id}", response_model=NotebookOut, responses=errors(404))
+def update_notebook(notebook_id: int, body: NotebookPatch, session: SessionDep) -> NotebookOut:
+    notebook = get_or_404(session, Notebook, notebook_id, "notebook")
+    if body.text is not None:
+        change_document(session, notebook, body.text)
+    if body.title is not None:
+        notebook.title = body.title
+    if body.model is not None:
+        notebook.model = body.model
+    touch(notebook)
+    session.commit()
+    return notebook_out(notebook)
+
+
+@router.delete("/notebooks/{notebook_id}", status_code=status.HTTP_204_NO_CONTENT, responses=errors(404))
+def delete_notebook(notebook_id: int, session: SessionDep) -> None:
+    """Deletes the notebook, its fields, errata, placements and questions; its runs remain."""
+    session.delete(get_or_404(session, Notebook, notebook_id, "notebook"))
+    session.commit()
+
+
+@router.put("/notebooks/{notebook_id}/question", response_model=QuestionOut, responses=errors(404))
+def set_question(notebook_id: int, body: QuestionIn, session: SessionDep) -> Question:
+    notebook = get_or_404(session, Notebook, notebook_id, "notebook")
+    question = Question(text=body.text, choices=list(body.choices), cot=body.cot)
+    notebook.questions.append(question)
+    touch(notebook)
+    session.commit()
+    return question

@@ -1,0 +1,61 @@
+"""Placements: a skill spliced into a notebook at a character offset (null: after the document)."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, status
+
+from app.api.deps import SessionDep, errors, get_or_404
+from app.models import Notebook, Placement, Skill
+from app.schemas import PlacementCreate, PlacementOut, PlacementPatch
+from app.services.notebooks import Unprocessable, check_position, touch
+from app.settings import get_settings
+
+router = APIRouter(tags=["placements"])
+
+
+@router.post(
+    "/notebooks/{notebook_id}/placements",
+    response_model=PlacementOut,
+    status_code=status.HTTP_201_CREATED,
+    responses=errors(404),
+)
+def create_placement(notebook_id: int, body: PlacementCreate, session: SessionDep) -> Placement:
+    notebook = get_or_404(session, Notebook, notebook_id, "notebook")
+    skill = get_or_404(session, Skill, body.skill_id, "skill")
+    limit = get_settings().max_placements
+    if len(notebook.placements) >= limit:
+        raise Unprocessable("skill_id", f"a notebook holds at most {limit} placements")
+    check_position(notebook, body.position)
+    placement = Placement(skill=skill, position=body.position)
+    notebook.placements.append(placement)
+    touch(notebook)
+    session.commit()
+    return placement
+
+
+@router.get("/notebooks/{notebook_id}/placements", response_model=list[PlacementOut], responses=errors(404))
+def list_placements(notebook_id: int, session: SessionDep) -> list[Placement]:
+    return get_or_404(session, Notebook, notebook_id, "notebook").placements
+
+
+@router.get("/placements/{placement_id}", response_model=PlacementOut, responses=errors(404))
+def read_placement(placement_id: int, session: SessionDep) -> Placement:
+    return get_or_404(session, Placement, placement_id, "placement")
+
+
+@router.patch("/placements/{placement_id}", response_model=PlacementOut, responses=errors(404))
+def move_placement(placement_id: int, body: PlacementPatch, session: SessionDep) -> Placement:
+    placement = get_or_404(session, Placement, placement_id, "placement")
+    check_position(placement.notebook, body.position)
+    placement.position = body.position
+    touch(placement.notebook)
+    session.commit()
+    return placement
+
+
+@router.delete("/placements/{placement_id}", status_code=status.HTTP_204_NO_CONTENT, responses=errors(404))
+def delete_placement(placement_id: int, session: SessionDep) -> None:
+    placement = get_or_404(session, Placement, placement_id, "placement")
+    touch(placement.notebook)
+    session.delete(placement)
+    session.commit()

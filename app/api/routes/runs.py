@@ -1,0 +1,141 @@
+"""Runs: start one (snapshot + enqueue, or 503 and nothing saved), watch it, cancel it, and read
+its results and the decision's attention maps."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import numpy as np
+from fastapi import APIRouter, HTTPException, Query, status
+from sqlalchemy import select
+from sqlalchemy.orm import undefer
+
+from app.api.deps import SessionDep, errors, get_or_404
+from app.models import Notebook, Question, Run, RunResult, utcnow
+from app.queue import QueueUnavailable, revoke
+from app.schemas import AttentionOut, RunCreate, RunOut, RunSnapshot, RunSummary, StrategyResultOut
+from app.services.notebooks import Unprocessable
+from app.services.runs import start_run
+
+router = APIRouter(tags=["runs"])
+
+
+def run_out(run: Run) -> RunOut:
+    return RunOut(
+        id=run.id,
+        notebook_id=run.notebook_id,
+        kind=run.kind,
+        status=run.status,  # type: ignore[arg-type]
+        stage=run.stage,
+        progress=run.progress,
+        error=run.error,
+        worker=run.worker,
+        task_id=run.task_id,
+        strategies=run.strategies,
+        created_at=run.created_at,
+        started_at=run.started_at,
+        finished_at=run.finished_at,
+        heartbeat_at=run.heartbeat_at,
+        timings=run.timings or {},
+        snapshot=RunSnapshot.model_validate(run.snapshot),
+        results={r.strategy: StrategyResultOut.model_validate(r) for r in run.results},
+    )
+
+
+def _question_for(notebook: Notebook, body: RunCreate) -> Question:
+    """The question asked: the request's (which becomes the notebook's current one) or the current."""
+    current = notebook.question
+    if body.question is None:
+        if current is None:
+            raise Unprocessable("question", "this notebook has no question yet; send one with the run")
+        if body.choices is None and body.cot is None:
+            return current
+    text = body.question if body.question is not None else current.text  # type: ignore[union-attr]
+    choices = body.choices if body.choices is not None else (current.choices if current else [])
+    cot = body.cot if body.cot is not None else (current.cot if current else False)
+    question = Question(text=text, choices=list(choices), cot=cot)
+    notebook.questions.append(question)
+    return question
+
+
+@router.post(
+    "/notebooks/{notebook_id}/runs",
+    response_model=RunOut,
+    status_code=status.HTTP_201_CREATED,
+    responses=errors(404, 503),
+)
+def create_run(notebook_id: int, body: RunCreate, session: SessionDep) -> RunOut:
+    """Snapshot the notebook and enqueue `kvnotes.run`. If the broker cannot take it: 503 with the
+    reason, and neither the run nor the question is saved."""
+    notebook = get_or_404(session, Notebook, notebook_id, "notebook")
+    question = _question_for(notebook, body)
+    try:
+        run = start_run(session, notebook, question, body.strategies)
+    except QueueUnavailable as exc:
+        raise HTTPException(status_code=503, detail=exc.reason) from exc
+    return run_out(run)
+
+
+@router.get("/notebooks/{notebook_id}/runs", response_model=list[RunSummary], responses=errors(404))
+def list_runs(notebook_id: int, session: SessionDep) -> list[Run]:
+    get_or_404(session, Notebook, notebook_id, "notebook")
+    return list(session.scalars(select(Run).where(Run.notebook_id == notebook_id).order_by(Run.id.desc())))
+
+
+@router.get("/runs/{run_id}", response_model=RunOut, responses=errors(404))
+def read_run(run_id: int, session: SessionDep) -> RunOut:
+    return run_out(get_or_404(session, Run, run_id, "run"))
+
+
+@router.post("/runs/{run_id}/cancel", response_model=RunOut, responses=errors(404, 409))
+def cancel_run(run_id: int, session: SessionDep) -> RunOut:
+    """Mark the run cancelled (the worker checks between stages) and revoke its task."""
+    run = get_or_404(session, Run, run_id, "run")
+    if run.is_finished:
+        raise HTTPException(status_code=409, detail=f"run {run_id} already {run.status}")
+    run.status, run.stage, run.finished_at = "cancelled", "cancelled", utcnow()
+    session.commit()
+    if run.task_id:
+        revoke(run.task_id)
+    return run_out(run)
+
+
+@router.get("/runs/{run_id}/attention", response_model=AttentionOut, responses=errors(404))
+def read_attention(
+    run_id: int,
+    session: SessionDep,
+    strategy: str = "recompute",
+    layer: int | None = Query(default=None, ge=0),
+    head: int | None = Query(default=None, ge=0),
+    agg: Literal["mean", "max"] | None = None,
+) -> AttentionOut:
+    """Attention of the decision over the cached tokens. `layer` and `head` pick one map; a missing
+    one is aggregated over (`agg`, default mean)."""
+    get_or_404(session, Run, run_id, "run")
+    result = session.scalar(
+        select(RunResult)
+        .where(RunResult.run_id == run_id, RunResult.strategy == strategy)
+        .options(undefer(RunResult.attention))
+    )
+    if result is None or result.attention is None or not result.attention_shape:
+        raise HTTPException(status_code=404, detail=f"run {run_id} has no attention for strategy {strategy}")
+    shape = [int(n) for n in result.attention_shape]
+    weights = np.frombuffer(result.attention, dtype=np.float16).reshape(shape)  # [layers, heads, T]
+    for name, value, size in (("layer", layer, shape[0]), ("head", head, shape[1])):
+        if value is not None and value >= size:
+            raise Unprocessable(name, f"{name}={value} is out of range: this model has {size} (0..{size - 1})")
+    picked = weights.astype(np.float32)
+    picked = picked[layer : layer + 1] if layer is not None else picked
+    picked = picked[:, head : head + 1] if head is not None else picked
+    reduce = np.max if agg == "max" else np.mean
+    values = reduce(picked.reshape(-1, shape[2]), axis=0)  # [T]
+    return AttentionOut(
+        run_id=run_id,
+        strategy=strategy,
+        layer=layer,
+        head=head,
+        agg=None if (layer is not None and head is not None) else (agg or "mean"),
+        shape=shape,
+        tokens=result.tokens or [],  # type: ignore[arg-type]
+        values=[round(float(v), 6) for v in values],
+    )

@@ -1,0 +1,146 @@
+"""The web process's Celery *client*: it enqueues work by task name and never imports the worker.
+
+Tasks go to one queue per model (`model.<alias>`), so a worker that holds a model only receives
+work for it. The broker carries ids only; everything else is in the database. Enqueueing fails
+fast: if the broker cannot be reached within `broker_connect_timeout_s`, `QueueUnavailable` is
+raised with the reason (routes answer 503 and save nothing), instead of Celery's default of
+retrying the publish for as long as it takes.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import uuid
+from functools import lru_cache
+from typing import Any
+
+from celery import Celery
+from sqlalchemy.engine import make_url
+
+from app.models import Run, Skill
+from app.settings import Settings, get_settings
+
+log = logging.getLogger(__name__)
+
+TASK_RUN = "kvnotes.run"
+TASK_COMPILE_SKILL = "kvnotes.compile_skill"
+TASK_PREFILL = "kvnotes.prefill"
+TASK_NAMES = (TASK_RUN, TASK_COMPILE_SKILL, TASK_PREFILL)
+
+
+class QueueUnavailable(RuntimeError):
+    """The broker could not take the message; `reason` says why in one line."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+def queue_for(model: str) -> str:
+    """The queue of the workers holding `model`: `model.<alias>`; a path or hub id is made safe."""
+    return "model." + re.sub(r"[^A-Za-z0-9_.-]+", "_", model.strip()).strip("_")
+
+
+def celery_config(settings: Settings) -> dict[str, Any]:
+    """The configuration the client and the worker share (the worker adds its own on top)."""
+    return {
+        "broker_url": settings.broker_url,
+        "result_backend": settings.result_backend,
+        "task_default_queue": queue_for(settings.default_model),
+        # Fallback routes; enqueue_* name the model's queue explicitly.
+        "task_routes": {name: {"queue": queue_for(settings.default_model)} for name in TASK_NAMES},
+        "task_serializer": "json",
+        "accept_content": ["json"],
+        "result_serializer": "json",
+        "broker_connection_retry_on_startup": True,
+        "broker_connection_timeout": settings.broker_connect_timeout_s,
+        "broker_connection_max_retries": 1,
+        "task_publish_retry": False,
+        "redis_socket_connect_timeout": settings.broker_connect_timeout_s,
+        "redis_socket_timeout": settings.broker_connect_timeout_s,
+    }
+
+
+def _transport_options(settings: Settings) -> dict[str, Any]:
+    # kombu's SQLAlchemy transport hands its options to create_engine: pass it none.
+    if settings.broker_url.startswith("redis"):
+        return {"socket_connect_timeout": settings.broker_connect_timeout_s}
+    return {}
+
+
+@lru_cache(maxsize=1)
+def get_celery() -> Celery:
+    settings = get_settings()
+    client = Celery("kvnotes-web")
+    client.conf.update(celery_config(settings), broker_transport_options=_transport_options(settings))
+    return client
+
+
+def redact(url: str) -> str:
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:  # not an SQLAlchemy-style URL (amqp://...): drop anything after a password
+        return re.sub(r"://([^:/@]+):[^@]*@", r"://\1:***@", url)
+
+
+def _send(name: str, kwargs: dict[str, Any], queue: str) -> str:
+    settings = get_settings()
+    client = get_celery()
+    task_id = str(uuid.uuid4())
+    try:
+        with client.connection_for_write() as connection:
+            connection.ensure_connection(
+                max_retries=1, interval_start=0.2, timeout=settings.broker_connect_timeout_s
+            )
+            client.send_task(
+                name, kwargs=kwargs, queue=queue, task_id=task_id, retry=False, connection=connection
+            )
+    except Exception as exc:  # any failure to hand over the message means: not enqueued
+        reason = f"broker {redact(settings.broker_url)} unreachable: {exc}".strip()
+        log.warning("enqueue failed", extra={"task": name, "queue": queue, "reason": reason})
+        raise QueueUnavailable(reason) from exc
+    log.info("enqueued", extra={"task": name, "queue": queue, "task_id": task_id, **kwargs})
+    return task_id
+
+
+def enqueue_run(run: Run) -> str:
+    """Send `kvnotes.run(run_id=...)` to the run's model queue; returns the Celery task id."""
+    return _send(TASK_RUN, {"run_id": run.id}, queue_for(run.model))
+
+
+def enqueue_compile(skill: Skill) -> str:
+    """Send `kvnotes.compile_skill(skill_id=...)` to the skill's model queue."""
+    return _send(TASK_COMPILE_SKILL, {"skill_id": skill.id}, queue_for(skill.model))
+
+
+def enqueue_prefill(notebook_id: int, model: str) -> str:
+    """Send `kvnotes.prefill(notebook_id=...)`: warm the KV store with a notebook's notes."""
+    return _send(TASK_PREFILL, {"notebook_id": notebook_id}, queue_for(model))
+
+
+def revoke(task_id: str) -> bool:
+    """Ask workers to drop `task_id`. Best effort: the SQLAlchemy broker has no broadcast, so the
+    database's `cancelled` status (checked by the worker between stages) is what really stops a run."""
+    try:
+        get_celery().control.revoke(task_id)
+        return True
+    except Exception as exc:
+        log.info("revoke not delivered", extra={"task_id": task_id, "reason": str(exc)})
+        return False
+
+
+def broker_status() -> str:
+    """'ok', or why the broker cannot be reached."""
+    settings = get_settings()
+    try:
+        with get_celery().connection_for_write() as connection:
+            connection.ensure_connection(max_retries=1, interval_start=0.2, timeout=settings.broker_connect_timeout_s)
+        return "ok"
+    except Exception as exc:
+        return f"broker {redact(settings.broker_url)} unreachable: {exc}"
+
+
+def reset_celery() -> None:
+    """Forget the cached client (tests that switch `BROKER_URL`)."""
+    get_celery.cache_clear()

@@ -1,0 +1,312 @@
+"""Pydantic models of the HTTP JSON API: what a client may send (with its limits) and what it gets.
+
+Limits come from settings, so a request over one answers 422 with the field's location and the
+limit in the message (pydantic's own "String should have at most N characters"). Run results use
+the engine's JSON names (`kvnotes edit --json`): decision, choice_probs, kl_to_recompute, ...
+`RunSnapshot` is the typed form of `runs.snapshot`, the web ↔ worker boundary.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
+
+from app.models import STRATEGIES
+from app.settings import get_settings
+
+_s = get_settings()
+
+Title = Annotated[str, StringConstraints(min_length=1, max_length=_s.max_title_chars)]
+ModelName = Annotated[str, StringConstraints(min_length=1, max_length=200)]
+DocumentText = Annotated[str, StringConstraints(max_length=_s.max_document_chars)]
+Label = Annotated[str, StringConstraints(max_length=_s.max_label_chars)]
+Value = Annotated[str, StringConstraints(max_length=_s.max_value_chars)]
+ErratumText = Annotated[str, StringConstraints(min_length=1, max_length=_s.max_erratum_chars)]
+SkillText = Annotated[str, StringConstraints(min_length=1, max_length=_s.max_skill_chars)]
+QuestionText = Annotated[str, StringConstraints(min_length=1, max_length=_s.max_question_chars)]
+Choice = Annotated[str, StringConstraints(min_length=1, max_length=_s.max_label_chars)]
+Choices = Annotated[list[Choice], Field(max_length=_s.max_choices)]
+Offset = Annotated[int, Field(ge=0, le=_s.max_document_chars)]
+
+
+class _Out(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+
+# --- notebooks -----------------------------------------------------------------------------------
+
+
+class NotebookCreate(BaseModel):
+    title: Title = "Untitled"
+    model: ModelName = Field(default_factory=lambda: get_settings().default_model)
+    text: DocumentText
+
+
+class NotebookPatch(BaseModel):
+    title: Title | None = None
+    model: ModelName | None = None
+    text: DocumentText | None = None
+
+
+class NotebookSummary(_Out):
+    id: int
+    title: str
+    model: str
+    created_at: datetime
+    updated_at: datetime
+
+
+# --- fields and errata ---------------------------------------------------------------------------
+
+
+class FieldCreate(BaseModel):
+    start: Offset
+    end: Offset
+    new_value: Value
+    label: Label = ""
+
+
+class FieldPatch(BaseModel):
+    start: Offset | None = None
+    end: Offset | None = None
+    new_value: Value | None = None
+    label: Label | None = None
+
+
+class FieldOut(_Out):
+    id: int
+    notebook_id: int
+    start: int
+    end: int
+    old_value: str
+    new_value: str
+    label: str
+    created_at: datetime
+
+
+class ErratumCreate(BaseModel):
+    text: ErratumText
+
+
+class ErratumPatch(BaseModel):
+    text: ErratumText
+
+
+class ErrataOrder(BaseModel):
+    ids: Annotated[list[int], Field(max_length=_s.max_errata)]
+
+
+class ErratumOut(_Out):
+    id: int
+    notebook_id: int
+    field_id: int | None
+    text: str
+    source: Literal["generated", "custom"]
+    position: int
+
+
+# --- skills and placements -----------------------------------------------------------------------
+
+
+class SkillCreate(BaseModel):
+    name: Annotated[str, StringConstraints(min_length=1, max_length=_s.max_label_chars)]
+    text: SkillText
+    model: ModelName = Field(default_factory=lambda: get_settings().default_model)
+
+
+class SkillPatch(BaseModel):
+    name: Annotated[str, StringConstraints(min_length=1, max_length=_s.max_label_chars)] | None = None
+    text: SkillText | None = None
+    model: ModelName | None = None
+
+
+class SkillOut(_Out):
+    id: int
+    name: str
+    text: str
+    model: str
+    status: Literal["draft", "compiling", "compiled", "failed"]
+    token_count: int | None
+    store_key: str | None
+    compile_ms: float | None
+    error: str | None
+    progress: float
+    created_at: datetime
+    updated_at: datetime
+
+
+class PlacementCreate(BaseModel):
+    skill_id: int
+    position: Offset | None = None
+
+
+class PlacementPatch(BaseModel):
+    position: Offset | None
+
+
+class PlacementOut(_Out):
+    id: int
+    notebook_id: int
+    skill_id: int
+    skill_name: str
+    position: int | None
+
+
+# --- questions -----------------------------------------------------------------------------------
+
+
+class QuestionIn(BaseModel):
+    text: QuestionText
+    choices: Choices = []
+    cot: bool = False
+
+
+class QuestionOut(_Out):
+    id: int
+    text: str
+    choices: list[str]
+    cot: bool
+    created_at: datetime
+
+
+class NotebookOut(NotebookSummary):
+    text: str
+    fields: list[FieldOut]
+    errata: list[ErratumOut]
+    placements: list[PlacementOut]
+    question: QuestionOut | None
+
+
+# --- runs ----------------------------------------------------------------------------------------
+
+
+class RunCreate(BaseModel):
+    """Start a run. Without `question` the notebook's current question is used; with one, it
+    becomes the notebook's current question. `recompute` (the oracle) is always included."""
+
+    question: QuestionText | None = None
+    choices: Choices | None = None
+    cot: bool | None = None
+    strategies: Annotated[list[str], Field(max_length=len(STRATEGIES))] = list(STRATEGIES)
+
+    @field_validator("strategies")
+    @classmethod
+    def _known_strategies(cls, value: list[str]) -> list[str]:
+        unknown = [name for name in value if name not in STRATEGIES]
+        if unknown:
+            raise ValueError(f"unknown strategy {', '.join(unknown)}; valid strategies: {', '.join(STRATEGIES)}")
+        return ["recompute", *dict.fromkeys(name for name in value if name != "recompute")]
+
+
+class SnapshotField(BaseModel):
+    start: int
+    end: int
+    old: str
+    new: str
+    label: str
+
+
+class SnapshotPlacement(BaseModel):
+    skill_id: int | None
+    name: str
+    text: str
+    position: int | None
+
+
+class SnapshotQuestion(BaseModel):
+    text: str
+    choices: list[str]
+    cot: bool
+
+
+class RunSnapshot(BaseModel):
+    """Exactly what a run ran on; stored in `runs.snapshot`, read by the worker."""
+
+    model: str
+    document: str
+    fields: list[SnapshotField]
+    errata: list[str]
+    placements: list[SnapshotPlacement]
+    question: SnapshotQuestion
+    strategies: list[str]
+
+
+class StrategyResultOut(_Out):
+    decision: str
+    choice_probs: dict[str, float]
+    kl_to_recompute: float
+    top1_agrees: bool
+    topk_overlap: int
+    logit_cosine: float
+    decision_matches_recompute: bool
+    tokens_computed: int
+    latency_ms: float
+    text: str
+    detail: str
+    attention_shape: list[int] | None = None
+
+
+class RunOut(BaseModel):
+    id: int
+    notebook_id: int | None
+    kind: str
+    status: Literal["queued", "running", "succeeded", "failed", "cancelled"]
+    stage: str
+    progress: float
+    error: str | None
+    worker: str | None
+    task_id: str | None
+    strategies: list[str]
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    heartbeat_at: datetime | None
+    timings: dict[str, float]
+    snapshot: RunSnapshot
+    results: dict[str, StrategyResultOut]
+
+
+class RunSummary(_Out):
+    id: int
+    notebook_id: int | None
+    status: str
+    stage: str
+    progress: float
+    strategies: list[str]
+    created_at: datetime
+    finished_at: datetime | None
+
+
+class TokenOut(BaseModel):
+    id: int
+    text: str
+    start: int
+    end: int
+    segment: str
+
+
+class AttentionOut(BaseModel):
+    """The decision's attention over the T cached tokens: one layer and head, or aggregated."""
+
+    run_id: int
+    strategy: str
+    layer: int | None
+    head: int | None
+    agg: Literal["mean", "max"] | None
+    shape: list[int]
+    tokens: list[TokenOut]
+    values: list[float]
+
+
+class HealthOut(BaseModel):
+    status: Literal["ok", "degraded"]
+    database: str
+    broker: str
+
+
+class ErrorOut(BaseModel):
+    """A 404, 409 or 503: one line a person can act on."""
+
+    detail: str

@@ -1,0 +1,137 @@
+"""Fields, errata and placements of a notebook: span checks, limits, and the generated erratum
+that follows its field. Raises `Unprocessable(field, message)`; routes turn it into a 422 shaped
+like FastAPI's own validation errors."""
+
+from __future__ import annotations
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from app.errata import render_erratum
+from app.models import Erratum, Field, Notebook, utcnow
+from app.settings import get_settings
+
+
+class Unprocessable(ValueError):
+    """Input that is well-formed but impossible here; `field` is the request field to blame."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+        self.message = message
+
+
+def touch(notebook: Notebook) -> None:
+    notebook.updated_at = utcnow()
+
+
+def check_span(notebook: Notebook, start: int, end: int, ignore: Field | None = None) -> None:
+    """0 ≤ start < end ≤ len(document), and no overlap with another field of the notebook."""
+    length = len(notebook.document)
+    if not 0 <= start < end:
+        raise Unprocessable("start", f"a field needs 0 <= start < end; got start={start}, end={end}")
+    if end > length:
+        raise Unprocessable("end", f"end={end} is past the end of the document ({length} characters)")
+    for other in notebook.fields:
+        if other is not ignore and start < other.end and other.start < end:
+            raise Unprocessable(
+                "start", f"[{start}, {end}) overlaps field {other.id} at [{other.start}, {other.end})"
+            )
+
+
+def next_erratum_position(session: Session, notebook: Notebook) -> int:
+    last = session.scalar(select(func.max(Erratum.position)).where(Erratum.notebook_id == notebook.id))
+    return 0 if last is None else last + 1
+
+
+def check_errata_room(notebook: Notebook) -> None:
+    limit = get_settings().max_errata
+    if len(notebook.errata) >= limit:
+        raise Unprocessable("text", f"a notebook holds at most {limit} errata")
+
+
+def add_field(session: Session, notebook: Notebook, start: int, end: int, new_value: str, label: str) -> Field:
+    """A new field on `notebook[start:end]` and its generated erratum."""
+    limit = get_settings().max_fields
+    if len(notebook.fields) >= limit:
+        raise Unprocessable("start", f"a notebook holds at most {limit} fields")
+    check_span(notebook, start, end)
+    check_errata_room(notebook)
+    field = Field(start=start, end=end, old_value=notebook.document[start:end], new_value=new_value, label=label)
+    notebook.fields.append(field)
+    session.flush()
+    notebook.errata.append(
+        Erratum(
+            field_id=field.id,
+            text=render_erratum(label, field.old_value, new_value),
+            source="generated",
+            position=next_erratum_position(session, notebook),
+        )
+    )
+    touch(notebook)
+    return field
+
+
+def generated_errata(session: Session, field: Field) -> list[Erratum]:
+    query = select(Erratum).where(Erratum.field_id == field.id, Erratum.source == "generated")
+    return list(session.scalars(query))
+
+
+def refresh_field(session: Session, field: Field) -> None:
+    """Re-read the old value from the document and re-render the field's generated errata (an
+    erratum edited by hand is `custom` and left alone)."""
+    field.old_value = field.notebook.document[field.start : field.end]
+    for erratum in generated_errata(session, field):
+        erratum.text = render_erratum(field.label, field.old_value, field.new_value)
+
+
+def update_field(session: Session, field: Field, changes: dict[str, object]) -> None:
+    start = int(changes.get("start", field.start))  # type: ignore[arg-type]
+    end = int(changes.get("end", field.end))  # type: ignore[arg-type]
+    check_span(field.notebook, start, end, ignore=field)
+    for name, value in changes.items():
+        setattr(field, name, value)
+    refresh_field(session, field)
+    touch(field.notebook)
+
+
+def delete_field(session: Session, field: Field) -> None:
+    """Drop the field and its generated errata; hand-written errata stay (unlinked)."""
+    for erratum in generated_errata(session, field):
+        session.delete(erratum)
+    touch(field.notebook)
+    session.delete(field)
+
+
+def change_document(session: Session, notebook: Notebook, text: str) -> None:
+    """Replace the document; every field and placement must still fit in the new text."""
+    for field in notebook.fields:
+        if field.end > len(text):
+            raise Unprocessable(
+                "text", f"field {field.id} spans [{field.start}, {field.end}), past the new text's end ({len(text)})"
+            )
+    for placement in notebook.placements:
+        if placement.position is not None and placement.position > len(text):
+            raise Unprocessable(
+                "text", f"placement {placement.id} sits at {placement.position}, past the new text's end ({len(text)})"
+            )
+    notebook.document = text
+    for field in notebook.fields:
+        refresh_field(session, field)
+
+
+def reorder_errata(notebook: Notebook, ids: list[int]) -> None:
+    """Give the notebook's errata the order of `ids`, which must name each of them exactly once."""
+    have = {erratum.id: erratum for erratum in notebook.errata}
+    if sorted(ids) != sorted(have):
+        raise Unprocessable("ids", f"ids must list this notebook's errata exactly once each: {sorted(have)}")
+    for position, ident in enumerate(ids):
+        have[ident].position = position
+    touch(notebook)
+
+
+def check_position(notebook: Notebook, position: int | None) -> None:
+    if position is not None and position > len(notebook.document):
+        raise Unprocessable(
+            "position", f"position={position} is past the end of the document ({len(notebook.document)} characters)"
+        )
