@@ -27,9 +27,7 @@ def _aware(moment: datetime | None) -> datetime | None:
     return moment
 
 
-def reap_stale_runs(
-    session: Session, now: datetime, max_age: float, worker: str | None = None
-) -> list[int]:
+def reap_stale_runs(session: Session, now: datetime, max_age: float, worker: str | None = None) -> list[int]:
     """Mark lost runs failed with `WORKER_LOST`; return their ids.
 
     Args:

@@ -31,6 +31,7 @@ import tempfile
 import threading
 from collections.abc import Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -52,6 +53,16 @@ CREATE TABLE IF NOT EXISTS entries (
 CREATE TABLE IF NOT EXISTS counters (name TEXT PRIMARY KEY, value INTEGER NOT NULL);
 """
 _COUNTERS = ("hits", "misses", "evictions", "corrupt")
+
+
+@dataclass
+class StoredNotes:
+    """A whole sequence read back: its token ids, per-layer (keys, values) [kv_heads, T, head_dim],
+    and the extra strings it was stored with."""
+
+    token_ids: list[int]
+    layers: Layers
+    extra: dict[str, str]
 
 
 class KVStore:
@@ -81,10 +92,13 @@ class KVStore:
 
     # ---- public API -------------------------------------------------------------------------
 
-    def put(self, model_key: str, token_ids: Sequence[int], layers: Layers) -> str:
+    def put(
+        self, model_key: str, token_ids: Sequence[int], layers: Layers, extra: dict[str, str] | None = None
+    ) -> str:
         """Store the notes of `token_ids`; return the key of the whole sequence (for `get`).
 
-        Full blocks already present are only touched (LRU), not rewritten."""
+        Full blocks already present are only touched (LRU), not rewritten. `extra` (small strings,
+        e.g. a skill's segments as JSON) is kept with the sequence and returned by `get_entry`."""
         ids = [int(t) for t in token_ids]
         layers = _squeeze(layers)
         _check_shapes(layers, len(ids))
@@ -103,7 +117,12 @@ class KVStore:
         tail_start = len(block_keys) * self.block_tokens
         tail = _layer_tensors(layers, tail_start, len(ids))
         tail["token_ids"] = torch.tensor(ids, dtype=torch.int64)
-        meta = {"model_key": model_key, "blocks": json.dumps(block_keys), "n_layers": str(len(layers))}
+        meta = {
+            "model_key": model_key,
+            "blocks": json.dumps(block_keys),
+            "n_layers": str(len(layers)),
+            "extra": json.dumps(extra or {}),
+        }
         written.append((seq_key, "seq", self._write(self._path("seq", seq_key), tail, meta)))
         self._record(written)
         self._evict()
@@ -130,6 +149,11 @@ class KVStore:
     def get(self, key: str) -> Layers | None:
         """The whole sequence stored under `key` (as returned by `put`), or None if any part of it
         is missing, evicted or corrupt (the caller recomputes and puts it again)."""
+        entry = self.get_entry(key)
+        return None if entry is None else entry.layers
+
+    def get_entry(self, key: str) -> StoredNotes | None:
+        """Like `get`, with the sequence's token ids and the `extra` strings given to `put`."""
         loaded = self._load("seq", key)
         if loaded is None:
             self._count(misses=1)
@@ -143,8 +167,9 @@ class KVStore:
                 return None
             parts.append(block[0])
         self._count(hits=1)
+        token_ids = tail.pop("token_ids").tolist()
         parts.append(tail)
-        return _concat(parts)
+        return StoredNotes(token_ids, _concat(parts), json.loads(meta.get("extra", "{}")))
 
     def stats(self) -> dict[str, int]:
         """Counters since the store was created: hits, misses, blocks, bytes, evictions, corrupt."""
