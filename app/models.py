@@ -29,7 +29,16 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
-STRATEGIES = ("recompute", "prefix_reuse", "stale", "in_place", "erratum", "field_erratum", "selective", "auto")
+STRATEGIES = (
+    "recompute",
+    "prefix_reuse",
+    "stale",
+    "in_place",
+    "erratum",
+    "field_erratum",
+    "selective",
+    "auto",
+)
 RUN_STATUSES = ("queued", "running", "succeeded", "failed", "cancelled")
 RUN_FINISHED = ("succeeded", "failed", "cancelled")
 SKILL_STATUSES = ("draft", "compiling", "compiled", "failed")
@@ -70,7 +79,9 @@ class Notebook(Base):
         back_populates="notebook", cascade="all, delete-orphan", passive_deletes=True, order_by="Field.start"
     )
     errata: Mapped[list[Erratum]] = relationship(
-        back_populates="notebook", cascade="all, delete-orphan", passive_deletes=True,
+        back_populates="notebook",
+        cascade="all, delete-orphan",
+        passive_deletes=True,
         order_by="(Erratum.position, Erratum.id)",
     )
     placements: Mapped[list[Placement]] = relationship(
@@ -90,7 +101,7 @@ class Field(Base):
     """A character span [start, end) of the document, its old value and the value it now holds."""
 
     __tablename__ = "fields"
-    __table_args__ = (CheckConstraint("start >= 0 AND start < \"end\"", name="span"),)
+    __table_args__ = (CheckConstraint('start >= 0 AND start < "end"', name="span"),)
 
     id: Mapped[int] = mapped_column(primary_key=True)
     notebook_id: Mapped[int] = mapped_column(ForeignKey("notebooks.id", ondelete="CASCADE"), index=True)
@@ -185,7 +196,9 @@ class Run(Base):
     __table_args__ = (CheckConstraint(_one_of("status", RUN_STATUSES), name="status"),)
 
     id: Mapped[int] = mapped_column(primary_key=True)
-    notebook_id: Mapped[int | None] = mapped_column(ForeignKey("notebooks.id", ondelete="SET NULL"), index=True)
+    notebook_id: Mapped[int | None] = mapped_column(
+        ForeignKey("notebooks.id", ondelete="SET NULL"), index=True
+    )
     kind: Mapped[str] = mapped_column(String(16), default="edit")
     snapshot: Mapped[dict[str, Any]] = mapped_column(JSON)
     strategies: Mapped[list[str]] = mapped_column(JSON)

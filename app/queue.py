@@ -135,7 +135,9 @@ def broker_status() -> str:
     settings = get_settings()
     try:
         with get_celery().connection_for_write() as connection:
-            connection.ensure_connection(max_retries=1, interval_start=0.2, timeout=settings.broker_connect_timeout_s)
+            connection.ensure_connection(
+                max_retries=1, interval_start=0.2, timeout=settings.broker_connect_timeout_s
+            )
         return "ok"
     except Exception as exc:
         return f"broker {redact(settings.broker_url)} unreachable: {exc}"

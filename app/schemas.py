@@ -196,7 +196,9 @@ class RunCreate(BaseModel):
     def _known_strategies(cls, value: list[str]) -> list[str]:
         unknown = [name for name in value if name not in STRATEGIES]
         if unknown:
-            raise ValueError(f"unknown strategy {', '.join(unknown)}; valid strategies: {', '.join(STRATEGIES)}")
+            raise ValueError(
+                f"unknown strategy {', '.join(unknown)}; valid strategies: {', '.join(STRATEGIES)}"
+            )
         return ["recompute", *dict.fromkeys(name for name in value if name != "recompute")]
 
 

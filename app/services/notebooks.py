@@ -50,14 +50,18 @@ def check_errata_room(notebook: Notebook) -> None:
         raise Unprocessable("text", f"a notebook holds at most {limit} errata")
 
 
-def add_field(session: Session, notebook: Notebook, start: int, end: int, new_value: str, label: str) -> Field:
+def add_field(
+    session: Session, notebook: Notebook, start: int, end: int, new_value: str, label: str
+) -> Field:
     """A new field on `notebook[start:end]` and its generated erratum."""
     limit = get_settings().max_fields
     if len(notebook.fields) >= limit:
         raise Unprocessable("start", f"a notebook holds at most {limit} fields")
     check_span(notebook, start, end)
     check_errata_room(notebook)
-    field = Field(start=start, end=end, old_value=notebook.document[start:end], new_value=new_value, label=label)
+    field = Field(
+        start=start, end=end, old_value=notebook.document[start:end], new_value=new_value, label=label
+    )
     notebook.fields.append(field)
     session.flush()
     notebook.errata.append(
@@ -108,12 +112,14 @@ def change_document(session: Session, notebook: Notebook, text: str) -> None:
     for field in notebook.fields:
         if field.end > len(text):
             raise Unprocessable(
-                "text", f"field {field.id} spans [{field.start}, {field.end}), past the new text's end ({len(text)})"
+                "text",
+                f"field {field.id} spans [{field.start}, {field.end}), past the new text's end ({len(text)})",
             )
     for placement in notebook.placements:
         if placement.position is not None and placement.position > len(text):
             raise Unprocessable(
-                "text", f"placement {placement.id} sits at {placement.position}, past the new text's end ({len(text)})"
+                "text",
+                f"placement {placement.id} sits at {placement.position}, past the new text's end ({len(text)})",
             )
     notebook.document = text
     for field in notebook.fields:
@@ -133,5 +139,6 @@ def reorder_errata(notebook: Notebook, ids: list[int]) -> None:
 def check_position(notebook: Notebook, position: int | None) -> None:
     if position is not None and position > len(notebook.document):
         raise Unprocessable(
-            "position", f"position={position} is past the end of the document ({len(notebook.document)} characters)"
+            "position",
+            f"position={position} is past the end of the document ({len(notebook.document)} characters)",
         )

@@ -186,5 +186,14 @@ def upgrade() -> None:
 
 def downgrade() -> None:
     # Children before parents; dropping a table drops its indexes.
-    for table in ("run_results", "runs", "questions", "placements", "errata", "fields", "skills", "notebooks"):
+    for table in (
+        "run_results",
+        "runs",
+        "questions",
+        "placements",
+        "errata",
+        "fields",
+        "skills",
+        "notebooks",
+    ):
         op.drop_table(table)

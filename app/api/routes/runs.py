@@ -123,7 +123,9 @@ def read_attention(
     weights = np.frombuffer(result.attention, dtype=np.float16).reshape(shape)  # [layers, heads, T]
     for name, value, size in (("layer", layer, shape[0]), ("head", head, shape[1])):
         if value is not None and value >= size:
-            raise Unprocessable(name, f"{name}={value} is out of range: this model has {size} (0..{size - 1})")
+            raise Unprocessable(
+                name, f"{name}={value} is out of range: this model has {size} (0..{size - 1})"
+            )
     picked = weights.astype(np.float32)
     picked = picked[layer : layer + 1] if layer is not None else picked
     picked = picked[:, head : head + 1] if head is not None else picked

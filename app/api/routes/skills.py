@@ -37,7 +37,9 @@ def patch_skill(skill_id: int, body: SkillPatch, session: SessionDep) -> Skill:
     skill = get_or_404(session, Skill, skill_id, "skill")
     if body.name is not None:
         skill.name = body.name
-    if (body.text is not None and body.text != skill.text) or (body.model is not None and body.model != skill.model):
+    if (body.text is not None and body.text != skill.text) or (
+        body.model is not None and body.model != skill.model
+    ):
         skill.text = body.text if body.text is not None else skill.text
         skill.model = body.model if body.model is not None else skill.model
         skill.status, skill.progress, skill.store_key, skill.token_count = "draft", 0.0, None, None
