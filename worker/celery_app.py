@@ -24,16 +24,12 @@ import os
 from celery import Celery
 from celery.signals import worker_ready
 
+from app.queue import celery_config, queue_for
 from app.settings import get_settings
 
+__all__ = ["app", "make_celery", "queue_for"]
+
 log = logging.getLogger(__name__)
-
-TASK_NAMES = ("kvnotes.run", "kvnotes.compile_skill", "kvnotes.prefill")
-
-
-def queue_for(alias: str) -> str:
-    """The queue a model's tasks go to (the web side uses the same rule)."""
-    return f"model.{alias}"
 
 
 def task_time_limit() -> int:
@@ -62,10 +58,12 @@ def make_celery() -> Celery:
     """Build the app from the current settings (tests call it again after changing the env)."""
     settings = get_settings()
     limit = task_time_limit()
-    celery = Celery("kvnotes", broker=settings.broker_url, backend=settings.result_backend)
+    celery = Celery("kvnotes", include=["worker.tasks"])
+    celery.conf.update(celery_config(settings))  # what the web's client uses: URLs, routes, JSON
     celery.conf.update(
-        task_routes={name: {"queue": queue_for(settings.default_model)} for name in TASK_NAMES},
-        task_default_queue=queue_for(settings.default_model),
+        # a worker keeps trying to reach its broker; the web's client fails fast instead
+        broker_connection_max_retries=None,
+        redis_socket_timeout=None,
         worker_prefetch_multiplier=1,
         task_acks_late=True,
         task_reject_on_worker_lost=True,
@@ -76,13 +74,9 @@ def make_celery() -> Celery:
         worker_hijack_root_logger=False,
         broker_transport_options=broker_transport_options(settings.broker_url),
         broker_connection_retry_on_startup=True,
-        task_serializer="json",
-        result_serializer="json",
-        accept_content=["json"],
         result_expires=24 * 3600,
         task_track_started=False,  # the runs table is the source of truth for progress
     )
-    celery.autodiscover_tasks(["worker"], related_name="tasks", force=True)
     return celery
 
 
