@@ -1,0 +1,168 @@
+"""`kvnotes` — the command line. JSON on stdout is the contract benchmarks and later tools rely on.
+
+    kvnotes models
+    kvnotes edit --model M --document doc.txt --replace OLD NEW [--replace OLD2 NEW2] \\
+        --question "..." [--choices "yes,no"] [--strategies recompute,erratum,...] [--cot] --json
+    kvnotes compose --model M --context ctx.txt --skill skill.txt [--skill s2.txt] [--at end|CHAR] \\
+        [--seam K] --question "..." [--choices "..."] --json
+    kvnotes serve | worker        (the web app and its Celery worker)
+
+Bad input exits with status 2 and one line on stderr, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+
+
+class UsageError(Exception):
+    pass
+
+
+def _read(path: str, what: str) -> str:
+    p = Path(path)
+    if not p.is_file():
+        raise UsageError(f"{what} file not found: {path}")
+    try:
+        return p.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise UsageError(f"{what} file is not UTF-8 text: {path}") from None
+
+
+def _question(args):
+    from worker.engine import Question
+
+    choices = tuple(c.strip() for c in args.choices.split(",") if c.strip()) if args.choices else ()
+    if args.choices is not None and len(choices) < 2:
+        raise UsageError("--choices needs at least two comma-separated choices")
+    return Question(args.question, choices=choices, cot=args.cot, max_new_tokens=args.max_new_tokens)
+
+
+def _print(report, args) -> None:
+    data = report.to_dict()
+    if args.json:
+        print(json.dumps(data, indent=2))
+        return
+    print(f"{data['model']}: {data['document_tokens']} document tokens")
+    print(f"{'strategy':<14} {'decision':<18} {'KL':>9} {'top1':>5} {'top10':>5} {'tokens':>7} {'ms':>9}")
+    for name, r in data["strategies"].items():
+        print(f"{name:<14} {r['decision'][:18]:<18} {r['kl_to_recompute']:>9.4f} {str(r['top1_agrees']):>5} "
+              f"{r['topk_overlap']:>5} {r['tokens_computed']:>7} {r['latency_ms']:>9.1f}")
+
+
+def cmd_models(args) -> None:
+    from worker.engine.models import list_models
+
+    rows = [m.__dict__ for m in list_models()]
+    if args.json:
+        print(json.dumps(rows, indent=2))
+    else:
+        for m in rows:
+            print(f"{m['alias']:<16} {m['family']:<10} {'chat' if m['chat'] else 'base':<5} {m['description']}")
+
+
+def cmd_edit(args) -> None:
+    from worker.engine import Field, load
+
+    document = _read(args.document, "document")
+    fields = []
+    for old, new in args.replace or []:
+        start = document.find(old)
+        if start < 0:
+            raise UsageError(f"--replace: {old!r} is not in the document")
+        fields.append(Field(start, start + len(old), new, label=old))
+    if not fields:
+        raise UsageError("edit needs at least one --replace OLD NEW")
+    strategies = [s.strip() for s in args.strategies.split(",")] if args.strategies else None
+    eng = load(args.model, device=args.device)
+    kw = {"strategies": strategies} if strategies else {}
+    if args.erratum_template:
+        kw["erratum_template"] = args.erratum_template
+    report = eng.edit(document, fields, _question(args), selective_fraction=args.selective, **kw)
+    _print(report, args)
+
+
+def cmd_compose(args) -> None:
+    from worker.engine import load
+
+    context = _read(args.context, "context")
+    skills = [_read(s, "skill") for s in args.skill]
+    at = None
+    if args.at not in (None, "end"):
+        try:
+            at = int(args.at)
+        except ValueError:
+            raise UsageError(f"--at must be 'end' or a character offset, not {args.at!r}") from None
+    eng = load(args.model, device=args.device)
+    report = eng.compose(context, skills, _question(args), at=at, seam=args.seam)
+    _print(report, args)
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    from worker.engine.models import DEFAULT_MODEL
+
+    p.add_argument("--model", default=DEFAULT_MODEL, help="alias (see `kvnotes models`), local path or hub id")
+    p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 … (default: cuda when available)")
+    p.add_argument("--question", required=True)
+    p.add_argument("--choices", default=None, help="comma-separated; without it the decision is generated")
+    p.add_argument("--cot", action="store_true", help="chain of thought: generate, then answer")
+    p.add_argument("--max-new-tokens", type=int, default=32)
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="kvnotes", description="Edit and compose a language model's notes (KV cache).")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("models", help="list the models that can be loaded")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_models)
+
+    p = sub.add_parser("edit", help="edit fields of a document with every strategy, against recompute")
+    p.add_argument("--document", required=True)
+    p.add_argument("--replace", nargs=2, action="append", metavar=("OLD", "NEW"),
+                   help="replace the first occurrence of OLD by NEW (repeatable)")
+    p.add_argument("--strategies", default=None, help="comma-separated (default: all)")
+    p.add_argument("--selective", type=float, default=0.15, help="fraction of downstream tokens for `selective`")
+    p.add_argument("--erratum-template", default=None, help="format string with {label}, {old}, {new}")
+    _common(p)
+    p.set_defaults(func=cmd_edit)
+
+    p = sub.add_parser("compose", help="splice compiled skills into a context, against recompute")
+    p.add_argument("--context", required=True)
+    p.add_argument("--skill", action="append", required=True, help="a skill text file (repeatable)")
+    p.add_argument("--at", default="end", help="'end' or a character offset in the context")
+    p.add_argument("--seam", type=int, default=0, help="recompute the first K skill tokens with the real prefix")
+    _common(p)
+    p.set_defaults(func=cmd_compose)
+
+    try:
+        from worker.serve import add_commands
+    except ImportError:  # the web part is optional for engine-only installs
+        pass
+    else:
+        add_commands(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    args = build_parser().parse_args(argv)
+    from worker.engine.types import EngineError
+
+    try:
+        result = args.func(args)
+    except (UsageError, EngineError) as exc:
+        print(f"kvnotes: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    return result if isinstance(result, int) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
