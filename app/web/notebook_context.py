@@ -1,0 +1,67 @@
+"""What the notebook page and its fragments need from the database, gathered in one place:
+the notebook, its document view, the compiled skills for its model, its runs, and the token
+spans of the latest finished run that still fits the document."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import Request
+from fastapi.responses import Response
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from app.models import Notebook, Run, Skill
+from app.web.document_view import build_document_view, tokens_for_document
+from app.web.templating import approx_tokens, render
+
+
+def latest_tokens(session: Session, notebook: Notebook) -> tuple[Run | None, list[dict[str, Any]]]:
+    """The newest succeeded run of this notebook on this very document, and its fitting tokens."""
+    runs = session.scalars(
+        select(Run).where(Run.notebook_id == notebook.id, Run.status == "succeeded").order_by(Run.id.desc()).limit(5)
+    )
+    for run in runs:
+        if run.snapshot.get("document") == notebook.document:
+            tokens = tokens_for_document(notebook.document, run.results)
+            if tokens:
+                return run, tokens
+    return None, []
+
+
+def notebook_context(session: Session, notebook: Notebook, **extra: Any) -> dict[str, Any]:
+    token_run, tokens = latest_tokens(session, notebook)
+    doc_token_count = sum(1 for t in tokens if t.get("segment") == "document")
+    skills = list(
+        session.scalars(
+            select(Skill).where(Skill.model == notebook.model, Skill.status == "compiled").order_by(Skill.name)
+        )
+    )
+    recent_runs = list(
+        session.scalars(select(Run).where(Run.notebook_id == notebook.id).order_by(Run.id.desc()).limit(10))
+    )
+    context: dict[str, Any] = {
+        "notebook": notebook,
+        "view": build_document_view(notebook.document, notebook.fields, notebook.placements, tokens or None),
+        "skills": skills,
+        "recent_runs": recent_runs,
+        "question": notebook.question,
+        "has_tokens": bool(tokens),
+        "token_run": token_run,
+        "tokens_exact": bool(tokens),
+        "doc_tokens": doc_token_count or approx_tokens(notebook.document),
+        "values": {},
+        "errors": {},
+        "nav": "notebooks",
+    }
+    context.update(extra)
+    return context
+
+
+def regions(request: Request, session: Session, notebook: Notebook, **extra: Any) -> Response:
+    """After a successful edit: every region that depends on fields, errata and placements, swapped
+    out of band; the element that sent the request is left alone (HX-Reswap: none)."""
+    session.refresh(notebook)
+    response = render(request, "_regions.html", **notebook_context(session, notebook, oob=True, **extra))
+    response.headers["HX-Reswap"] = "none"
+    return response

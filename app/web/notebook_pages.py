@@ -1,0 +1,293 @@
+"""The notebook page and the htmx fragments that edit it: fields from a mouse selection,
+errata (edit, add, reorder, remove), skill placements (drop, move, remove) and starting a run.
+
+Every edit goes through the same services and schemas as the JSON API. On success the response
+swaps the dependent regions out of band (`regions`); on failure the form comes back with the
+server's message beside the field that caused it and everything typed kept (HTTP 422).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Form, Request
+from fastapi.responses import JSONResponse, Response
+
+from app.api.deps import SessionDep, get_or_404
+from app.api.routes.runs import _question_for
+from app.models import Erratum, Field, Notebook, Placement, Skill
+from app.queue import QueueUnavailable
+from app.schemas import ErratumPatch, FieldCreate, FieldPatch, PlacementCreate, RunCreate
+from app.services.notebooks import (
+    Unprocessable,
+    add_field,
+    check_errata_room,
+    check_position,
+    delete_field,
+    next_erratum_position,
+    reorder_errata,
+    touch,
+    update_field,
+)
+from app.services.runs import start_run
+from app.settings import get_settings
+from app.web.document_view import hover_tokens, paragraph_starts
+from app.web.forms import FormErrors, lines, parse_int, unprocessable_errors, validate
+from app.web.notebook_context import latest_tokens, notebook_context, regions
+from app.web.templating import render
+
+router = APIRouter()
+Text = Annotated[str, Form()]
+OptText = Annotated[str | None, Form()]
+
+
+def _notebook(session: SessionDep, notebook_id: int) -> Notebook:
+    return get_or_404(session, Notebook, notebook_id, "notebook")
+
+
+@router.get("/notebooks/{notebook_id}")
+def notebook_page(request: Request, notebook_id: int, session: SessionDep) -> Response:
+    notebook = _notebook(session, notebook_id)
+    context = notebook_context(session, notebook)
+    context["run"] = context["recent_runs"][0] if context["recent_runs"] else None
+    context["compact"] = True
+    return render(request, "notebook.html", **context)
+
+
+@router.get("/notebooks/{notebook_id}/tokens.json")
+def notebook_tokens(notebook_id: int, session: SessionDep) -> JSONResponse:
+    """Document tokens of the latest finished run that fits the document as it is now."""
+    notebook = _notebook(session, notebook_id)
+    run, tokens = latest_tokens(session, notebook)
+    return JSONResponse({"run_id": run.id if run else None, "tokens": hover_tokens(tokens)})
+
+
+# --- fields ----------------------------------------------------------------------------------------
+
+
+@router.post("/notebooks/{notebook_id}/fields")
+def create_field(
+    request: Request, notebook_id: int, session: SessionDep,
+    start: OptText = None, end: OptText = None, new_value: Text = "", label: Text = "", selected: Text = "",
+) -> Response:
+    notebook = _notebook(session, notebook_id)
+    values = {"start": start or "", "end": end or "", "new_value": new_value, "label": label, "selected": selected}
+    try:
+        s, e = parse_int(start, "start"), parse_int(end, "end")
+        if s is None or e is None:
+            raise FormErrors({"start": "select a span of the document first"})
+        if selected and notebook.document[s:e] != selected:
+            raise FormErrors({"start": "the selection no longer matches the document; select the span again"})
+        if not new_value.strip():
+            raise FormErrors({"new_value": "give the field its new value"})
+        body = validate(FieldCreate, {"start": s, "end": e, "new_value": new_value, "label": label})
+        add_field(session, notebook, body.start, body.end, body.new_value, body.label)
+        session.commit()
+    except (FormErrors, Unprocessable) as exc:
+        session.rollback()
+        errors = exc.errors if isinstance(exc, FormErrors) else unprocessable_errors(exc)
+        return render(request, "_selection_form.html", 422, notebook=notebook, values=values, errors=errors)
+    return regions(request, session, notebook)
+
+
+@router.post("/notebooks/{notebook_id}/fields/{field_id}")
+def edit_field(
+    request: Request, notebook_id: int, field_id: int, session: SessionDep, new_value: Text = "", label: Text = ""
+) -> Response:
+    notebook = _notebook(session, notebook_id)
+    field = _child(session, Field, field_id, notebook, "field")
+    try:
+        if not new_value.strip():
+            raise FormErrors({"new_value": "give the field its new value"})
+        body = validate(FieldPatch, {"new_value": new_value, "label": label})
+        update_field(session, field, body.model_dump(exclude_none=True))
+        session.commit()
+    except (FormErrors, Unprocessable) as exc:
+        session.rollback()
+        errors = exc.errors if isinstance(exc, FormErrors) else unprocessable_errors(exc)
+        return render(
+            request, "_field_item.html", 422, notebook=notebook, f=field,
+            item_id=field.id, item_errors=errors, item_values={"new_value": new_value, "label": label},
+        )
+    return regions(request, session, notebook)
+
+
+@router.post("/notebooks/{notebook_id}/fields/{field_id}/delete")
+def remove_field(request: Request, notebook_id: int, field_id: int, session: SessionDep) -> Response:
+    notebook = _notebook(session, notebook_id)
+    delete_field(session, _child(session, Field, field_id, notebook, "field"))
+    session.commit()
+    return regions(request, session, notebook)
+
+
+def _child(session: SessionDep, model: type, ident: int, notebook: Notebook, name: str):
+    row = get_or_404(session, model, ident, name)
+    if row.notebook_id != notebook.id:
+        from fastapi import HTTPException
+
+        raise HTTPException(status_code=404, detail=f"{name} {ident} not found in notebook {notebook.id}")
+    return row
+
+
+# --- errata ----------------------------------------------------------------------------------------
+
+
+def _errata_panel(request: Request, notebook: Notebook, status: int = 200, **extra) -> Response:
+    return render(request, "_errata.html", status, notebook=notebook, **extra)
+
+
+@router.post("/notebooks/{notebook_id}/errata")
+def add_erratum(request: Request, notebook_id: int, session: SessionDep, text: Text = "") -> Response:
+    notebook = _notebook(session, notebook_id)
+    try:
+        if not text.strip():
+            raise FormErrors({"text": "write the correction to append"})
+        check_errata_room(notebook)
+        validate(ErratumPatch, {"text": text})
+    except (FormErrors, Unprocessable) as exc:
+        errors = exc.errors if isinstance(exc, FormErrors) else unprocessable_errors(exc)
+        return _errata_panel(request, notebook, 422, new_errors=errors, new_values={"text": text})
+    notebook.errata.append(Erratum(text=text, source="custom", position=next_erratum_position(session, notebook)))
+    touch(notebook)
+    session.commit()
+    return regions(request, session, notebook)
+
+
+@router.post("/notebooks/{notebook_id}/errata/{erratum_id}")
+def edit_erratum(request: Request, notebook_id: int, erratum_id: int, session: SessionDep, text: Text = "") -> Response:
+    notebook = _notebook(session, notebook_id)
+    erratum = _child(session, Erratum, erratum_id, notebook, "erratum")
+    try:
+        if not text.strip():
+            raise FormErrors({"text": "an erratum cannot be empty; remove it instead"})
+        body = validate(ErratumPatch, {"text": text})
+    except FormErrors as exc:
+        return _errata_panel(
+            request, notebook, 422, item_id=erratum.id, item_errors=exc.errors, item_values={"text": text}
+        )
+    if body.text != erratum.text:  # same rule as PATCH /api/errata: edited by hand → custom
+        erratum.text, erratum.source = body.text, "custom"
+        touch(notebook)
+    session.commit()
+    return regions(request, session, notebook)
+
+
+@router.post("/notebooks/{notebook_id}/errata/{erratum_id}/move")
+def move_erratum(request: Request, notebook_id: int, erratum_id: int, session: SessionDep, move: Text = "0") -> Response:
+    notebook = _notebook(session, notebook_id)
+    _child(session, Erratum, erratum_id, notebook, "erratum")
+    ids = [e.id for e in notebook.errata]
+    i = ids.index(erratum_id)
+    j = min(max(i + (1 if move.strip() == "1" else -1), 0), len(ids) - 1)
+    ids[i], ids[j] = ids[j], ids[i]
+    reorder_errata(notebook, ids)
+    session.commit()
+    return regions(request, session, notebook)
+
+
+@router.post("/notebooks/{notebook_id}/errata/{erratum_id}/delete")
+def remove_erratum(request: Request, notebook_id: int, erratum_id: int, session: SessionDep) -> Response:
+    notebook = _notebook(session, notebook_id)
+    session.delete(_child(session, Erratum, erratum_id, notebook, "erratum"))
+    touch(notebook)
+    session.commit()
+    return regions(request, session, notebook)
+
+
+# --- placements ------------------------------------------------------------------------------------
+
+
+def _placement_error(message: str) -> JSONResponse:
+    return JSONResponse({"detail": message}, status_code=422)
+
+
+@router.post("/notebooks/{notebook_id}/placements")
+def place_skill(
+    request: Request, notebook_id: int, session: SessionDep, skill_id: OptText = None, position: OptText = None
+) -> Response:
+    """Drop a compiled skill at a character offset (empty: at the end)."""
+    notebook = _notebook(session, notebook_id)
+    try:
+        body = validate(PlacementCreate, {"skill_id": parse_int(skill_id, "skill_id"), "position": parse_int(position, "position")})
+        skill = get_or_404(session, Skill, body.skill_id, "skill")
+        if skill.status != "compiled" or skill.model != notebook.model:
+            raise FormErrors({"skill_id": f"skill {skill.name!r} is not compiled for {notebook.model}"})
+        limit = get_settings().max_placements
+        if len(notebook.placements) >= limit:
+            raise Unprocessable("skill_id", f"a notebook holds at most {limit} placements")
+        check_position(notebook, body.position)
+    except (FormErrors, Unprocessable) as exc:
+        errors = exc.errors if isinstance(exc, FormErrors) else unprocessable_errors(exc)
+        return _placement_error("; ".join(errors.values()))
+    notebook.placements.append(Placement(skill=skill, position=body.position))
+    touch(notebook)
+    session.commit()
+    return regions(request, session, notebook)
+
+
+@router.post("/notebooks/{notebook_id}/placements/{placement_id}/move")
+def move_placement(
+    request: Request, notebook_id: int, placement_id: int, session: SessionDep,
+    position: OptText = None, step: OptText = None,
+) -> Response:
+    """Move to `position` (empty: the end), or one paragraph up/down with `step` = -1 / 1."""
+    notebook = _notebook(session, notebook_id)
+    placement = _child(session, Placement, placement_id, notebook, "placement")
+    try:
+        if step is not None and step.strip():
+            new_position = _step(notebook, placement.position, parse_int(step, "step") or 0)
+        else:
+            new_position = parse_int(position, "position")
+        check_position(notebook, new_position)
+    except (FormErrors, Unprocessable) as exc:
+        errors = exc.errors if isinstance(exc, FormErrors) else unprocessable_errors(exc)
+        return _placement_error("; ".join(errors.values()))
+    placement.position = new_position
+    touch(notebook)
+    session.commit()
+    return regions(request, session, notebook)
+
+
+def _step(notebook: Notebook, position: int | None, step: int) -> int | None:
+    """The neighbouring drop spot: paragraph starts, then the end (None)."""
+    spots: list[int | None] = [0, *paragraph_starts(notebook.document), None]
+    here = len(spots) - 1 if position is None else max(i for i, p in enumerate(spots) if p is not None and p <= position)
+    return spots[min(max(here + step, 0), len(spots) - 1)]
+
+
+@router.post("/notebooks/{notebook_id}/placements/{placement_id}/delete")
+def remove_placement(request: Request, notebook_id: int, placement_id: int, session: SessionDep) -> Response:
+    notebook = _notebook(session, notebook_id)
+    session.delete(_child(session, Placement, placement_id, notebook, "placement"))
+    touch(notebook)
+    session.commit()
+    return regions(request, session, notebook)
+
+
+# --- runs ------------------------------------------------------------------------------------------
+
+
+@router.post("/notebooks/{notebook_id}/runs")
+def create_run(
+    request: Request, notebook_id: int, session: SessionDep,
+    question: Text = "", choices: Text = "", cot: OptText = None,
+    strategies: Annotated[list[str] | None, Form()] = None,
+) -> Response:
+    notebook = _notebook(session, notebook_id)
+    chosen = strategies or ["recompute"]
+    values = {"question": question, "choices": choices, "cot": bool(cot), "strategies": chosen}
+    context = notebook_context(session, notebook, run_values=values)
+    try:
+        if not question.strip():
+            raise FormErrors({"question": "ask the question whose decision you want to compare"})
+        body = validate(RunCreate, {"question": question.strip(), "choices": lines(choices), "cot": bool(cot), "strategies": chosen})
+        asked = _question_for(notebook, body)
+        run = start_run(session, notebook, asked, body.strategies)
+    except (FormErrors, Unprocessable) as exc:
+        session.rollback()
+        context["run_errors"] = exc.errors if isinstance(exc, FormErrors) else unprocessable_errors(exc)
+        return render(request, "_run_form.html", 422, **context)
+    except QueueUnavailable as exc:
+        context["run_errors"] = {"form": f"The run could not be queued, nothing was saved: {exc.reason}"}
+        return render(request, "_run_form.html", 503, **context)
+    return render(request, "_run_started.html", **context, run=run, compact=True)
