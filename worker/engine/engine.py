@@ -132,7 +132,8 @@ class Engine:
     def prefill(self, text: str) -> Notes:
         """Prefill the framed document and keep its notes: the FULL K/V of every layer."""
         ids, offsets, segments = self.tokenize_document(text)
-        return Notes(ids, offsets, segments, self._prefill_ids(ids), text=text, rope=self.rope)
+        return Notes(ids, offsets, segments, self._prefill_ids(ids), text=text, rope=self.rope,
+                     immobile_reason=self.rope_error)
 
     def compile_skill(self, text: str) -> Notes:
         """Prefill a skill once, after the start token (its attention sink, dropped when spliced)."""
@@ -141,7 +142,8 @@ class Engine:
         ids = [self.start_token()] + self.encode(text)
         offsets = [(-1, -1)] + [(-1, -1)] * (len(ids) - 1)
         segments = ["sink"] + ["skill"] * (len(ids) - 1)
-        return Notes(ids, offsets, segments, self._prefill_ids(ids), text=text, rope=self.rope)
+        return Notes(ids, offsets, segments, self._prefill_ids(ids), text=text, rope=self.rope,
+                     immobile_reason=self.rope_error)
 
     def require_portable(self) -> None:
         if self.rope is None:

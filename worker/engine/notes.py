@@ -45,6 +45,7 @@ class Notes:
     text: str = ""
     first_position: int = 0
     rope: RopeLayout | None = field(default=None, repr=False)
+    immobile_reason: str = ""  # why `rope` is None: the model's keys cannot be moved
 
     @property
     def n_tokens(self) -> int:
@@ -68,7 +69,7 @@ class Notes:
         if self.rope is None:
             from worker.engine.rope import NotPortableError
 
-            raise NotPortableError("these notes carry no RoPE description, so they cannot be moved")
+            raise NotPortableError(self.immobile_reason or "these notes carry no RoPE description, so they cannot be moved")
         if delta == 0:
             return self
         layers = [

@@ -1,0 +1,231 @@
+"""The engine's maths on every tiny architecture family: re-positioning, splicing, exact prefix
+reuse, in-place edits that change the length, and the refusals."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from transformers import DynamicCache
+
+from worker.engine import EngineError, Field, NotPortableError, Question, load
+from worker.engine.compose import splice
+from worker.engine.edit import Editor, diff_blocks
+from worker.engine.rope import LayerRope, RopeLayout, shift_keys
+
+PORTABLE = ["tiny-llama", "tiny-qwen3", "tiny-mistral", "tiny-gemma3", "tiny-phi", "tiny-llama3",
+            "tiny-yarn", "tiny-moe"]
+# longer than the tiny models' 16-token sliding window, so windowed layers matter
+TEXT = ("Account record. status: active. owner: Ada Lovelace. region: north. "
+        "Only accounts whose status is active may log in; others are refused at the door.")
+QUESTION = Question("Can this user log in?", ("yes", "no"))
+
+
+def keys_at(eng, ids, first_position):
+    """Per-layer keys of `ids` computed directly at positions first_position.. ([1, kv, T, d])."""
+    cache = DynamicCache()
+    pos = torch.arange(len(ids)).unsqueeze(0) + first_position
+    with torch.inference_mode():
+        eng.model(input_ids=torch.tensor([ids]), position_ids=pos, cache=cache, use_cache=True)
+    return [layer.keys for layer in cache.layers]
+
+
+def max_rel_error(a_layers, b_layers):
+    return max(float((a - b).abs().max() / b.abs().max()) for a, b in zip(a_layers, b_layers))
+
+
+@pytest.mark.parametrize("alias", PORTABLE)
+@pytest.mark.parametrize("delta", [1, 37, 1000])
+def test_shifted_keys_equal_keys_computed_at_shifted_positions(alias, delta):
+    eng = load(alias)
+    notes = eng.prefill(TEXT)
+    moved = notes.shifted(delta)
+    direct = keys_at(eng, notes.token_ids, delta)
+    assert moved.first_position == delta
+    assert max_rel_error([k for k, _ in moved.layers], direct) <= 1e-4
+    # values carry no position: untouched
+    assert all(torch.equal(a[1], b[1]) for a, b in zip(moved.layers, notes.layers))
+
+
+@pytest.mark.parametrize("alias", PORTABLE)
+def test_notes_keep_every_token_in_every_layer(alias):
+    eng = load(alias)
+    notes = eng.prefill(TEXT)
+    assert notes.n_tokens > 16  # past the tiny sliding window
+    assert all(k.shape[2] == notes.n_tokens == v.shape[2] for k, v in notes.layers)
+    assert notes.cache.get_seq_length() == notes.n_tokens
+    assert notes.token_ids[0] == eng.tokenizer.bos_token_id and notes.segments[0] == "frame"
+    start, end = notes.offsets[1]
+    assert TEXT[start:end] == eng.tokenizer.decode([notes.token_ids[1]])
+
+
+@pytest.mark.parametrize("alias", PORTABLE)
+def test_chunk_spliced_after_empty_context_equals_its_recompute(alias):
+    eng = load(alias)
+    context = eng.prefill("")  # just the start token
+    skill = eng.compile_skill(TEXT)
+    spliced = splice(eng.model, context, skill, context.n_tokens)
+    direct = eng.prefill(TEXT)
+    assert spliced.token_ids == direct.token_ids
+    assert max_rel_error([k for k, _ in spliced.layers], [k for k, _ in direct.layers]) <= 1e-4
+    assert max_rel_error([v for _, v in spliced.layers], [v for _, v in direct.layers]) <= 1e-4
+
+
+@pytest.mark.parametrize("alias", PORTABLE)
+def test_splice_in_the_middle_moves_the_tail_by_the_skill_length(alias):
+    eng = load(alias)
+    context = eng.prefill(TEXT)
+    skill = eng.compile_skill(" Remember: answer briefly.")
+    t = 10
+    spliced = splice(eng.model, context, skill, t)
+    m = skill.n_tokens - 1
+    assert spliced.n_tokens == context.n_tokens + m
+    assert spliced.segments[t:t + m] == ["skill"] * m
+    # the tail's keys now sit exactly where the context's own tokens would be computed m later
+    tail = [k[:, :, t + m:] for k, _ in spliced.layers]
+    expected = [shift_keys(k[:, :, t:], eng.rope.layers[i], m) for i, (k, _) in enumerate(context.layers)]
+    assert max_rel_error(tail, expected) <= 1e-6
+
+
+@pytest.mark.parametrize("alias", PORTABLE + ["tiny-gpt2"])
+def test_prefix_reuse_equals_recompute_and_computes_only_from_the_field(alias):
+    eng = load(alias)
+    start = TEXT.index("active")
+    report = eng.edit(TEXT, [Field(start, start + 6, "suspended", "status")], QUESTION,
+                      strategies=["recompute", "prefix_reuse", "stale"])
+    reuse, full = report.strategies["prefix_reuse"], report.strategies["recompute"]
+    assert reuse.kl_to_recompute < 1e-6
+    assert reuse.decision == full.decision and reuse.top1_agrees and reuse.topk_overlap == 10
+    new_ids, _, _ = eng.tokenize_document(TEXT[:start] + "suspended" + TEXT[start + 6:])
+    first_change = next(i for i, (a, b) in enumerate(zip(eng.prefill(TEXT).token_ids, new_ids)) if a != b)
+    assert reuse.tokens_computed == len(new_ids) - first_change
+    assert full.tokens_computed == len(new_ids)
+    assert report.strategies["stale"].tokens_computed == 0
+    if alias != "tiny-mistral":  # every mistral layer sees only 16 tokens back: the field is out of reach
+        assert report.strategies["stale"].kl_to_recompute > 1e-4  # the old notes are not the new ones
+
+
+@pytest.mark.parametrize("alias", PORTABLE)
+def test_in_place_with_a_length_change_keeps_downstream_keys_at_their_positions(alias):
+    eng = load(alias)
+    old = eng.prefill(TEXT)
+    start = TEXT.index("active")
+    new_text = TEXT[:start] + "permanently suspended" + TEXT[start + 6:]
+    new_ids, segs, offs = eng.tokenize_document(new_text)
+    editor = Editor(eng.model, eng.rope, old, new_ids, segs, offs)
+    surgery = editor.in_place()
+    assert surgery.token_ids == new_ids and len(new_ids) != old.n_tokens
+    changed = sum(b.j2 - b.j1 for b in diff_blocks(old.token_ids, new_ids) if not b.reuse)
+    assert surgery.tokens_computed == changed < len(new_ids) // 2
+    # layer 0 keys depend only on the token and its position: every reused token must match a
+    # direct computation of the new text at its NEW position
+    direct = keys_at(eng, new_ids, 0)[0]
+    assert float((surgery.layers[0][0] - direct).abs().max() / direct.abs().max()) <= 1e-4
+
+
+def test_gemma3_needs_per_layer_rope_bases():
+    eng = load("tiny-gemma3")
+    assert eng.rope.bases_differ()
+    bases = {lr.layer_type: lr.inv_freq[1] for lr in eng.rope.layers}
+    assert set(bases) == {"sliding_attention", "full_attention"}
+    notes = eng.prefill(TEXT)
+    delta = 300
+    direct = keys_at(eng, notes.token_ids, delta)
+    right = [k for k, _ in notes.shifted(delta).layers]
+    global_rope = next(lr for lr in eng.rope.layers if lr.layer_type == "full_attention")
+    one_base = RopeLayout(tuple(dataclasses.replace(global_rope, layer_type=lr.layer_type) for lr in eng.rope.layers))
+    wrong = [k for k, _ in dataclasses.replace(notes, rope=one_base).shifted(delta).layers]
+    err_right, err_wrong = max_rel_error(right, direct), max_rel_error(wrong, direct)
+    assert err_right <= 1e-4
+    assert err_wrong > 0.1  # one base for every layer moves the sliding layers to the wrong place
+
+
+def test_partial_rotary_leaves_the_pass_through_dimensions_alone():
+    eng = load("tiny-phi")
+    lr = eng.rope.layers[0]
+    head_dim = eng.model.config.hidden_size // eng.model.config.num_attention_heads
+    assert lr.rotary_dim < head_dim
+    k = torch.randn(1, 2, 5, head_dim)
+    moved = shift_keys(k, lr, 17)
+    assert torch.equal(moved[..., lr.rotary_dim:], k[..., lr.rotary_dim:])
+    assert not torch.allclose(moved[..., :lr.rotary_dim], k[..., :lr.rotary_dim])
+
+
+def test_shift_by_zero_and_back_is_identity():
+    lr = LayerRope(inv_freq=1.0 / (10000 ** (torch.arange(0, 16, 2).float() / 16)), rotary_dim=16)
+    k = torch.randn(1, 2, 7, 16)
+    assert torch.equal(shift_keys(k, lr, 0), k)
+    assert torch.allclose(shift_keys(shift_keys(k, lr, 123), lr, -123), k, atol=1e-5)
+
+
+def test_gpt2_composition_is_refused_with_the_reason():
+    eng = load("tiny-gpt2")
+    with pytest.raises(NotPortableError, match="no rotary position embedding"):
+        eng.compose(TEXT, ["a skill"], QUESTION)
+    with pytest.raises(NotPortableError, match="learned absolute positions"):
+        eng.prefill(TEXT).shifted(3)
+
+
+def test_dynamic_ntk_is_refused_with_the_reason():
+    eng = load("tiny-dynamic")
+    with pytest.raises(NotPortableError, match="dynamic"):
+        eng.compose(TEXT, ["a skill"], QUESTION)
+
+
+def test_every_strategy_reports_every_metric_and_auto_says_what_it_picked():
+    eng = load("tiny-llama")
+    start = TEXT.index("active")
+    report = eng.edit(TEXT, [Field(start, start + 6, "suspended", "status")], QUESTION, attention=True)
+    data = report.to_dict()
+    assert list(data["strategies"]) == ["recompute", "prefix_reuse", "stale", "in_place", "erratum",
+                                        "field_erratum", "selective", "auto"]
+    keys = {"decision", "choice_probs", "kl_to_recompute", "top1_agrees", "topk_overlap", "logit_cosine",
+            "decision_matches_recompute", "tokens_computed", "latency_ms"}
+    for name, r in data["strategies"].items():
+        assert keys <= set(r), name
+        assert abs(sum(r["choice_probs"].values()) - 1) < 1e-5
+        assert r["latency_ms"] > 0
+    assert data["strategies"]["recompute"]["kl_to_recompute"] == 0
+    assert report.strategies["auto"].detail.startswith("picked ")
+    erratum = report.strategies["erratum"]
+    assert erratum.tokens_computed == len(eng.encode(
+        "\n[STATE UPDATE] status has changed from active to suspended; "
+        "this overrides any earlier value and any earlier conclusion.\n"))
+    sel = report.strategies["selective"]
+    assert report.strategies["in_place"].tokens_computed < sel.tokens_computed < data["strategies"]["recompute"]["tokens_computed"]
+    att = report.attention["erratum"]
+    n_layers, n_heads = eng.model.config.num_hidden_layers, eng.model.config.num_attention_heads
+    assert att.weights.shape == (n_layers, n_heads, len(att.tokens))
+    assert abs(float(att.weights[0, 0].astype("float32").sum()) - 1) < 1e-2  # a softmax row
+    assert [t.segment for t in att.tokens].count("erratum") == erratum.tokens_computed
+
+
+def test_several_fields_and_a_placed_skill_run_together():
+    eng = load("tiny-llama")
+    a, b = TEXT.index("active"), TEXT.index("north")
+    fields = [Field(a, a + 6, "closed", "status"), Field(b, b + 5, "south", "region")]
+    skill_at = TEXT.index("Only")
+    from worker.engine import Placement
+
+    report = eng.run(TEXT, fields, QUESTION, strategies=["recompute", "stale", "in_place", "field_erratum"],
+                     placements=[eng_placement := Placement(text="Answer in one word. ", at=skill_at)],
+                     attention=["recompute", "in_place"])
+    assert eng_placement.at == skill_at
+    rec = report.attention["recompute"].tokens
+    inp = report.attention["in_place"].tokens
+    assert [t.id for t in rec] == [t.id for t in inp]  # in_place ends on exactly the new tokens
+    assert any(t.segment == "document" and t.start == a for t in rec)  # new value drawn on its field
+    assert report.strategies["in_place"].tokens_computed < report.strategies["recompute"].tokens_computed
+
+
+def test_bad_input_names_the_problem():
+    eng = load("tiny-llama")
+    with pytest.raises(EngineError, match="not inside the document"):
+        eng.edit(TEXT, [Field(5, 10_000, "x")], QUESTION)
+    with pytest.raises(EngineError, match="overlap"):
+        eng.edit(TEXT, [Field(5, 15, "x"), Field(10, 20, "y")], QUESTION)
+    with pytest.raises(EngineError, match="unknown strategy 'magic'"):
+        eng.edit(TEXT, [Field(5, 15, "x")], QUESTION, strategies=["magic"])
+    with pytest.raises(EngineError, match="outside the document"):
+        eng.compose(TEXT, ["skill"], QUESTION, at=10_000)
