@@ -1,0 +1,301 @@
+"""The tasks through a REAL `celery worker` process, on the embedded SQLite broker and on Redis.
+
+One worker per broker for the module (they take seconds to start and stop): a run enqueued the way
+the web enqueues it moves its progress and ends with the engine's own numbers; a skill compiles
+into the KV store; and a worker SIGKILLed in the middle of a run leaves the run re-delivered or
+failed with "worker lost" — never stuck `running`.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+MODEL = "tiny-llama"
+REDIS_URL = "redis://127.0.0.1:6379/11"  # a database of its own: the tests delete their keys there
+START_TIMEOUT_S = 60.0
+RECORD = "The customer record: name Alice, age 31, status active. Only active accounts may log in. "
+
+
+def _redis_reachable() -> str | None:
+    try:
+        import redis
+
+        redis.Redis.from_url(REDIS_URL, socket_connect_timeout=1).ping()
+        return None
+    except Exception as exc:
+        return f"Redis at {REDIS_URL} unreachable: {exc}"
+
+
+def _reset_caches() -> None:
+    from app.db import reset_engines
+    from app.queue import reset_celery
+    from app.settings import get_settings
+
+    get_settings.cache_clear()
+    reset_engines()
+    reset_celery()
+
+
+@dataclass
+class Worker:
+    """A real worker subprocess and the environment it shares with this test process."""
+
+    broker: str
+    data: Path
+    env: dict[str, str]
+    log_path: Path
+    proc: subprocess.Popen | None = None
+    starts: list[float] = field(default_factory=list)
+
+    def start(self) -> None:
+        from worker.serve import worker_command
+
+        log = self.log_path.open("ab")
+        t0 = time.perf_counter()
+        self.proc = subprocess.Popen(
+            worker_command([MODEL]),
+            env=self.env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=Path(__file__).parents[1],
+        )
+        ready_lines = self.log_path.read_text(errors="replace").count(" ready.")
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while self.log_path.read_text(errors="replace").count(" ready.") <= ready_lines:
+            assert self.proc.poll() is None, f"worker exited:\n{self.log_text()}"
+            assert time.monotonic() < deadline, f"worker not ready in {START_TIMEOUT_S} s:\n{self.log_text()}"
+            time.sleep(0.1)
+        self.starts.append(time.perf_counter() - t0)
+
+    def stop(self) -> None:
+        from worker.serve import stop_worker
+
+        if self.proc is not None:
+            stop_worker(self.proc, timeout=15)
+
+    def kill(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait()
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(errors="replace")[-4000:]
+
+
+@pytest.fixture(scope="module", params=["sqlite", "redis"])
+def worker(request, tmp_path_factory) -> Iterator[Worker]:
+    broker = request.param
+    data = tmp_path_factory.mktemp(f"worker-{broker}")
+    if broker == "redis":
+        reason = _redis_reachable()
+        if reason:
+            if os.environ.get("CI") == "true":
+                pytest.fail(reason)
+            pytest.skip(reason)
+        import redis
+
+        r = redis.Redis.from_url(REDIS_URL)
+        r.delete(f"model.{MODEL}", "unacked", "unacked_index", "unacked_mutex")
+    env = {
+        **os.environ,
+        "KVNOTES_DATA": str(data),
+        "DATABASE_URL": f"sqlite:///{data}/kvnotes.db",
+        "BROKER_URL": REDIS_URL if broker == "redis" else f"sqla+sqlite:///{data}/broker.db",
+        "RESULT_BACKEND": f"db+sqlite:///{data}/results.db",
+        "KVNOTES_DEFAULT_MODEL": MODEL,
+        "KVNOTES_VISIBILITY_TIMEOUT": "6",
+        "KVNOTES_DEVICE": "cpu",
+    }
+    saved = dict(os.environ)
+    os.environ.update(env)
+    _reset_caches()
+    from app.migrate import upgrade_to_head
+
+    upgrade_to_head()
+    w = Worker(broker, data, env, data / "worker.log")
+    w.start()
+    yield w
+    w.stop()
+    os.environ.clear()
+    os.environ.update(saved)
+    _reset_caches()
+
+
+# ---- helpers -----------------------------------------------------------------------------------
+
+
+def _make_notebook(document: str, choices=("yes", "no")) -> tuple[int, int]:
+    from app.db import get_sessionmaker
+    from app.models import Field, Notebook, Question
+
+    i = document.index("active")
+    with get_sessionmaker()() as s:
+        nb = Notebook(title="t", model=MODEL, document=document)
+        nb.fields.append(Field(start=i, end=i + 6, old_value="active", new_value="banned", label="status"))
+        nb.questions.append(Question(text="Can she log in?", choices=list(choices), cot=False))
+        s.add(nb)
+        s.commit()
+        return nb.id, nb.questions[-1].id
+
+
+def _start_run(notebook_id: int, strategies: list[str]) -> int:
+    from app.db import get_sessionmaker
+    from app.models import Notebook
+    from app.services.runs import start_run
+
+    with get_sessionmaker()() as s:
+        nb = s.get(Notebook, notebook_id)
+        return start_run(s, nb, nb.question, strategies).id
+
+
+def _poll_run(
+    run_id: int, until, timeout: float, every: float = 0.05
+) -> tuple[object, list[tuple[str, float]]]:
+    """Poll the run's row until `until(run)`; return it and the (stage, progress) values seen."""
+    from app.db import get_sessionmaker
+    from app.models import Run
+
+    seen: list[tuple[str, float]] = []
+    deadline = time.monotonic() + timeout
+    while True:
+        with get_sessionmaker()() as s:
+            run = s.get(Run, run_id)
+            if not seen or seen[-1] != (run.stage, run.progress):
+                seen.append((run.stage, run.progress))
+            if until(run):
+                run.results  # noqa: B018 — load while the session is open
+                return run, seen
+        assert time.monotonic() < deadline, f"run {run_id} still {run.status} ({run.stage}) after {timeout} s"
+        time.sleep(every)
+
+
+def _finished(run) -> bool:
+    return run.status in ("succeeded", "failed", "cancelled")
+
+
+# ---- tests -------------------------------------------------------------------------------------
+
+
+def test_run_through_the_queue_equals_the_direct_engine_call(worker: Worker) -> None:
+    from worker.engine import Field, Question, load
+    from worker.engine.engine import no_store
+
+    document = RECORD * 8 + f"({worker.broker} run)"
+    strategies = [
+        "recompute",
+        "prefix_reuse",
+        "stale",
+        "in_place",
+        "erratum",
+        "field_erratum",
+        "selective",
+        "auto",
+    ]
+    notebook_id, _ = _make_notebook(document)
+    t0 = time.perf_counter()
+    run_id = _start_run(notebook_id, strategies)
+    run, seen = _poll_run(run_id, _finished, timeout=60)
+    queue_s = time.perf_counter() - t0
+    assert run.status == "succeeded", run.error
+    assert run.worker.startswith(f"kvnotes-{MODEL}@")
+    progresses = [p for _, p in seen]
+    assert progresses == sorted(progresses) and progresses[-1] == 1.0
+    assert any(0 < p < 1 for p in progresses), seen  # we saw it in the middle, not only the ends
+    assert {"queue_wait_ms", "load_ms", "engine_ms"} <= set(run.timings)
+
+    eng = load(MODEL, device="cpu")
+    i = document.index("active")
+    t1 = time.perf_counter()
+    with no_store(eng):
+        direct = eng.run(
+            document=document,
+            fields=[Field(i, i + 6, "banned", "status")],
+            question=Question("Can she log in?", ("yes", "no")),
+            strategies=strategies,
+            attention=True,
+        )
+    direct_s = time.perf_counter() - t1
+    stored = {r.strategy: r for r in run.results}
+    assert set(stored) == set(direct.strategies)
+    for name, want in direct.strategies.items():
+        got = stored[name]
+        assert got.decision == want.decision, name
+        assert got.kl_to_recompute == pytest.approx(want.kl_to_recompute, abs=1e-5), name
+        assert got.choice_probs == pytest.approx(want.choice_probs, abs=1e-5), name
+        assert got.decision_matches_recompute == want.decision_matches_recompute, name
+        layers, heads, t = got.attention_shape
+        assert list(direct.attention[name].weights.shape) == [layers, heads, t]
+        assert len(got.tokens) == t
+    print(
+        f"\n[{worker.broker}] queue round trip {queue_s * 1000:.0f} ms (engine in worker "
+        f"{run.timings['engine_ms']:.0f} ms, waited in queue {run.timings['queue_wait_ms']:.0f} ms); "
+        f"direct engine call {direct_s * 1000:.0f} ms; worker start {worker.starts[-1]:.1f} s"
+    )
+
+
+def test_compile_skill_stores_its_notes_and_a_run_splices_them(worker: Worker) -> None:
+    from app.db import get_sessionmaker
+    from app.models import Placement, Skill
+    from app.queue import enqueue_compile
+    from app.settings import get_settings
+    from worker.engine.store import KVStore
+
+    with get_sessionmaker()() as s:
+        skill = Skill(name="policy", text="Policy: banned accounts may never log in.", model=MODEL)
+        s.add(skill)
+        s.commit()
+        skill.task_id = enqueue_compile(skill)
+        s.commit()
+        skill_id = skill.id
+    deadline = time.monotonic() + 30
+    while True:
+        with get_sessionmaker()() as s:
+            skill = s.get(Skill, skill_id)
+            if skill.status in ("compiled", "failed") or time.monotonic() > deadline:
+                break
+        time.sleep(0.05)
+    assert skill.status == "compiled", skill.error
+    assert skill.token_count > 10 and skill.compile_ms > 0
+    stored = KVStore(get_settings().data_dir / "kv").get_entry(skill.store_key)
+    assert stored is not None and len(stored.token_ids) == skill.token_count
+
+    notebook_id, _ = _make_notebook(RECORD * 2 + f"({worker.broker} skill)")
+    with get_sessionmaker()() as s:
+        s.add(Placement(notebook_id=notebook_id, skill_id=skill_id, position=None))
+        s.commit()
+    run, _ = _poll_run(_start_run(notebook_id, ["recompute", "stale"]), _finished, timeout=60)
+    assert run.status == "succeeded", run.error
+    assert run.snapshot["placements"][0]["skill_id"] == skill_id
+
+
+def test_a_killed_worker_never_leaves_its_run_running(worker: Worker) -> None:
+    from app.services.watchdog import WORKER_LOST
+
+    notebook_id, _ = _make_notebook(RECORD * 80 + f"({worker.broker} slow)")  # ~7k tokens: seconds
+    run_id = _start_run(notebook_id, ["recompute", "stale", "in_place", "selective"])
+    _poll_run(run_id, lambda r: r.status == "running" and r.progress > 0, timeout=30, every=0.02)
+    worker.kill()
+    t_kill = time.perf_counter()
+    worker.start()
+    run, _ = _poll_run(run_id, _finished, timeout=90)
+    settle_s = time.perf_counter() - t_kill
+    print(
+        f"\n[{worker.broker}] killed mid-run → {run.status} ({run.error or 'redelivered'}) {settle_s:.1f} s after the kill"
+    )
+    assert run.status == "succeeded" or (run.status == "failed" and run.error == WORKER_LOST), (
+        run.status,
+        run.error,
+    )
+    if worker.broker == "redis":
+        assert run.status == "succeeded"  # acks_late: the message came back after the visibility timeout
+        assert {r.strategy for r in run.results} == {"recompute", "stale", "in_place", "selective"}
