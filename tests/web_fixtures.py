@@ -1,0 +1,69 @@
+"""A finished run written straight into the database (no worker): the rows the run page, the
+heatmap and the notebook's token hover read. Used by the page and browser tests."""
+
+from __future__ import annotations
+
+import numpy as np
+from sqlalchemy.orm import Session
+
+from app.models import Notebook, Run, RunResult
+from app.services.runs import build_snapshot
+
+LAYERS, HEADS = 4, 6
+
+
+def tokens_of(document: str, frame: int = 3, tail: list[tuple[str, str]] | None = None) -> list[dict]:
+    """Word-ish tokens of `document` with offsets, after `frame` frame tokens, then `tail`."""
+    import re
+
+    out = [{"id": 1 + i, "text": f"<f{i}>", "start": -1, "end": -1, "segment": "frame"} for i in range(frame)]
+    for m in re.finditer(r"\s*\S+", document):
+        out.append({"id": 100 + len(out), "text": m.group(), "start": m.start(), "end": m.end(), "segment": "document"})
+    for text, segment in tail or []:
+        out.append({"id": 900 + len(out), "text": text, "start": -1, "end": -1, "segment": segment})
+    return out
+
+
+def attention_for(tokens: list[dict], seed: int) -> tuple[bytes, list[int]]:
+    rng = np.random.default_rng(seed)
+    w = rng.random((LAYERS, HEADS, len(tokens))).astype(np.float32) ** 4
+    w[:, :, 0] += 2.0  # the attention sink
+    w /= w.sum(-1, keepdims=True)
+    return w.astype(np.float16).tobytes(), [LAYERS, HEADS, len(tokens)]
+
+
+def finished_run(session: Session, notebook: Notebook, strategies=("recompute", "stale", "field_erratum")) -> Run:
+    """A succeeded run of `notebook` (which must have a question) with plausible results."""
+    snapshot = build_snapshot(notebook, notebook.question, list(strategies))
+    run = Run(notebook_id=notebook.id, snapshot=snapshot, strategies=list(strategies), status="succeeded",
+              stage="done", progress=1.0, timings={"prefill": 420.0, "readout": 35.0})
+    session.add(run)
+    session.flush()
+    old_doc = notebook.document
+    fields = notebook.fields
+    new_doc = old_doc
+    for f in sorted(fields, key=lambda f: -f.start):
+        new_doc = new_doc[: f.start] + f.new_value + new_doc[f.end :]
+    choices = list(notebook.question.choices) or []
+    for k, name in enumerate(strategies):
+        agrees = name != "stale"
+        if name == "stale":
+            toks = tokens_of(old_doc, tail=[("Question", "question")])
+        elif name in ("erratum", "field_erratum"):
+            toks = tokens_of(new_doc if name == "field_erratum" else old_doc,
+                             tail=[(" [STATE UPDATE]", "erratum"), (" changed", "erratum"), ("Question", "question")])
+        else:
+            toks = tokens_of(new_doc, tail=[("Question", "question")])
+        blob, shape = attention_for(toks, seed=k)
+        probs = {c: (0.8 if (i == 1) == agrees else 0.2) for i, c in enumerate(choices[:2])}
+        decision = max(probs, key=probs.get) if probs else ("The status is suspended." if agrees else "The status is active.")
+        session.add(RunResult(
+            run_id=run.id, strategy=name, decision=decision, choice_probs=probs,
+            kl_to_recompute=0.0 if name == "recompute" else (1.7 if name == "stale" else 0.012),
+            top1_agrees=agrees, topk_overlap=10 if agrees else 6, logit_cosine=0.99,
+            decision_matches_recompute=agrees, tokens_computed=len(toks) if name == "recompute" else (0 if name == "stale" else 24),
+            latency_ms=480.0 if name == "recompute" else (3.0 if name == "stale" else 41.0),
+            text="" if probs else decision, detail="", attention=blob, attention_shape=shape, tokens=toks,
+        ))
+    session.commit()
+    return run
