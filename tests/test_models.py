@@ -101,7 +101,7 @@ def test_unknown_alias_names_it(tmp_path):
         load_model("no-such-model", data_dir=tmp_path)
     assert "tiny-llama" in str(err.value) and "\n" not in str(err.value)
     assert isinstance(err.value, EngineError)
-    assert time.perf_counter() - t0 < 30
+    assert time.perf_counter() - t0 < 10  # no HTTP retries against an unreachable hub
 
 
 def test_local_folder_loads(tmp_path):

@@ -17,17 +17,20 @@ This module only loads; the engine caches loaded models per process.
 from __future__ import annotations
 
 import fcntl
+import functools
 import importlib
 import importlib.util
 import json
 import logging
 import os
 import shutil
+import socket
 import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlparse
 
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
@@ -341,6 +344,8 @@ def _convert_gguf(alias: str, tmp: Path) -> None:
     tokenizer.save_pretrained(out)
     marker = {"alias": alias, "source": source, "gguf": gguf.name, "seconds": round(time.perf_counter() - t0, 1)}
     (out / CONVERTED_MARKER).write_text(json.dumps(marker, indent=2))
+    for f in out.iterdir():
+        f.chmod(0o644)  # some writers create 0600 files; a shared data folder must be readable
     log.info("converted %s in %.1f s", alias, time.perf_counter() - t0)
 
 
@@ -426,13 +431,31 @@ def load_model(
     return model, tokenizer, ModelInfo(name, family, source, f"{family} model from {source}", bool(tokenizer.chat_template))
 
 
+@functools.cache
+def _hub_reachable() -> bool:
+    """One quick TCP probe, so an unreachable hub costs milliseconds rather than HTTP retries."""
+    from huggingface_hub import constants
+
+    if constants.HF_HUB_OFFLINE:
+        return False
+    host = urlparse(constants.ENDPOINT).hostname or "huggingface.co"
+    try:
+        socket.create_connection((host, 443), timeout=3).close()
+        return True
+    except OSError:
+        return False
+
+
 def _load_pretrained(
     source: str, device: str, dtype: torch.dtype, trust_remote_code: bool
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerFast]:
-    if not Path(source).expanduser().exists():
-        AutoConfig.from_pretrained(source, trust_remote_code=trust_remote_code)  # fail fast on bad ids
-    tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
-    kwargs = dict(dtype=dtype, trust_remote_code=trust_remote_code)
+    is_local = Path(source).expanduser().exists()
+    local_only = is_local or not _hub_reachable()  # without a hub, only the local HF cache can answer
+    common = dict(trust_remote_code=trust_remote_code, local_files_only=local_only)
+    if not is_local:
+        AutoConfig.from_pretrained(source, **common)  # fail fast on bad ids, before any weights
+    tokenizer = AutoTokenizer.from_pretrained(source, **common)
+    kwargs = dict(dtype=dtype, **common)
     try:
         model = AutoModelForCausalLM.from_pretrained(source, attn_implementation="sdpa", **kwargs)
     except (ValueError, ImportError):  # architecture without SDPA support
