@@ -69,6 +69,10 @@ def _watch(proc: subprocess.Popen, stopping: threading.Event) -> None:
         )
 
 
+def _exit_on_sigterm(signum: int, _frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     """Migrate, start the worker, serve the web app until Ctrl-C / SIGTERM, stop both."""
     import uvicorn
@@ -87,8 +91,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     print(
         f"kvnotes: open http://{args.host}:{args.port}/  (worker pid {proc.pid}, models {', '.join(models)})"
     )
+    # uvicorn shuts down gracefully on SIGINT/SIGTERM, then re-raises the signal to the handler that
+    # was there before it: make SIGTERM's an exception (like SIGINT's), so `finally` stops the worker.
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
-        # uvicorn handles SIGINT and SIGTERM itself: it returns after a graceful shutdown
         uvicorn.run("app.main:app", host=args.host, port=args.port, log_level="info")
     finally:
         stopping.set()
