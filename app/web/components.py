@@ -35,5 +35,5 @@ def components(request: Request) -> Response:
     return render(
         request, "components.html", notebook=notebook, view=build_document_view(DOC, [field], [placement]),
         runs=runs, skills=[skill], question=None, values={}, errors={"label": "label: at most 200 characters"},
-        recent_runs=[], compact=True,
+        recent_runs=[], compact=True, gallery=True,
     )
