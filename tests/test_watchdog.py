@@ -1,0 +1,73 @@
+"""The watchdog on a real, migrated SQLite database: which `running` runs count as lost."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+from sqlalchemy.orm import Session
+
+from app.db import make_engine
+from app.migrate import upgrade_to_head
+from app.models import Run
+from app.services.watchdog import WORKER_LOST, reap_stale_runs
+
+NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
+
+
+@pytest.fixture
+def session(tmp_path: Path):
+    url = f"sqlite:///{tmp_path}/kvnotes.db"
+    upgrade_to_head(url)
+    with Session(make_engine(url)) as s:
+        yield s
+
+
+def _run(
+    session: Session, status: str, worker: str, heartbeat_s_ago: float | None, started_s_ago: float = 600
+) -> int:
+    run = Run(
+        snapshot={"model": "tiny-llama"},
+        strategies=["recompute"],
+        status=status,
+        worker=worker,
+        started_at=NOW - timedelta(seconds=started_s_ago),
+        heartbeat_at=None if heartbeat_s_ago is None else NOW - timedelta(seconds=heartbeat_s_ago),
+    )
+    session.add(run)
+    session.commit()
+    return run.id
+
+
+def test_only_running_runs_silent_longer_than_max_age_are_failed(session: Session) -> None:
+    stale = _run(session, "running", "w1@h", heartbeat_s_ago=121)
+    fresh = _run(session, "running", "w1@h", heartbeat_s_ago=30)
+    never_beat_old = _run(session, "running", "w2@h", heartbeat_s_ago=None, started_s_ago=500)
+    never_beat_new = _run(session, "running", "w2@h", heartbeat_s_ago=None, started_s_ago=5)
+    done = _run(session, "succeeded", "w1@h", heartbeat_s_ago=999)
+    queued = _run(session, "queued", "", heartbeat_s_ago=None)
+
+    reaped = reap_stale_runs(session, NOW, max_age=120)
+    session.commit()
+
+    assert sorted(reaped) == sorted([stale, never_beat_old])
+    session.expire_all()
+    for run_id in (stale, never_beat_old):
+        run = session.get(Run, run_id)
+        assert (run.status, run.error) == ("failed", WORKER_LOST) and run.finished_at is not None
+    for run_id, status in (
+        (fresh, "running"),
+        (never_beat_new, "running"),
+        (done, "succeeded"),
+        (queued, "queued"),
+    ):
+        assert session.get(Run, run_id).status == status
+
+
+def test_a_starting_worker_fails_every_run_left_under_its_name(session: Session) -> None:
+    mine = _run(session, "running", "kvnotes-tiny-llama@h", heartbeat_s_ago=1)
+    other = _run(session, "running", "kvnotes-other@h", heartbeat_s_ago=1)
+    assert reap_stale_runs(session, NOW, max_age=120, worker="kvnotes-tiny-llama@h") == [mine]
+    session.commit()
+    assert session.get(Run, other).status == "running"
