@@ -278,6 +278,21 @@ def test_compile_skill_stores_its_notes_and_a_run_splices_them(worker: Worker) -
     assert run.snapshot["placements"][0]["skill_id"] == skill_id
 
 
+def test_a_cancelled_run_stops_and_keeps_no_results(worker: Worker) -> None:
+    from app.db import get_sessionmaker
+    from app.models import Run
+
+    notebook_id, _ = _make_notebook(RECORD * 60 + f"({worker.broker} cancel)")
+    run_id = _start_run(notebook_id, ["recompute", "stale", "in_place", "selective"])
+    _poll_run(run_id, lambda r: r.status == "running" and r.progress > 0, timeout=30, every=0.02)
+    with get_sessionmaker()() as s:  # what the web's cancel does
+        s.get(Run, run_id).status = "cancelled"
+        s.commit()
+    run, _ = _poll_run(run_id, lambda r: r.finished_at is not None, timeout=60)
+    assert (run.status, run.stage) == ("cancelled", "cancelled")
+    assert run.results == []
+
+
 def test_a_killed_worker_never_leaves_its_run_running(worker: Worker) -> None:
     from app.services.watchdog import WORKER_LOST
 
