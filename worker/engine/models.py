@@ -318,6 +318,8 @@ def ensure_converted(alias: str, data_dir: Path | None = None) -> Path:
             return target
         if target.exists():  # a folder without the marker is not ours to trust
             shutil.rmtree(target)
+        for stale in target.parent.glob(f".{alias}.tmp-*"):  # left by a crashed conversion
+            shutil.rmtree(stale, ignore_errors=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{alias}.tmp-", dir=target.parent))
         try:
             _convert_gguf(alias, tmp)
