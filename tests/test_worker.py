@@ -278,6 +278,32 @@ def test_compile_skill_stores_its_notes_and_a_run_splices_them(worker: Worker) -
     assert run.snapshot["placements"][0]["skill_id"] == skill_id
 
 
+def test_bad_input_fails_the_run_with_the_engines_own_message(worker: Worker) -> None:
+    from app.db import get_sessionmaker
+    from app.models import Run
+    from app.queue import enqueue_run
+
+    snapshot = {
+        "model": MODEL,
+        "document": "short",
+        "fields": [{"start": 2, "end": 99, "old": "ort", "new": "x", "label": "tail"}],
+        "errata": [],
+        "placements": [],
+        "question": {"text": "What is it?", "choices": ["a", "b"], "cot": False},
+        "strategies": ["recompute", "stale"],
+    }
+    with get_sessionmaker()() as s:
+        run = Run(snapshot=snapshot, strategies=snapshot["strategies"], status="queued", timings={})
+        s.add(run)
+        s.commit()
+        run.task_id = enqueue_run(run)
+        s.commit()
+        run_id = run.id
+    run, _ = _poll_run(run_id, _finished, timeout=30)
+    assert run.status == "failed"
+    assert run.error.startswith("field tail [2, 99) is not inside the document"), run.error
+
+
 def test_a_cancelled_run_stops_and_keeps_no_results(worker: Worker) -> None:
     from app.db import get_sessionmaker
     from app.models import Run

@@ -8,6 +8,9 @@ to be delivered again where the broker can do that (Redis: after `visibility_tim
 SQLAlchemy broker cannot — it marks a message invisible when it hands it out — so there the
 watchdog in `worker.tasks` marks the run failed instead).
 
+The solo pool does not enforce Celery's time limits (they are set for other pools and for
+introspection); `worker.tasks` stops a run that passes `task_time_limit` at its next progress point.
+
 Queues are per model, `model.<alias>`; the web side (`app.queue`) sends each task to the queue of
 the run's model, and `kvnotes worker --model M` consumes `model.M`.
 

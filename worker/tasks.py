@@ -168,6 +168,7 @@ class RunReporter:
         self.run_id, self.hostname = run_id, hostname
         self.stage = "starting"
         self._last_write = 0.0
+        self._started = time.monotonic()
         self._stopped = threading.Event()
         self._lost = threading.Event()
         self._beat = threading.Thread(target=self._heartbeat_loop, daemon=True, name=f"heartbeat-{run_id}")
@@ -200,9 +201,12 @@ class RunReporter:
                 log.exception("heartbeat of run %s failed", self.run_id)
 
     def progress(self, stage: str, fraction: float) -> None:
-        """The engine's progress callback: write (throttled), and stop if the run was cancelled."""
+        """The engine's progress callback: write (throttled), and stop if the run was cancelled or
+        ran past the time limit (the solo pool does not enforce Celery's time limits itself)."""
         if self._lost.is_set():
             raise _Stop
+        if time.monotonic() - self._started > task_time_limit():
+            raise SoftTimeLimitExceeded()
         now = time.monotonic()
         if stage == self.stage and now - self._last_write < PROGRESS_EVERY_S:
             return
@@ -273,11 +277,12 @@ def _save_report(run_id: int, hostname: str, report: Report, timings: dict[str, 
 
 
 def _stopped(run_id: int) -> None:
-    """After a cancellation: drop partial results, stamp the end; the status stays as the web set it."""
+    """After a cancellation: drop partial results, stamp the end; the status stays as the web set
+    it. A run that was taken from us otherwise (reaped, restarted elsewhere) is left alone."""
     with _session() as s:
-        s.execute(delete(RunResult).where(RunResult.run_id == run_id))
         run = s.get(Run, run_id)
         if run is not None and run.status == "cancelled":
+            s.execute(delete(RunResult).where(RunResult.run_id == run_id))
             run.stage, run.finished_at = "cancelled", run.finished_at or _now()
         s.commit()
 
