@@ -135,13 +135,15 @@ class Engine:
         return Notes(ids, offsets, segments, self._prefill_ids(ids), text=text, rope=self.rope,
                      immobile_reason=self.rope_error)
 
-    def compile_skill(self, text: str) -> Notes:
-        """Prefill a skill once, after the start token (its attention sink, dropped when spliced)."""
+    def compile_skill(self, text: str, sink: bool = True) -> Notes:
+        """Prefill a skill once, after the start token (its attention sink, dropped when spliced).
+        `sink=False` prefills the bare skill — worse, kept to measure exactly that."""
         if not text.strip():
             raise EngineError("a skill needs some text")
-        ids = [self.start_token()] + self.encode(text)
-        offsets = [(-1, -1)] + [(-1, -1)] * (len(ids) - 1)
-        segments = ["sink"] + ["skill"] * (len(ids) - 1)
+        body = self.encode(text)
+        ids = ([self.start_token()] if sink else []) + body
+        offsets = [(-1, -1)] * len(ids)
+        segments = (["sink"] if sink else []) + ["skill"] * len(body)
         return Notes(ids, offsets, segments, self._prefill_ids(ids), text=text, rope=self.rope,
                      immobile_reason=self.rope_error)
 

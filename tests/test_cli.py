@@ -1,0 +1,73 @@
+"""The `kvnotes` command line: its JSON contract and its one-line errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+DOC = "Account record.\nstatus: active\nowner: Ada\nOnly active accounts may log in.\n"
+METRICS = {"decision", "choice_probs", "kl_to_recompute", "top1_agrees", "topk_overlap", "logit_cosine",
+           "decision_matches_recompute", "tokens_computed", "latency_ms"}
+
+
+def kvnotes(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "worker.cli", *args], capture_output=True, text=True, timeout=300)
+
+
+@pytest.fixture
+def doc(tmp_path):
+    path = tmp_path / "doc.txt"
+    path.write_text(DOC)
+    skill = tmp_path / "skill.txt"
+    skill.write_text("Answer in one word.\n")
+    return path, skill
+
+
+def test_edit_prints_the_json_contract(doc):
+    out = kvnotes("edit", "--model", "tiny-llama", "--document", str(doc[0]), "--replace", "active", "closed",
+                  "--replace", "Ada", "Grace", "--question", "Can the user log in?", "--choices", "yes,no",
+                  "--strategies", "recompute,stale,erratum", "--json")
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    assert data["model"] == "tiny-llama" and data["document_tokens"] == len(DOC) + 1  # bytes + start token
+    assert list(data["strategies"]) == ["recompute", "stale", "erratum"]
+    for r in data["strategies"].values():
+        assert METRICS <= set(r) and set(r["choice_probs"]) == {"yes", "no"}
+
+
+def test_compose_reports_recompute_and_splice(doc):
+    out = kvnotes("compose", "--model", "tiny-qwen3", "--context", str(doc[0]), "--skill", str(doc[1]),
+                  "--skill", str(doc[1]), "--at", "16", "--seam", "2", "--question", "Who owns it?", "--json")
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    assert list(data["strategies"]) == ["recompute", "splice"]
+    assert data["strategies"]["splice"]["tokens_computed"] == 0
+
+
+@pytest.mark.parametrize("args, message", [
+    (["edit", "--document", "/nope/doc.txt", "--replace", "a", "b", "--question", "q"], "document file not found"),
+    (["edit", "--document", "{doc}", "--replace", "zzz", "b", "--question", "q"], "'zzz' is not in the document"),
+    (["edit", "--model", "no-such-model", "--document", "{doc}", "--replace", "Ada", "b", "--question", "q"],
+     "unknown model 'no-such-model'"),
+    (["compose", "--model", "tiny-gpt2", "--context", "{doc}", "--skill", "{doc}", "--question", "q"],
+     "no rotary position embedding"),
+    (["edit", "--model", "tiny-llama", "--document", "{doc}", "--replace", "Ada", "b", "--question", "q",
+      "--strategies", "recompute,magic"], "unknown strategy 'magic'"),
+    (["compose", "--model", "tiny-llama", "--context", "{doc}", "--skill", "{doc}", "--at", "9999",
+      "--question", "q"], "outside the document"),
+])
+def test_bad_input_exits_nonzero_with_one_clear_line(doc, args, message):
+    out = kvnotes(*[a.replace("{doc}", str(doc[0])) for a in args])
+    assert out.returncode == 2
+    lines = [ln for ln in out.stderr.splitlines() if ln.startswith("kvnotes:")]
+    assert len(lines) == 1 and message in lines[0], out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_models_lists_every_alias():
+    out = kvnotes("models", "--json")
+    aliases = {m["alias"] for m in json.loads(out.stdout)}
+    assert {"smollm2-135m", "gemma3-270m", "tiny-llama", "tiny-gemma3", "tiny-gpt2"} <= aliases
