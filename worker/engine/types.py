@@ -5,8 +5,8 @@ only these; `Report.to_dict()` is the JSON contract of `kvnotes edit|compose --j
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Callable
 
 import numpy as np
 
