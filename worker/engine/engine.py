@@ -216,7 +216,7 @@ class Engine:
         self,
         document: str,
         fields: list[Field] = (),
-        question: Question | None = None,
+        question: Question | str | None = None,
         strategies: list[str] | tuple[str, ...] = EDIT_STRATEGIES,
         errata: list[str] | None = None,
         placements: list[Placement] = (),
@@ -225,9 +225,13 @@ class Engine:
         attention: bool | list[str] = False,
         progress: ProgressFn | None = None,
         old_notes: Notes | None = None,
+        choices: tuple[str, ...] | list[str] = (),
+        cot: bool = False,
     ) -> Report:
         """Edit `fields` of `document` (with `placements` spliced in) by every strategy asked, and
-        compare each against recompute on `question`."""
+        compare each against recompute on `question` (a `Question`, or its text with `choices`/`cot`)."""
+        if isinstance(question, str):
+            question = Question(question, tuple(choices), cot)
         if question is None or not question.text.strip():
             raise EngineError("a question is needed: the decision is read after it")
         report_progress = progress or (lambda stage, frac: None)
@@ -307,17 +311,19 @@ class Engine:
         return self._result(chosen, ref, detail=f"picked {picked}")
 
     # ---- the paper's two operations, one at a time --------------------------------------------
-    def edit(self, notes: Notes | str, fields: list[Field], question: Question, **kw) -> Report:
+    def edit(self, notes: Notes | str, fields: list[Field], question: Question | str, **kw) -> Report:
         """Edit fields of a document whose notes are cached (or of a text, prefilled first)."""
         if isinstance(notes, str):
             return self.run(notes, fields, question, **kw)
         return self.run(notes.text, fields, question, old_notes=notes, **kw)
 
-    def compose(self, context: Notes | str, skills: list[str | Notes], question: Question,
+    def compose(self, context: Notes | str, skills: list[str | Notes], question: Question | str,
                 at: int | None | list[int | None] = None, seam: int = 0, attention: bool = False,
                 progress: ProgressFn | None = None) -> Report:
         """Splice compiled skills into a context; report `splice` against `recompute`."""
         self.require_portable()
+        if isinstance(question, str):
+            question = Question(question)
         ats = at if isinstance(at, list) else [at] * len(skills)
         if len(ats) != len(skills):
             raise EngineError(f"{len(skills)} skills but {len(ats)} positions")
