@@ -55,6 +55,18 @@ CREATE TABLE IF NOT EXISTS counters (name TEXT PRIMARY KEY, value INTEGER NOT NU
 _COUNTERS = ("hits", "misses", "evictions", "corrupt")
 
 
+_CLOCK = "(SELECT COALESCE(MAX(last_access), 0) + 1 FROM entries)"
+
+
+@dataclass
+class _File:
+    """One verified file: its tensors, its metadata, its size on disk."""
+
+    tensors: dict[str, torch.Tensor]
+    meta: dict[str, str]
+    size: int
+
+
 @dataclass
 class StoredNotes:
     """A whole sequence read back: its token ids, per-layer (keys, values) [kv_heads, T, head_dim],
@@ -103,11 +115,13 @@ class KVStore:
         layers = _squeeze(layers)
         _check_shapes(layers, len(ids))
         block_keys = self._block_keys(model_key, ids)
+        known = self._known(block_keys)
         written: list[tuple[str, str, int]] = []
+        kept: list[str] = []
         for i, bkey in enumerate(block_keys):
             path = self._path("block", bkey)
-            if path.exists() and self._known(bkey):
-                self._touch(bkey)
+            if bkey in known and path.exists():
+                kept.append(bkey)
                 continue
             s, e = i * self.block_tokens, (i + 1) * self.block_tokens
             tensors = _layer_tensors(layers, s, e)
@@ -124,7 +138,7 @@ class KVStore:
             "extra": json.dumps(extra or {}),
         }
         written.append((seq_key, "seq", self._write(self._path("seq", seq_key), tail, meta)))
-        self._record(written)
+        self._record(written, touched=kept)
         self._evict()
         return seq_key
 
@@ -135,13 +149,15 @@ class KVStore:
         ids = [int(t) for t in token_ids]
         block_keys = self._block_keys(model_key, ids)
         found: list[dict[str, torch.Tensor]] = []
+        read: list[tuple[str, str, int]] = []
         for i, bkey in enumerate(block_keys):
             expect = ids[i * self.block_tokens : (i + 1) * self.block_tokens]
             loaded = self._load("block", bkey)
-            if loaded is None or loaded[0]["token_ids"].tolist() != expect:
+            if loaded is None or loaded.tensors["token_ids"].tolist() != expect:
                 break
-            found.append(loaded[0])
-        self._count(hits=len(found), misses=len(block_keys) - len(found))
+            found.append(loaded.tensors)
+            read.append((bkey, "block", loaded.size))
+        self._after_read(read, hits=len(found), misses=len(block_keys) - len(found))
         if not found:
             return 0, None
         return len(found) * self.block_tokens, _concat(found)
@@ -154,19 +170,21 @@ class KVStore:
 
     def get_entry(self, key: str) -> StoredNotes | None:
         """Like `get`, with the sequence's token ids and the `extra` strings given to `put`."""
-        loaded = self._load("seq", key)
-        if loaded is None:
-            self._count(misses=1)
+        seq = self._load("seq", key)
+        if seq is None:
+            self._after_read([], misses=1)
             return None
-        tail, meta = loaded
+        tail, meta = seq.tensors, seq.meta
         parts: list[dict[str, torch.Tensor]] = []
+        read = [(key, "seq", seq.size)]
         for bkey in json.loads(meta["blocks"]):
             block = self._load("block", bkey)
             if block is None:
-                self._count(misses=1)
+                self._after_read(read, misses=1)
                 return None
-            parts.append(block[0])
-        self._count(hits=1)
+            parts.append(block.tensors)
+            read.append((bkey, "block", block.size))
+        self._after_read(read, hits=1)
         token_ids = tail.pop("token_ids").tolist()
         parts.append(tail)
         return StoredNotes(token_ids, _concat(parts), json.loads(meta.get("extra", "{}")))
@@ -220,9 +238,9 @@ class KVStore:
             raise
         return len(data)
 
-    def _load(self, kind: str, key: str) -> tuple[dict[str, torch.Tensor], dict[str, str]] | None:
-        """Read and verify one file: (tensors, metadata), or None when absent. A file that fails verification is deleted,
-        dropped from the index and counted as corrupt."""
+    def _load(self, kind: str, key: str) -> _File | None:
+        """Read and verify one file, or None when absent. A file that fails verification is
+        deleted, dropped from the index and counted as corrupt. The caller records the access."""
         path = self._path(kind, key)
         try:
             data = path.read_bytes()
@@ -240,8 +258,7 @@ class KVStore:
             self._forget([key])
             self._count(corrupt=1)
             return None
-        self._touch(key, size=len(data), kind=kind)
-        return tensors, meta
+        return _File(tensors, meta, len(data))
 
     # ---- index ------------------------------------------------------------------------------
 
@@ -261,27 +278,33 @@ class KVStore:
             finally:
                 db.close()
 
-    def _known(self, key: str) -> bool:
+    def _known(self, keys: list[str]) -> set[str]:
+        if not keys:
+            return set()
         with self._db() as db:
-            return db.execute("SELECT 1 FROM entries WHERE key = ?", (key,)).fetchone() is not None
+            marks = ",".join("?" * len(keys))
+            return {k for (k,) in db.execute(f"SELECT key FROM entries WHERE key IN ({marks})", keys)}
 
-    def _record(self, entries: list[tuple[str, str, int]]) -> None:
+    def _record(self, entries: list[tuple[str, str, int]], touched: Sequence[str] = ()) -> None:
+        """Add written files and move `touched` keys to the most-recent end, in one transaction."""
         with self._db() as db:
+            for key in touched:
+                db.execute(f"UPDATE entries SET last_access = {_CLOCK} WHERE key = ?", (key,))
             for key, kind, size in entries:
-                db.execute(
-                    "INSERT OR REPLACE INTO entries VALUES (?, ?, ?, "
-                    "(SELECT COALESCE(MAX(last_access), 0) + 1 FROM entries))",
-                    (key, kind, size),
-                )
+                db.execute(f"INSERT OR REPLACE INTO entries VALUES (?, ?, ?, {_CLOCK})", (key, kind, size))
 
-    def _touch(self, key: str, size: int | None = None, kind: str | None = None) -> None:
-        """Move `key` to the most-recent end of the LRU order (re-adding it if another process's
-        index lost it but the verified file is here)."""
+    def _after_read(self, read: list[tuple[str, str, int]], **deltas: int) -> None:
+        """One transaction after a lookup: move what was read to the most-recent end of the LRU
+        order (re-adding entries another process's index lost while the verified file stayed) and
+        add to the counters."""
         with self._db() as db:
-            clock = "(SELECT COALESCE(MAX(last_access), 0) + 1 FROM entries)"
-            cur = db.execute(f"UPDATE entries SET last_access = {clock} WHERE key = ?", (key,))
-            if cur.rowcount == 0 and size is not None and kind is not None:
-                db.execute(f"INSERT INTO entries VALUES (?, ?, ?, {clock})", (key, kind, size))
+            for key, kind, size in read:
+                cur = db.execute(f"UPDATE entries SET last_access = {_CLOCK} WHERE key = ?", (key,))
+                if cur.rowcount == 0:
+                    db.execute(f"INSERT INTO entries VALUES (?, ?, ?, {_CLOCK})", (key, kind, size))
+            for name, delta in deltas.items():
+                if delta:
+                    db.execute("UPDATE counters SET value = value + ? WHERE name = ?", (delta, name))
 
     def _forget(self, keys: list[str]) -> None:
         with self._db() as db:
