@@ -301,3 +301,8 @@ def test_components_gallery_and_runs_list(client) -> None:
     assert client.get("/_components").status_code == 200
     assert client.get("/runs").status_code == 200
     assert client.get("/notebooks/999").status_code == 404
+
+
+def test_textarea_crlf_is_stored_as_lf_so_offsets_match_the_page(client) -> None:
+    nb = new_notebook(client, text="one\r\n\r\ntwo: active")
+    assert session().get(Notebook, nb).document == "one\n\ntwo: active"

@@ -59,3 +59,8 @@ def parse_int(value: Any, name: str) -> int | None:
 def lines(value: str | None) -> list[str]:
     """A textarea of one item per line → the non-empty, stripped items."""
     return [line.strip() for line in (value or "").splitlines() if line.strip()]
+
+
+def normalize_newlines(text: str) -> str:
+    """CRLF / CR → LF (browsers submit textareas with CRLF; the HTML parser drops CR when it draws)."""
+    return text.replace("\r\n", "\n").replace("\r", "\n")

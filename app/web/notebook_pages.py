@@ -32,7 +32,7 @@ from app.services.notebooks import (
 from app.services.runs import start_run
 from app.settings import get_settings
 from app.web.document_view import hover_tokens, paragraph_starts
-from app.web.forms import FormErrors, lines, parse_int, unprocessable_errors, validate
+from app.web.forms import FormErrors, lines, normalize_newlines, parse_int, unprocessable_errors, validate
 from app.web.notebook_context import latest_tokens, notebook_context, regions
 from app.web.templating import render
 
@@ -139,6 +139,7 @@ def _errata_panel(request: Request, notebook: Notebook, status: int = 200, **ext
 @router.post("/notebooks/{notebook_id}/errata")
 def add_erratum(request: Request, notebook_id: int, session: SessionDep, text: Text = "") -> Response:
     notebook = _notebook(session, notebook_id)
+    text = normalize_newlines(text)
     try:
         if not text.strip():
             raise FormErrors({"text": "write the correction to append"})
@@ -157,6 +158,7 @@ def add_erratum(request: Request, notebook_id: int, session: SessionDep, text: T
 def edit_erratum(request: Request, notebook_id: int, erratum_id: int, session: SessionDep, text: Text = "") -> Response:
     notebook = _notebook(session, notebook_id)
     erratum = _child(session, Erratum, erratum_id, notebook, "erratum")
+    text = normalize_newlines(text)
     try:
         if not text.strip():
             raise FormErrors({"text": "an erratum cannot be empty; remove it instead"})

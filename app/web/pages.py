@@ -18,7 +18,7 @@ from app.schemas import NotebookCreate
 from app.settings import get_settings
 from app.web import components, notebook_pages, run_pages, skill_pages
 from app.web.examples import ExampleError, list_examples, load_example
-from app.web.forms import FormErrors, validate
+from app.web.forms import FormErrors, normalize_newlines, validate
 from app.web.templating import render
 
 router = APIRouter(include_in_schema=False)
@@ -86,7 +86,9 @@ async def create_notebook(
     values = {"title": title, "model": model, "text": text}
     try:
         uploaded = await _uploaded_text(file)
-        document = uploaded if uploaded is not None else text
+        # browsers send textarea newlines as CRLF, and HTML parsing drops the CR: keep LF only, so
+        # character offsets in the page and in the database agree
+        document = normalize_newlines(uploaded if uploaded is not None else text)
         if not document.strip():
             raise FormErrors({"text": "paste a document or upload a file"})
         if model not in get_settings().models:

@@ -14,7 +14,7 @@ from app.models import Skill
 from app.queue import QueueUnavailable, enqueue_compile
 from app.schemas import SkillCreate
 from app.settings import get_settings
-from app.web.forms import FormErrors, validate
+from app.web.forms import FormErrors, normalize_newlines, validate
 from app.web.templating import render
 
 router = APIRouter()
@@ -50,6 +50,7 @@ def create_skill(
     name: Annotated[str, Form()] = "", text: Annotated[str, Form()] = "", model: Annotated[str, Form()] = "",
     compile: Annotated[str | None, Form()] = None,
 ) -> Response:
+    text = normalize_newlines(text)
     values = {"name": name, "text": text, "model": model}
     try:
         if model not in get_settings().models:

@@ -1,0 +1,278 @@
+"""The notebook in real headless Chromium (Debian's `chromium`, driven by the Python `playwright`
+package), against the real app started with uvicorn on a free port and a temporary data folder.
+
+`test_notebook_editing_in_the_browser` needs no worker: notebook from the form, a field made by
+selecting a span with the mouse, an erratum, a compiled skill dragged in (the skill row is written
+to the database, as a worker would), a finished run's decision table and heatmap.
+`test_run_with_a_real_worker_on_tiny_llama` also starts a real Celery worker serving `tiny-llama`
+and runs three strategies end to end. Screenshots of every step go to `test-artifacts/`.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+
+REPO = Path(__file__).resolve().parents[1]
+ARTIFACTS = REPO / "test-artifacts"
+CHROMIUM = "/usr/bin/chromium"
+ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+        "--disable-component-update", "--disable-sync", "--no-first-run"]  # fmt: skip
+DOC = (
+    "Account record\n\nAccount holder: Dana Lee\nstatus: active\nPlan: business\n\n"
+    "Access policy\n\nOnly accounts whose status is active may log in. <script>window.pwned = 1</script>"
+)
+
+if not Path(CHROMIUM).exists():
+    pytest.skip(f"{CHROMIUM} is not installed (apt-get install chromium)", allow_module_level=True)
+sync_api = pytest.importorskip("playwright.sync_api")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def app_env(data: Path, model: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(
+        KVNOTES_DATA=str(data), DATABASE_URL=f"sqlite:///{data}/kvnotes.db",
+        BROKER_URL=f"sqla+sqlite:///{data}/broker.db", RESULT_BACKEND=f"db+sqlite:///{data}/results.db",
+        KVNOTES_DEFAULT_MODEL=model, KVNOTES_MODELS=f"{model},smollm2-135m", PYTHONPATH=str(REPO),
+    )  # fmt: skip
+    return env
+
+
+class Server:
+    """uvicorn serving app.main:app (migrated first) and, optionally, a Celery worker."""
+
+    def __init__(self, data: Path, model: str, worker: bool) -> None:
+        self.env = app_env(data, model)
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        subprocess.run([sys.executable, "-c", "from app.migrate import upgrade_to_head; upgrade_to_head()"],
+                       env=self.env, cwd=REPO, check=True)  # fmt: skip
+        self.log = open(data / "server.log", "w")  # noqa: SIM115
+        self.procs = [subprocess.Popen(
+            [sys.executable, "-m", "uvicorn", "app.main:app", "--port", str(self.port), "--log-level", "warning"],
+            env=self.env, cwd=REPO, stdout=self.log, stderr=subprocess.STDOUT)]  # fmt: skip
+        if worker:
+            from worker.serve import worker_command
+
+            self.procs.append(subprocess.Popen(worker_command([model], f"browser-test-{self.port}@%h"),
+                                               env=self.env, cwd=REPO, stdout=self.log, stderr=subprocess.STDOUT))  # fmt: skip
+        deadline = time.time() + 20
+        while time.time() < deadline:
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
+                return
+            except OSError:
+                time.sleep(0.1)
+        raise RuntimeError(f"the app did not start: {(data / 'server.log').read_text()}")
+
+    def db(self):
+        from sqlalchemy import create_engine
+        from sqlalchemy.orm import Session
+
+        return Session(create_engine(self.env["DATABASE_URL"]))
+
+    def stop(self) -> None:
+        for proc in reversed(self.procs):
+            proc.terminate()
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        self.log.close()
+
+
+@pytest.fixture
+def browser_page():
+    ARTIFACTS.mkdir(exist_ok=True)
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        errors: list[str] = []
+        page.on("pageerror", lambda exc: errors.append(str(exc)))
+        yield page, errors
+        browser.close()
+
+
+def shot(page, name: str) -> None:
+    page.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=True)
+
+
+def select_with_mouse(page, text: str) -> None:
+    """Drag the mouse across the first occurrence of `text` in the document."""
+    box = page.evaluate(
+        """(needle) => {
+          for (const t of document.querySelectorAll('#document .t')) {
+            const node = t.firstChild, at = node ? node.data.indexOf(needle) : -1;
+            if (at < 0) continue;
+            const r = document.createRange(); r.setStart(node, at); r.setEnd(node, at + needle.length);
+            const b = r.getBoundingClientRect(); return {x: b.left, y: b.top + b.height / 2, w: b.width};
+          }
+          return null;
+        }""",
+        text,
+    )
+    assert box, f"{text!r} not in the document"
+    page.mouse.move(box["x"] + 1, box["y"])
+    page.mouse.down()
+    page.mouse.move(box["x"] + box["w"] / 2, box["y"], steps=4)
+    page.mouse.move(box["x"] + box["w"] - 1, box["y"], steps=4)
+    page.mouse.up()
+
+
+def create_notebook(page, url: str, title: str) -> None:
+    page.goto(url + "/")
+    page.fill("#nb-title", title)
+    page.fill("#nb-text", DOC)
+    shot(page, "01-new-notebook")
+    page.click("text=Create notebook")
+    page.wait_for_url("**/notebooks/*")
+
+
+def make_field_and_erratum(page) -> None:
+    select_with_mouse(page, "active")
+    page.wait_for_selector("#selection-form:not([hidden])")
+    assert page.inner_text("#selection-form [data-quote]") == "active"
+    page.fill("#sel-label", "status")
+    page.fill("#sel-new", "suspended")
+    shot(page, "02-selection-form")
+    page.click("#selection-form button[type=submit]")
+    page.wait_for_selector("#document .field-chip")
+    assert page.inner_text("#document .field-chip .old") == "active"
+    assert page.inner_text("#document .field-chip .new") == "suspended"
+    assert "status has changed from active to suspended" in page.input_value("#errata-panel li textarea >> nth=0")
+    page.fill("#new-erratum", "[NOTE] Dana Lee's plan is unchanged.")
+    page.click("#errata-panel >> text=Add erratum")
+    page.wait_for_selector("#errata-panel >> text=custom")
+    shot(page, "03-field-and-errata")
+
+
+def drag_skill_in(page) -> None:
+    page.evaluate("window.scrollTo(0, 0)")  # the palette and the document's end both in view
+    source = page.locator(".palette-skill").bounding_box()
+    page.mouse.move(source["x"] + 20, source["y"] + 10)
+    page.mouse.down()
+    page.mouse.move(source["x"] + 40, source["y"] + 30, steps=5)  # dragstart: the drop zones open
+    page.wait_for_function("document.body.classList.contains('dragging-skill')")
+    page.wait_for_timeout(300)  # the zones' opening transition
+    target = page.locator("#document .dropzone.end").bounding_box()
+    page.mouse.move(target["x"] + target["width"] / 2, target["y"] + target["height"] / 2, steps=10)
+    shot(page, "04-dragging-a-skill")
+    page.mouse.up()
+    page.wait_for_selector("#document .placement")
+    assert "one word" in page.inner_text("#document .placement")
+    assert "at the end" in page.inner_text("#document .placement")
+    shot(page, "04-skill-dragged-in")
+
+
+def test_notebook_editing_in_the_browser(tmp_path: Path, browser_page) -> None:
+    page, errors = browser_page
+    server = Server(tmp_path, "smollm2-135m", worker=False)
+    try:
+        from app.models import Notebook, Question, Skill
+
+        create_notebook(page, server.url, "Browser test")
+        assert page.evaluate("window.pwned") is None  # the <script> in the document is text
+        assert "<script>window.pwned = 1</script>" in page.inner_text("#document")
+        with server.db() as s:
+            s.add(Skill(name="one word", text="Answer with one word.", model="smollm2-135m",
+                        status="compiled", token_count=7, compile_ms=80.0))  # fmt: skip
+            s.commit()
+        page.reload()
+        make_field_and_erratum(page)
+        drag_skill_in(page)
+        # keyboard alternative: Enter on the palette skill, ↑ to the paragraph before, Enter
+        page.focus(".palette-skill")
+        page.keyboard.press("Enter")
+        page.keyboard.press("ArrowUp")
+        page.keyboard.press("Enter")
+        page.wait_for_function("document.querySelectorAll('#document .placement').length === 2")
+        # a finished run (rows as a worker writes them), its decision table and heatmap
+        sys.path.insert(0, str(Path(__file__).parent))
+        from web_fixtures import finished_run
+
+        with server.db() as s:
+            nb = s.query(Notebook).one()
+            nb.questions.append(Question(text="What is the status?", choices=["active", "suspended"]))
+            s.commit()
+            run_id, nb_id = finished_run(s, nb).id, nb.id
+        page.goto(f"{server.url}/runs/{run_id}")
+        page.wait_for_function("document.querySelectorAll('#hm-diff .tok').length > 10")
+        assert page.locator(".decision-table tr.disagrees").count() == 1
+        page.hover("#hm-res .tok >> nth=5")
+        assert "recompute" in page.inner_text("#token-tip")
+        page.click("#hm-grid button[data-layer='1'][data-head='2']")
+        page.wait_for_function("document.getElementById('hm-status').textContent.startsWith('layer 1, head 2')")
+        shot(page, "05-finished-run")
+        page.goto(f"{server.url}/notebooks/{nb_id}")
+        page.hover("#document .t >> nth=0")
+        shot(page, "06-notebook-after-run")
+        assert not errors, errors
+    finally:
+        server.stop()
+
+
+def _worker_ready() -> str | None:
+    for module in ("torch", "transformers", "celery", "worker.engine.engine", "worker.tasks"):
+        if importlib.util.find_spec(module) is None:
+            return f"{module} is not importable here"
+    return None
+
+
+def test_run_with_a_real_worker_on_tiny_llama(tmp_path: Path, browser_page) -> None:
+    reason = _worker_ready()
+    if reason:
+        pytest.skip(f"needs a real worker: {reason}")
+    page, errors = browser_page
+    server = Server(tmp_path, "tiny-llama", worker=True)
+    try:
+        # a skill written and compiled through the library page, by the worker
+        page.goto(server.url + "/skills")
+        page.fill("#sk-name", "one word")
+        page.fill("#sk-text", "Answer with one word.")
+        page.click("text=Save & compile")
+        page.wait_for_selector("#skills-table-ok, .badge.compiled, .badge.failed", timeout=120_000)
+        shot(page, "10-skill-compiled")
+        assert page.locator(".badge.compiled").count() == 1, page.inner_text("main")
+
+        create_notebook(page, server.url, "Worker test")
+        make_field_and_erratum(page)
+        drag_skill_in(page)
+        page.fill("#q-text", "What is the account status?")
+        page.fill("#q-choices", "active\nsuspended")
+        for name in ("prefix_reuse", "in_place", "erratum", "selective", "auto"):
+            page.uncheck(f"#run-form input[value={name}]")
+        page.check("#run-form input[value=stale]")
+        page.check("#run-form input[value=field_erratum]")
+        page.click("#run-form button[type=submit]")
+        page.wait_for_selector("#run-progress .progress-box")
+        shot(page, "11-run-progress")
+        page.wait_for_selector("#run-progress .badge.succeeded, #run-progress .badge.failed", timeout=300_000)
+        shot(page, "12-run-finished")
+        assert page.locator("#run-progress .badge.succeeded").count() == 1, page.inner_text("#run-progress")
+        assert page.locator("#run-progress[hx-trigger]").count() == 0  # polling stopped
+        page.click("text=See the decision diff")
+        rows = page.locator(".decision-table tbody tr")
+        assert rows.count() == 3
+        assert [rows.nth(i).locator(".strategy").inner_text() for i in range(3)] == ["recompute", "stale", "field_erratum"]
+        page.wait_for_function("document.querySelectorAll('#hm-res .tok').length > 10", timeout=30_000)
+        page.hover("#hm-res .tok >> nth=3")
+        assert "recompute" in page.inner_text("#token-tip")
+        shot(page, "13-decision-diff-and-heatmap")
+        assert not errors, errors
+    finally:
+        server.stop()
