@@ -206,6 +206,7 @@ def test_run_is_queued_and_polling_stops_when_it_ends(client) -> None:
     assert "hx-trigger" not in done.text and "engine said: out of memory" in done.text
     compact = client.get(f"/runs/{run.id}/progress?compact=1", headers=HX)
     assert compact.status_code == 200 and "hx-trigger" not in compact.text
+    assert '<div id="runs-table" hx-swap-oob="true">' in compact.text  # the notebook's runs table refreshes
 
 
 def test_run_form_errors_and_cancel(client, make_client) -> None:

@@ -64,7 +64,11 @@ def run_progress(request: Request, run_id: int, session: SessionDep, compact: st
     it does not, and a finished run on its own page is answered with 286 (htmx: stop polling)
     plus HX-Refresh so the page shows the results."""
     run = get_or_404(session, Run, run_id, "run")
-    response = render(request, "_run_progress.html", run=run, compact=bool(compact))
+    extra = {}
+    if run.is_finished and compact and run.notebook_id:  # the notebook's runs table, refreshed once
+        query = select(Run).where(Run.notebook_id == run.notebook_id).order_by(Run.id.desc()).limit(10)
+        extra["notebook_runs"] = list(session.scalars(query))
+    response = render(request, "_run_progress.html", run=run, compact=bool(compact), **extra)
     if run.is_finished and not compact and request.headers.get("HX-Request") == "true":
         response.status_code = 286
         response.headers["HX-Refresh"] = "true"
