@@ -98,7 +98,7 @@ def _on_worker_ready(sender=None, **_kwargs) -> None:
     for name in queues:
         if name.startswith("model."):
             try:
-                tasks.get_engine(name.removeprefix("model."))
+                tasks.get_engine(name.removeprefix("model.")).warm_up()
             except Exception:  # a task on this queue will report the error on its run
                 log.exception("could not preload the model of queue %s", name)
     log.info("worker %s ready on %s", hostname, ", ".join(queues))
