@@ -40,6 +40,9 @@ class Settings(BaseSettings):
     max_erratum_chars: int = Field(default=5_000, validation_alias="KVNOTES_MAX_ERRATUM_CHARS")
     max_title_chars: int = Field(default=200, validation_alias="KVNOTES_MAX_TITLE_CHARS")
 
+    # A run whose worker has sent no heartbeat for this long is marked failed (the watchdog).
+    heartbeat_max_age_s: float = Field(default=120.0, validation_alias="KVNOTES_HEARTBEAT_MAX_AGE")
+
     # How long the web process waits for the broker before answering 503.
     broker_connect_timeout_s: float = Field(default=3.0, validation_alias="KVNOTES_BROKER_TIMEOUT")
 

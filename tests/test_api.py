@@ -320,3 +320,26 @@ def test_openapi_schema_is_complete(make_client) -> None:
             if ok is not None:
                 assert "content" in ok, (method, path)
     assert "StrategyResultOut" in schema["components"]["schemas"]
+
+
+def test_reading_a_run_whose_worker_went_silent_marks_it_failed(make_client) -> None:
+    """The watchdog runs on the web side too: a run `running` with a heartbeat older than the limit
+    reads back `failed` with a message a person can act on, never `running` forever."""
+    from datetime import timedelta
+
+    from app.db import get_sessionmaker
+    from app.models import Run, utcnow
+
+    client = make_client()
+    nb = _notebook(client)["id"]
+    fresh = client.post(f"/api/notebooks/{nb}/runs", json={"question": "Log in?"}).json()
+    lost = client.post(f"/api/notebooks/{nb}/runs", json={"question": "Log in?"}).json()
+    with get_sessionmaker()() as session:
+        for run_id, age_s in ((fresh["id"], 5), (lost["id"], 600)):
+            run = session.get(Run, run_id)
+            run.status, run.worker = "running", "kvnotes-gone@host"
+            run.started_at = run.heartbeat_at = utcnow() - timedelta(seconds=age_s)
+        session.commit()
+    assert client.get(f"/api/runs/{fresh['id']}").json()["status"] == "running"
+    body = client.get(f"/api/runs/{lost['id']}").json()
+    assert body["status"] == "failed" and body["error"] == "worker lost while running; re-run it"

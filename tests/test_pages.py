@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from app.models import Notebook, Question, Run, Skill
+from app.models import Notebook, Question, Run, Skill, utcnow
 
 DOC = "Account record\n\nstatus: active\nowner: Dana Lee\n\nOnly accounts whose status is active may log in."
 HX = {"HX-Request": "true"}
@@ -196,6 +196,7 @@ def test_run_is_queued_and_polling_stops_when_it_ends(client) -> None:
     s = session()
     r = s.get(Run, run.id)
     r.status, r.stage, r.progress = "running", "prefill", 0.4
+    r.started_at = r.heartbeat_at = utcnow()  # as a live worker does (else the watchdog reaps it)
     s.commit()
     live = client.get(f"/runs/{run.id}/progress", headers=HX)
     assert 'aria-valuenow="40"' in live.text and "prefill" in live.text and "every 1s" in live.text

@@ -40,7 +40,7 @@ def task_time_limit() -> int:
 
 
 def heartbeat_max_age() -> float:
-    return float(os.environ.get("KVNOTES_HEARTBEAT_MAX_AGE", "120"))
+    return get_settings().heartbeat_max_age_s
 
 
 def broker_transport_options(broker_url: str) -> dict[str, object]:

@@ -61,3 +61,11 @@ def reap_stale_runs(session: Session, now: datetime, max_age: float, worker: str
         reaped.append(run.id)
     session.flush()
     return reaped
+
+
+def reap_for_reader(session: Session) -> None:
+    """What a web reader of runs calls first: lost runs become `failed` before anyone looks."""
+    from app.settings import get_settings
+
+    if reap_stale_runs(session, datetime.now(UTC), get_settings().heartbeat_max_age_s):
+        session.commit()

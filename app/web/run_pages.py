@@ -14,6 +14,7 @@ from sqlalchemy.orm import undefer
 from app.api.deps import SessionDep, get_or_404
 from app.models import Notebook, Run, RunResult, utcnow
 from app.queue import revoke
+from app.services.watchdog import reap_for_reader
 from app.web.run_view import (
     agreement_summary,
     align_tokens,
@@ -63,6 +64,7 @@ def run_progress(request: Request, run_id: int, session: SessionDep, compact: st
     """The live fragment. While the run is live it carries `hx-trigger="every 1s"`; once finished
     it does not, and a finished run on its own page is answered with 286 (htmx: stop polling)
     plus HX-Refresh so the page shows the results."""
+    reap_for_reader(session)
     run = get_or_404(session, Run, run_id, "run")
     extra = {}
     if run.is_finished and compact and run.notebook_id:  # the notebook's runs table, refreshed once

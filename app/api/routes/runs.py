@@ -16,6 +16,7 @@ from app.queue import QueueUnavailable, revoke
 from app.schemas import AttentionOut, RunCreate, RunOut, RunSnapshot, RunSummary, StrategyResultOut
 from app.services.notebooks import Unprocessable
 from app.services.runs import start_run
+from app.services.watchdog import reap_for_reader
 
 router = APIRouter(tags=["runs"])
 
@@ -84,6 +85,7 @@ def list_runs(notebook_id: int, session: SessionDep) -> list[Run]:
 
 @router.get("/runs/{run_id}", response_model=RunOut, responses=errors(404))
 def read_run(run_id: int, session: SessionDep) -> RunOut:
+    reap_for_reader(session)
     return run_out(get_or_404(session, Run, run_id, "run"))
 
 
