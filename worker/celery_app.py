@@ -88,14 +88,18 @@ app = make_celery()
 
 @worker_ready.connect
 def _on_worker_ready(sender=None, **_kwargs) -> None:
-    """At start: fail the runs this worker's previous life left `running`, then load the models of
-    the queues it consumes, once, so the first task does not pay for loading."""
+    """At start: fail the runs this worker's previous life left `running`, then load the default
+    model once (if this worker serves it), so the first task does not pay for loading. Other models
+    load on their first task: a worker serving every offered model should not make the default wait
+    for a slow first conversion of another."""
     from worker import tasks  # late: tasks imports torch and the engine
 
     hostname = getattr(sender, "hostname", None) or "unknown"
     tasks.reap_own_runs(hostname)
     queues = [q.name for q in sender.task_consumer.queues] if sender is not None else []
-    for name in queues:
+    default_queue = queue_for(get_settings().default_model)
+    preload = [q for q in queues if q == default_queue] or [q for q in queues if q.startswith("model.")][:1]
+    for name in preload:
         if name.startswith("model."):
             try:
                 tasks.get_engine(name.removeprefix("model.")).warm_up()

@@ -26,10 +26,11 @@ WORKER_STOP_S = 20.0
 
 
 def _models(value: str | None) -> list[str]:
+    """The models a worker serves: those given, else every model the web app offers (default first)."""
     from app.settings import get_settings
 
     names = [m.strip() for m in (value or "").split(",") if m.strip()]
-    return names or [get_settings().default_model]
+    return names or get_settings().models
 
 
 def worker_command(models: list[str], name: str | None = None, loglevel: str = "INFO") -> list[str]:
@@ -124,7 +125,7 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument(
-        "--model", default=None, help="model(s) the worker serves, comma-separated (default: settings)"
+        "--model", default=None, help="model(s) the worker serves, comma-separated (default: every model offered, KVNOTES_MODELS)"
     )
     p.add_argument("--name", default=None, help="worker node name (default kvnotes-<model>@<host>)")
     p.set_defaults(func=cmd_serve)

@@ -33,7 +33,7 @@ STRATEGY_HELP = {
     "selective": "field + the downstream tokens whose notes moved most",
     "auto": "the cheapest strategy that matches field_erratum on a probe",
 }
-DEFAULT_STRATEGIES = ("recompute", "prefix_reuse", "stale", "field_erratum")
+DEFAULT_STRATEGIES = ("recompute", "prefix_reuse", "stale", "in_place", "erratum", "field_erratum")
 
 templates = Jinja2Templates(directory=str(TEMPLATES_DIR))
 
