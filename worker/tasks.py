@@ -216,7 +216,14 @@ class RunReporter:
 
 
 def _engine_inputs(eng: Engine, snapshot: dict[str, Any]) -> dict[str, Any]:
-    """The engine's arguments from a run snapshot."""
+    """The engine's arguments from a run snapshot; a document over the token limit is refused."""
+    limit = get_settings().max_document_tokens
+    n_tokens = len(eng.tokenize_document(snapshot["document"])[0])
+    if n_tokens > limit:
+        raise EngineError(
+            f"the document is {n_tokens} tokens on {eng.info.alias}; the limit is {limit} "
+            "(KVNOTES_MAX_DOCUMENT_TOKENS)"
+        )
     q = snapshot.get("question") or {}
     return {
         "document": snapshot["document"],
