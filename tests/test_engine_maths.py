@@ -229,3 +229,17 @@ def test_bad_input_names_the_problem():
         eng.edit(TEXT, [Field(5, 15, "x")], QUESTION, strategies=["magic"])
     with pytest.raises(EngineError, match="outside the document"):
         eng.compose(TEXT, ["skill"], QUESTION, at=10_000)
+
+
+def test_attribution_patching_every_downstream_note_closes_the_whole_gap():
+    from worker.engine.attribution import attribute
+
+    eng = load("tiny-llama")
+    start = TEXT.index("active")
+    fields = [Field(start, start + 6, "permanently closed", "status")]
+    whole = attribute(eng, TEXT, fields, QUESTION, span_tokens=10_000)
+    assert whole.kl_in_place > 1e-6 and len(whole.spans) == 1
+    assert whole.spans[0].kl_after < 1e-6 and abs(whole.spans[0].share - 1) < 1e-4
+    parts = attribute(eng, TEXT, fields, QUESTION, span_tokens=8)
+    assert len(parts.spans) > 3 and all(s.end - s.start <= 8 for s in parts.spans)
+    assert parts.kl_stale == pytest.approx(whole.kl_stale) and parts.field_share == pytest.approx(whole.field_share)

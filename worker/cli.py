@@ -5,6 +5,7 @@
         --question "..." [--choices "yes,no"] [--strategies recompute,erratum,...] [--cot] --json
     kvnotes compose --model M --context ctx.txt --skill skill.txt [--skill s2.txt] [--at end|CHAR] \\
         [--seam K] --question "..." [--choices "..."] --json
+    kvnotes attribute --model M --document doc.txt --replace OLD NEW --question "..." [--span-tokens 16]
     kvnotes serve | worker        (the web app and its Celery worker)
 
 Bad input exits with status 2 and one line on stderr, never a traceback.
@@ -66,17 +67,10 @@ def cmd_models(args) -> None:
 
 
 def cmd_edit(args) -> None:
-    from worker.engine import Field, load
+    from worker.engine import load
 
     document = _read(args.document, "document")
-    fields = []
-    for old, new in args.replace or []:
-        start = document.find(old)
-        if start < 0:
-            raise UsageError(f"--replace: {old!r} is not in the document")
-        fields.append(Field(start, start + len(old), new, label=old))
-    if not fields:
-        raise UsageError("edit needs at least one --replace OLD NEW")
+    fields = _fields(document, args.replace)
     strategies = [s.strip() for s in args.strategies.split(",")] if args.strategies else None
     eng = load(args.model, device=args.device)
     kw = {"strategies": strategies} if strategies else {}
@@ -100,6 +94,37 @@ def cmd_compose(args) -> None:
     eng = load(args.model, device=args.device)
     report = eng.compose(context, skills, _question(args), at=at, seam=args.seam)
     _print(report, args)
+
+
+def cmd_attribute(args) -> None:
+    from worker.engine import load
+    from worker.engine.attribution import attribute
+
+    document = _read(args.document, "document")
+    fields = _fields(document, args.replace)
+    result = attribute(load(args.model, device=args.device), document, fields, _question(args),
+                       span_tokens=args.span_tokens)
+    if args.json:
+        print(json.dumps(result.to_dict(), indent=2))
+        return
+    print(f"KL stale {result.kl_stale:.4f} → in_place {result.kl_in_place:.4f}: "
+          f"the field's own K/V closes {result.field_share:.0%} of the gap")
+    for s in result.spans:
+        print(f"  tokens {s.start:>5}-{s.end:<5} {s.share:>7.1%}  {s.text!r}")
+
+
+def _fields(document: str, replaces) -> list:
+    from worker.engine import Field
+
+    fields = []
+    for old, new in replaces or []:
+        start = document.find(old)
+        if start < 0:
+            raise UsageError(f"--replace: {old!r} is not in the document")
+        fields.append(Field(start, start + len(old), new, label=old))
+    if not fields:
+        raise UsageError("at least one --replace OLD NEW is needed")
+    return fields
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -139,6 +164,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seam", type=int, default=0, help="recompute the first K skill tokens with the real prefix")
     _common(p)
     p.set_defaults(func=cmd_compose)
+
+    p = sub.add_parser("attribute", help="which notes carry the decision: patch spans from recompute")
+    p.add_argument("--document", required=True)
+    p.add_argument("--replace", nargs=2, action="append", metavar=("OLD", "NEW"))
+    p.add_argument("--span-tokens", type=int, default=16, help="tokens per patched span")
+    _common(p)
+    p.set_defaults(func=cmd_attribute)
 
     try:
         from worker.serve import add_commands
