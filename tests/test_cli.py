@@ -44,7 +44,7 @@ def test_compose_reports_recompute_and_splice(doc):
     assert out.returncode == 0, out.stderr
     data = json.loads(out.stdout)
     assert list(data["strategies"]) == ["recompute", "splice"]
-    assert data["strategies"]["splice"]["tokens_computed"] == 0
+    assert data["strategies"]["splice"]["tokens_computed"] == 4  # seam repair: 2 tokens of each of 2 skills
 
 
 @pytest.mark.parametrize("args, message", [

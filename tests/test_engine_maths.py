@@ -243,3 +243,59 @@ def test_attribution_patching_every_downstream_note_closes_the_whole_gap():
     parts = attribute(eng, TEXT, fields, QUESTION, span_tokens=8)
     assert len(parts.spans) > 3 and all(s.end - s.start <= 8 for s in parts.spans)
     assert parts.kl_stale == pytest.approx(whole.kl_stale) and parts.field_share == pytest.approx(whole.field_share)
+
+
+@pytest.mark.parametrize("alias", ["tiny-llama", "tiny-phi", "tiny-gpt2"])
+def test_choices_scored_in_one_forward_equal_one_plain_forward_each(alias):
+    from worker.engine.readout import _continuation_logp
+
+    eng = load(alias)
+    notes = eng.prefill(TEXT)
+    sequences = [[70, 71, 72, 73], [80, 81], [90, 91, 92]]
+    batched = _continuation_logp(eng.model, notes.layers, sequences)
+    for seq, got in zip(sequences, batched):
+        with torch.inference_mode():
+            out = eng.model(input_ids=torch.tensor([seq[:-1]]), cache=notes.cache, use_cache=True)
+        logp = torch.log_softmax(out.logits[0].float(), dim=-1)
+        expected = float(sum(logp[j, seq[j + 1]] for j in range(len(seq) - 1)))
+        assert abs(got - expected) < 1e-4
+
+
+def test_seam_repair_counts_the_tokens_it_recomputes():
+    eng = load("tiny-llama")
+    plain = eng.compose(TEXT, ["Answer in one word."], QUESTION, at=20, seam=0)
+    repaired = eng.compose(TEXT, ["Answer in one word."], QUESTION, at=20, seam=4)
+    assert plain.strategies["splice"].tokens_computed == 0
+    assert repaired.strategies["splice"].tokens_computed == 4
+
+
+@pytest.mark.parametrize("alias", ["tiny-llama", "tiny-gemma3", "tiny-gpt2"])
+def test_one_pass_readout_equals_appending_then_asking_step_by_step(alias):
+    """The fast path folds an erratum, the question and every choice into one forward (a block
+    mask); it must decide exactly as feeding them one forward at a time does."""
+    from worker.engine.edit import extend
+    from worker.engine.readout import decide
+
+    eng = load(alias)
+    notes = eng.prefill(TEXT)
+    erratum = eng.encode("\n[STATE UPDATE] status is now closed.\n")
+    suffix = eng.encode(eng.frame.suffix(Question("Can this user log in?", ("yes please", "no way"))))
+    q = Question("Can this user log in?", ("yes please", "no way"))
+    fast = decide(eng.model, eng.tokenizer, eng.frame, notes.cache, suffix, q, pending=erratum)
+    layers = extend(eng.model, notes.layers, erratum)
+    after_question = extend(eng.model, layers, suffix)
+    with torch.inference_mode():
+        cache = dataclasses.replace(notes, layers=layers).cache
+        slow_logits = eng.model(input_ids=torch.tensor([suffix]), cache=cache, use_cache=True).logits[0, -1].float()
+    assert torch.allclose(fast.logits, slow_logits, atol=1e-4)
+    scores = []
+    for choice in q.choices:
+        ids = eng.tokenizer(eng.frame.choice_text(choice), add_special_tokens=False)["input_ids"]
+        total = float(torch.log_softmax(slow_logits, -1)[ids[0]])
+        with torch.inference_mode():
+            cache = dataclasses.replace(notes, layers=after_question).cache
+            logp = torch.log_softmax(eng.model(input_ids=torch.tensor([ids[:-1]]), cache=cache).logits[0].float(), -1)
+        scores.append(total + float(sum(logp[j, ids[j + 1]] for j in range(len(ids) - 1))))
+    expected = torch.softmax(torch.tensor(scores), 0)
+    for (choice, p), e in zip(fast.choice_probs.items(), expected):
+        assert abs(p - float(e)) < 1e-4, choice

@@ -21,6 +21,12 @@ Environment knobs not in `Settings` (worker-only): `KVNOTES_TASK_TIME_LIMIT` (se
 
 from __future__ import annotations
 
+import os
+
+# Idle OpenMP threads sleep instead of spinning: on a shared 2-core machine, spinning threads of
+# two processes made a 28-token forward take 5.5 s instead of 0.27 s (docs/benchmarks.md).
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 import logging
 import os
 

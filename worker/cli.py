@@ -13,6 +13,12 @@ Bad input exits with status 2 and one line on stderr, never a traceback.
 
 from __future__ import annotations
 
+import os
+
+# Idle OpenMP threads sleep instead of spinning: on a shared 2-core machine, spinning threads of
+# two processes made a 28-token forward take 5.5 s instead of 0.27 s (docs/benchmarks.md).
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 import argparse
 import json
 import logging

@@ -22,7 +22,7 @@ recomputes the top fraction in ALL layers — never a full recompute to find the
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from difflib import SequenceMatcher
 
 import torch
@@ -30,13 +30,16 @@ import torch
 from worker.engine.notes import KV, Notes, cache_from_layers, layers_of
 from worker.engine.rope import RopeLayout, shift_keys
 
+CHUNK_TOKENS = 512  # after a cached prefix, long inputs go through in chunks (see `extend`)
 SELECTION_LAYERS = 2  # decoder layers re-run to rank downstream tokens in `selective`
 GAP_MERGE = 4  # selected tokens this close together are recomputed as one run
 
 
 @dataclass
 class Surgery:
-    """A strategy's cache: per-layer K/V for `token_ids`, and how many tokens it ran through the model."""
+    """A strategy's cache: per-layer K/V for `token_ids` minus the trailing `pending` tokens, which
+    the strategy appends and the readout computes in the same forward as the question (an erratum).
+    `tokens_computed` counts every token the strategy runs through the model, pending ones included."""
 
     layers: list[KV]
     token_ids: list[int]
@@ -44,18 +47,25 @@ class Surgery:
     offsets: list[tuple[int, int]]
     tokens_computed: int
     detail: str = ""
+    pending: list[int] = field(default_factory=list)
 
 
 @torch.inference_mode()
 def extend(model, layers: list[KV] | None, ids: list[int]) -> list[KV]:
-    """Run `ids` through the model after the cached `layers` (positions continue from their length)."""
+    """Run `ids` through the model after the cached `layers` (positions continue from their length).
+
+    After a cached prefix transformers passes SDPA an explicit mask, and CPU attention then also
+    computes the masked upper half of the new block; feeding long inputs in chunks keeps that waste
+    to one chunk. From an empty cache the whole input goes at once (causal SDPA, no mask)."""
     if not ids:
         return layers or []
-    cache = cache_from_layers(layers) if layers else None
     from transformers import DynamicCache
 
-    cache = cache if cache is not None else DynamicCache()
-    model(input_ids=torch.tensor([ids], device=model.device), cache=cache, use_cache=True, logits_to_keep=1)
+    cache = cache_from_layers(layers) if layers else DynamicCache()
+    step = CHUNK_TOKENS if layers else len(ids)
+    for i in range(0, len(ids), step):
+        chunk = torch.tensor([ids[i:i + step]], device=model.device)
+        model(input_ids=chunk, cache=cache, use_cache=True, logits_to_keep=1)
     return layers_of(cache)
 
 
@@ -197,15 +207,14 @@ class Editor:
 
     def erratum(self, erratum_ids: list[int]) -> Surgery:
         o = self.old
-        layers = extend(self.model, o.layers, erratum_ids)
-        return Surgery(layers, o.token_ids + erratum_ids, o.segments + ["erratum"] * len(erratum_ids),
-                       o.offsets + [(-1, -1)] * len(erratum_ids), len(erratum_ids))
+        return Surgery(o.layers, o.token_ids + erratum_ids, o.segments + ["erratum"] * len(erratum_ids),
+                       o.offsets + [(-1, -1)] * len(erratum_ids), len(erratum_ids), pending=list(erratum_ids))
 
     def field_erratum(self, erratum_ids: list[int]) -> Surgery:
         base = self.in_place()
-        layers = extend(self.model, base.layers, erratum_ids)
-        return Surgery(layers, base.token_ids + erratum_ids, base.segments + ["erratum"] * len(erratum_ids),
-                       base.offsets + [(-1, -1)] * len(erratum_ids), base.tokens_computed + len(erratum_ids))
+        return Surgery(base.layers, base.token_ids + erratum_ids, base.segments + ["erratum"] * len(erratum_ids),
+                       base.offsets + [(-1, -1)] * len(erratum_ids), base.tokens_computed + len(erratum_ids),
+                       pending=list(erratum_ids))
 
 
 class _StopForward(Exception):

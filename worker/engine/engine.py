@@ -160,34 +160,35 @@ class Engine:
             self._warm = True
 
     # ---- composing ----------------------------------------------------------------------------
-    def compose_notes(self, context: Notes, placements: list[Placement]) -> tuple[Notes, str, list[tuple[int, int]]]:
+    def compose_notes(self, context: Notes, placements: list[Placement]) -> tuple[Notes, str, int]:
         """Splice every placement into `context`. Returns the composed notes, the composed text
-        (what recompute reads) and, per placement, its (token index, char offset) in the document."""
+        (what recompute reads) and how many tokens seam repair ran through the model."""
         if not placements:
-            return context, context.text, []
+            return context, context.text, 0
         self.require_portable()
         snapped = [(token_boundary(context, p.at), i) for i, p in enumerate(placements)]
         order = sorted(snapped, key=lambda s: (s[0][0], s[1]))
         notes = context
         inserted = 0
-        pieces, last_char = [], 0
-        where = [(0, 0)] * len(placements)
+        pieces, last_char, seam_tokens = [], 0, 0
         for (t, char), i in order:
             p = placements[i]
             skill = p.notes if p.notes is not None else self.compile_skill(p.text)
             notes = splice(self.model, notes, skill, t + inserted, seam=p.seam)
-            where[i] = (t + inserted, char)
-            inserted += skill.n_tokens - (1 if skill.segments[:1] == ["sink"] else 0)
+            body = skill.n_tokens - (1 if skill.segments[:1] == ["sink"] else 0)
+            inserted += body
+            seam_tokens += min(p.seam, body)
             pieces += [context.text[last_char:char], p.text]
             last_char = char
         pieces.append(context.text[last_char:])
-        return notes, "".join(pieces), where
+        return notes, "".join(pieces), seam_tokens
 
     # ---- the report ---------------------------------------------------------------------------
     def _timed(self, fn, suffix_ids: list[int], question: Question, extra_ms: float = 0.0) -> _Outcome:
         t0 = time.perf_counter()
         surgery = fn()
-        readout = decide(self.model, self.tokenizer, self.frame, cache_from_layers(surgery.layers), suffix_ids, question)
+        readout = decide(self.model, self.tokenizer, self.frame, cache_from_layers(surgery.layers), suffix_ids,
+                         question, pending=surgery.pending)
         ms = (time.perf_counter() - t0) * 1000 + extra_ms
         return _Outcome(surgery, readout, ms)
 
@@ -204,7 +205,7 @@ class Engine:
 
     def _attention(self, out: _Outcome, suffix_ids: list[int]) -> Attention:
         s = out.surgery
-        weights = capture_attention(self.model, s.layers, suffix_ids)
+        weights = capture_attention(self.model, s.layers, s.pending + suffix_ids)
         views = [
             TokenView(id=tid, text=self.tokenizer.decode([tid]), start=o[0], end=o[1], segment=seg)
             for tid, o, seg in zip(s.token_ids, s.offsets, s.segments)
@@ -242,7 +243,7 @@ class Engine:
         self.warm_up()
 
         t0 = time.perf_counter()
-        base, composed_text, _ = self.compose_notes(old, list(placements))
+        base, composed_text, seam_tokens = self.compose_notes(old, list(placements))
         splice_ms = (time.perf_counter() - t0) * 1000
         to_composed, from_composed = _char_maps(document, composed_text, placements, old)
         new_text = _apply_fields(composed_text, [_move_field(f, to_composed) for f in fields])
@@ -275,6 +276,8 @@ class Engine:
             report_progress(f"edit: {name}", 0.05 + 0.6 * i / len(needed))
             fn, extra = plans[name]
             outcomes[name] = self._timed(fn, suffix_ids, question, extra)
+            if name != "recompute":  # every strategy starts from the composed notes: seam repair is its cost too
+                outcomes[name].surgery.tokens_computed += seam_tokens
 
         report_progress("compare", 0.7)
         ref = outcomes["recompute"]

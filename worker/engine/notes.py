@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
 
 from worker.engine.rope import RopeLayout, shift_keys
 
@@ -20,9 +21,17 @@ KV = tuple[torch.Tensor, torch.Tensor]  # (keys, values), each [1, kv_heads, T, 
 
 
 def cache_from_layers(layers: list[KV]) -> DynamicCache:
-    """A fresh `DynamicCache` holding these tensors (shared, not copied: forward passes append by
-    concatenation and never write into them)."""
-    return DynamicCache(ddp_cache_data=[(k, v) for k, v in layers])
+    """A fresh `DynamicCache` holding these very tensors — shared, not copied (a forward pass
+    appends by concatenation into new tensors and never writes into them). Building it through
+    `DynamicCache(ddp_cache_data=…)` would copy every layer once more: on a 2k-token cache that
+    copy is a visible share of a short readout."""
+    cache = DynamicCache()
+    for k, v in layers:
+        layer = DynamicLayer()
+        layer.lazy_initialization(k, v)
+        layer.keys, layer.values = k, v
+        cache.layers.append(layer)
+    return cache
 
 
 def layers_of(cache: DynamicCache) -> list[KV]:

@@ -99,27 +99,96 @@ def _greedy(model, tokenizer, logits: torch.Tensor, cache, max_new_tokens: int) 
 
 
 def _score_choices(model, tokenizer, frame: Frame, logits: torch.Tensor, cache, choices) -> dict[str, float]:
-    """Summed log-probability of each whole choice after `cache`, normalised over the choices."""
-    base = layers_of(cache)
+    """Summed log-probability of each whole choice after `cache`, normalised over the choices.
+
+    The first token of every choice is read from `logits`; the rest of all choices go through ONE
+    forward, side by side after the cache, each seeing the cache and only its own earlier tokens
+    (a block-diagonal mask and restarted positions). Models with sliding-window layers take one
+    forward per choice instead, since one custom mask cannot carry two windows."""
     first = torch.log_softmax(logits, dim=-1)
-    scores = []
-    for choice in choices:
-        ids = tokenizer(frame.choice_text(choice), add_special_tokens=False)["input_ids"]
-        total = float(first[ids[0]])
-        if len(ids) > 1:
-            x = torch.tensor([ids[:-1]], device=model.device)
-            with torch.inference_mode():
-                out = model(input_ids=x, cache=cache_from_layers(base), use_cache=True)
-            logp = torch.log_softmax(out.logits[0].float(), dim=-1)
-            total += float(sum(logp[j, ids[j + 1]] for j in range(len(ids) - 1)))
-        scores.append(total)
+    encoded = [tokenizer(frame.choice_text(c), add_special_tokens=False)["input_ids"] for c in choices]
+    scores = [float(first[ids[0]]) for ids in encoded]
+    rest = [i for i, ids in enumerate(encoded) if len(ids) > 1]
+    if rest:
+        base = layers_of(cache)
+        if _has_sliding_window(model):
+            for i in rest:
+                scores[i] += _continuation_logp(model, base, [encoded[i]])[0]
+        else:
+            for i, lp in zip(rest, _continuation_logp(model, base, [encoded[i] for i in rest])):
+                scores[i] += lp
     probs = torch.softmax(torch.tensor(scores), dim=0)
     return {c: float(p) for c, p in zip(choices, probs)}
 
 
-def decide(model, tokenizer, frame: Frame, cache, suffix_ids: list[int], question: Question) -> Readout:
-    """Ask `question` after the notes in `cache` (mutated) and take the decision."""
-    logits = _forward(model, suffix_ids, cache)
+def _has_sliding_window(model) -> bool:
+    config = model.config.get_text_config(decoder=True)
+    types = getattr(config, "layer_types", None) or []
+    return bool(getattr(config, "sliding_window", None)) and (not types or "sliding_attention" in types)
+
+
+@torch.inference_mode()
+def _branches(model, base, prefix: list[int], sequences: list[list[int]]) -> tuple[torch.Tensor | None, list[float]]:
+    """One forward after the cached `base`: a shared `prefix`, then every sequence side by side
+    after it, each seeing the cache, the prefix and only its own earlier tokens (a block mask and
+    restarted positions). Returns the logits [vocab] after the prefix (None without one) and, per
+    sequence, log p(seq[1:] | cache, prefix, seq[0])."""
+    past = base[0][0].shape[2] if base else 0
+    n_prefix = len(prefix)
+    inputs, positions, owner = list(prefix), [past + j for j in range(n_prefix)], [-1] * n_prefix
+    for n, seq in enumerate(sequences):
+        inputs += seq[:-1]
+        positions += [past + n_prefix + j for j in range(len(seq) - 1)]
+        owner += [n] * (len(seq) - 1)
+    length = len(inputs)
+    own = torch.tensor(owner)
+    causal = torch.ones(length, length, dtype=torch.bool).tril()
+    sees = (own[:, None] == own[None, :]) | (own[None, :] == -1)  # own branch, or the shared prefix
+    mask = torch.cat([torch.ones(length, past, dtype=torch.bool), causal & sees], dim=1)[None, None]
+    keep = ([n_prefix - 1] if n_prefix else []) + list(range(n_prefix, length))
+    out = model(
+        input_ids=torch.tensor([inputs], device=model.device),
+        position_ids=torch.tensor([positions], device=model.device),
+        attention_mask=mask.to(model.device),
+        cache=cache_from_layers(base) if base else None,
+        use_cache=True,
+        logits_to_keep=torch.tensor(keep, device=model.device),
+    )
+    logits = out.logits[0].float()  # [len(keep), vocab]
+    head = logits[0] if n_prefix else None
+    logp = torch.log_softmax(logits[1:] if n_prefix else logits, dim=-1)
+    totals, offset = [], 0
+    for seq in sequences:
+        m = len(seq) - 1
+        totals.append(float(sum(logp[offset + j, seq[j + 1]] for j in range(m))))
+        offset += m
+    return head, totals
+
+
+def _continuation_logp(model, base, sequences: list[list[int]]) -> list[float]:
+    """log p(seq[1:] | cache, seq[0]) for each sequence, all in one forward after the cached `base`."""
+    return _branches(model, base, [], sequences)[1]
+
+
+def _one_pass_readout(model, tokenizer, frame: Frame, cache, prompt: list[int], question: Question) -> Readout:
+    """Prompt and every choice in ONE forward: the fast path for a decision over choices."""
+    encoded = [tokenizer(frame.choice_text(c), add_special_tokens=False)["input_ids"] for c in question.choices]
+    logits, rest = _branches(model, layers_of(cache), prompt, encoded)
+    first = torch.log_softmax(logits, dim=-1)
+    scores = torch.tensor([float(first[ids[0]]) + r for ids, r in zip(encoded, rest)])
+    probs = {c: float(p) for c, p in zip(question.choices, torch.softmax(scores, dim=0))}
+    return Readout(logits=logits, decision=max(probs, key=probs.get), choice_probs=probs, text="")
+
+
+def decide(model, tokenizer, frame: Frame, cache, suffix_ids: list[int], question: Question,
+           pending: list[int] = ()) -> Readout:
+    """Ask `question` after the notes in `cache` (mutated) and take the decision. `pending` are
+    tokens a strategy appends (an erratum): they go through the model in the same forward as the
+    question, so appending costs no extra pass over the weights."""
+    prompt = list(pending) + list(suffix_ids)
+    if question.choices and not question.cot and not _has_sliding_window(model):
+        return _one_pass_readout(model, tokenizer, frame, cache, prompt, question)
+    logits = _forward(model, prompt, cache)
     text = ""
     if question.cot:
         text, _ = _greedy(model, tokenizer, logits, cache, max(question.max_new_tokens, 48))
