@@ -166,20 +166,52 @@ class Editor:
         moved = self._movement(base.layers, start)  # [T_new - start]
         k = min(len(downstream), math.ceil(fraction * len(downstream)))
         ranked = sorted(downstream, key=lambda j: float(moved[j - start]), reverse=True)[:k]
-        recompute = {j for b in changed for j in range(b.j1, b.j2)} | set(ranked)
-        runs = _runs(sorted(recompute), GAP_MERGE)
-        layers = cut(base.layers, 0, start)
-        pos = start
-        computed = 0
-        for r1, r2 in runs:
-            layers = join(layers, cut(base.layers, pos, r1))
-            layers = extend(self.model, layers, self.new_ids[r1:r2])
-            computed += r2 - r1
-            pos = r2
-        layers = join(layers, cut(base.layers, pos, len(self.new_ids)))
+        if has_sliding_window(self.model):
+            layers = self._recompute_in_runs(base.layers, sorted(ranked))
+        else:
+            layers = self._recompute_in_one_pass(base.layers, sorted(ranked))
+        computed = base.tokens_computed + len(ranked)
         detail = (f"{len(ranked)} of {len(downstream)} downstream tokens ({fraction:.0%}), "
                   f"ranked by layer-{SELECTION_LAYERS} K/V movement")
         return self._surgery(layers, computed, detail)
+
+    def _recompute_in_runs(self, layers: list[KV], selected: list[int]) -> list[KV]:
+        """Selected tokens recomputed run by run, in order (for models whose sliding windows one
+        custom mask cannot express); runs closer than GAP_MERGE are merged."""
+        out = cut(layers, 0, selected[0]) if selected else layers
+        pos = selected[0] if selected else len(self.new_ids)
+        for r1, r2 in _runs(selected, GAP_MERGE):
+            out = join(out, cut(layers, pos, r1))
+            out = extend(self.model, out, self.new_ids[r1:r2])
+            pos = r2
+        return join(out, cut(layers, pos, len(self.new_ids)))
+
+    @torch.inference_mode()
+    def _recompute_in_one_pass(self, layers: list[KV], selected: list[int]) -> list[KV]:
+        """Every selected token recomputed in ONE forward, CacheBlend-style: each sees, layer by
+        layer, the reused K/V of the unselected tokens before it and the fresh K/V of the selected
+        tokens before it (a custom mask over the cache + the new block, real positions); the fresh
+        K/V are then written over the selected tokens' stale ones."""
+        if not selected:
+            return layers
+        total = len(self.new_ids)
+        sel = torch.tensor(selected)
+        is_sel = torch.zeros(total, dtype=torch.bool)
+        is_sel[sel] = True
+        sees_cache = (torch.arange(total)[None, :] < sel[:, None]) & ~is_sel[None, :]
+        sees_new = sel[None, :] <= sel[:, None]
+        mask = torch.cat([sees_cache, sees_new], dim=1)[None, None].to(self.model.device)
+        cache = cache_from_layers(layers)
+        self.model(input_ids=torch.tensor([[self.new_ids[j] for j in selected]], device=self.model.device),
+                   position_ids=sel[None].to(self.model.device), attention_mask=mask, cache=cache,
+                   use_cache=True, logits_to_keep=1)
+        out = []
+        for (k, v), layer in zip(layers, cache.layers):
+            k, v = k.clone(), v.clone()
+            k[:, :, sel] = layer.keys[:, :, total:]
+            v[:, :, sel] = layer.values[:, :, total:]
+            out.append((k, v))
+        return out
 
     @torch.inference_mode()
     def _movement(self, in_place_layers: list[KV], start: int) -> torch.Tensor:
@@ -235,6 +267,13 @@ def _decoder_layers(model):
         except AttributeError:
             continue
     return None
+
+
+def has_sliding_window(model) -> bool:
+    """Whether some layer attends through a sliding window (a custom 4D mask would override it)."""
+    config = model.config.get_text_config(decoder=True)
+    types = getattr(config, "layer_types", None) or []
+    return bool(getattr(config, "sliding_window", None)) and (not types or "sliding_attention" in types)
 
 
 def _runs(sorted_positions: list[int], gap: int) -> list[tuple[int, int]]:

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
+from worker.engine.edit import has_sliding_window
 from worker.engine.notes import cache_from_layers, layers_of
 from worker.engine.types import Question
 
@@ -111,7 +112,7 @@ def _score_choices(model, tokenizer, frame: Frame, logits: torch.Tensor, cache, 
     rest = [i for i, ids in enumerate(encoded) if len(ids) > 1]
     if rest:
         base = layers_of(cache)
-        if _has_sliding_window(model):
+        if has_sliding_window(model):
             for i in rest:
                 scores[i] += _continuation_logp(model, base, [encoded[i]])[0]
         else:
@@ -119,12 +120,6 @@ def _score_choices(model, tokenizer, frame: Frame, logits: torch.Tensor, cache, 
                 scores[i] += lp
     probs = torch.softmax(torch.tensor(scores), dim=0)
     return {c: float(p) for c, p in zip(choices, probs)}
-
-
-def _has_sliding_window(model) -> bool:
-    config = model.config.get_text_config(decoder=True)
-    types = getattr(config, "layer_types", None) or []
-    return bool(getattr(config, "sliding_window", None)) and (not types or "sliding_attention" in types)
 
 
 @torch.inference_mode()
@@ -186,7 +181,7 @@ def decide(model, tokenizer, frame: Frame, cache, suffix_ids: list[int], questio
     tokens a strategy appends (an erratum): they go through the model in the same forward as the
     question, so appending costs no extra pass over the weights."""
     prompt = list(pending) + list(suffix_ids)
-    if question.choices and not question.cot and not _has_sliding_window(model):
+    if question.choices and not question.cot and not has_sliding_window(model):
         return _one_pass_readout(model, tokenizer, frame, cache, prompt, question)
     logits = _forward(model, prompt, cache)
     text = ""
