@@ -8,7 +8,8 @@ scripts/install.sh
 if [[ ! -x /usr/bin/chromium ]]; then
     if [[ "$(id -u)" == 0 ]] && command -v apt-get >/dev/null; then
         echo "test: installing chromium for the browser tests" >&2
-        apt-get install -y -qq chromium >/dev/null
+        apt-get install -y -qq chromium >/dev/null \
+            || { apt-get update -qq && apt-get install -y -qq chromium >/dev/null; }
     else
         echo "test: /usr/bin/chromium missing and not root; browser tests will skip" >&2
     fi
