@@ -3,7 +3,7 @@ queue path with a direct engine call on the same spec, side by side.
 
     .venv/bin/python scripts/api_roundtrip.py [--url http://127.0.0.1:8000] [--model smollm2-135m] [--direct]
 
-Creates a notebook from examples/shipment-choices.json, adds its field, starts a run with every
+Creates a notebook from examples/shipment-log.json, adds its field, starts a run with every
 strategy, prints progress as it moves, then the metrics read back. With --direct it also runs the
 same spec through `worker.engine` in this process (after loading and a warm-up) and prints both
 timings: the queue path's overhead is the difference.
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import httpx
 
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "shipment-choices.json"
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "shipment-log.json"
 STRATEGIES = ["recompute", "prefix_reuse", "stale", "in_place", "erratum", "field_erratum", "selective", "auto"]
 
 
