@@ -29,16 +29,6 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
-STRATEGIES = (
-    "recompute",
-    "prefix_reuse",
-    "stale",
-    "in_place",
-    "erratum",
-    "field_erratum",
-    "selective",
-    "auto",
-)
 RUN_STATUSES = ("queued", "running", "succeeded", "failed", "cancelled")
 RUN_FINISHED = ("succeeded", "failed", "cancelled")
 SKILL_STATUSES = ("draft", "compiling", "compiled", "failed")

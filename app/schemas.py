@@ -13,8 +13,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
 
-from app.models import STRATEGIES
 from app.settings import get_settings
+from app.strategies import STRATEGIES
 
 _s = get_settings()
 

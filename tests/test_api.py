@@ -13,17 +13,10 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
+from app.strategies import STRATEGIES as ALL_STRATEGIES
+
 DOC = "Customer record. status: active. age: 34. Only active customers may log in."
-STRATEGIES = [
-    "recompute",
-    "prefix_reuse",
-    "stale",
-    "in_place",
-    "erratum",
-    "field_erratum",
-    "selective",
-    "auto",
-]
+STRATEGIES = list(ALL_STRATEGIES)
 
 
 def _notebook(client: TestClient, text: str = DOC) -> dict:

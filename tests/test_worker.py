@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from app.strategies import STRATEGIES
+
 pytestmark = pytest.mark.slow
 
 MODEL = "tiny-llama"
@@ -191,16 +193,7 @@ def test_run_through_the_queue_equals_the_direct_engine_call(worker: Worker) -> 
     from worker.engine.engine import no_store
 
     document = RECORD * 8 + f"({worker.broker} run)"
-    strategies = [
-        "recompute",
-        "prefix_reuse",
-        "stale",
-        "in_place",
-        "erratum",
-        "field_erratum",
-        "selective",
-        "auto",
-    ]
+    strategies = list(STRATEGIES)
     notebook_id, _ = _make_notebook(document)
     t0 = time.perf_counter()
     run_id = _start_run(notebook_id, strategies)

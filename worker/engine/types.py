@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-STRATEGIES = ("recompute", "prefix_reuse", "stale", "in_place", "erratum", "field_erratum", "selective", "auto")
+from app.strategies import STRATEGIES  # noqa: F401  (re-exported: one list for the web app and the engine)
 
 # stage name, fraction done in [0, 1]
 ProgressFn = Callable[[str, float], None]
