@@ -11,7 +11,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, field_validator
 
 from app.settings import get_settings
 from app.strategies import STRATEGIES
@@ -19,7 +19,16 @@ from app.strategies import STRATEGIES
 _s = get_settings()
 
 Title = Annotated[str, StringConstraints(min_length=1, max_length=_s.max_title_chars)]
-ModelName = Annotated[str, StringConstraints(min_length=1, max_length=200)]
+def _served(name: str) -> str:
+    """A notebook or skill may only name a model some worker serves (`KVNOTES_MODELS`): a run for
+    any other would wait in a queue no worker reads."""
+    offered = get_settings().models
+    if name not in offered:
+        raise ValueError(f"model {name!r} is not served here; choose one of {', '.join(offered)} (KVNOTES_MODELS)")
+    return name
+
+
+ModelName = Annotated[str, StringConstraints(min_length=1, max_length=200), AfterValidator(_served)]
 DocumentText = Annotated[str, StringConstraints(max_length=_s.max_document_chars)]
 Label = Annotated[str, StringConstraints(max_length=_s.max_label_chars)]
 Value = Annotated[str, StringConstraints(max_length=_s.max_value_chars)]

@@ -80,7 +80,7 @@ def test_notebook_crud_and_404(make_client) -> None:
 
 def test_limits_answer_422_with_field_and_limit(make_client) -> None:
     client = make_client()
-    r = client.post("/api/notebooks", json={"title": "x", "model": "m", "text": "a" * 200_001})
+    r = client.post("/api/notebooks", json={"title": "x", "model": "smollm2-135m", "text": "a" * 200_001})
     assert r.status_code == 422
     error = r.json()["detail"][0]
     assert error["loc"] == ["body", "text"] and "200000" in error["msg"]
@@ -336,3 +336,11 @@ def test_reading_a_run_whose_worker_went_silent_marks_it_failed(make_client) -> 
     assert client.get(f"/api/runs/{fresh['id']}").json()["status"] == "running"
     body = client.get(f"/api/runs/{lost['id']}").json()
     assert body["status"] == "failed" and body["error"] == "worker lost while running; re-run it"
+
+
+def test_a_model_no_worker_serves_is_refused(make_client) -> None:
+    client = make_client()
+    r = client.post("/api/notebooks", json={"title": "t", "model": "no-such-model", "text": "hello"})
+    assert r.status_code == 422
+    assert "model 'no-such-model' is not served here; choose one of smollm2-135m" in r.text
+    assert client.get("/api/notebooks").json() == []

@@ -82,9 +82,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     models = _models(args.model)
+    if args.model:  # the web app offers exactly what the worker serves
+        from app.settings import get_settings
+
+        os.environ["KVNOTES_DEFAULT_MODEL"] = models[0]
+        os.environ["KVNOTES_MODELS"] = ",".join(models)
+        get_settings.cache_clear()
     env = dict(os.environ)
-    if args.model:
-        env["KVNOTES_DEFAULT_MODEL"] = models[0]
     upgrade_to_head()
     proc = subprocess.Popen(worker_command(models, args.name), env=env)
     stopping = threading.Event()
