@@ -29,7 +29,13 @@ def _served(name: str) -> str:
 
 
 ModelName = Annotated[str, StringConstraints(min_length=1, max_length=200), AfterValidator(_served)]
-DocumentText = Annotated[str, StringConstraints(max_length=_s.max_document_chars)]
+def _unix_newlines(text: str) -> str:
+    """Documents are stored with `\n` line ends (what browsers draw and select over), so field
+    offsets mean the same thing to the API, the pages and the engine."""
+    return text.replace("\r\n", "\n").replace("\r", "\n")
+
+
+DocumentText = Annotated[str, StringConstraints(max_length=_s.max_document_chars), AfterValidator(_unix_newlines)]
 Label = Annotated[str, StringConstraints(max_length=_s.max_label_chars)]
 Value = Annotated[str, StringConstraints(max_length=_s.max_value_chars)]
 ErratumText = Annotated[str, StringConstraints(min_length=1, max_length=_s.max_erratum_chars)]

@@ -344,3 +344,11 @@ def test_a_model_no_worker_serves_is_refused(make_client) -> None:
     assert r.status_code == 422
     assert "model 'no-such-model' is not served here; choose one of smollm2-135m" in r.text
     assert client.get("/api/notebooks").json() == []
+
+
+def test_documents_are_stored_with_unix_line_ends(make_client) -> None:
+    client = make_client()
+    nb = client.post("/api/notebooks", json={"title": "t", "text": "status: active\r\nplan: basic\rend"}).json()
+    assert nb["text"] == "status: active\nplan: basic\nend"
+    r = client.post(f"/api/notebooks/{nb['id']}/fields", json={"start": 8, "end": 14, "new_value": "closed"})
+    assert r.status_code == 201 and r.json()["old_value"] == "active"
