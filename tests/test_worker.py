@@ -322,6 +322,10 @@ def test_a_killed_worker_never_leaves_its_run_running(worker: Worker) -> None:
     t_kill = time.perf_counter()
     worker.start()
     run, _ = _poll_run(run_id, _finished, timeout=90)
+    if worker.broker == "redis" and run.status == "failed":
+        # the fresh worker may reap the run (its previous life's) before Redis hands the unacked
+        # message back; the redelivered message then restarts the run cleanly
+        run, _ = _poll_run(run_id, lambda r: r.status == "succeeded", timeout=90)
     settle_s = time.perf_counter() - t_kill
     print(
         f"\n[{worker.broker}] killed mid-run → {run.status} ({run.error or 'redelivered'}) {settle_s:.1f} s after the kill"
