@@ -1,18 +1,20 @@
 """Runs: the snapshot of exactly what a run runs on, and creating a run (row first, then the
-message; committed only once the broker has taken it)."""
+message; committed only once the broker has taken it), the question a run asks, and cancelling."""
 
 from __future__ import annotations
 
 from sqlalchemy.orm import Session
 
-from app.models import Notebook, Question, Run
-from app.queue import enqueue_run
+from app.models import Notebook, Question, Run, utcnow
+from app.queue import enqueue_run, revoke
 from app.schemas import (
+    RunCreate,
     RunSnapshot,
     SnapshotField,
     SnapshotPlacement,
     SnapshotQuestion,
 )
+from app.services.notebooks import Unprocessable
 
 
 def build_snapshot(notebook: Notebook, question: Question, strategies: list[str]) -> dict:
@@ -59,3 +61,31 @@ def start_run(session: Session, notebook: Notebook, question: Question, strategi
         raise
     session.commit()
     return run
+
+
+def question_for(notebook: Notebook, body: RunCreate) -> Question:
+    """The question asked: the request's (which becomes the notebook's current one) or the current."""
+    current = notebook.question
+    if body.question is None:
+        if current is None:
+            raise Unprocessable("question", "this notebook has no question yet; send one with the run")
+        if body.choices is None and body.cot is None:
+            return current
+    text = body.question if body.question is not None else current.text  # type: ignore[union-attr]
+    choices = body.choices if body.choices is not None else (current.choices if current else [])
+    cot = body.cot if body.cot is not None else (current.cot if current else False)
+    question = Question(text=text, choices=list(choices), cot=cot)
+    notebook.questions.append(question)
+    return question
+
+
+def cancel_run(session: Session, run: Run) -> bool:
+    """Mark an unfinished run cancelled (the worker checks between stages) and revoke its task;
+    False (and nothing changed) when it already finished."""
+    if run.is_finished:
+        return False
+    run.status, run.stage, run.finished_at = "cancelled", "cancelled", utcnow()
+    session.commit()
+    if run.task_id:
+        revoke(run.task_id)
+    return True

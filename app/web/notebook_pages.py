@@ -14,7 +14,6 @@ from fastapi import APIRouter, Form, Request
 from fastapi.responses import JSONResponse, Response
 
 from app.api.deps import SessionDep, get_or_404
-from app.api.routes.runs import _question_for
 from app.models import Erratum, Field, Notebook, Placement, Skill
 from app.queue import QueueUnavailable
 from app.schemas import ErratumPatch, FieldCreate, FieldPatch, PlacementCreate, RunCreate
@@ -29,7 +28,7 @@ from app.services.notebooks import (
     touch,
     update_field,
 )
-from app.services.runs import start_run
+from app.services.runs import question_for, start_run
 from app.settings import get_settings
 from app.web.document_view import hover_tokens, paragraph_starts
 from app.web.forms import FormErrors, lines, normalize_newlines, parse_int, unprocessable_errors, validate
@@ -283,7 +282,7 @@ def create_run(
         if not question.strip():
             raise FormErrors({"question": "ask the question whose decision you want to compare"})
         body = validate(RunCreate, {"question": question.strip(), "choices": lines(choices), "cot": bool(cot), "strategies": chosen})
-        asked = _question_for(notebook, body)
+        asked = question_for(notebook, body)
         run = start_run(session, notebook, asked, body.strategies)
     except (FormErrors, Unprocessable) as exc:
         session.rollback()

@@ -12,8 +12,8 @@ from sqlalchemy import select
 from sqlalchemy.orm import undefer
 
 from app.api.deps import SessionDep, get_or_404
-from app.models import Notebook, Run, RunResult, utcnow
-from app.queue import revoke
+from app.models import Notebook, Run, RunResult
+from app.services.runs import cancel_run
 from app.services.watchdog import reap_for_reader
 from app.web.run_view import (
     agreement_summary,
@@ -82,11 +82,7 @@ def run_cancel(request: Request, run_id: int, session: SessionDep, compact: str 
     """Same rule as POST /api/runs/{id}/cancel: mark it cancelled (the worker checks between
     stages) and revoke its task; a finished run is left as it is."""
     run = get_or_404(session, Run, run_id, "run")
-    if not run.is_finished:
-        run.status, run.stage, run.finished_at = "cancelled", "cancelled", utcnow()
-        session.commit()
-        if run.task_id:
-            revoke(run.task_id)
+    cancel_run(session, run)
     return render(request, "_run_progress.html", run=run, compact=bool(compact))
 
 

@@ -11,11 +11,12 @@ from sqlalchemy import select
 from sqlalchemy.orm import undefer
 
 from app.api.deps import SessionDep, errors, get_or_404
-from app.models import Notebook, Question, Run, RunResult, utcnow
-from app.queue import QueueUnavailable, revoke
+from app.models import Notebook, Run, RunResult
+from app.queue import QueueUnavailable
 from app.schemas import AttentionOut, RunCreate, RunOut, RunSnapshot, RunSummary, StrategyResultOut
 from app.services.notebooks import Unprocessable
-from app.services.runs import start_run
+from app.services.runs import cancel_run as cancel_run_service
+from app.services.runs import question_for, start_run
 from app.services.watchdog import reap_for_reader
 
 router = APIRouter(tags=["runs"])
@@ -43,22 +44,6 @@ def run_out(run: Run) -> RunOut:
     )
 
 
-def _question_for(notebook: Notebook, body: RunCreate) -> Question:
-    """The question asked: the request's (which becomes the notebook's current one) or the current."""
-    current = notebook.question
-    if body.question is None:
-        if current is None:
-            raise Unprocessable("question", "this notebook has no question yet; send one with the run")
-        if body.choices is None and body.cot is None:
-            return current
-    text = body.question if body.question is not None else current.text  # type: ignore[union-attr]
-    choices = body.choices if body.choices is not None else (current.choices if current else [])
-    cot = body.cot if body.cot is not None else (current.cot if current else False)
-    question = Question(text=text, choices=list(choices), cot=cot)
-    notebook.questions.append(question)
-    return question
-
-
 @router.post(
     "/notebooks/{notebook_id}/runs",
     response_model=RunOut,
@@ -69,7 +54,7 @@ def create_run(notebook_id: int, body: RunCreate, session: SessionDep) -> RunOut
     """Snapshot the notebook and enqueue `kvnotes.run`. If the broker cannot take it: 503 with the
     reason, and neither the run nor the question is saved."""
     notebook = get_or_404(session, Notebook, notebook_id, "notebook")
-    question = _question_for(notebook, body)
+    question = question_for(notebook, body)
     try:
         run = start_run(session, notebook, question, body.strategies)
     except QueueUnavailable as exc:
@@ -93,12 +78,8 @@ def read_run(run_id: int, session: SessionDep) -> RunOut:
 def cancel_run(run_id: int, session: SessionDep) -> RunOut:
     """Mark the run cancelled (the worker checks between stages) and revoke its task."""
     run = get_or_404(session, Run, run_id, "run")
-    if run.is_finished:
+    if not cancel_run_service(session, run):
         raise HTTPException(status_code=409, detail=f"run {run_id} already {run.status}")
-    run.status, run.stage, run.finished_at = "cancelled", "cancelled", utcnow()
-    session.commit()
-    if run.task_id:
-        revoke(run.task_id)
     return run_out(run)
 
 
