@@ -352,3 +352,13 @@ def test_documents_are_stored_with_unix_line_ends(make_client) -> None:
     assert nb["text"] == "status: active\nplan: basic\nend"
     r = client.post(f"/api/notebooks/{nb['id']}/fields", json={"start": 8, "end": 14, "new_value": "closed"})
     assert r.status_code == 201 and r.json()["old_value"] == "active"
+
+
+def test_a_skill_for_another_model_cannot_be_placed(make_client) -> None:
+    client = make_client()
+    nb = _notebook(client)["id"]
+    skill = client.post("/api/skills", json={"name": "g", "text": "Be brief.", "model": "gemma3-270m"}).json()
+    r = client.post(f"/api/notebooks/{nb}/placements", json={"skill_id": skill["id"], "position": None})
+    assert r.status_code == 422
+    assert "skill 'g' is for gemma3-270m, this notebook runs smollm2-135m" in r.text
+    assert client.get(f"/api/notebooks/{nb}/placements").json() == []

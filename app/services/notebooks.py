@@ -8,7 +8,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from app.errata import render_erratum
-from app.models import Erratum, Field, Notebook, utcnow
+from app.models import Erratum, Field, Notebook, Placement, Skill, utcnow
 from app.settings import get_settings
 
 
@@ -142,3 +142,33 @@ def check_position(notebook: Notebook, position: int | None) -> None:
             "position",
             f"position={position} is past the end of the document ({len(notebook.document)} characters)",
         )
+
+
+def add_custom_erratum(session: Session, notebook: Notebook, text: str) -> Erratum:
+    """Append a hand-written erratum after the others."""
+    check_errata_room(notebook)
+    erratum = Erratum(text=text, source="custom", position=next_erratum_position(session, notebook))
+    notebook.errata.append(erratum)
+    touch(notebook)
+    return erratum
+
+
+def set_erratum_text(erratum: Erratum, text: str) -> None:
+    """New text; a generated erratum edited by hand becomes `custom` (no longer re-rendered)."""
+    if text != erratum.text:
+        erratum.text, erratum.source = text, "custom"
+        touch(erratum.notebook)
+
+
+def add_placement(notebook: Notebook, skill: Skill, position: int | None) -> Placement:
+    """Splice `skill` at a character offset of the document (None: at the end)."""
+    limit = get_settings().max_placements
+    if len(notebook.placements) >= limit:
+        raise Unprocessable("skill_id", f"a notebook holds at most {limit} placements")
+    if skill.model != notebook.model:
+        raise Unprocessable("skill_id", f"skill {skill.name!r} is for {skill.model}, this notebook runs {notebook.model}")
+    check_position(notebook, position)
+    placement = Placement(skill=skill, position=position)
+    notebook.placements.append(placement)
+    touch(notebook)
+    return placement

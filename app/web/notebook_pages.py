@@ -19,17 +19,18 @@ from app.queue import QueueUnavailable
 from app.schemas import ErratumPatch, FieldCreate, FieldPatch, PlacementCreate, RunCreate
 from app.services.notebooks import (
     Unprocessable,
+    add_custom_erratum,
     add_field,
+    add_placement,
     check_errata_room,
     check_position,
     delete_field,
-    next_erratum_position,
     reorder_errata,
+    set_erratum_text,
     touch,
     update_field,
 )
 from app.services.runs import question_for, start_run
-from app.settings import get_settings
 from app.web.document_view import hover_tokens, paragraph_starts
 from app.web.forms import FormErrors, lines, normalize_newlines, parse_int, unprocessable_errors, validate
 from app.web.notebook_context import latest_tokens, notebook_context, regions
@@ -147,8 +148,7 @@ def add_erratum(request: Request, notebook_id: int, session: SessionDep, text: T
     except (FormErrors, Unprocessable) as exc:
         errors = exc.errors if isinstance(exc, FormErrors) else unprocessable_errors(exc)
         return _errata_panel(request, notebook, 422, new_errors=errors, new_values={"text": text})
-    notebook.errata.append(Erratum(text=text, source="custom", position=next_erratum_position(session, notebook)))
-    touch(notebook)
+    add_custom_erratum(session, notebook, text)
     session.commit()
     return regions(request, session, notebook)
 
@@ -166,9 +166,7 @@ def edit_erratum(request: Request, notebook_id: int, erratum_id: int, session: S
         return _errata_panel(
             request, notebook, 422, item_id=erratum.id, item_errors=exc.errors, item_values={"text": text}
         )
-    if body.text != erratum.text:  # same rule as PATCH /api/errata: edited by hand → custom
-        erratum.text, erratum.source = body.text, "custom"
-        touch(notebook)
+    set_erratum_text(erratum, body.text)
     session.commit()
     return regions(request, session, notebook)
 
@@ -211,17 +209,12 @@ def place_skill(
     try:
         body = validate(PlacementCreate, {"skill_id": parse_int(skill_id, "skill_id"), "position": parse_int(position, "position")})
         skill = get_or_404(session, Skill, body.skill_id, "skill")
-        if skill.status != "compiled" or skill.model != notebook.model:
+        if skill.status != "compiled":  # the palette only offers compiled skills
             raise FormErrors({"skill_id": f"skill {skill.name!r} is not compiled for {notebook.model}"})
-        limit = get_settings().max_placements
-        if len(notebook.placements) >= limit:
-            raise Unprocessable("skill_id", f"a notebook holds at most {limit} placements")
-        check_position(notebook, body.position)
+        add_placement(notebook, skill, body.position)
     except (FormErrors, Unprocessable) as exc:
         errors = exc.errors if isinstance(exc, FormErrors) else unprocessable_errors(exc)
         return _placement_error("; ".join(errors.values()))
-    notebook.placements.append(Placement(skill=skill, position=body.position))
-    touch(notebook)
     session.commit()
     return regions(request, session, notebook)
 

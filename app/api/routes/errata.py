@@ -7,7 +7,7 @@ from fastapi import APIRouter, status
 from app.api.deps import SessionDep, errors, get_or_404
 from app.models import Erratum, Notebook
 from app.schemas import ErrataOrder, ErratumCreate, ErratumOut, ErratumPatch
-from app.services.notebooks import check_errata_room, next_erratum_position, reorder_errata, touch
+from app.services.notebooks import add_custom_erratum, reorder_errata, set_erratum_text, touch
 
 router = APIRouter(tags=["errata"])
 
@@ -20,10 +20,7 @@ router = APIRouter(tags=["errata"])
 )
 def create_erratum(notebook_id: int, body: ErratumCreate, session: SessionDep) -> Erratum:
     notebook = get_or_404(session, Notebook, notebook_id, "notebook")
-    check_errata_room(notebook)
-    erratum = Erratum(text=body.text, source="custom", position=next_erratum_position(session, notebook))
-    notebook.errata.append(erratum)
-    touch(notebook)
+    erratum = add_custom_erratum(session, notebook, body.text)
     session.commit()
     return erratum
 
@@ -46,10 +43,7 @@ def order_errata(notebook_id: int, body: ErrataOrder, session: SessionDep) -> li
 def patch_erratum(erratum_id: int, body: ErratumPatch, session: SessionDep) -> Erratum:
     """Edit the text; a generated erratum edited by hand becomes `custom` (no longer re-rendered)."""
     erratum = get_or_404(session, Erratum, erratum_id, "erratum")
-    if body.text != erratum.text:
-        erratum.text = body.text
-        erratum.source = "custom"
-        touch(erratum.notebook)
+    set_erratum_text(erratum, body.text)
     session.commit()
     return erratum
 

@@ -7,8 +7,7 @@ from fastapi import APIRouter, status
 from app.api.deps import SessionDep, errors, get_or_404
 from app.models import Notebook, Placement, Skill
 from app.schemas import PlacementCreate, PlacementOut, PlacementPatch
-from app.services.notebooks import Unprocessable, check_position, touch
-from app.settings import get_settings
+from app.services.notebooks import add_placement, check_position, touch
 
 router = APIRouter(tags=["placements"])
 
@@ -22,13 +21,7 @@ router = APIRouter(tags=["placements"])
 def create_placement(notebook_id: int, body: PlacementCreate, session: SessionDep) -> Placement:
     notebook = get_or_404(session, Notebook, notebook_id, "notebook")
     skill = get_or_404(session, Skill, body.skill_id, "skill")
-    limit = get_settings().max_placements
-    if len(notebook.placements) >= limit:
-        raise Unprocessable("skill_id", f"a notebook holds at most {limit} placements")
-    check_position(notebook, body.position)
-    placement = Placement(skill=skill, position=body.position)
-    notebook.placements.append(placement)
-    touch(notebook)
+    placement = add_placement(notebook, skill, body.position)
     session.commit()
     return placement
 
