@@ -391,7 +391,7 @@ def compile_skill(self, skill_id: int) -> dict[str, Any]:
         notes = eng.compile_skill(text)
         compile_ms = (time.perf_counter() - t0) * 1000
         layers = [(k[0], v[0]) for k, v in notes.layers]  # drop the batch dim
-        key = get_store().put(eng._model_key(), notes.token_ids, layers, extra=_skill_extra(notes))
+        key = get_store().put(eng.model_key, notes.token_ids, layers, extra=_skill_extra(notes))
         _set_skill(
             skill_id,
             status="compiled",

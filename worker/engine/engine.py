@@ -110,7 +110,9 @@ class Engine:
         return tok.eos_token_id
 
     # ---- prefill ------------------------------------------------------------------------------
-    def _model_key(self) -> str:
+    @property
+    def model_key(self) -> str:
+        """What the KV store keys this model's notes by (alias and dtype: bf16 notes are not fp32 notes)."""
         return f"{self.info.alias}:{self.model.dtype}"
 
     @torch.inference_mode()
@@ -118,7 +120,7 @@ class Engine:
         """Full K/V of `ids`, reusing the longest prefix the KV store holds."""
         cached_n, cached = (0, None)
         if self.store is not None:
-            cached_n, cached = self.store.get_prefix(self._model_key(), ids)
+            cached_n, cached = self.store.get_prefix(self.model_key, ids)
         if cached_n and cached is not None:
             layers = [(k.unsqueeze(0).to(self.device), v.unsqueeze(0).to(self.device)) for k, v in cached]
             if cached_n < len(ids):
@@ -126,7 +128,7 @@ class Engine:
         else:
             layers = extend(self.model, None, ids)
         if self.store is not None and cached_n < len(ids):
-            self.store.put(self._model_key(), ids, [(k[0], v[0]) for k, v in layers])
+            self.store.put(self.model_key, ids, [(k[0], v[0]) for k, v in layers])
         return layers
 
     def prefill(self, text: str) -> Notes:
