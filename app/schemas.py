@@ -3,7 +3,7 @@
 Limits come from settings, so a request over one answers 422 with the field's location and the
 limit in the message (pydantic's own "String should have at most N characters"). Run results use
 the engine's JSON names (`kvnotes edit --json`): decision, choice_probs, kl_to_recompute, ...
-`RunSnapshot` is the typed form of `runs.snapshot`, the web ↔ worker boundary.
+The run snapshot and the token records are the data layer's contracts (`data.contracts`).
 """
 
 from __future__ import annotations
@@ -13,8 +13,9 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, field_validator
 
-from app.settings import get_settings
-from app.strategies import STRATEGIES
+from data.contracts import RunSnapshot, StrategyMetrics, TokenRecord, unix_newlines
+from data.settings import get_settings
+from worker.engine.vocabulary import STRATEGIES, unknown_strategies, with_recompute
 
 _s = get_settings()
 
@@ -29,13 +30,7 @@ def _served(name: str) -> str:
 
 
 ModelName = Annotated[str, StringConstraints(min_length=1, max_length=200), AfterValidator(_served)]
-def _unix_newlines(text: str) -> str:
-    """Documents are stored with `\n` line ends (what browsers draw and select over), so field
-    offsets mean the same thing to the API, the pages and the engine."""
-    return text.replace("\r\n", "\n").replace("\r", "\n")
-
-
-DocumentText = Annotated[str, StringConstraints(max_length=_s.max_document_chars), AfterValidator(_unix_newlines)]
+DocumentText = Annotated[str, StringConstraints(max_length=_s.max_document_chars), AfterValidator(unix_newlines)]
 Label = Annotated[str, StringConstraints(max_length=_s.max_label_chars)]
 Value = Annotated[str, StringConstraints(max_length=_s.max_value_chars)]
 ErratumText = Annotated[str, StringConstraints(min_length=1, max_length=_s.max_erratum_chars)]
@@ -209,59 +204,17 @@ class RunCreate(BaseModel):
     @field_validator("strategies")
     @classmethod
     def _known_strategies(cls, value: list[str]) -> list[str]:
-        unknown = [name for name in value if name not in STRATEGIES]
-        if unknown:
-            raise ValueError(
-                f"unknown strategy {', '.join(unknown)}; valid strategies: {', '.join(STRATEGIES)}"
-            )
-        return ["recompute", *dict.fromkeys(name for name in value if name != "recompute")]
+        problem = unknown_strategies(value)
+        if problem:
+            raise ValueError(problem)
+        return with_recompute(value)
 
 
-class SnapshotField(BaseModel):
-    start: int
-    end: int
-    old: str
-    new: str
-    label: str
+class StrategyResultOut(StrategyMetrics):
+    """One strategy's metrics (`worker.engine.vocabulary.METRICS`) and the shape of its attention."""
 
+    model_config = ConfigDict(from_attributes=True)
 
-class SnapshotPlacement(BaseModel):
-    skill_id: int | None
-    name: str
-    text: str
-    position: int | None
-
-
-class SnapshotQuestion(BaseModel):
-    text: str
-    choices: list[str]
-    cot: bool
-
-
-class RunSnapshot(BaseModel):
-    """Exactly what a run ran on; stored in `runs.snapshot`, read by the worker."""
-
-    model: str
-    document: str
-    fields: list[SnapshotField]
-    errata: list[str]
-    placements: list[SnapshotPlacement]
-    question: SnapshotQuestion
-    strategies: list[str]
-
-
-class StrategyResultOut(_Out):
-    decision: str
-    choice_probs: dict[str, float]
-    kl_to_recompute: float
-    top1_agrees: bool
-    topk_overlap: int
-    logit_cosine: float
-    decision_matches_recompute: bool
-    tokens_computed: int
-    latency_ms: float
-    text: str
-    detail: str
     attention_shape: list[int] | None = None
 
 
@@ -296,14 +249,6 @@ class RunSummary(_Out):
     finished_at: datetime | None
 
 
-class TokenOut(BaseModel):
-    id: int
-    text: str
-    start: int
-    end: int
-    segment: str
-
-
 class AttentionOut(BaseModel):
     """The decision's attention over the T cached tokens: one layer and head, or aggregated."""
 
@@ -313,7 +258,7 @@ class AttentionOut(BaseModel):
     head: int | None
     agg: Literal["mean", "max"] | None
     shape: list[int]
-    tokens: list[TokenOut]
+    tokens: list[TokenRecord]
     values: list[float]
 
 

@@ -237,9 +237,9 @@ def breakdown(eng, notes, field: Field, question: Question, device: str, repeats
     """Where the time of recompute and erratum goes: the surgery, then the readout — one forward
     holding any appended (pending) erratum tokens, the question and every choice (the engine's
     fast path), against the same readout done as three separate forwards (for comparison)."""
-    from app.errata import render_erratum
     from worker.engine.engine import _apply_fields
     from worker.engine.readout import decide
+    from worker.engine.vocabulary import render_erratum
 
     new_text = _apply_fields(notes.text, [field])
     new_ids, new_offsets, new_segments = eng.tokenize_document(new_text)

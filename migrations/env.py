@@ -1,4 +1,4 @@
-"""Alembic environment: the URL from settings (or the one `app.migrate` hands over), the ORM's
+"""Alembic environment: the URL from settings (or the one `data.migrate` hands over), the ORM's
 metadata as the target, and batch mode so ALTERs work on SQLite."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ from logging.config import fileConfig
 from alembic import context
 from sqlalchemy import Connection
 
-from app.db import make_engine
-from app.models import Base
-from app.settings import get_settings
+from data.db import make_engine
+from data.models import Base
+from data.settings import get_settings
 
 config = context.config
 if config.config_file_name is not None and config.attributes.get("configure_logger", True):

@@ -1,8 +1,15 @@
-"""Shared fixtures. Converted real models live in `<repo>/var/test-data` so later runs reuse them."""
+"""Shared fixtures: where converted real models live, and THE environment of an isolated kvnotes.
+
+Every test that needs a database, a broker or a data folder gets them from `kvnotes_env` (the
+variables) applied by the `isolated` fixture (this process) or handed to a subprocess (a worker,
+the served app). Converted real models live in `<repo>/var/test-data` so later runs reuse them.
+"""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -12,49 +19,77 @@ REPO = Path(__file__).resolve().parents[1]
 
 @pytest.fixture(scope="session")
 def data_dir() -> Path:
-    """The data folder for tests (`KVNOTES_DATA`): `<repo>/var/test-data`, kept between runs."""
+    """Where the bundled real models are converted once: `<repo>/var/test-data`, kept between runs."""
     path = REPO / "var" / "test-data"
     path.mkdir(parents=True, exist_ok=True)
-    previous = os.environ.get("KVNOTES_DATA")
-    os.environ["KVNOTES_DATA"] = str(path)
-    yield path
-    if previous is None:
-        os.environ.pop("KVNOTES_DATA", None)
-    else:
-        os.environ["KVNOTES_DATA"] = previous
+    return path
 
 
-# --- the web app against a temporary database and a real broker (tests/test_api.py) ------------
+def kvnotes_env(data: Path, broker_url: str | None = None, **overrides: str) -> dict[str, str]:
+    """The variables of a kvnotes that keeps everything under `data`: its data folder, SQLite
+    database, the embedded SQLite broker (or `broker_url`) and the result backend."""
+    return {
+        "KVNOTES_DATA": str(data),
+        "DATABASE_URL": f"sqlite:///{data}/kvnotes.db",
+        "BROKER_URL": broker_url or f"sqla+sqlite:///{data}/broker.db",
+        "RESULT_BACKEND": f"db+sqlite:///{data}/results.db",
+        **overrides,
+    }
 
 
-def _reset_app_caches() -> None:
-    """Forget settings, engines and the Celery client so the next use reads the environment."""
-    from app.db import reset_engines
-    from app.queue import reset_celery
-    from app.settings import get_settings
+def reset_caches() -> None:
+    """Forget settings, database engines and the Celery client so the next use reads the environment."""
+    from data.db import reset_engines
+    from data.queue import reset_celery
+    from data.settings import get_settings
 
     get_settings.cache_clear()
     reset_engines()
     reset_celery()
 
 
+@contextmanager
+def applied(env: dict[str, str]) -> Iterator[dict[str, str]]:
+    """`env` set in this process (caches reset) for the block; the previous environment after."""
+    saved = dict(os.environ)
+    os.environ.update(env)
+    reset_caches()
+    try:
+        yield env
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+        reset_caches()
+
+
 @pytest.fixture
-def make_client(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    """Build a FastAPI TestClient on a fresh, migrated SQLite database under `tmp_path`, with the
-    embedded SQLAlchemy broker there too (or `broker_url` when given, e.g. an unreachable one)."""
+def isolated(tmp_path: Path) -> Iterator[Callable[..., dict[str, str]]]:
+    """`isolated(broker_url=None, **overrides)` points this process at a fresh kvnotes under
+    `tmp_path` (see `kvnotes_env`) and returns its variables; undone after the test."""
+    stack: list = []
+
+    def apply(broker_url: str | None = None, **overrides: str) -> dict[str, str]:
+        context = applied(kvnotes_env(tmp_path, broker_url, **overrides))
+        stack.append(context)
+        return context.__enter__()
+
+    yield apply
+    for context in reversed(stack):
+        context.__exit__(None, None, None)
+
+
+@pytest.fixture
+def make_client(isolated):
+    """`make_client(broker_url=None)`: a FastAPI TestClient on a fresh, migrated SQLite database,
+    with the embedded SQLAlchemy broker beside it (or `broker_url`, e.g. an unreachable one)."""
     from fastapi.testclient import TestClient
 
     clients: list[TestClient] = []
 
     def build(broker_url: str | None = None) -> TestClient:
-        monkeypatch.setenv("KVNOTES_DATA", str(tmp_path))
-        monkeypatch.setenv("DATABASE_URL", f"sqlite:///{tmp_path}/kvnotes.db")
-        monkeypatch.setenv("BROKER_URL", broker_url or f"sqla+sqlite:///{tmp_path}/broker.db")
-        monkeypatch.setenv("RESULT_BACKEND", f"db+sqlite:///{tmp_path}/results.db")
-        monkeypatch.setenv("KVNOTES_BROKER_TIMEOUT", "1")
-        _reset_app_caches()
+        isolated(broker_url, KVNOTES_BROKER_TIMEOUT="1")
         from app.main import create_app
-        from app.migrate import upgrade_to_head
+        from data.migrate import upgrade_to_head
 
         upgrade_to_head()
         client = TestClient(create_app())
@@ -64,5 +99,3 @@ def make_client(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     yield build
     for client in clients:
         client.close()
-    monkeypatch.undo()
-    _reset_app_caches()

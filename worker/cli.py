@@ -13,12 +13,6 @@ Bad input exits with status 2 and one line on stderr, never a traceback.
 
 from __future__ import annotations
 
-import os
-
-# Idle OpenMP threads sleep instead of spinning: on a shared 2-core machine, spinning threads of
-# two processes made a 28-token forward take 5.5 s instead of 0.27 s (docs/benchmarks.md).
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-
 import argparse
 import json
 import logging
@@ -61,10 +55,20 @@ def _print(report, args) -> None:
               f"{r['topk_overlap']:>5} {r['tokens_computed']:>7} {r['latency_ms']:>9.1f}")
 
 
+def _load(args):
+    """The engine for `--model` on `--device`, converting bundled models under the settings' data
+    folder (`KVNOTES_DATA`)."""
+    from data.settings import get_settings
+    from worker.engine import load
+
+    return load(args.model, device=args.device, data_dir=get_settings().data_dir)
+
+
 def cmd_models(args) -> None:
+    from data.settings import get_settings
     from worker.engine.models import list_models
 
-    rows = [m.__dict__ for m in list_models()]
+    rows = [m.__dict__ for m in list_models(get_settings().data_dir)]
     if args.json:
         print(json.dumps(rows, indent=2))
     else:
@@ -73,12 +77,10 @@ def cmd_models(args) -> None:
 
 
 def cmd_edit(args) -> None:
-    from worker.engine import load
-
     document = _read(args.document, "document")
     fields = _fields(document, args.replace)
     strategies = [s.strip() for s in args.strategies.split(",")] if args.strategies else None
-    eng = load(args.model, device=args.device)
+    eng = _load(args)
     kw = {"strategies": strategies} if strategies else {}
     if args.erratum_template:
         kw["erratum_template"] = args.erratum_template
@@ -87,8 +89,6 @@ def cmd_edit(args) -> None:
 
 
 def cmd_compose(args) -> None:
-    from worker.engine import load
-
     context = _read(args.context, "context")
     skills = [_read(s, "skill") for s in args.skill]
     at = None
@@ -97,18 +97,17 @@ def cmd_compose(args) -> None:
             at = int(args.at)
         except ValueError:
             raise UsageError(f"--at must be 'end' or a character offset, not {args.at!r}") from None
-    eng = load(args.model, device=args.device)
+    eng = _load(args)
     report = eng.compose(context, skills, _question(args), at=at, seam=args.seam)
     _print(report, args)
 
 
 def cmd_attribute(args) -> None:
-    from worker.engine import load
     from worker.engine.attribution import attribute
 
     document = _read(args.document, "document")
     fields = _fields(document, args.replace)
-    result = attribute(load(args.model, device=args.device), document, fields, _question(args),
+    result = attribute(_load(args), document, fields, _question(args),
                        span_tokens=args.span_tokens)
     if args.json:
         print(json.dumps(result.to_dict(), indent=2))

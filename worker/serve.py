@@ -27,7 +27,7 @@ WORKER_STOP_S = 20.0
 
 def _models(value: str | None) -> list[str]:
     """The models a worker serves: those given, else every model the web app offers (default first)."""
-    from app.settings import get_settings
+    from data.settings import get_settings
 
     names = [m.strip() for m in (value or "").split(",") if m.strip()]
     return names or get_settings().models
@@ -35,7 +35,7 @@ def _models(value: str | None) -> list[str]:
 
 def worker_command(models: list[str], name: str | None = None, loglevel: str = "INFO") -> list[str]:
     """The `celery worker` command line for a worker consuming the queues of `models`."""
-    from app.queue import queue_for
+    from data.queue import queue_for
 
     node = name or f"kvnotes-{queue_for(models[0]).removeprefix('model.')}@%h"
     return [
@@ -78,12 +78,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
     """Migrate, start the worker, serve the web app until Ctrl-C / SIGTERM, stop both."""
     import uvicorn
 
-    from app.migrate import upgrade_to_head
+    from data.migrate import upgrade_to_head
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     models = _models(args.model)
     if args.model:  # the web app offers exactly what the worker serves
-        from app.settings import get_settings
+        from data.settings import get_settings
 
         os.environ["KVNOTES_DEFAULT_MODEL"] = models[0]
         os.environ["KVNOTES_MODELS"] = ",".join(models)

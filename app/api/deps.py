@@ -7,7 +7,7 @@ from typing import Annotated, TypeVar
 from fastapi import Depends, HTTPException
 from sqlalchemy.orm import Session
 
-from app.db import get_session
+from data.db import get_session
 
 SessionDep = Annotated[Session, Depends(get_session)]
 

@@ -7,9 +7,9 @@ from __future__ import annotations
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from app.errata import render_erratum
-from app.models import Erratum, Field, Notebook, Placement, Skill, utcnow
-from app.settings import get_settings
+from data.models import Erratum, Field, Notebook, Placement, Skill, utcnow
+from data.settings import get_settings
+from worker.engine.vocabulary import render_erratum
 
 
 class Unprocessable(ValueError):

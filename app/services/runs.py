@@ -5,23 +5,18 @@ from __future__ import annotations
 
 from sqlalchemy.orm import Session
 
-from app.models import Notebook, Question, Run, utcnow
-from app.queue import enqueue_run, revoke
-from app.schemas import (
-    RunCreate,
-    RunSnapshot,
-    SnapshotField,
-    SnapshotPlacement,
-    SnapshotQuestion,
-)
+from app.schemas import RunCreate
 from app.services.notebooks import Unprocessable
+from data.contracts import RunSnapshot, SnapshotField, SnapshotPlacement, SnapshotQuestion
+from data.models import Notebook, Question, Run, utcnow
+from data.queue import enqueue_run, revoke
 
 
-def build_snapshot(notebook: Notebook, question: Question, strategies: list[str]) -> dict:
-    """A JSON-ready copy of everything the worker needs, so later edits never change the run:
-    model, document, fields, errata texts in order, placements (skill name, text, position),
-    the question and the strategies. Validated by `RunSnapshot` on the way out."""
-    snapshot = RunSnapshot(
+def build_snapshot(notebook: Notebook, question: Question, strategies: list[str]) -> RunSnapshot:
+    """A copy of everything the worker needs, so later edits never change the run: model,
+    document, fields, errata texts in order, placements (skill name, text, position), the question
+    and the strategies."""
+    return RunSnapshot(
         model=notebook.model,
         document=notebook.document,
         fields=[
@@ -36,7 +31,6 @@ def build_snapshot(notebook: Notebook, question: Question, strategies: list[str]
         question=SnapshotQuestion(text=question.text, choices=list(question.choices), cot=question.cot),
         strategies=list(strategies),
     )
-    return snapshot.model_dump()
 
 
 def start_run(session: Session, notebook: Notebook, question: Question, strategies: list[str]) -> Run:

@@ -12,8 +12,9 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from app.models import Field, Placement, RunResult
 from app.web.templating import approx_tokens
+from data.contracts import TokenRecord
+from data.models import Field, Placement, RunResult
 
 PARAGRAPH_BREAK = re.compile(r"\n[ \t]*\n\s*")
 
@@ -42,18 +43,17 @@ def paragraph_starts(document: str) -> list[int]:
     return [m.end() for m in PARAGRAPH_BREAK.finditer(document) if m.end() < len(document)]
 
 
-def document_tokens_before(position: int, tokens: list[dict[str, Any]] | None) -> int | None:
+def document_tokens_before(position: int, tokens: list[TokenRecord] | None) -> int | None:
     """Exact RoPE shift of a splice at `position` from a run's tokens: the frame tokens ahead of
     the document plus the document tokens ending at or before the position. None without tokens."""
     if not tokens:
         return None
     count = 0
     for tok in tokens:
-        seg = tok.get("segment")
-        if seg == "frame":
+        if tok.segment == "frame":
             count += 1
-        elif seg == "document":
-            if tok.get("end", 0) <= position:
+        elif tok.segment == "document":
+            if tok.end <= position:
                 count += 1
             else:
                 break
@@ -64,7 +64,7 @@ def build_document_view(
     document: str,
     fields: list[Field],
     placements: list[Placement],
-    tokens: list[dict[str, Any]] | None = None,
+    tokens: list[TokenRecord] | None = None,
 ) -> DocumentView:
     """Pieces in order. Fields are assumed not to overlap (the service refuses overlaps); a
     placement inside a field is drawn right after it."""
@@ -109,32 +109,36 @@ def build_document_view(
     return view
 
 
-def tokens_for_document(document: str, results: list[RunResult]) -> list[dict[str, Any]]:
+def tokens_for_document(document: str, results: list[RunResult]) -> list[TokenRecord]:
     """The cached tokens of a finished run whose document offsets fit this text as it is now (the
     stale strategy reads the original document; recompute reads the edited one). Empty if none fit."""
     for result in sorted(results, key=lambda r: 0 if r.strategy == "stale" else 1):
         tokens = result.tokens or []
-        doc_tokens = [t for t in tokens if t.get("segment") == "document" and isinstance(t.get("start"), int)]
+        doc_tokens = [t for t in tokens if t.in_document]
         if doc_tokens and _tokens_fit(document, doc_tokens):
             return tokens
     return []
 
 
-def hover_tokens(tokens: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The document tokens with their index in the cached sequence, for hovering."""
+def hover_tokens(tokens: list[TokenRecord]) -> list[dict[str, Any]]:
+    """The document tokens with their index in the cached sequence: the JSON the page hovers over."""
     return [
-        {"i": i, "id": t.get("id"), "text": t.get("text", ""), "start": t["start"], "end": t["end"]}
+        {"i": i, "id": t.id, "text": t.text, "start": t.start, "end": t.end}
         for i, t in enumerate(tokens)
-        if t.get("segment") == "document" and isinstance(t.get("start"), int) and t["start"] >= 0
+        if t.in_document
     ]
 
 
-def _tokens_fit(document: str, doc_tokens: list[dict[str, Any]]) -> bool:
-    if doc_tokens[-1]["end"] > len(document):
+def _tokens_fit(document: str, doc_tokens: list[TokenRecord]) -> bool:
+    """Most sampled tokens read, at their offsets, the text they were decoded from."""
+    if doc_tokens[-1].end > len(document):
         return False
     step = max(1, len(doc_tokens) // 50)
     sample = doc_tokens[::step]
-    hits = sum(
-        1 for t in sample if document[t["start"]:t["end"]].strip() == str(t["text"]).replace("Ġ", " ").replace("▁", " ").strip()
-    )
+    hits = sum(1 for t in sample if document[t.start:t.end].strip() == _plain(t.text))
     return hits >= 0.8 * len(sample)
+
+
+def _plain(token_text: str) -> str:
+    """A token's text without byte-level BPE's space markers."""
+    return token_text.replace("Ġ", " ").replace("▁", " ").strip()

@@ -16,11 +16,11 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from app.models import Notebook, Placement, Question, Skill
-from app.queue import QueueUnavailable, enqueue_compile
 from app.services.notebooks import add_field
-from app.settings import get_settings
 from app.web.templating import EXAMPLES_DIR
+from data.models import Notebook, Placement, Question, Skill
+from data.queue import QueueUnavailable, enqueue_compile
+from data.settings import get_settings
 
 
 class ExampleError(ValueError):

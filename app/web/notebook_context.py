@@ -11,18 +11,19 @@ from fastapi.responses import Response
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from app.models import Notebook, Run, Skill
 from app.web.document_view import build_document_view, tokens_for_document
 from app.web.templating import approx_tokens, render
+from data.contracts import TokenRecord
+from data.models import Notebook, Run, Skill
 
 
-def latest_tokens(session: Session, notebook: Notebook) -> tuple[Run | None, list[dict[str, Any]]]:
+def latest_tokens(session: Session, notebook: Notebook) -> tuple[Run | None, list[TokenRecord]]:
     """The newest succeeded run of this notebook on this very document, and its fitting tokens."""
     runs = session.scalars(
         select(Run).where(Run.notebook_id == notebook.id, Run.status == "succeeded").order_by(Run.id.desc()).limit(5)
     )
     for run in runs:
-        if run.snapshot.get("document") == notebook.document:
+        if run.snapshot.document == notebook.document:
             tokens = tokens_for_document(notebook.document, run.results)
             if tokens:
                 return run, tokens
@@ -31,7 +32,7 @@ def latest_tokens(session: Session, notebook: Notebook) -> tuple[Run | None, lis
 
 def notebook_context(session: Session, notebook: Notebook, **extra: Any) -> dict[str, Any]:
     token_run, tokens = latest_tokens(session, notebook)
-    doc_token_count = sum(1 for t in tokens if t.get("segment") == "document")
+    doc_token_count = sum(1 for t in tokens if t.segment == "document")
     skills = list(
         session.scalars(
             select(Skill).where(Skill.model == notebook.model, Skill.status == "compiled").order_by(Skill.name)

@@ -14,8 +14,6 @@ from fastapi import APIRouter, Form, Request
 from fastapi.responses import JSONResponse, Response
 
 from app.api.deps import SessionDep, get_or_404
-from app.models import Erratum, Field, Notebook, Placement, Skill
-from app.queue import QueueUnavailable
 from app.schemas import ErratumPatch, FieldCreate, FieldPatch, PlacementCreate, RunCreate
 from app.services.notebooks import (
     Unprocessable,
@@ -35,6 +33,8 @@ from app.web.document_view import hover_tokens, paragraph_starts
 from app.web.forms import FormErrors, lines, normalize_newlines, parse_int, unprocessable_errors, validate
 from app.web.notebook_context import latest_tokens, notebook_context, regions
 from app.web.templating import render
+from data.models import Erratum, Field, Notebook, Placement, Skill
+from data.queue import QueueUnavailable
 
 router = APIRouter()
 Text = Annotated[str, Form()]

@@ -13,13 +13,13 @@ from fastapi.responses import RedirectResponse, Response
 from sqlalchemy import select
 
 from app.api.deps import SessionDep
-from app.models import Notebook, Run
 from app.schemas import NotebookCreate
-from app.settings import get_settings
 from app.web import components, notebook_pages, run_pages, skill_pages
 from app.web.examples import ExampleError, list_examples, load_example
 from app.web.forms import FormErrors, normalize_newlines, validate
 from app.web.templating import render
+from data.models import Notebook, Run
+from data.settings import get_settings
 
 router = APIRouter(include_in_schema=False)
 for _module in (notebook_pages, run_pages, skill_pages, components):

@@ -12,9 +12,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import undefer
 
 from app.api.deps import SessionDep, get_or_404
-from app.models import Notebook, Run, RunResult
 from app.services.runs import cancel_run
-from app.services.watchdog import reap_for_reader
 from app.web.run_view import (
     agreement_summary,
     align_tokens,
@@ -25,6 +23,8 @@ from app.web.run_view import (
     word_diff,
 )
 from app.web.templating import render
+from data.models import Notebook, Run, RunResult
+from data.watchdog import reap_for_reader
 
 router = APIRouter()
 

@@ -8,11 +8,11 @@ from __future__ import annotations
 import difflib
 import re
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
-from app.models import Run, RunResult
+from data.contracts import RunSnapshot, SnapshotField, TokenRecord
+from data.models import Run, RunResult
 
 
 @dataclass
@@ -72,25 +72,33 @@ def answer_of(result: RunResult) -> str:
     return result.text or result.decision or ""
 
 
-def snapshot_pieces(snapshot: dict[str, Any]) -> list[dict[str, Any]]:
-    """The snapshot's document as text pieces and field pieces ({text, field?})."""
-    document = snapshot.get("document", "")
+@dataclass(frozen=True)
+class SnapshotPiece:
+    """A stretch of the snapshot's document: plain text, or a field's old text with the field."""
+
+    text: str
+    field: SnapshotField | None = None
+
+
+def snapshot_pieces(snapshot: RunSnapshot) -> list[SnapshotPiece]:
+    """The snapshot's document as text pieces and field pieces, in order."""
+    document = snapshot.document
     pieces, cursor = [], 0
-    for f in sorted(snapshot.get("fields", []), key=lambda f: f["start"]):
-        if f["start"] < cursor:
+    for f in sorted(snapshot.fields, key=lambda f: f.start):
+        if f.start < cursor:
             continue
-        pieces.append({"text": document[cursor : f["start"]]})
-        pieces.append({"text": document[f["start"] : f["end"]], "field": f})
-        cursor = f["end"]
-    pieces.append({"text": document[cursor:]})
-    return [p for p in pieces if p["text"] or p.get("field")]
+        pieces.append(SnapshotPiece(document[cursor : f.start]))
+        pieces.append(SnapshotPiece(document[f.start : f.end], f))
+        cursor = f.end
+    pieces.append(SnapshotPiece(document[cursor:]))
+    return [p for p in pieces if p.text or p.field is not None]
 
 
-def _key(token: dict[str, Any]) -> tuple[str, str]:
-    return (str(token.get("segment", "")), str(token.get("text", "")))
+def _key(token: TokenRecord) -> tuple[str, str]:
+    return (token.segment, token.text)
 
 
-def align_tokens(tokens: list[dict[str, Any]], reference: list[dict[str, Any]]) -> list[int]:
+def align_tokens(tokens: list[TokenRecord], reference: list[TokenRecord]) -> list[int]:
     """For each token of a strategy's cache, the index of the same token in recompute's cache, or
     -1 where it has no counterpart (an erratum, a changed field, a spliced skill's seam)."""
     mapping = [-1] * len(tokens)

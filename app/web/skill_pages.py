@@ -10,12 +10,12 @@ from fastapi.responses import RedirectResponse, Response
 from sqlalchemy import select
 
 from app.api.deps import SessionDep, get_or_404
-from app.models import Skill
-from app.queue import QueueUnavailable, enqueue_compile
 from app.schemas import SkillCreate
-from app.settings import get_settings
 from app.web.forms import FormErrors, normalize_newlines, validate
 from app.web.templating import render
+from data.models import Skill
+from data.queue import QueueUnavailable, enqueue_compile
+from data.settings import get_settings
 
 router = APIRouter()
 

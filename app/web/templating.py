@@ -15,25 +15,13 @@ from typing import Any
 from fastapi import Request
 from fastapi.templating import Jinja2Templates
 
-from app.strategies import STRATEGIES
+from data.models import as_utc
+from worker.engine.vocabulary import DEFAULT_STRATEGIES, STRATEGIES, STRATEGY_HELP
 
 ROOT = Path(__file__).resolve().parents[2]
 TEMPLATES_DIR = ROOT / "templates"
 EXAMPLES_DIR = ROOT / "examples"
 HTMX_FILE = "vendor/htmx-2.0.11.min.js"
-
-# What each strategy recomputes, in the paper's words (tooltips and the checklist).
-STRATEGY_HELP = {
-    "recompute": "the reference: prefill everything again",
-    "prefix_reuse": "recompute from the first field to the end (exact, what a prefix cache does)",
-    "stale": "recompute nothing: the floor, the model acts on the old notes",
-    "in_place": "recompute only the field's tokens; later keys re-rotated",
-    "erratum": "append a correction and compute only its tokens",
-    "field_erratum": "refresh the field and append the correction (the robust default)",
-    "selective": "field + the downstream tokens whose notes moved most",
-    "auto": "the cheapest strategy that matches field_erratum on a probe",
-}
-DEFAULT_STRATEGIES = ("recompute", "prefix_reuse", "stale", "in_place", "erratum", "field_erratum")
 
 templates = Jinja2Templates(directory=str(TEMPLATES_DIR))
 
@@ -58,10 +46,9 @@ def fmt_float(value: float | None, digits: int = 3) -> str:
 
 
 def fmt_when(value: datetime | None) -> str:
+    value = as_utc(value)
     if value is None:
         return ""
-    if value.tzinfo is None:
-        value = value.replace(tzinfo=UTC)
     seconds = (datetime.now(UTC) - value).total_seconds()
     if seconds < 60:
         return "just now"
@@ -74,7 +61,7 @@ def fmt_when(value: datetime | None) -> str:
 
 templates.env.filters.update(approx_tokens=approx_tokens, ms=fmt_ms, f=fmt_float, when=fmt_when)
 templates.env.globals.update(
-    STRATEGIES=STRATEGIES, STRATEGY_HELP=STRATEGY_HELP, DEFAULT_STRATEGIES=DEFAULT_STRATEGIES, HTMX_FILE=HTMX_FILE
+    STRATEGIES=STRATEGIES, STRATEGY_HELP=STRATEGY_HELP, DEFAULT_STRATEGIES=DEFAULT_STRATEGIES, HTMX_FILE=HTMX_FILE,
 )
 
 

@@ -1,6 +1,6 @@
 """Initial schema: notebooks, fields, errata, skills, placements, questions, runs, run results.
 
-Reviewed by hand from autogenerate. Constraint names follow `app.models.NAMING_CONVENTION`
+Reviewed by hand from autogenerate. Constraint names follow `data.models.NAMING_CONVENTION`
 (`pk_<table>`, `fk_<table>_<column>_<referred>`, `ck_<table>_<name>`, `ix_<table>_<column>`).
 Deleting a notebook cascades to its fields, errata, placements and questions, but only sets
 `runs.notebook_id` to NULL: a run and its results outlive the notebook they ran on.

@@ -15,9 +15,21 @@ Seam repair recomputes the first K skill tokens with the real prefix C[0:t] befo
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from worker.engine.edit import extend
 from worker.engine.notes import Notes, concat
 from worker.engine.types import EngineError
+
+
+@dataclass(frozen=True)
+class Placement:
+    """A skill to splice into the document before character `at` (None = at the end)."""
+
+    text: str
+    at: int | None = None
+    notes: Notes | None = None  # the compiled skill; compiled on the fly when missing
+    seam: int = 0
 
 
 def token_boundary(notes: Notes, at_char: int | None) -> tuple[int, int]:

@@ -10,8 +10,8 @@ be fetched back exactly by the key `put` returned.
 Files are safetensors under `<root>/blocks/ab/<key>.safetensors` and `<root>/seqs/ab/<key>...`.
 Every file carries a sha256 of its tensor bytes in its metadata, checked on every load: a corrupted
 or truncated file is deleted, counted (`corrupt`) and treated as a miss, never returned. An sqlite
-index (`<root>/index.sqlite`) holds sizes, a least-recently-used clock and the hit/miss counters;
-it is shared safely between processes, so the web side can read `stats()` too. Writes go through a
+index (`<root>/index.sqlite`, `worker.engine.store_index`) holds sizes, a least-recently-used clock
+and the hit/miss counters; it is shared safely between processes. Writes go through a
 temporary file and `os.replace`, so a reader never sees half a file from a writer that is still
 running (a writer killed mid-write leaves only a stray `.tmp`).
 
@@ -25,12 +25,9 @@ import hashlib
 import json
 import logging
 import os
-import sqlite3
 import struct
 import tempfile
-import threading
 from collections.abc import Sequence
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,25 +35,11 @@ import torch
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
+from worker.engine.store_index import StoreIndex
+
 log = logging.getLogger(__name__)
 
 Layers = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: (keys, values), each [kv_heads, T, head_dim]
-
-# kind: 'block' | 'seq'; last_access: a logical LRU clock, strictly increasing across processes
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS entries (
-    key TEXT PRIMARY KEY,
-    kind TEXT NOT NULL,
-    bytes INTEGER NOT NULL,
-    last_access INTEGER NOT NULL
-);
-CREATE TABLE IF NOT EXISTS counters (name TEXT PRIMARY KEY, value INTEGER NOT NULL);
-"""
-_COUNTERS = ("hits", "misses", "evictions", "corrupt")
-
-
-_CLOCK = "(SELECT COALESCE(MAX(last_access), 0) + 1 FROM entries)"
-
 
 @dataclass
 class _File:
@@ -70,11 +53,13 @@ class _File:
 @dataclass
 class StoredNotes:
     """A whole sequence read back: its token ids, per-layer (keys, values) [kv_heads, T, head_dim],
-    and the extra strings it was stored with."""
+    and what `put` was told about it: each token's segment ("sink", "skill", ...; empty when not
+    given) and the position of its first token."""
 
     token_ids: list[int]
     layers: Layers
-    extra: dict[str, str]
+    segments: list[str]
+    first_position: int
 
 
 class KVStore:
@@ -93,29 +78,27 @@ class KVStore:
         self.root = Path(root)
         self.block_tokens = block_tokens
         self.budget_bytes = budget_bytes
-        self._lock = threading.Lock()
         (self.root / "blocks").mkdir(parents=True, exist_ok=True)
         (self.root / "seqs").mkdir(parents=True, exist_ok=True)
-        with self._db() as db:
-            for statement in _SCHEMA.split(";"):
-                if statement.strip():
-                    db.execute(statement)
-            db.executemany("INSERT OR IGNORE INTO counters VALUES (?, 0)", [(c,) for c in _COUNTERS])
+        self.index = StoreIndex(self.root / "index.sqlite")
 
     # ---- public API -------------------------------------------------------------------------
 
     def put(
-        self, model_key: str, token_ids: Sequence[int], layers: Layers, extra: dict[str, str] | None = None
+        self, model_key: str, token_ids: Sequence[int], layers: Layers,
+        segments: Sequence[str] = (), first_position: int = 0,
     ) -> str:
         """Store the notes of `token_ids`; return the key of the whole sequence (for `get`).
 
-        Full blocks already present are only touched (LRU), not rewritten. `extra` (small strings,
-        e.g. a skill's segments as JSON) is kept with the sequence and returned by `get_entry`."""
+        Full blocks already present are only touched (LRU), not rewritten. `segments` (one word per
+        token) and `first_position` are kept with the sequence and returned by `get_entry`."""
         ids = [int(t) for t in token_ids]
         layers = _squeeze(layers)
         _check_shapes(layers, len(ids))
+        if segments and (len(segments) != len(ids) or any("," in s for s in segments)):
+            raise ValueError(f"segments: one comma-free word per token ({len(ids)}), got {len(segments)}")
         block_keys = self._block_keys(model_key, ids)
-        known = self._known(block_keys)
+        known = self.index.known(block_keys)
         written: list[tuple[str, str, int]] = []
         kept: list[str] = []
         for i, bkey in enumerate(block_keys):
@@ -135,10 +118,11 @@ class KVStore:
             "model_key": model_key,
             "blocks": json.dumps(block_keys),
             "n_layers": str(len(layers)),
-            "extra": json.dumps(extra or {}),
+            "segments": ",".join(segments),
+            "first_position": str(int(first_position)),
         }
         written.append((seq_key, "seq", self._write(self._path("seq", seq_key), tail, meta)))
-        self._record(written, touched=kept)
+        self.index.record(written, touched=kept)
         self._evict()
         return seq_key
 
@@ -157,7 +141,7 @@ class KVStore:
                 break
             found.append(loaded.tensors)
             read.append((bkey, "block", loaded.size))
-        self._after_read(read, hits=len(found), misses=len(block_keys) - len(found))
+        self.index.after_read(read, hits=len(found), misses=len(block_keys) - len(found))
         if not found:
             return 0, None
         return len(found) * self.block_tokens, _concat(found)
@@ -169,10 +153,10 @@ class KVStore:
         return None if entry is None else entry.layers
 
     def get_entry(self, key: str) -> StoredNotes | None:
-        """Like `get`, with the sequence's token ids and the `extra` strings given to `put`."""
+        """Like `get`, with the sequence's token ids, segments and first position."""
         seq = self._load("seq", key)
         if seq is None:
-            self._after_read([], misses=1)
+            self.index.after_read([], misses=1)
             return None
         tail, meta = seq.tensors, seq.meta
         parts: list[dict[str, torch.Tensor]] = []
@@ -180,30 +164,20 @@ class KVStore:
         for bkey in json.loads(meta["blocks"]):
             block = self._load("block", bkey)
             if block is None:
-                self._after_read(read, misses=1)
+                self.index.after_read(read, misses=1)
                 return None
             parts.append(block.tensors)
             read.append((bkey, "block", block.size))
-        self._after_read(read, hits=1)
+        self.index.after_read(read, hits=1)
         token_ids = tail.pop("token_ids").tolist()
         parts.append(tail)
-        return StoredNotes(token_ids, _concat(parts), json.loads(meta.get("extra", "{}")))
+        segments = meta.get("segments", "")
+        return StoredNotes(token_ids, _concat(parts), segments.split(",") if segments else [],
+                           int(meta.get("first_position", "0")))
 
     def stats(self) -> dict[str, int]:
         """Counters since the store was created: hits, misses, blocks, bytes, evictions, corrupt."""
-        with self._db() as db:
-            out = {name: value for name, value in db.execute("SELECT name, value FROM counters")}
-            blocks, total = db.execute(
-                "SELECT COUNT(*) FILTER (WHERE kind = 'block'), COALESCE(SUM(bytes), 0) FROM entries"
-            ).fetchone()
-        return {
-            "hits": out["hits"],
-            "misses": out["misses"],
-            "blocks": blocks,
-            "bytes": total,
-            "evictions": out["evictions"],
-            "corrupt": out["corrupt"],
-        }
+        return self.index.stats()
 
     # ---- keys and paths ---------------------------------------------------------------------
 
@@ -245,7 +219,7 @@ class KVStore:
         try:
             data = path.read_bytes()
         except FileNotFoundError:
-            self._forget([key])
+            self.index.forget([key])
             return None
         try:
             meta = _header_metadata(data)
@@ -255,86 +229,18 @@ class KVStore:
         except Exception as exc:  # any parse error of a damaged file is the same event: corrupt
             log.warning("kv store: dropping corrupt %s %s (%s)", kind, key[:12], exc)
             path.unlink(missing_ok=True)
-            self._forget([key])
-            self._count(corrupt=1)
+            self.index.forget([key])
+            self.index.count(corrupt=1)
             return None
         return _File(tensors, meta, len(data))
 
-    # ---- index ------------------------------------------------------------------------------
-
-    @contextmanager
-    def _db(self):
-        with self._lock:
-            db = sqlite3.connect(self.root / "index.sqlite", timeout=30, isolation_level=None)
-            try:
-                db.execute("PRAGMA journal_mode=WAL")
-                db.execute("BEGIN IMMEDIATE")
-                yield db
-                db.execute("COMMIT")
-            except BaseException:
-                if db.in_transaction:
-                    db.execute("ROLLBACK")
-                raise
-            finally:
-                db.close()
-
-    def _known(self, keys: list[str]) -> set[str]:
-        if not keys:
-            return set()
-        with self._db() as db:
-            marks = ",".join("?" * len(keys))
-            return {k for (k,) in db.execute(f"SELECT key FROM entries WHERE key IN ({marks})", keys)}
-
-    def _record(self, entries: list[tuple[str, str, int]], touched: Sequence[str] = ()) -> None:
-        """Add written files and move `touched` keys to the most-recent end, in one transaction."""
-        with self._db() as db:
-            for key in touched:
-                db.execute(f"UPDATE entries SET last_access = {_CLOCK} WHERE key = ?", (key,))
-            for key, kind, size in entries:
-                db.execute(f"INSERT OR REPLACE INTO entries VALUES (?, ?, ?, {_CLOCK})", (key, kind, size))
-
-    def _after_read(self, read: list[tuple[str, str, int]], **deltas: int) -> None:
-        """One transaction after a lookup: move what was read to the most-recent end of the LRU
-        order (re-adding entries another process's index lost while the verified file stayed) and
-        add to the counters."""
-        with self._db() as db:
-            for key, kind, size in read:
-                cur = db.execute(f"UPDATE entries SET last_access = {_CLOCK} WHERE key = ?", (key,))
-                if cur.rowcount == 0:
-                    db.execute(f"INSERT INTO entries VALUES (?, ?, ?, {_CLOCK})", (key, kind, size))
-            for name, delta in deltas.items():
-                if delta:
-                    db.execute("UPDATE counters SET value = value + ? WHERE name = ?", (delta, name))
-
-    def _forget(self, keys: list[str]) -> None:
-        with self._db() as db:
-            db.executemany("DELETE FROM entries WHERE key = ?", [(k,) for k in keys])
-
-    def _count(self, **deltas: int) -> None:
-        deltas = {k: v for k, v in deltas.items() if v}
-        if not deltas:
-            return
-        with self._db() as db:
-            for name, delta in deltas.items():
-                db.execute("UPDATE counters SET value = value + ? WHERE name = ?", (delta, name))
-
     def _evict(self) -> None:
         """Delete least-recently-used files until the store fits its byte budget."""
-        with self._db() as db:
-            total = db.execute("SELECT COALESCE(SUM(bytes), 0) FROM entries").fetchone()[0]
-            if total <= self.budget_bytes:
-                return
-            victims: list[tuple[str, str]] = []
-            for key, kind, size in db.execute("SELECT key, kind, bytes FROM entries ORDER BY last_access"):
-                if total <= self.budget_bytes:
-                    break
-                victims.append((key, kind))
-                total -= size
-            db.executemany("DELETE FROM entries WHERE key = ?", [(k,) for k, _ in victims])
-            db.execute("UPDATE counters SET value = value + ? WHERE name = 'evictions'", (len(victims),))
+        victims = self.index.evict_to(self.budget_bytes)
         for key, kind in victims:
             self._path(kind, key).unlink(missing_ok=True)
-        log.info("kv store: evicted %d files to fit %d bytes", len(victims), self.budget_bytes)
+        if victims:
+            log.info("kv store: evicted %d files to fit %d bytes", len(victims), self.budget_bytes)
 
 
 # ---- tensor helpers -----------------------------------------------------------------------------

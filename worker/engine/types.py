@@ -10,8 +10,6 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from app.strategies import STRATEGIES  # noqa: F401  (re-exported: one list for the web app and the engine)
-
 # stage name, fraction done in [0, 1]
 ProgressFn = Callable[[str, float], None]
 
@@ -43,7 +41,8 @@ class Question:
 
 @dataclass
 class StrategyResult:
-    """One strategy's decision and its fidelity against `recompute` (same names as the CLI JSON)."""
+    """One strategy's decision and its fidelity against `recompute`. The fields are
+    `vocabulary.METRICS`, in that order (the CLI JSON, the database columns and the API use them)."""
 
     decision: str
     choice_probs: dict[str, float]

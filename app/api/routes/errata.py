@@ -5,9 +5,9 @@ from __future__ import annotations
 from fastapi import APIRouter, status
 
 from app.api.deps import SessionDep, errors, get_or_404
-from app.models import Erratum, Notebook
 from app.schemas import ErrataOrder, ErratumCreate, ErratumOut, ErratumPatch
 from app.services.notebooks import add_custom_erratum, reorder_errata, set_erratum_text, touch
+from data.models import Erratum, Notebook
 
 router = APIRouter(tags=["errata"])
 

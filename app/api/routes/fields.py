@@ -6,9 +6,9 @@ from __future__ import annotations
 from fastapi import APIRouter, status
 
 from app.api.deps import SessionDep, errors, get_or_404
-from app.models import Field, Notebook
 from app.schemas import FieldCreate, FieldOut, FieldPatch
 from app.services.notebooks import add_field, delete_field, update_field
+from data.models import Field, Notebook
 
 router = APIRouter(tags=["fields"])
 

@@ -6,8 +6,8 @@ from fastapi import APIRouter, Response
 from sqlalchemy import text
 
 from app.api.deps import SessionDep
-from app.queue import broker_status
 from app.schemas import HealthOut
+from data.queue import broker_status
 
 router = APIRouter(tags=["health"])
 

@@ -6,9 +6,9 @@ from fastapi import APIRouter, status
 from sqlalchemy import select
 
 from app.api.deps import SessionDep, errors, get_or_404
-from app.models import Notebook, Question
 from app.schemas import NotebookCreate, NotebookOut, NotebookPatch, NotebookSummary, QuestionIn, QuestionOut
 from app.services.notebooks import change_document, touch
+from data.models import Notebook, Question
 
 router = APIRouter(tags=["notebooks"])
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 from fastapi import APIRouter, status
 
 from app.api.deps import SessionDep, errors, get_or_404
-from app.models import Notebook, Placement, Skill
 from app.schemas import PlacementCreate, PlacementOut, PlacementPatch
 from app.services.notebooks import add_placement, check_position, touch
+from data.models import Notebook, Placement, Skill
 
 router = APIRouter(tags=["placements"])
 

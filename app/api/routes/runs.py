@@ -11,13 +11,13 @@ from sqlalchemy import select
 from sqlalchemy.orm import undefer
 
 from app.api.deps import SessionDep, errors, get_or_404
-from app.models import Notebook, Run, RunResult
-from app.queue import QueueUnavailable
-from app.schemas import AttentionOut, RunCreate, RunOut, RunSnapshot, RunSummary, StrategyResultOut
+from app.schemas import AttentionOut, RunCreate, RunOut, RunSummary, StrategyResultOut
 from app.services.notebooks import Unprocessable
 from app.services.runs import cancel_run as cancel_run_service
 from app.services.runs import question_for, start_run
-from app.services.watchdog import reap_for_reader
+from data.models import Notebook, Run, RunResult
+from data.queue import QueueUnavailable
+from data.watchdog import reap_for_reader
 
 router = APIRouter(tags=["runs"])
 
@@ -39,7 +39,7 @@ def run_out(run: Run) -> RunOut:
         finished_at=run.finished_at,
         heartbeat_at=run.heartbeat_at,
         timings=run.timings or {},
-        snapshot=RunSnapshot.model_validate(run.snapshot),
+        snapshot=run.snapshot,
         results={r.strategy: StrategyResultOut.model_validate(r) for r in run.results},
     )
 
@@ -121,6 +121,6 @@ def read_attention(
         head=head,
         agg=None if (layer is not None and head is not None) else (agg or "mean"),
         shape=shape,
-        tokens=result.tokens or [],  # type: ignore[arg-type]
+        tokens=result.tokens or [],
         values=[round(float(v), 6) for v in values],
     )

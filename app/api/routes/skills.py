@@ -6,9 +6,9 @@ from fastapi import APIRouter, HTTPException, status
 from sqlalchemy import select
 
 from app.api.deps import SessionDep, errors, get_or_404
-from app.models import Skill
-from app.queue import QueueUnavailable, enqueue_compile
 from app.schemas import SkillCreate, SkillOut, SkillPatch
+from data.models import Skill
+from data.queue import QueueUnavailable, enqueue_compile
 
 router = APIRouter(tags=["skills"])
 

@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from app.models import Notebook, Question, Run, Skill, utcnow
+from data.models import Notebook, Question, Run, Skill, utcnow
 
 DOC = "Account record\n\nstatus: active\nowner: Dana Lee\n\nOnly accounts whose status is active may log in."
 HX = {"HX-Request": "true"}
@@ -19,7 +19,7 @@ def client(make_client):
 
 
 def session():
-    from app.db import get_sessionmaker
+    from data.db import get_sessionmaker
 
     return get_sessionmaker()()
 
@@ -189,7 +189,7 @@ def test_run_is_queued_and_polling_stops_when_it_ends(client) -> None:
     assert resp.status_code == 200, resp.text
     run = session().query(Run).one()
     assert run.strategies == ["recompute", "stale", "field_erratum"] and run.status == "queued"
-    assert run.snapshot["question"]["choices"] == ["active", "suspended"]
+    assert run.snapshot.question.choices == ["active", "suspended"]
     assert 'hx-trigger="every 1s"' in resp.text  # the progress fragment, swapped out of band
     live = client.get(f"/runs/{run.id}/progress", headers=HX)
     assert live.status_code == 200 and 'hx-trigger="every 1s"' in live.text
@@ -215,7 +215,7 @@ def test_run_form_errors_and_cancel(client, make_client) -> None:
     resp = client.post(f"/notebooks/{nb}/runs", data={"question": "", "choices": "a"}, headers=HX)
     assert resp.status_code == 422 and 'id="err-question"' in resp.text and ">a</textarea>" in resp.text
     resp = client.post(f"/notebooks/{nb}/runs", data={"question": "q?", "strategies": ["recompute", "telepathy"]}, headers=HX)
-    assert resp.status_code == 422 and "unknown strategy telepathy" in resp.text
+    assert resp.status_code == 422 and "unknown strategy &#39;telepathy&#39;" in resp.text
     client.post(f"/notebooks/{nb}/runs", data={"question": "q?", "strategies": ["recompute"]}, headers=HX)
     run = session().query(Run).one()
     resp = client.post(f"/runs/{run.id}/cancel", headers=HX)
@@ -233,7 +233,7 @@ def test_unreachable_broker_shows_the_reason_and_keeps_the_question(make_client)
 
 
 def test_finished_run_page_decision_table_answers_and_heatmap(client) -> None:
-    from web_fixtures import finished_run
+    from tests.web.finished_run import finished_run
 
     nb = new_notebook(client)
     add_field(client, nb)

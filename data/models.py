@@ -5,7 +5,8 @@ The database is the source of truth; the broker carries only ids. A run keeps a 
 exactly what it ran on, so editing or deleting the notebook afterwards never changes an old result
 (deleting a notebook sets `runs.notebook_id` to NULL instead of deleting its runs). Attention maps
 are stored compactly: float16 bytes `[layers, heads, T]` in a blob column, never JSON floats.
-The worker imports these models; nothing here imports the worker.
+The web app and the worker import these models; nothing here imports either. JSON columns that
+cross the web ↔ worker boundary hold typed values (`data.contracts`), never loose dicts.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
+from pydantic import TypeAdapter
 from sqlalchemy import (
     JSON,
     Boolean,
@@ -27,7 +29,11 @@ from sqlalchemy import (
     Text,
     UniqueConstraint,
 )
-from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+from sqlalchemy.engine import Dialect
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship, validates
+from sqlalchemy.types import TypeDecorator
+
+from data.contracts import RunSnapshot, TokenRecord
 
 RUN_STATUSES = ("queued", "running", "succeeded", "failed", "cancelled")
 RUN_FINISHED = ("succeeded", "failed", "cancelled")
@@ -45,6 +51,36 @@ NAMING_CONVENTION = {
 
 def utcnow() -> datetime:
     return datetime.now(UTC)
+
+
+def as_utc(moment: datetime | None) -> datetime | None:
+    """SQLite hands back naive datetimes; every time we store is UTC, so say so."""
+    if moment is not None and moment.tzinfo is None:
+        return moment.replace(tzinfo=UTC)
+    return moment
+
+
+class Typed(TypeDecorator):
+    """A JSON column that holds a pydantic value (a model, or a list of them): dumped to JSON on the
+    way in, validated back into the typed value on the way out."""
+
+    impl = JSON
+    cache_ok = True
+
+    def __init__(self, annotation: Any) -> None:
+        super().__init__()
+        self.annotation = annotation
+        self._adapter = TypeAdapter(annotation)
+
+    def coerce(self, value: Any) -> Any:
+        """The typed value of `value` (a dict or list of dicts is validated; a model passes)."""
+        return None if value is None else self._adapter.validate_python(value)
+
+    def process_bind_param(self, value: Any, dialect: Dialect) -> Any:
+        return None if value is None else self._adapter.dump_python(self.coerce(value), mode="json")
+
+    def process_result_value(self, value: Any, dialect: Dialect) -> Any:
+        return None if value is None else self._adapter.validate_python(value)
 
 
 def _one_of(column: str, values: tuple[str, ...]) -> str:
@@ -179,8 +215,8 @@ class Question(Base):
 
 
 class Run(Base):
-    """One request to the worker. `snapshot` is exactly what was run (see
-    `app.services.runs.build_snapshot`); `notebook_id` becomes NULL if the notebook is deleted."""
+    """One request to the worker. `snapshot` is exactly what was run (a `RunSnapshot`, written by
+    the web and read by the worker); `notebook_id` becomes NULL if the notebook is deleted."""
 
     __tablename__ = "runs"
     __table_args__ = (CheckConstraint(_one_of("status", RUN_STATUSES), name="status"),)
@@ -190,7 +226,7 @@ class Run(Base):
         ForeignKey("notebooks.id", ondelete="SET NULL"), index=True
     )
     kind: Mapped[str] = mapped_column(String(16), default="edit")
-    snapshot: Mapped[dict[str, Any]] = mapped_column(JSON)
+    snapshot: Mapped[RunSnapshot] = mapped_column(Typed(RunSnapshot))
     strategies: Mapped[list[str]] = mapped_column(JSON)
     status: Mapped[str] = mapped_column(String(16), default="queued", index=True)
     stage: Mapped[str] = mapped_column(String(64), default="queued")
@@ -208,13 +244,17 @@ class Run(Base):
         back_populates="run", cascade="all, delete-orphan", passive_deletes=True, order_by="RunResult.id"
     )
 
+    @validates("snapshot")
+    def _typed_snapshot(self, _key: str, value: Any) -> RunSnapshot:
+        return RunSnapshot.model_validate(value)
+
     @property
     def is_finished(self) -> bool:
         return self.status in RUN_FINISHED
 
     @property
     def model(self) -> str:
-        return str(self.snapshot.get("model", ""))
+        return self.snapshot.model
 
 
 class RunResult(Base):
@@ -241,7 +281,11 @@ class RunResult(Base):
     # float16 bytes, C order, shape `attention_shape` = [layers, heads, T]; loaded only when asked for.
     attention: Mapped[bytes | None] = mapped_column(LargeBinary, deferred=True)
     attention_shape: Mapped[list[int] | None] = mapped_column(JSON)
-    # [{id, text, start, end, segment}] for the T cached tokens the attention looks at
-    tokens: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON)
+    # the T cached tokens the attention looks at
+    tokens: Mapped[list[TokenRecord] | None] = mapped_column(Typed(list[TokenRecord]))
 
     run: Mapped[Run] = relationship(back_populates="results")
+
+    @validates("tokens")
+    def _typed_tokens(self, _key: str, value: Any) -> list[TokenRecord] | None:
+        return None if value is None else [TokenRecord.model_validate(t) for t in value]

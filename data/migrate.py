@@ -12,7 +12,7 @@ from pathlib import Path
 from alembic import command
 from alembic.config import Config
 
-from app.settings import get_settings
+from data.settings import get_settings, redact
 
 ROOT = Path(__file__).resolve().parent.parent
 log = logging.getLogger(__name__)
@@ -30,7 +30,7 @@ def alembic_config(url: str | None = None) -> Config:
 def upgrade_to_head(url: str | None = None) -> None:
     """Apply every migration not yet applied to the database at `url`."""
     config = alembic_config(url)
-    log.info("migrating database to head", extra={"url": _redact(config.attributes["url"])})
+    log.info("migrating database to head", extra={"url": redact(config.attributes["url"])})
     command.upgrade(config, "head")
 
 
@@ -38,8 +38,3 @@ def downgrade_to_base(url: str | None = None) -> None:
     """Undo every migration (tests use it to prove each revision can be reversed)."""
     command.downgrade(alembic_config(url), "base")
 
-
-def _redact(url: str) -> str:
-    from sqlalchemy.engine import make_url
-
-    return make_url(url).render_as_string(hide_password=True)

@@ -22,7 +22,7 @@ FRENCH = "Style guide: answer in French, in one short sentence.\n"
 
 @pytest.fixture(scope="module")
 def smollm2(data_dir):
-    return load("smollm2-135m", device="cpu")
+    return load("smollm2-135m", device="cpu", data_dir=data_dir)
 
 
 def test_stale_notes_keep_the_old_decision_when_recompute_flips(smollm2):
@@ -55,7 +55,7 @@ def test_gemma3_270m_one_rope_base_is_wrong_and_per_layer_bases_are_right(data_d
 
     from worker.engine.rope import RopeLayout
 
-    eng = load("gemma3-270m", device="cpu")
+    eng = load("gemma3-270m", device="cpu", data_dir=data_dir)
     types = {lr.layer_type for lr in eng.rope.layers}
     assert types == {"sliding_attention", "full_attention"}
     notes = eng.prefill(SHIPMENT)

@@ -14,7 +14,7 @@ from typing import Any
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.orm import Session, sessionmaker
 
-from app.settings import get_settings
+from data.settings import get_settings
 
 
 def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:

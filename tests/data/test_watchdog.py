@@ -8,12 +8,16 @@ from pathlib import Path
 import pytest
 from sqlalchemy.orm import Session
 
-from app.db import make_engine
-from app.migrate import upgrade_to_head
-from app.models import Run
-from app.services.watchdog import WORKER_LOST, reap_stale_runs
+from data.contracts import RunSnapshot, SnapshotQuestion
+from data.db import make_engine
+from data.migrate import upgrade_to_head
+from data.models import Run
+from data.watchdog import WORKER_LOST, reap_stale_runs
 
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
+SNAPSHOT = RunSnapshot(model="tiny-llama", document="status: active", fields=[], errata=[], placements=[],
+                       question=SnapshotQuestion(text="Is it active?", choices=[], cot=False),
+                       strategies=["recompute"])
 
 
 @pytest.fixture
@@ -28,7 +32,7 @@ def _run(
     session: Session, status: str, worker: str, heartbeat_s_ago: float | None, started_s_ago: float = 600
 ) -> int:
     run = Run(
-        snapshot={"model": "tiny-llama"},
+        snapshot=SNAPSHOT,
         strategies=["recompute"],
         status=status,
         worker=worker,

@@ -15,21 +15,18 @@ SNAPSHOT = {
 }
 
 
-def test_snapshot_becomes_engine_arguments_and_the_token_limit_is_enforced(monkeypatch, tmp_path):
-    monkeypatch.setenv("KVNOTES_DATA", str(tmp_path))
-    from app.settings import get_settings
-
-    get_settings.cache_clear()
+def test_snapshot_becomes_engine_arguments_and_the_token_limit_is_enforced(isolated):
+    isolated()
+    from data.contracts import RunSnapshot
     from worker.engine import EngineError, load
-    from worker.tasks import _engine_inputs
+    from worker.mapping import run_request
 
     eng = load("tiny-llama")
-    args = _engine_inputs(eng, SNAPSHOT)
-    assert args["fields"][0].new_value == "closed" and args["question"].choices == ("yes", "no")
-    assert args["errata"] == SNAPSHOT["errata"]
+    snapshot = RunSnapshot.model_validate(SNAPSHOT)
+    request = run_request(eng, snapshot)
+    assert request.fields[0].new_value == "closed" and request.question.choices == ("yes", "no")
+    assert request.errata == tuple(SNAPSHOT["errata"])
     n_tokens = len(SNAPSHOT["document"]) + 1  # byte tokens + the start token
-    monkeypatch.setenv("KVNOTES_MAX_DOCUMENT_TOKENS", str(n_tokens - 1))
-    get_settings.cache_clear()
+    isolated(KVNOTES_MAX_DOCUMENT_TOKENS=str(n_tokens - 1))
     with pytest.raises(EngineError, match=f"the document is {n_tokens} tokens on tiny-llama; the limit is {n_tokens - 1}"):
-        _engine_inputs(eng, SNAPSHOT)
-    get_settings.cache_clear()
+        run_request(eng, snapshot)

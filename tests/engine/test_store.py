@@ -52,11 +52,12 @@ def block_files(store: KVStore) -> list[Path]:
 def test_exact_round_trip_of_whole_sequence_including_partial_tail(store: KVStore, dtype) -> None:
     ids = list(range(100, 150))  # 50 tokens = 3 full blocks of 16 + a 2-token tail
     layers = notes(50, seed=1, dtype=dtype)
-    key = store.put(MODEL, ids, layers, extra={"segments": '["sink", "skill"]'})
+    key = store.put(MODEL, ids, layers, segments=["sink"] + ["skill"] * (len(ids) - 1), first_position=3)
     assert store.stats()["blocks"] == 3
     assert_same(store.get(key), layers)
     entry = store.get_entry(key)
-    assert entry.token_ids == ids and entry.extra == {"segments": '["sink", "skill"]'}
+    assert entry.token_ids == ids and entry.segments == ["sink"] + ["skill"] * (len(ids) - 1)
+    assert entry.first_position == 3
     # a length that is an exact multiple of the block size has an empty tail
     key48 = store.put(MODEL, ids[:48], cut(layers, 48))
     assert_same(store.get(key48), cut(layers, 48))

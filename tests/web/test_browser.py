@@ -22,7 +22,7 @@ import pytest
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 ARTIFACTS = REPO / "test-artifacts"
 CHROMIUM = "/usr/bin/chromium"
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
@@ -36,6 +36,8 @@ if not Path(CHROMIUM).exists():
     pytest.skip(f"{CHROMIUM} is not installed (apt-get install chromium)", allow_module_level=True)
 sync_api = pytest.importorskip("playwright.sync_api")
 
+from tests.conftest import kvnotes_env  # noqa: E402
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -44,13 +46,8 @@ def free_port() -> int:
 
 
 def app_env(data: Path, model: str) -> dict[str, str]:
-    env = dict(os.environ)
-    env.update(
-        KVNOTES_DATA=str(data), DATABASE_URL=f"sqlite:///{data}/kvnotes.db",
-        BROKER_URL=f"sqla+sqlite:///{data}/broker.db", RESULT_BACKEND=f"db+sqlite:///{data}/results.db",
-        KVNOTES_DEFAULT_MODEL=model, KVNOTES_MODELS=f"{model},smollm2-135m", PYTHONPATH=str(REPO),
-    )  # fmt: skip
-    return env
+    return {**os.environ, **kvnotes_env(data, KVNOTES_DEFAULT_MODEL=model, KVNOTES_MODELS=f"{model},smollm2-135m",
+                                        PYTHONPATH=str(REPO))}
 
 
 class Server:
@@ -60,7 +57,7 @@ class Server:
         self.env = app_env(data, model)
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        subprocess.run([sys.executable, "-c", "from app.migrate import upgrade_to_head; upgrade_to_head()"],
+        subprocess.run([sys.executable, "-c", "from data.migrate import upgrade_to_head; upgrade_to_head()"],
                        env=self.env, cwd=REPO, check=True)  # fmt: skip
         self.log = open(data / "server.log", "w")  # noqa: SIM115
         self.procs = [subprocess.Popen(
@@ -183,7 +180,7 @@ def test_notebook_editing_in_the_browser(tmp_path: Path, browser_page) -> None:
     page, errors = browser_page
     server = Server(tmp_path, "smollm2-135m", worker=False)
     try:
-        from app.models import Notebook, Question, Skill
+        from data.models import Notebook, Question, Skill
 
         create_notebook(page, server.url, "Browser test")
         assert page.evaluate("window.pwned") is None  # the <script> in the document is text
@@ -203,7 +200,7 @@ def test_notebook_editing_in_the_browser(tmp_path: Path, browser_page) -> None:
         page.wait_for_function("document.querySelectorAll('#document .placement').length === 2")
         # a finished run (rows as a worker writes them), its decision table and heatmap
         sys.path.insert(0, str(Path(__file__).parent))
-        from web_fixtures import finished_run
+        from tests.web.finished_run import finished_run
 
         with server.db() as s:
             nb = s.query(Notebook).one()

@@ -13,9 +13,9 @@ from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from sqlalchemy import create_engine, inspect, text
 
-from app.db import make_engine
-from app.migrate import downgrade_to_base, upgrade_to_head
-from app.models import Base
+from data.db import make_engine
+from data.migrate import downgrade_to_base, upgrade_to_head
+from data.models import Base
 
 TABLES = {"notebooks", "fields", "errata", "skills", "placements", "questions", "runs", "run_results"}
 PG_ADMIN_URL = os.environ.get("KVNOTES_TEST_PG", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")

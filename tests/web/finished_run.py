@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 from sqlalchemy.orm import Session
 
-from app.models import Notebook, Run, RunResult
 from app.services.runs import build_snapshot
+from data.models import Notebook, Run, RunResult
 
 LAYERS, HEADS = 4, 6
 

@@ -16,10 +16,9 @@ from functools import lru_cache
 from typing import Any
 
 from celery import Celery
-from sqlalchemy.engine import make_url
 
-from app.models import Run, Skill
-from app.settings import Settings, get_settings
+from data.models import Run, Skill
+from data.settings import Settings, get_settings, redact
 
 log = logging.getLogger(__name__)
 
@@ -59,29 +58,31 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "task_publish_retry": False,
         "redis_socket_connect_timeout": settings.broker_connect_timeout_s,
         "redis_socket_timeout": settings.broker_connect_timeout_s,
+        "broker_transport_options": broker_transport_options(settings),
     }
 
 
-def _transport_options(settings: Settings) -> dict[str, Any]:
-    # kombu's SQLAlchemy transport hands its options to create_engine: pass it none.
-    if settings.broker_url.startswith("redis"):
-        return {"socket_connect_timeout": settings.broker_connect_timeout_s}
-    return {}
+def broker_transport_options(settings: Settings) -> dict[str, Any]:
+    """Transport options for Redis only. kombu's SQLAlchemy transport forwards every transport
+    option to `sqlalchemy.create_engine`, which rejects unknown keywords: pass it nothing."""
+    if not settings.broker_url.startswith(("redis://", "rediss://", "redis+socket://")):
+        return {}
+    visibility = settings.redis_visibility_timeout_s
+    return {
+        "socket_connect_timeout": settings.broker_connect_timeout_s,
+        "visibility_timeout": visibility,
+        # sweep for abandoned (unacked) messages every `interval` s instead of the default ~100 s
+        "unacked_restore_interval": max(1, min(10, visibility // 2)),
+        "unacked_restore_throttle": 1,
+    }
 
 
 @lru_cache(maxsize=1)
 def get_celery() -> Celery:
-    settings = get_settings()
+    """The web process's client (the worker builds its own app on the same `celery_config`)."""
     client = Celery("kvnotes-web")
-    client.conf.update(celery_config(settings), broker_transport_options=_transport_options(settings))
+    client.conf.update(celery_config(get_settings()))
     return client
-
-
-def redact(url: str) -> str:
-    try:
-        return make_url(url).render_as_string(hide_password=True)
-    except Exception:  # not an SQLAlchemy-style URL (amqp://...): drop anything after a password
-        return re.sub(r"://([^:/@]+):[^@]*@", r"://\1:***@", url)
 
 
 def _send(name: str, kwargs: dict[str, Any], queue: str) -> str:

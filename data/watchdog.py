@@ -5,7 +5,7 @@ heartbeat (or, before the first one, its start) is older than `max_age` belongs 
 gone. The web side calls `reap_stale_runs` when it reads runs; a worker calls it with `worker=` its
 own hostname at start, where every run still `running` under its name is from its previous life.
 
-Pure database work on the caller's session (the caller commits); no torch, no `worker` imports.
+Pure database work on the caller's session (the caller commits); no torch, no worker tasks.
 """
 
 from __future__ import annotations
@@ -15,16 +15,10 @@ from datetime import UTC, datetime, timedelta
 from sqlalchemy import or_, select
 from sqlalchemy.orm import Session
 
-from app.models import Run
+from data.models import Run, as_utc
+from data.settings import get_settings
 
 WORKER_LOST = "worker lost while running; re-run it"
-
-
-def _aware(moment: datetime | None) -> datetime | None:
-    """SQLite hands back naive datetimes; every time we store is UTC."""
-    if moment is not None and moment.tzinfo is None:
-        return moment.replace(tzinfo=UTC)
-    return moment
 
 
 def reap_stale_runs(session: Session, now: datetime, max_age: float, worker: str | None = None) -> list[int]:
@@ -37,7 +31,7 @@ def reap_stale_runs(session: Session, now: datetime, max_age: float, worker: str
         worker: when given, every run `running` under this worker name is lost regardless of age
             (a worker starting up calls this: it runs nothing yet).
     """
-    now = _aware(now) or datetime.now(UTC)
+    now = as_utc(now) or datetime.now(UTC)
     query = select(Run).where(Run.status == "running")
     if worker is not None:
         query = query.where(Run.worker == worker)
@@ -51,7 +45,7 @@ def reap_stale_runs(session: Session, now: datetime, max_age: float, worker: str
         )
     reaped: list[int] = []
     for run in session.scalars(query.with_for_update()):
-        last = _aware(run.heartbeat_at) or _aware(run.started_at)
+        last = as_utc(run.heartbeat_at) or as_utc(run.started_at)
         if worker is None and last is not None and (now - last).total_seconds() < max_age:
             continue  # the SQL comparison on naive SQLite values said stale; trust the aware one
         run.status = "failed"
@@ -65,7 +59,5 @@ def reap_stale_runs(session: Session, now: datetime, max_age: float, worker: str
 
 def reap_for_reader(session: Session) -> None:
     """What a web reader of runs calls first: lost runs become `failed` before anyone looks."""
-    from app.settings import get_settings
-
     if reap_stale_runs(session, datetime.now(UTC), get_settings().heartbeat_max_age_s):
         session.commit()

@@ -206,12 +206,12 @@ def test_several_fields_and_a_placed_skill_run_together():
     a, b = TEXT.index("active"), TEXT.index("north")
     fields = [Field(a, a + 6, "closed", "status"), Field(b, b + 5, "south", "region")]
     skill_at = TEXT.index("Only")
-    from worker.engine import Placement
+    from worker.engine import Placement, RunRequest
 
-    report = eng.run(TEXT, fields, QUESTION, strategies=["recompute", "stale", "in_place", "field_erratum"],
-                     placements=[eng_placement := Placement(text="Answer in one word. ", at=skill_at)],
-                     attention=["recompute", "in_place"])
-    assert eng_placement.at == skill_at
+    request = RunRequest(TEXT, QUESTION, fields=tuple(fields), strategies=("recompute", "stale", "in_place", "field_erratum"),
+                         placements=(Placement(text="Answer in one word. ", at=skill_at),),
+                         attention=("recompute", "in_place"))
+    report = eng.run(request)
     rec = report.attention["recompute"].tokens
     inp = report.attention["in_place"].tokens
     assert [t.id for t in rec] == [t.id for t in inp]  # in_place ends on exactly the new tokens

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
-from app.strategies import STRATEGIES as ALL_STRATEGIES
+from worker.engine.vocabulary import STRATEGIES as ALL_STRATEGIES
 
 DOC = "Customer record. status: active. age: 34. Only active customers may log in."
 STRATEGIES = list(ALL_STRATEGIES)
@@ -246,8 +246,8 @@ def test_snapshot_isolation_and_runs_outlive_their_notebook(make_client) -> None
 
 def test_results_and_attention_read_back(make_client) -> None:
     """What a worker writes (a result row with float16 attention) reads back under the engine's names."""
-    from app.db import get_sessionmaker
-    from app.models import RunResult
+    from data.db import get_sessionmaker
+    from data.models import RunResult
 
     client = make_client()
     nb = _notebook(client)["id"]
@@ -320,8 +320,8 @@ def test_reading_a_run_whose_worker_went_silent_marks_it_failed(make_client) -> 
     reads back `failed` with a message a person can act on, never `running` forever."""
     from datetime import timedelta
 
-    from app.db import get_sessionmaker
-    from app.models import Run, utcnow
+    from data.db import get_sessionmaker
+    from data.models import Run, utcnow
 
     client = make_client()
     nb = _notebook(client)["id"]

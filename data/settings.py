@@ -1,5 +1,6 @@
 """One place for configuration: the data folder, the database / broker / result-backend URLs, the
-models offered, and every input limit the API enforces.
+models offered, every input limit the API enforces, and the worker's device and time limits. Every
+environment variable the web app or the worker reads is a field here.
 
 Read from the environment (explicit names, no prefix) by pydantic-settings. Every URL defaults to a
 SQLite file under the data folder, so `kvnotes serve` runs with nothing else installed; production
@@ -8,11 +9,13 @@ sets `DATABASE_URL` (PostgreSQL) and `BROKER_URL` / `RESULT_BACKEND` (Redis or R
 
 from __future__ import annotations
 
+import re
 from functools import lru_cache
 from pathlib import Path
 
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+from sqlalchemy.engine import make_url
 
 
 class Settings(BaseSettings):
@@ -46,6 +49,13 @@ class Settings(BaseSettings):
     # How long the web process waits for the broker before answering 503.
     broker_connect_timeout_s: float = Field(default=3.0, validation_alias="KVNOTES_BROKER_TIMEOUT")
 
+    # The worker: the torch device it loads models on ("" = CUDA when available, else the CPU), how
+    # long one task may run, and (Redis only) after how long an unacknowledged message is delivered
+    # again (0 = the time limit + 60 s).
+    device: str = Field(default="", validation_alias="KVNOTES_DEVICE")
+    task_time_limit_s: int = Field(default=3600, ge=1, validation_alias="KVNOTES_TASK_TIME_LIMIT")
+    visibility_timeout_s: int = Field(default=0, ge=0, validation_alias="KVNOTES_VISIBILITY_TIMEOUT")
+
     @field_validator("data_dir")
     @classmethod
     def _absolute(cls, value: Path) -> Path:
@@ -61,6 +71,10 @@ class Settings(BaseSettings):
         if not self.result_backend:
             self.result_backend = f"db+sqlite:///{data}/results.db"
         return self
+
+    @property
+    def redis_visibility_timeout_s(self) -> int:
+        return self.visibility_timeout_s or self.task_time_limit_s + 60
 
     @property
     def models(self) -> list[str]:
@@ -81,3 +95,11 @@ def get_settings() -> Settings:
     settings = Settings()
     settings.ensure_data_dir()
     return settings
+
+
+def redact(url: str) -> str:
+    """`url` with its password hidden, for logs and error messages."""
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:  # not an SQLAlchemy-style URL (amqp://...): drop anything after a password
+        return re.sub(r"://([^:/@]+):[^@]*@", r"://\1:***@", url)

@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from app.strategies import STRATEGIES
+from tests.conftest import applied, kvnotes_env
+from worker.engine.vocabulary import STRATEGIES
 
 pytestmark = pytest.mark.slow
 
@@ -36,16 +37,6 @@ def _redis_reachable() -> str | None:
         return None
     except Exception as exc:
         return f"Redis at {REDIS_URL} unreachable: {exc}"
-
-
-def _reset_caches() -> None:
-    from app.db import reset_engines
-    from app.queue import reset_celery
-    from app.settings import get_settings
-
-    get_settings.cache_clear()
-    reset_engines()
-    reset_celery()
 
 
 @dataclass
@@ -69,7 +60,7 @@ class Worker:
             env=self.env,
             stdout=log,
             stderr=subprocess.STDOUT,
-            cwd=Path(__file__).parents[1],
+            cwd=Path(__file__).parents[2],
         )
         ready_lines = self.log_path.read_text(errors="replace").count(" ready.")
         deadline = time.monotonic() + START_TIMEOUT_S
@@ -108,37 +99,24 @@ def worker(request, tmp_path_factory) -> Iterator[Worker]:
 
         r = redis.Redis.from_url(REDIS_URL)
         r.delete(f"model.{MODEL}", "unacked", "unacked_index", "unacked_mutex")
-    env = {
-        **os.environ,
-        "KVNOTES_DATA": str(data),
-        "DATABASE_URL": f"sqlite:///{data}/kvnotes.db",
-        "BROKER_URL": REDIS_URL if broker == "redis" else f"sqla+sqlite:///{data}/broker.db",
-        "RESULT_BACKEND": f"db+sqlite:///{data}/results.db",
-        "KVNOTES_DEFAULT_MODEL": MODEL,
-        "KVNOTES_VISIBILITY_TIMEOUT": "6",
-        "KVNOTES_DEVICE": "cpu",
-    }
-    saved = dict(os.environ)
-    os.environ.update(env)
-    _reset_caches()
-    from app.migrate import upgrade_to_head
+    env = kvnotes_env(data, REDIS_URL if broker == "redis" else None, KVNOTES_DEFAULT_MODEL=MODEL,
+                      KVNOTES_VISIBILITY_TIMEOUT="6", KVNOTES_DEVICE="cpu")
+    with applied(env):
+        from data.migrate import upgrade_to_head
 
-    upgrade_to_head()
-    w = Worker(broker, data, env, data / "worker.log")
-    w.start()
-    yield w
-    w.stop()
-    os.environ.clear()
-    os.environ.update(saved)
-    _reset_caches()
+        upgrade_to_head()
+        w = Worker(broker, data, {**os.environ, **env}, data / "worker.log")
+        w.start()
+        yield w
+        w.stop()
 
 
 # ---- helpers -----------------------------------------------------------------------------------
 
 
 def _make_notebook(document: str, choices=("yes", "no")) -> tuple[int, int]:
-    from app.db import get_sessionmaker
-    from app.models import Field, Notebook, Question
+    from data.db import get_sessionmaker
+    from data.models import Field, Notebook, Question
 
     i = document.index("active")
     with get_sessionmaker()() as s:
@@ -151,9 +129,9 @@ def _make_notebook(document: str, choices=("yes", "no")) -> tuple[int, int]:
 
 
 def _start_run(notebook_id: int, strategies: list[str]) -> int:
-    from app.db import get_sessionmaker
-    from app.models import Notebook
     from app.services.runs import start_run
+    from data.db import get_sessionmaker
+    from data.models import Notebook
 
     with get_sessionmaker()() as s:
         nb = s.get(Notebook, notebook_id)
@@ -164,8 +142,8 @@ def _poll_run(
     run_id: int, until, timeout: float, every: float = 0.05
 ) -> tuple[object, list[tuple[str, float]]]:
     """Poll the run's row until `until(run)`; return it and the (stage, progress) values seen."""
-    from app.db import get_sessionmaker
-    from app.models import Run
+    from data.db import get_sessionmaker
+    from data.models import Run
 
     seen: list[tuple[str, float]] = []
     deadline = time.monotonic() + timeout
@@ -237,10 +215,10 @@ def test_run_through_the_queue_equals_the_direct_engine_call(worker: Worker) -> 
 
 
 def test_compile_skill_stores_its_notes_and_a_run_splices_them(worker: Worker) -> None:
-    from app.db import get_sessionmaker
-    from app.models import Placement, Skill
-    from app.queue import enqueue_compile
-    from app.settings import get_settings
+    from data.db import get_sessionmaker
+    from data.models import Placement, Skill
+    from data.queue import enqueue_compile
+    from data.settings import get_settings
     from worker.engine.store import KVStore
 
     with get_sessionmaker()() as s:
@@ -268,13 +246,13 @@ def test_compile_skill_stores_its_notes_and_a_run_splices_them(worker: Worker) -
         s.commit()
     run, _ = _poll_run(_start_run(notebook_id, ["recompute", "stale"]), _finished, timeout=60)
     assert run.status == "succeeded", run.error
-    assert run.snapshot["placements"][0]["skill_id"] == skill_id
+    assert run.snapshot.placements[0].skill_id == skill_id
 
 
 def test_bad_input_fails_the_run_with_the_engines_own_message(worker: Worker) -> None:
-    from app.db import get_sessionmaker
-    from app.models import Run
-    from app.queue import enqueue_run
+    from data.db import get_sessionmaker
+    from data.models import Run
+    from data.queue import enqueue_run
 
     snapshot = {
         "model": MODEL,
@@ -298,8 +276,8 @@ def test_bad_input_fails_the_run_with_the_engines_own_message(worker: Worker) ->
 
 
 def test_a_cancelled_run_stops_and_keeps_no_results(worker: Worker) -> None:
-    from app.db import get_sessionmaker
-    from app.models import Run
+    from data.db import get_sessionmaker
+    from data.models import Run
 
     notebook_id, _ = _make_notebook(RECORD * 60 + f"({worker.broker} cancel)")
     run_id = _start_run(notebook_id, ["recompute", "stale", "in_place", "selective"])
@@ -313,7 +291,7 @@ def test_a_cancelled_run_stops_and_keeps_no_results(worker: Worker) -> None:
 
 
 def test_a_killed_worker_never_leaves_its_run_running(worker: Worker) -> None:
-    from app.services.watchdog import WORKER_LOST
+    from data.watchdog import WORKER_LOST
 
     notebook_id, _ = _make_notebook(RECORD * 80 + f"({worker.broker} slow)")  # ~7k tokens: seconds
     run_id = _start_run(notebook_id, ["recompute", "stale", "in_place", "selective"])

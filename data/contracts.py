@@ -1,0 +1,99 @@
+"""Typed values that cross a process boundary: what the web hands the worker (the run snapshot),
+what the worker hands back (a strategy's metrics, the tokens its attention looks at), and the
+documents both read.
+
+Pydantic models, stored as JSON columns (`data.models` converts on the way in and out), so the web
+writes and the worker reads one class, never a dict indexed by key. No torch, no FastAPI here.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, create_model
+
+from worker.engine.vocabulary import METRICS
+
+
+def unix_newlines(text: str) -> str:
+    """Documents are stored with `\\n` line ends (what browsers draw and select over; textareas
+    submit CRLF), so field offsets mean the same thing to the API, the pages and the engine."""
+    return text.replace("\r\n", "\n").replace("\r", "\n")
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+
+# ---- web → worker: exactly what a run runs on ---------------------------------------------------
+
+
+class SnapshotField(_Frozen):
+    """A field as it was when the run started: document span [start, end), old and new value."""
+
+    start: int
+    end: int
+    old: str
+    new: str
+    label: str
+
+
+class SnapshotPlacement(_Frozen):
+    """A skill placed at a document offset (None: after the document). `skill_id` lets the worker
+    reuse the skill's compiled notes when its text is still the same."""
+
+    skill_id: int | None
+    name: str
+    text: str
+    position: int | None
+
+
+class SnapshotQuestion(_Frozen):
+    text: str
+    choices: list[str]
+    cot: bool
+
+
+class RunSnapshot(_Frozen):
+    """Exactly what a run ran on; `runs.snapshot`. Editing or deleting the notebook later never
+    changes it."""
+
+    model: str
+    document: str
+    fields: list[SnapshotField]
+    errata: list[str]
+    placements: list[SnapshotPlacement]
+    question: SnapshotQuestion
+    strategies: list[str]
+
+
+# ---- worker → web: what a run produced ------------------------------------------------------------
+
+
+class TokenRecord(_Frozen):
+    """A cached token as the pages draw it: its id, text, character span in the document
+    ((-1, -1) when it is not document text) and segment: frame | document | skill | erratum |
+    question | sink."""
+
+    id: int
+    text: str
+    start: int
+    end: int
+    segment: str
+
+    @property
+    def in_document(self) -> bool:
+        return self.segment == "document" and self.start >= 0
+
+
+def _metric_fields() -> dict[str, Any]:
+    return {metric.name: (metric.type, ...) for metric in METRICS}
+
+
+# One strategy's metrics against recompute: the fields are `vocabulary.METRICS`, built from it.
+StrategyMetrics = create_model(
+    "StrategyMetrics",
+    __base__=BaseModel,
+    __doc__="One strategy's decision and fidelity against recompute (`worker.engine.vocabulary.METRICS`).",
+    **_metric_fields(),
+)

@@ -1,0 +1,205 @@
+"""The house rules of ARCHITECTURE.md, checked on the source and in fresh interpreters.
+
+Layers, bottom to top — every import points down:
+
+    vocabulary  worker/engine/vocabulary.py   the shared words; imports nothing but the stdlib
+    engine      worker/engine/                torch + transformers; never the web, database or queue
+    data        data/                         settings, ORM models, contracts, queue client
+    web         app/                          FastAPI pages and API; never torch or the worker's tasks
+    worker      worker/ (tasks, Celery app)   the engine and the data layer; never FastAPI or app
+    commands    worker/cli.py, worker/serve.py  the `kvnotes` launcher; never imports app (serves it by name)
+
+Every import counts, including those inside functions and under TYPE_CHECKING.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+import subprocess
+import sys
+from dataclasses import fields as dataclass_fields
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+PACKAGES = ("app", "data", "worker")
+MAX_LINES = 400
+LONG_FILE_REASON = "Longer than 400 lines because"
+
+# layer -> (first-party layers it may import, third-party packages it must not import)
+RULES: dict[str, tuple[set[str], set[str]]] = {
+    "vocabulary": ({"vocabulary"}, set()),  # plus: stdlib only, checked below
+    "engine": ({"engine", "vocabulary"}, {"celery", "kombu", "sqlalchemy", "alembic", "fastapi", "starlette",
+                                          "uvicorn", "pydantic", "pydantic_settings"}),
+    "data": ({"data", "vocabulary"}, {"torch", "transformers", "fastapi", "starlette", "uvicorn"}),
+    "web": ({"web", "data", "vocabulary"}, {"torch", "transformers", "safetensors"}),
+    "worker": ({"worker", "engine", "data", "vocabulary"}, {"fastapi", "starlette", "uvicorn"}),
+    "commands": ({"commands", "worker", "engine", "data", "vocabulary"}, {"fastapi", "starlette"}),
+}
+
+
+def layer_of(module: str) -> str | None:
+    if module == "worker.engine.vocabulary":
+        return "vocabulary"
+    if module == "worker.engine" or module.startswith("worker.engine."):
+        return "engine"
+    if module in ("worker.cli", "worker.serve"):
+        return "commands"
+    top = module.split(".")[0]
+    return {"data": "data", "app": "web", "worker": "worker"}.get(top)
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(REPO).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+SOURCES = {module_name(p): p for pkg in PACKAGES for p in sorted((REPO / pkg).rglob("*.py"))}
+
+
+def imports_of(module: str) -> set[str]:
+    """Every module `module` imports anywhere in its file (first-party names resolved to modules)."""
+    tree = ast.parse(SOURCES[module].read_text(encoding="utf-8"))
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            for alias in node.names:
+                candidate = f"{node.module}.{alias.name}"
+                found.add(candidate if candidate in SOURCES else node.module)
+    return found
+
+
+GRAPH = {module: {m for m in imports_of(module) if m in SOURCES and m != module} for module in SOURCES}
+
+
+def test_every_module_belongs_to_a_layer():
+    assert [m for m in SOURCES if layer_of(m) is None] == []
+
+
+@pytest.mark.parametrize("module", sorted(SOURCES))
+def test_imports_point_down(module: str):
+    layer = layer_of(module)
+    allowed, forbidden = RULES[layer]
+    upward = sorted(m for m in GRAPH[module] if layer_of(m) not in allowed)
+    assert upward == [], f"{module} ({layer}) imports {upward}"
+    third_party = {m.split(".")[0] for m in imports_of(module) if m.split(".")[0] not in PACKAGES}
+    assert sorted(third_party & forbidden) == [], f"{module} ({layer}) imports {sorted(third_party & forbidden)}"
+    if layer == "vocabulary":
+        assert third_party <= set(sys.stdlib_module_names) | {"__future__"}
+
+
+def test_no_two_modules_import_each_other_directly_or_in_a_circle():
+    """Tarjan's strongly connected components over the first-party import graph: all of size one."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    cycles: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in GRAPH[node]:
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for node in sorted(GRAPH):
+        if node not in index:
+            visit(node)
+    assert cycles == []
+
+
+def test_the_worker_tasks_never_reach_the_web():
+    for module in ("worker.tasks", "worker.celery_app", "worker.run_rows", "worker.mapping", "worker.runtime"):
+        assert not any(m.startswith(("app.", "fastapi", "starlette")) or m == "app" for m in imports_of(module))
+
+
+@pytest.mark.parametrize("module", sorted(SOURCES))
+def test_files_stay_under_400_lines_or_say_why(module: str):
+    text = SOURCES[module].read_text(encoding="utf-8")
+    n = text.count("\n")
+    if n > MAX_LINES:
+        docstring = ast.get_docstring(ast.parse(text)) or ""
+        assert LONG_FILE_REASON in docstring, f"{SOURCES[module]} has {n} lines and no reason at its top"
+
+
+ENV_READ = re.compile(r"os\.environ\.get\(|os\.getenv\(|os\.environ\[[^\]]+\](?!\s*=)")
+
+
+@pytest.mark.parametrize("module", sorted(SOURCES))
+def test_environment_is_read_only_by_settings(module: str):
+    if module == "data.settings":
+        return
+    text = SOURCES[module].read_text(encoding="utf-8")
+    assert ENV_READ.findall(text) == [], f"{module} reads the environment; add the variable to data.settings"
+
+
+# ---- what a fresh interpreter loads ------------------------------------------------------------
+
+PROBE = """
+import sys
+import {module}
+{then}
+print(*sorted(m for m in sys.modules if m.split('.')[0] in {roots!r} or m in {exact!r}))
+"""
+
+
+def loaded_by(module: str, roots: set[str], exact: set[str] = frozenset(), then: str = "") -> list[str]:
+    code = PROBE.format(module=module, then=then, roots=sorted(roots), exact=sorted(exact))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120,
+                         cwd=REPO)
+    return out.stdout.split()
+
+
+WORKER_MODULES = {"worker.tasks", "worker.celery_app", "worker.engine.engine", "worker.engine.notes"}
+
+
+def test_the_web_app_loads_no_torch_transformers_or_worker_code():
+    assert loaded_by("app.main", {"torch", "transformers", "safetensors"}, WORKER_MODULES) == []
+
+
+def test_the_engine_loads_no_celery_database_web_or_data_layer():
+    forbidden = {"celery", "kombu", "sqlalchemy", "fastapi", "starlette", "uvicorn", "app", "data"}
+    assert loaded_by("worker.engine", forbidden, then="from worker.engine import load, RunRequest") == []
+
+
+def test_the_shared_vocabulary_loads_nothing_heavy():
+    assert loaded_by("worker.engine.vocabulary", {"torch", "transformers", "numpy", "sqlalchemy", "pydantic"},
+                     WORKER_MODULES) == []
+
+
+def test_the_data_layer_loads_no_torch_or_web():
+    assert loaded_by("data.models", {"torch", "transformers", "fastapi", "starlette"}, WORKER_MODULES) == []
+
+
+# ---- one concept, one place ------------------------------------------------------------------------
+
+
+def test_the_metric_list_is_the_vocabulary_everywhere():
+    """`METRICS` is the one list: the engine's result, the database columns and the API carry it."""
+    from app.schemas import StrategyResultOut
+    from data.models import RunResult
+    from worker.engine.types import StrategyResult
+    from worker.engine.vocabulary import METRIC_NAMES
+
+    assert tuple(f.name for f in dataclass_fields(StrategyResult)) == METRIC_NAMES
+    assert set(METRIC_NAMES) <= set(RunResult.__table__.columns.keys())
+    assert tuple(StrategyResultOut.model_fields)[: len(METRIC_NAMES)] == METRIC_NAMES

@@ -1,0 +1,79 @@
+"""The worker's two translations, written out field by field: a run snapshot (the web's typed
+record) into the engine's `RunRequest`, and the engine's `Report` into `run_results` rows.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from data.contracts import RunSnapshot, SnapshotPlacement, TokenRecord
+from data.models import RunResult, Skill
+from data.settings import get_settings
+from worker.engine import (
+    Engine,
+    EngineError,
+    Field,
+    Notes,
+    Placement,
+    Question,
+    Report,
+    RunRequest,
+    StrategyResult,
+)
+from worker.engine.types import Attention
+from worker.engine.vocabulary import METRIC_NAMES
+from worker.run_rows import session
+
+
+def run_request(eng: Engine, snapshot: RunSnapshot) -> RunRequest:
+    """What the engine runs for `snapshot`; a document over the token limit is refused."""
+    limit = get_settings().max_document_tokens
+    n_tokens = len(eng.tokenize_document(snapshot.document)[0])
+    if n_tokens > limit:
+        raise EngineError(
+            f"the document is {n_tokens} tokens on {eng.info.alias}; the limit is {limit} "
+            "(KVNOTES_MAX_DOCUMENT_TOKENS)"
+        )
+    q = snapshot.question
+    return RunRequest(
+        document=snapshot.document,
+        question=Question(q.text, tuple(q.choices), q.cot),
+        fields=tuple(Field(f.start, f.end, f.new, f.label) for f in snapshot.fields),
+        strategies=tuple(snapshot.strategies),
+        errata=tuple(snapshot.errata) if snapshot.errata else None,
+        placements=tuple(
+            Placement(text=p.text, at=p.position, notes=compiled_skill(eng, p)) for p in snapshot.placements
+        ),
+        attention=True,
+    )
+
+
+def compiled_skill(eng: Engine, placement: SnapshotPlacement) -> Notes | None:
+    """The placed skill's compiled notes from the KV store, or None (the engine then compiles it)
+    when the skill is gone, its text changed since the snapshot, or its notes are not stored."""
+    if placement.skill_id is None:
+        return None
+    with session() as s:
+        skill = s.get(Skill, placement.skill_id)
+        key = skill.store_key if skill is not None and skill.text == placement.text else None
+    return eng.stored_skill(key, placement.text) if key else None
+
+
+def result_row(run_id: int, strategy: str, result: StrategyResult, attention: Attention | None) -> RunResult:
+    """One `run_results` row: the metrics column by column (`vocabulary.METRICS` names both sides),
+    the attention as float16 bytes [layers, heads, T], and its tokens as typed records."""
+    row = RunResult(run_id=run_id, strategy=strategy)
+    for name in METRIC_NAMES:
+        setattr(row, name, getattr(result, name))
+    if attention is not None:
+        weights = np.ascontiguousarray(attention.weights, dtype=np.float16)  # [layers, heads, T]
+        row.attention = weights.tobytes()
+        row.attention_shape = list(weights.shape)
+        row.tokens = [
+            TokenRecord(id=t.id, text=t.text, start=t.start, end=t.end, segment=t.segment) for t in attention.tokens
+        ]
+    return row
+
+
+def result_rows(run_id: int, report: Report) -> list[RunResult]:
+    return [result_row(run_id, name, result, report.attention.get(name)) for name, result in report.strategies.items()]

@@ -1,0 +1,190 @@
+"""A run's row while a worker has it: claiming it, progress and heartbeats, and the final write.
+
+Every write is conditional on the run still being `running` under this worker: when the web has
+flipped it to `cancelled` (or a watchdog to `failed`) the write matches nothing and the task stops
+at the next progress point. A message delivered again (acks_late: the worker that had it died) finds
+its run `running` under a dead worker, or `failed` by the watchdog, and restarts it cleanly
+(partial results deleted). Each write is a short session of its own, so the web side sees progress
+while the engine works.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+from celery.exceptions import SoftTimeLimitExceeded
+from sqlalchemy import delete, update
+from sqlalchemy.orm import Session
+
+from data.contracts import RunSnapshot
+from data.db import get_sessionmaker
+from data.models import Run, RunResult, as_utc
+from data.settings import get_settings
+from data.watchdog import WORKER_LOST, reap_stale_runs
+
+log = logging.getLogger(__name__)
+
+HEARTBEAT_S = 10.0  # a live run's heartbeat period; the watchdog's max age is many of these
+PROGRESS_EVERY_S = 0.25  # at most this often a progress write (stage changes always write)
+ROW_WAIT_S = 10.0  # how long to wait for a row the web process has not committed yet
+
+
+class Stop(Exception):
+    """The run was cancelled (or reaped) while it ran: stop without writing a result."""
+
+
+def session() -> Session:
+    return get_sessionmaker()()
+
+
+def now() -> datetime:
+    return datetime.now(UTC)
+
+
+def ms_since(moment: datetime | None, until: datetime) -> float:
+    moment = as_utc(moment)
+    return 0.0 if moment is None else (until - moment).total_seconds() * 1000
+
+
+def wait_for(model: type, row_id: int) -> bool:
+    """True once the row exists: the web commits after the broker took the message, so a fast
+    worker can see the message before the row."""
+    deadline = time.monotonic() + ROW_WAIT_S
+    while True:
+        with session() as s:
+            if s.get(model, row_id) is not None:
+                return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+
+
+def reap_own_runs(hostname: str) -> list[int]:
+    """At worker start: runs still `running` under this worker's name are from its previous life."""
+    with session() as s:
+        reaped = reap_stale_runs(s, now(), get_settings().heartbeat_max_age_s, worker=hostname)
+        s.commit()
+    if reaped:
+        log.warning("worker %s: marked runs %s failed (lost in a previous life)", hostname, reaped)
+    return reaped
+
+
+def claim(run_id: int, hostname: str, task_id: str) -> RunSnapshot | None:
+    """Mark the run `running` under this worker and return its snapshot, or None to skip it.
+
+    Restarts (deleting partial results) a run a dead worker left `running` or the watchdog
+    failed; skips a run that finished, was cancelled, or is alive on another worker."""
+    with session() as s:
+        run = s.get(Run, run_id, with_for_update=True)
+        if run is None:
+            return None
+        heartbeat = run.heartbeat_at or run.started_at
+        age_s = ms_since(heartbeat, now()) / 1000 if heartbeat else float("inf")
+        dead_owner = run.worker == hostname or age_s > get_settings().heartbeat_max_age_s
+        restart = (run.status == "running" and dead_owner) or (run.status == "failed" and run.error == WORKER_LOST)
+        if run.status != "queued" and not restart:
+            log.info("run %s is %s (worker %s): not running it again", run_id, run.status, run.worker)
+            return None
+        if restart:
+            log.warning("run %s: restarting after its worker %s was lost", run_id, run.worker)
+            s.execute(delete(RunResult).where(RunResult.run_id == run_id))
+        started = now()
+        run.status, run.stage, run.progress, run.error = "running", "starting", 0.0, None
+        run.worker, run.task_id = hostname, task_id or run.task_id
+        run.started_at, run.heartbeat_at, run.finished_at = started, started, None
+        run.timings = {"queue_wait_ms": round(ms_since(run.created_at, started), 1)}
+        snapshot = run.snapshot
+        s.commit()
+        return snapshot
+
+
+def _write_if_ours(run_id: int, hostname: str, **values: Any) -> bool:
+    """Update the row if it is still ours and running; False when it is not any more."""
+    with session() as s:
+        result = s.execute(
+            update(Run)
+            .where(Run.id == run_id, Run.status == "running", Run.worker == hostname)
+            .values(heartbeat_at=now(), **values)
+        )
+        s.commit()
+        return result.rowcount == 1
+
+
+class RunReporter:
+    """Writes stage/progress/heartbeat to a running run's row and notices cancellation. A heartbeat
+    thread writes every `HEARTBEAT_S`, so a long silent stage is not mistaken for a dead worker."""
+
+    def __init__(self, run_id: int, hostname: str) -> None:
+        self.run_id, self.hostname = run_id, hostname
+        self.stage = "starting"
+        self._last_write = 0.0
+        self._started = time.monotonic()
+        self._stopped = threading.Event()
+        self._lost = threading.Event()
+        self._beat = threading.Thread(target=self._heartbeat_loop, daemon=True, name=f"heartbeat-{run_id}")
+
+    def __enter__(self) -> RunReporter:
+        self._beat.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stopped.set()
+        self._beat.join(timeout=HEARTBEAT_S)
+
+    def _heartbeat_loop(self) -> None:
+        while not self._stopped.wait(HEARTBEAT_S):
+            try:
+                if not _write_if_ours(self.run_id, self.hostname):
+                    self._lost.set()
+            except Exception:  # a busy database must not kill the run; the next beat retries
+                log.exception("heartbeat of run %s failed", self.run_id)
+
+    def progress(self, stage: str, fraction: float) -> None:
+        """The engine's progress callback: write (throttled), and stop if the run was cancelled or
+        ran past the time limit (the solo pool does not enforce Celery's time limits itself)."""
+        if self._lost.is_set():
+            raise Stop
+        if time.monotonic() - self._started > get_settings().task_time_limit_s:
+            raise SoftTimeLimitExceeded()
+        moment = time.monotonic()
+        if stage == self.stage and moment - self._last_write < PROGRESS_EVERY_S:
+            return
+        self.stage, self._last_write = stage, moment
+        if not _write_if_ours(self.run_id, self.hostname, stage=stage[:64],
+                              progress=float(min(max(fraction, 0.0), 1.0))):
+            raise Stop
+
+
+def fail(run_id: int, hostname: str, message: str) -> bool:
+    """Mark the run failed with `message`, only if it is still ours and running."""
+    return _write_if_ours(run_id, hostname, status="failed", stage="failed", error=message, finished_at=now())
+
+
+def succeed(run_id: int, hostname: str, rows: list[RunResult], timings: dict[str, float]) -> bool:
+    """Results and `succeeded` in one transaction; nothing is written if the run was cancelled."""
+    with session() as s:
+        run = s.get(Run, run_id, with_for_update=True)
+        if run is None or run.status != "running" or run.worker != hostname:
+            return False
+        s.execute(delete(RunResult).where(RunResult.run_id == run_id))
+        s.add_all(rows)
+        run.status, run.stage, run.progress, run.error = "succeeded", "done", 1.0, None
+        run.finished_at = run.heartbeat_at = now()
+        run.timings = {**(run.timings or {}), **timings}
+        s.commit()
+        return True
+
+
+def stopped(run_id: int) -> None:
+    """After a cancellation: drop partial results, stamp the end; the status stays as the web set
+    it. A run that was taken from us otherwise (reaped, restarted elsewhere) is left alone."""
+    with session() as s:
+        run = s.get(Run, run_id)
+        if run is not None and run.status == "cancelled":
+            s.execute(delete(RunResult).where(RunResult.run_id == run_id))
+            run.stage, run.finished_at = "cancelled", run.finished_at or now()
+        s.commit()

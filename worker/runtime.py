@@ -1,0 +1,41 @@
+"""What one worker process holds: its KV store and its loaded engines (one per model, loaded once),
+and how a failure is told to a person.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+import torch
+from celery.exceptions import SoftTimeLimitExceeded
+
+from data.settings import get_settings
+from worker.engine import Engine, EngineError, load
+from worker.engine.store import KVStore
+
+
+@lru_cache(maxsize=1)
+def get_store() -> KVStore:
+    """The process's KV store under `<data>/kv`."""
+    return KVStore(get_settings().data_dir / "kv")
+
+
+def get_engine(alias: str) -> Engine:
+    """The engine for `alias` on the settings' device, loaded once per process (the engine caches
+    it), with the process's KV store."""
+    settings = get_settings()
+    return load(alias, device=settings.device or None, store=get_store(), data_dir=settings.data_dir)
+
+
+def describe_failure(exc: BaseException, device: str, stage: str) -> str:
+    """One line a person can act on."""
+    if isinstance(exc, EngineError):
+        return str(exc)
+    if isinstance(exc, torch.OutOfMemoryError) or "out of memory" in str(exc).lower():
+        return (
+            f"out of memory on {device} during {stage}: try fewer strategies, a shorter document "
+            "or a smaller model"
+        )
+    if isinstance(exc, SoftTimeLimitExceeded):
+        return f"stopped after the time limit of {get_settings().task_time_limit_s} s during {stage}"
+    return f"worker error: {type(exc).__name__}: {exc}"
