@@ -12,7 +12,7 @@ from fastapi.responses import JSONResponse
 from fastapi.staticfiles import StaticFiles
 
 from app.api.routes import errata, fields, health, notebooks, placements, runs, skills
-from app.services.notebooks import Unprocessable
+from app.services.errors import Unprocessable
 
 STATIC_DIR = Path(__file__).resolve().parent.parent / "static"
 
@@ -25,7 +25,7 @@ def _has_module(name: str) -> bool:
 async def _unprocessable(_request: Request, exc: Exception) -> JSONResponse:
     """Same shape as FastAPI's validation errors: the field to blame and what is wrong."""
     assert isinstance(exc, Unprocessable)
-    detail = [{"loc": ["body", exc.field], "msg": exc.message, "type": "value_error"}]
+    detail = [{"loc": ["body", field], "msg": message, "type": "value_error"} for field, message in exc.errors.items()]
     return JSONResponse(status_code=422, content={"detail": detail})
 
 

@@ -1,28 +1,36 @@
-"""Fields, errata and placements of a notebook: span checks, limits, and the generated erratum
-that follows its field. Raises `Unprocessable(field, message)`; routes turn it into a 422 shaped
-like FastAPI's own validation errors."""
+"""A notebook and what hangs on it: creating it, its document, its question, its fields (span
+checks, limits, and the generated erratum that follows each field), its errata and its skill
+placements. Raises `Unprocessable`; routes and pages turn it into a 422 naming the field."""
 
 from __future__ import annotations
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from data.models import Erratum, Field, Notebook, Placement, Skill, utcnow
+from app.services.errors import Unprocessable
+from data.models import Erratum, Field, Notebook, Placement, Question, Skill, utcnow
 from data.settings import get_settings
 from worker.engine.vocabulary import render_erratum
 
 
-class Unprocessable(ValueError):
-    """Input that is well-formed but impossible here; `field` is the request field to blame."""
-
-    def __init__(self, field: str, message: str) -> None:
-        super().__init__(message)
-        self.field = field
-        self.message = message
-
-
 def touch(notebook: Notebook) -> None:
     notebook.updated_at = utcnow()
+
+
+def create_notebook(session: Session, title: str, model: str, document: str) -> Notebook:
+    """A new notebook (flushed, so it has its id; the caller commits)."""
+    notebook = Notebook(title=title, model=model, document=document)
+    session.add(notebook)
+    session.flush()
+    return notebook
+
+
+def set_question(notebook: Notebook, text: str, choices: list[str], cot: bool) -> Question:
+    """The notebook's question from now on (earlier ones stay: runs refer to what they asked)."""
+    question = Question(text=text, choices=list(choices), cot=cot)
+    notebook.questions.append(question)
+    touch(notebook)
+    return question
 
 
 def check_span(notebook: Notebook, start: int, end: int, ignore: Field | None = None) -> None:
@@ -153,6 +161,11 @@ def add_custom_erratum(session: Session, notebook: Notebook, text: str) -> Errat
     return erratum
 
 
+def delete_erratum(session: Session, erratum: Erratum) -> None:
+    touch(erratum.notebook)
+    session.delete(erratum)
+
+
 def set_erratum_text(erratum: Erratum, text: str) -> None:
     """New text; a generated erratum edited by hand becomes `custom` (no longer re-rendered)."""
     if text != erratum.text:
@@ -172,3 +185,15 @@ def add_placement(notebook: Notebook, skill: Skill, position: int | None) -> Pla
     notebook.placements.append(placement)
     touch(notebook)
     return placement
+
+
+def move_placement(placement: Placement, position: int | None) -> None:
+    """Splice the skill at another character offset (None: at the end)."""
+    check_position(placement.notebook, position)
+    placement.position = position
+    touch(placement.notebook)
+
+
+def delete_placement(session: Session, placement: Placement) -> None:
+    touch(placement.notebook)
+    session.delete(placement)

@@ -6,7 +6,8 @@ from __future__ import annotations
 from sqlalchemy.orm import Session
 
 from app.schemas import RunCreate
-from app.services.notebooks import Unprocessable
+from app.services.errors import Unprocessable
+from app.services.notebooks import set_question
 from data.contracts import RunSnapshot, SnapshotField, SnapshotPlacement, SnapshotQuestion
 from data.models import Notebook, Question, Run, utcnow
 from data.queue import enqueue_run, revoke
@@ -68,9 +69,7 @@ def question_for(notebook: Notebook, body: RunCreate) -> Question:
     text = body.question if body.question is not None else current.text  # type: ignore[union-attr]
     choices = body.choices if body.choices is not None else (current.choices if current else [])
     cot = body.cot if body.cot is not None else (current.cot if current else False)
-    question = Question(text=text, choices=list(choices), cot=cot)
-    notebook.questions.append(question)
-    return question
+    return set_question(notebook, text, list(choices), cot)
 
 
 def cancel_run(session: Session, run: Run) -> bool:

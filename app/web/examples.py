@@ -16,10 +16,10 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from app.services.notebooks import add_field
+from app.services.notebooks import add_field, add_placement, create_notebook, set_question
+from app.services.skills import create_skill, request_compile
 from app.web.templating import EXAMPLES_DIR
-from data.models import Notebook, Placement, Question, Skill
-from data.queue import QueueUnavailable, enqueue_compile
+from data.models import Notebook, Skill
 from data.settings import get_settings
 
 
@@ -55,18 +55,13 @@ def _find(document: str, needle: str, what: str, slug: str) -> int:
 
 
 def _skill(session: Session, name: str, text: str, model: str) -> Skill:
-    """The library's skill with this name, text and model, or a new one sent to compile."""
+    """The library's skill with this name, text and model, or a new one sent to compile (raises
+    `QueueUnavailable` when the broker cannot take it: the caller saves nothing)."""
     found = session.scalar(select(Skill).where(Skill.name == name, Skill.text == text, Skill.model == model))
     if found is not None:
         return found
-    skill = Skill(name=name, text=text, model=model, status="draft", progress=0.0)
-    session.add(skill)
-    session.flush()
-    try:
-        skill.task_id = enqueue_compile(skill)
-        skill.status = "compiling"
-    except QueueUnavailable:
-        pass  # stays a draft; the skills page offers to compile it
+    skill = create_skill(session, name, text, model)
+    request_compile(session, skill)
     return skill
 
 
@@ -78,18 +73,14 @@ def load_example(session: Session, slug: str, directory: Path = EXAMPLES_DIR) ->
     data: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
     document = str(data["document"])
     model = str(data.get("model") or get_settings().default_model)
-    notebook = Notebook(title=str(data.get("title", slug)), model=model, document=document)
-    session.add(notebook)
-    session.flush()
+    notebook = create_notebook(session, str(data.get("title", slug)), model, document)
     for f in data.get("fields", []):
         start = _find(document, f["find"], "field", slug)
         add_field(session, notebook, start, start + len(f["find"]), str(f["new_value"]), str(f.get("label", "")))
     if data.get("question"):
-        notebook.questions.append(
-            Question(text=str(data["question"]), choices=list(data.get("choices") or []), cot=bool(data.get("cot")))
-        )
+        set_question(notebook, str(data["question"]), list(data.get("choices") or []), bool(data.get("cot")))
     for s in data.get("skills", []):
         anchor = s.get("position_find")
         position = None if anchor is None else _find(document, anchor, "skill position", slug)
-        notebook.placements.append(Placement(skill=_skill(session, s["name"], s["text"], model), position=position))
+        add_placement(notebook, _skill(session, s["name"], s["text"], model), position)
     return notebook

@@ -1,6 +1,6 @@
 """Form handling shared by the pages: validate form data with the API's own pydantic schemas
-(one set of limits and messages for JSON and HTML), and turn failures into `{field: message}`
-so each message can be shown next to its field.
+(one set of limits and messages for JSON and HTML). Every failure is an `Unprocessable` whose
+`errors` ({field: message}) the page shows next to each field.
 """
 
 from __future__ import annotations
@@ -9,17 +9,9 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from app.services.notebooks import Unprocessable
+from app.services.errors import Unprocessable
 
 M = TypeVar("M", bound=BaseModel)
-
-
-class FormErrors(Exception):
-    """A form that failed; `errors` maps form field names to the server's message."""
-
-    def __init__(self, errors: dict[str, str]) -> None:
-        super().__init__("; ".join(f"{k}: {v}" for k, v in errors.items()))
-        self.errors = errors
 
 
 def errors_of(exc: ValidationError, rename: dict[str, str] | None = None) -> dict[str, str]:
@@ -35,15 +27,12 @@ def errors_of(exc: ValidationError, rename: dict[str, str] | None = None) -> dic
 
 
 def validate(schema: type[M], data: dict[str, Any], rename: dict[str, str] | None = None) -> M:
-    """`schema(**data)` or FormErrors naming each bad field (with `rename` mapping schema → form names)."""
+    """`schema(**data)`, or `Unprocessable` naming each bad field (with `rename` mapping schema →
+    form names)."""
     try:
         return schema.model_validate(data)
     except ValidationError as exc:
-        raise FormErrors(errors_of(exc, rename)) from None
-
-
-def unprocessable_errors(exc: Unprocessable, rename: dict[str, str] | None = None) -> dict[str, str]:
-    return {(rename or {}).get(exc.field, exc.field): exc.message}
+        raise Unprocessable.of(errors_of(exc, rename)) from None
 
 
 def parse_int(value: Any, name: str) -> int | None:
@@ -53,14 +42,9 @@ def parse_int(value: Any, name: str) -> int | None:
     try:
         return int(str(value).strip())
     except ValueError:
-        raise FormErrors({name: f"{name} must be a whole number; got {str(value)[:40]!r}"}) from None
+        raise Unprocessable(name, f"{name} must be a whole number; got {str(value)[:40]!r}") from None
 
 
 def lines(value: str | None) -> list[str]:
     """A textarea of one item per line → the non-empty, stripped items."""
     return [line.strip() for line in (value or "").splitlines() if line.strip()]
-
-
-def normalize_newlines(text: str) -> str:
-    """CRLF / CR → LF (browsers submit textareas with CRLF; the HTML parser drops CR when it draws)."""
-    return text.replace("\r\n", "\n").replace("\r", "\n")

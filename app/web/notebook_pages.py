@@ -8,29 +8,20 @@ server's message beside the field that caused it and everything typed kept (HTTP
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Annotated
 
-from fastapi import APIRouter, Form, Request
+from fastapi import APIRouter, Form, HTTPException, Request
 from fastapi.responses import JSONResponse, Response
+from sqlalchemy.orm import Session
 
 from app.api.deps import SessionDep, get_or_404
-from app.schemas import ErratumPatch, FieldCreate, FieldPatch, PlacementCreate, RunCreate
-from app.services.notebooks import (
-    Unprocessable,
-    add_custom_erratum,
-    add_field,
-    add_placement,
-    check_errata_room,
-    check_position,
-    delete_field,
-    reorder_errata,
-    set_erratum_text,
-    touch,
-    update_field,
-)
+from app.schemas import ErratumCreate, ErratumPatch, FieldCreate, FieldPatch, PlacementCreate, RunCreate
+from app.services import notebooks as actions
+from app.services.errors import Unprocessable
 from app.services.runs import question_for, start_run
 from app.web.document_view import hover_tokens, paragraph_starts
-from app.web.forms import FormErrors, lines, normalize_newlines, parse_int, unprocessable_errors, validate
+from app.web.forms import lines, parse_int, validate
 from app.web.notebook_context import latest_tokens, notebook_context, regions
 from app.web.templating import render
 from data.models import Erratum, Field, Notebook, Placement, Skill
@@ -62,6 +53,33 @@ def notebook_tokens(notebook_id: int, session: SessionDep) -> JSONResponse:
     return JSONResponse({"run_id": run.id if run else None, "tokens": hover_tokens(tokens)})
 
 
+# --- one way to save an edit ----------------------------------------------------------------------
+
+
+def _save(request: Request, session: Session, notebook: Notebook, edit: Callable[[], object],
+          failed: Callable[[dict[str, str]], Response] | None = None) -> Response:
+    """Apply `edit` and commit, answering with every region that depends on it (swapped out of
+    band); or, when it raises `Unprocessable`, save nothing and answer `failed(errors)` (422) —
+    by default the messages as JSON, for the scripts that drag and drop."""
+    try:
+        edit()
+        session.commit()
+    except Unprocessable as exc:
+        session.rollback()
+        if failed is None:
+            return JSONResponse({"detail": exc.message}, status_code=422)
+        return failed(exc.errors)
+    return regions(request, session, notebook)
+
+
+def _child(session: Session, model: type, ident: int, notebook: Notebook, name: str):
+    """Row `ident` of `model`, which must belong to `notebook` (404 otherwise)."""
+    row = get_or_404(session, model, ident, name)
+    if row.notebook_id != notebook.id:
+        raise HTTPException(status_code=404, detail=f"{name} {ident} not found in notebook {notebook.id}")
+    return row
+
+
 # --- fields ----------------------------------------------------------------------------------------
 
 
@@ -72,22 +90,20 @@ def create_field(
 ) -> Response:
     notebook = _notebook(session, notebook_id)
     values = {"start": start or "", "end": end or "", "new_value": new_value, "label": label, "selected": selected}
-    try:
+
+    def add() -> None:
         s, e = parse_int(start, "start"), parse_int(end, "end")
         if s is None or e is None:
-            raise FormErrors({"start": "select a span of the document first"})
+            raise Unprocessable("start", "select a span of the document first")
         if selected and notebook.document[s:e] != selected:
-            raise FormErrors({"start": "the selection no longer matches the document; select the span again"})
+            raise Unprocessable("start", "the selection no longer matches the document; select the span again")
         if not new_value.strip():
-            raise FormErrors({"new_value": "give the field its new value"})
+            raise Unprocessable("new_value", "give the field its new value")
         body = validate(FieldCreate, {"start": s, "end": e, "new_value": new_value, "label": label})
-        add_field(session, notebook, body.start, body.end, body.new_value, body.label)
-        session.commit()
-    except (FormErrors, Unprocessable) as exc:
-        session.rollback()
-        errors = exc.errors if isinstance(exc, FormErrors) else unprocessable_errors(exc)
-        return render(request, "_selection_form.html", 422, notebook=notebook, values=values, errors=errors)
-    return regions(request, session, notebook)
+        actions.add_field(session, notebook, body.start, body.end, body.new_value, body.label)
+
+    return _save(request, session, notebook, add, lambda errors: render(
+        request, "_selection_form.html", 422, notebook=notebook, values=values, errors=errors))
 
 
 @router.post("/notebooks/{notebook_id}/fields/{field_id}")
@@ -96,108 +112,80 @@ def edit_field(
 ) -> Response:
     notebook = _notebook(session, notebook_id)
     field = _child(session, Field, field_id, notebook, "field")
-    try:
+
+    def change() -> None:
         if not new_value.strip():
-            raise FormErrors({"new_value": "give the field its new value"})
+            raise Unprocessable("new_value", "give the field its new value")
         body = validate(FieldPatch, {"new_value": new_value, "label": label})
-        update_field(session, field, body.model_dump(exclude_none=True))
-        session.commit()
-    except (FormErrors, Unprocessable) as exc:
-        session.rollback()
-        errors = exc.errors if isinstance(exc, FormErrors) else unprocessable_errors(exc)
-        return render(
-            request, "_field_item.html", 422, notebook=notebook, f=field,
-            item_id=field.id, item_errors=errors, item_values={"new_value": new_value, "label": label},
-        )
-    return regions(request, session, notebook)
+        actions.update_field(session, field, body.model_dump(exclude_none=True))
+
+    return _save(request, session, notebook, change, lambda errors: render(
+        request, "_field_item.html", 422, notebook=notebook, f=field,
+        item_id=field.id, item_errors=errors, item_values={"new_value": new_value, "label": label}))
 
 
 @router.post("/notebooks/{notebook_id}/fields/{field_id}/delete")
 def remove_field(request: Request, notebook_id: int, field_id: int, session: SessionDep) -> Response:
     notebook = _notebook(session, notebook_id)
-    delete_field(session, _child(session, Field, field_id, notebook, "field"))
-    session.commit()
-    return regions(request, session, notebook)
-
-
-def _child(session: SessionDep, model: type, ident: int, notebook: Notebook, name: str):
-    row = get_or_404(session, model, ident, name)
-    if row.notebook_id != notebook.id:
-        from fastapi import HTTPException
-
-        raise HTTPException(status_code=404, detail=f"{name} {ident} not found in notebook {notebook.id}")
-    return row
+    field = _child(session, Field, field_id, notebook, "field")
+    return _save(request, session, notebook, lambda: actions.delete_field(session, field))
 
 
 # --- errata ----------------------------------------------------------------------------------------
 
 
-def _errata_panel(request: Request, notebook: Notebook, status: int = 200, **extra) -> Response:
-    return render(request, "_errata.html", status, notebook=notebook, **extra)
+def _errata_panel(request: Request, notebook: Notebook, **extra) -> Response:
+    return render(request, "_errata.html", 422, notebook=notebook, **extra)
 
 
 @router.post("/notebooks/{notebook_id}/errata")
 def add_erratum(request: Request, notebook_id: int, session: SessionDep, text: Text = "") -> Response:
     notebook = _notebook(session, notebook_id)
-    text = normalize_newlines(text)
-    try:
+
+    def add() -> None:
         if not text.strip():
-            raise FormErrors({"text": "write the correction to append"})
-        check_errata_room(notebook)
-        validate(ErratumPatch, {"text": text})
-    except (FormErrors, Unprocessable) as exc:
-        errors = exc.errors if isinstance(exc, FormErrors) else unprocessable_errors(exc)
-        return _errata_panel(request, notebook, 422, new_errors=errors, new_values={"text": text})
-    add_custom_erratum(session, notebook, text)
-    session.commit()
-    return regions(request, session, notebook)
+            raise Unprocessable("text", "write the correction to append")
+        body = validate(ErratumCreate, {"text": text})
+        actions.add_custom_erratum(session, notebook, body.text)
+
+    return _save(request, session, notebook, add, lambda errors: _errata_panel(
+        request, notebook, new_errors=errors, new_values={"text": text}))
 
 
 @router.post("/notebooks/{notebook_id}/errata/{erratum_id}")
 def edit_erratum(request: Request, notebook_id: int, erratum_id: int, session: SessionDep, text: Text = "") -> Response:
     notebook = _notebook(session, notebook_id)
     erratum = _child(session, Erratum, erratum_id, notebook, "erratum")
-    text = normalize_newlines(text)
-    try:
+
+    def change() -> None:
         if not text.strip():
-            raise FormErrors({"text": "an erratum cannot be empty; remove it instead"})
-        body = validate(ErratumPatch, {"text": text})
-    except FormErrors as exc:
-        return _errata_panel(
-            request, notebook, 422, item_id=erratum.id, item_errors=exc.errors, item_values={"text": text}
-        )
-    set_erratum_text(erratum, body.text)
-    session.commit()
-    return regions(request, session, notebook)
+            raise Unprocessable("text", "an erratum cannot be empty; remove it instead")
+        actions.set_erratum_text(erratum, validate(ErratumPatch, {"text": text}).text)
+
+    return _save(request, session, notebook, change, lambda errors: _errata_panel(
+        request, notebook, item_id=erratum.id, item_errors=errors, item_values={"text": text}))
 
 
 @router.post("/notebooks/{notebook_id}/errata/{erratum_id}/move")
 def move_erratum(request: Request, notebook_id: int, erratum_id: int, session: SessionDep, move: Text = "0") -> Response:
+    """One place up (`move` = -1) or down (1)."""
     notebook = _notebook(session, notebook_id)
     _child(session, Erratum, erratum_id, notebook, "erratum")
     ids = [e.id for e in notebook.errata]
     i = ids.index(erratum_id)
     j = min(max(i + (1 if move.strip() == "1" else -1), 0), len(ids) - 1)
     ids[i], ids[j] = ids[j], ids[i]
-    reorder_errata(notebook, ids)
-    session.commit()
-    return regions(request, session, notebook)
+    return _save(request, session, notebook, lambda: actions.reorder_errata(notebook, ids))
 
 
 @router.post("/notebooks/{notebook_id}/errata/{erratum_id}/delete")
 def remove_erratum(request: Request, notebook_id: int, erratum_id: int, session: SessionDep) -> Response:
     notebook = _notebook(session, notebook_id)
-    session.delete(_child(session, Erratum, erratum_id, notebook, "erratum"))
-    touch(notebook)
-    session.commit()
-    return regions(request, session, notebook)
+    erratum = _child(session, Erratum, erratum_id, notebook, "erratum")
+    return _save(request, session, notebook, lambda: actions.delete_erratum(session, erratum))
 
 
 # --- placements ------------------------------------------------------------------------------------
-
-
-def _placement_error(message: str) -> JSONResponse:
-    return JSONResponse({"detail": message}, status_code=422)
 
 
 @router.post("/notebooks/{notebook_id}/placements")
@@ -206,17 +194,16 @@ def place_skill(
 ) -> Response:
     """Drop a compiled skill at a character offset (empty: at the end)."""
     notebook = _notebook(session, notebook_id)
-    try:
-        body = validate(PlacementCreate, {"skill_id": parse_int(skill_id, "skill_id"), "position": parse_int(position, "position")})
+
+    def place() -> None:
+        body = validate(PlacementCreate, {"skill_id": parse_int(skill_id, "skill_id"),
+                                          "position": parse_int(position, "position")})
         skill = get_or_404(session, Skill, body.skill_id, "skill")
         if skill.status != "compiled":  # the palette only offers compiled skills
-            raise FormErrors({"skill_id": f"skill {skill.name!r} is not compiled for {notebook.model}"})
-        add_placement(notebook, skill, body.position)
-    except (FormErrors, Unprocessable) as exc:
-        errors = exc.errors if isinstance(exc, FormErrors) else unprocessable_errors(exc)
-        return _placement_error("; ".join(errors.values()))
-    session.commit()
-    return regions(request, session, notebook)
+            raise Unprocessable("skill_id", f"skill {skill.name!r} is not compiled for {notebook.model}")
+        actions.add_placement(notebook, skill, body.position)
+
+    return _save(request, session, notebook, place)
 
 
 @router.post("/notebooks/{notebook_id}/placements/{placement_id}/move")
@@ -227,19 +214,15 @@ def move_placement(
     """Move to `position` (empty: the end), or one paragraph up/down with `step` = -1 / 1."""
     notebook = _notebook(session, notebook_id)
     placement = _child(session, Placement, placement_id, notebook, "placement")
-    try:
+
+    def move() -> None:
         if step is not None and step.strip():
             new_position = _step(notebook, placement.position, parse_int(step, "step") or 0)
         else:
             new_position = parse_int(position, "position")
-        check_position(notebook, new_position)
-    except (FormErrors, Unprocessable) as exc:
-        errors = exc.errors if isinstance(exc, FormErrors) else unprocessable_errors(exc)
-        return _placement_error("; ".join(errors.values()))
-    placement.position = new_position
-    touch(notebook)
-    session.commit()
-    return regions(request, session, notebook)
+        actions.move_placement(placement, new_position)
+
+    return _save(request, session, notebook, move)
 
 
 def _step(notebook: Notebook, position: int | None, step: int) -> int | None:
@@ -252,10 +235,8 @@ def _step(notebook: Notebook, position: int | None, step: int) -> int | None:
 @router.post("/notebooks/{notebook_id}/placements/{placement_id}/delete")
 def remove_placement(request: Request, notebook_id: int, placement_id: int, session: SessionDep) -> Response:
     notebook = _notebook(session, notebook_id)
-    session.delete(_child(session, Placement, placement_id, notebook, "placement"))
-    touch(notebook)
-    session.commit()
-    return regions(request, session, notebook)
+    placement = _child(session, Placement, placement_id, notebook, "placement")
+    return _save(request, session, notebook, lambda: actions.delete_placement(session, placement))
 
 
 # --- runs ------------------------------------------------------------------------------------------
@@ -273,13 +254,13 @@ def create_run(
     context = notebook_context(session, notebook, run_values=values)
     try:
         if not question.strip():
-            raise FormErrors({"question": "ask the question whose decision you want to compare"})
+            raise Unprocessable("question", "ask the question whose decision you want to compare")
         body = validate(RunCreate, {"question": question.strip(), "choices": lines(choices), "cot": bool(cot), "strategies": chosen})
         asked = question_for(notebook, body)
         run = start_run(session, notebook, asked, body.strategies)
-    except (FormErrors, Unprocessable) as exc:
+    except Unprocessable as exc:
         session.rollback()
-        context["run_errors"] = exc.errors if isinstance(exc, FormErrors) else unprocessable_errors(exc)
+        context["run_errors"] = exc.errors
         return render(request, "_run_form.html", 422, **context)
     except QueueUnavailable as exc:
         context["run_errors"] = {"form": f"The run could not be queued, nothing was saved: {exc.reason}"}

@@ -14,11 +14,14 @@ from sqlalchemy import select
 
 from app.api.deps import SessionDep
 from app.schemas import NotebookCreate
+from app.services.errors import Unprocessable
+from app.services.notebooks import create_notebook as create_notebook_action
 from app.web import components, notebook_pages, run_pages, skill_pages
 from app.web.examples import ExampleError, list_examples, load_example
-from app.web.forms import FormErrors, normalize_newlines, validate
+from app.web.forms import validate
 from app.web.templating import render
 from data.models import Notebook, Run
+from data.queue import QueueUnavailable
 from data.settings import get_settings
 
 router = APIRouter(include_in_schema=False)
@@ -54,23 +57,23 @@ async def _uploaded_text(file: UploadFile | None) -> str | None:
     limit = get_settings().max_upload_bytes
     raw = await file.read(limit + 1)
     if len(raw) > limit:
-        raise FormErrors({"file": f"the file is larger than {limit // 1024} KB"})
+        raise Unprocessable("file", f"the file is larger than {limit // 1024} KB")
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError:
-        raise FormErrors({"file": f"{file.filename} is not UTF-8 text"}) from None
+        raise Unprocessable("file", f"{file.filename} is not UTF-8 text") from None
     name = file.filename.lower()
     if name.endswith(".json"):
         try:
             data = json.loads(text)
         except ValueError as exc:
-            raise FormErrors({"file": f"{file.filename} is not valid JSON: {exc}"}) from None
+            raise Unprocessable("file", f"{file.filename} is not valid JSON: {exc}") from None
         found = data.get("text", data.get("document")) if isinstance(data, dict) else None
         if not isinstance(found, str):
-            raise FormErrors({"file": "a .json upload needs a string under \"text\" or \"document\""})
+            raise Unprocessable("file", "a .json upload needs a string under \"text\" or \"document\"")
         return found
     if not name.endswith((".txt", ".md", ".markdown")):
-        raise FormErrors({"file": "upload a .txt, .md or .json file"})
+        raise Unprocessable("file", "upload a .txt, .md or .json file")
     return text
 
 
@@ -86,18 +89,15 @@ async def create_notebook(
     values = {"title": title, "model": model, "text": text}
     try:
         uploaded = await _uploaded_text(file)
-        # browsers send textarea newlines as CRLF, and HTML parsing drops the CR: keep LF only, so
-        # character offsets in the page and in the database agree
-        document = normalize_newlines(uploaded if uploaded is not None else text)
+        document = uploaded if uploaded is not None else text  # CRLF becomes LF in the schema
         if not document.strip():
-            raise FormErrors({"text": "paste a document or upload a file"})
+            raise Unprocessable("text", "paste a document or upload a file")
         if model not in get_settings().models:
-            raise FormErrors({"model": f"choose one of: {', '.join(get_settings().models)}"})
+            raise Unprocessable("model", f"choose one of: {', '.join(get_settings().models)}")
         body = validate(NotebookCreate, {"title": title.strip() or "Untitled", "model": model, "text": document})
-    except FormErrors as exc:
+    except Unprocessable as exc:
         return _index(request, session, 422, values=values, errors=exc.errors)
-    notebook = Notebook(title=body.title, model=body.model, document=body.text)
-    session.add(notebook)
+    notebook = create_notebook_action(session, body.title, body.model, body.text)
     session.commit()
     return RedirectResponse(f"/notebooks/{notebook.id}", status_code=303)
 
@@ -110,6 +110,9 @@ def create_from_example(request: Request, slug: str, session: SessionDep) -> Res
     except (ExampleError, KeyError, ValueError) as exc:
         session.rollback()
         return _index(request, session, 422, errors={"form": f"Could not load the example: {exc}"})
+    except QueueUnavailable as exc:  # its skills could not be sent to compile: nothing is saved
+        session.rollback()
+        return _index(request, session, 503, errors={"form": f"Could not load the example, nothing was saved: {exc.reason}"})
     return RedirectResponse(f"/notebooks/{notebook.id}", status_code=303)
 
 

@@ -11,10 +11,12 @@ from sqlalchemy import select
 
 from app.api.deps import SessionDep, get_or_404
 from app.schemas import SkillCreate
-from app.web.forms import FormErrors, normalize_newlines, validate
+from app.services import skills as actions
+from app.services.errors import Unprocessable
+from app.web.forms import validate
 from app.web.templating import render
 from data.models import Skill
-from data.queue import QueueUnavailable, enqueue_compile
+from data.queue import QueueUnavailable
 from data.settings import get_settings
 
 router = APIRouter()
@@ -32,47 +34,44 @@ def skills_page(request: Request, session: SessionDep) -> Response:
     return _skills_page(request, session)
 
 
-def _compile(session: SessionDep, skill: Skill) -> str | None:
-    """Same steps as POST /api/skills/{id}/compile; returns why it could not be queued, or None."""
-    skill.status, skill.progress, skill.error = "compiling", 0.0, None
-    session.flush()
-    try:
-        skill.task_id = enqueue_compile(skill)
-    except QueueUnavailable as exc:
-        skill.status, skill.error = "failed", f"could not queue the compile job: {exc.reason}"
-        return exc.reason
-    return None
-
-
 @router.post("/skills")
 def create_skill(
     request: Request, session: SessionDep,
     name: Annotated[str, Form()] = "", text: Annotated[str, Form()] = "", model: Annotated[str, Form()] = "",
     compile: Annotated[str | None, Form()] = None,
 ) -> Response:
-    text = normalize_newlines(text)
+    """Save the skill (and send it to compile when asked). If the compile cannot be queued, nothing
+    is saved and the form comes back with what was typed and the reason (503)."""
     values = {"name": name, "text": text, "model": model}
     try:
         if model not in get_settings().models:
-            raise FormErrors({"model": f"choose one of: {', '.join(get_settings().models)}"})
+            raise Unprocessable("model", f"choose one of: {', '.join(get_settings().models)}")
         body = validate(SkillCreate, {"name": name.strip(), "text": text, "model": model})
-    except FormErrors as exc:
+        skill = actions.create_skill(session, body.name, body.text, body.model)
+        if compile:
+            actions.request_compile(session, skill)
+    except Unprocessable as exc:
         return _skills_page(request, session, 422, values=values, errors=exc.errors)
-    skill = Skill(name=body.name, text=body.text, model=body.model, status="draft", progress=0.0)
-    session.add(skill)
-    session.flush()
-    if compile:
-        _compile(session, skill)
+    except QueueUnavailable as exc:
+        session.rollback()
+        message = f"The compile could not be queued, nothing was saved: {exc.reason}"
+        return _skills_page(request, session, 503, values=values, errors={"form": message})
     session.commit()
     return RedirectResponse("/skills", status_code=303)
 
 
 @router.post("/skills/{skill_id}/compile")
 def compile_skill(request: Request, skill_id: int, session: SessionDep) -> Response:
+    """The skill's row, compiling; or, if the compile cannot be queued, unchanged with the reason."""
     skill = get_or_404(session, Skill, skill_id, "skill")
-    if skill.status != "compiling":
-        _compile(session, skill)
-        session.commit()
+    try:
+        actions.request_compile(session, skill)
+    except actions.AlreadyCompiling:
+        pass  # the row already polls its progress
+    except QueueUnavailable as exc:
+        session.rollback()
+        return render(request, "_skill_row.html", 503, s=skill, queue_error=exc.reason)
+    session.commit()
     return render(request, "_skill_row.html", s=skill)
 
 
@@ -84,7 +83,7 @@ def skill_row(request: Request, skill_id: int, session: SessionDep) -> Response:
 
 @router.post("/skills/{skill_id}/delete")
 def delete_skill(request: Request, skill_id: int, session: SessionDep) -> Response:
-    session.delete(get_or_404(session, Skill, skill_id, "skill"))
+    actions.delete_skill(session, get_or_404(session, Skill, skill_id, "skill"))
     session.commit()
     if request.headers.get("HX-Request") == "true":
         return Response("")

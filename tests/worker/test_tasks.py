@@ -167,7 +167,7 @@ def _finished(run) -> bool:
 
 
 def test_run_through_the_queue_equals_the_direct_engine_call(worker: Worker) -> None:
-    from worker.engine import Field, Question, load
+    from worker.engine import Field, Question, RunRequest, load
     from worker.engine.engine import no_store
 
     document = RECORD * 8 + f"({worker.broker} run)"
@@ -188,13 +188,13 @@ def test_run_through_the_queue_equals_the_direct_engine_call(worker: Worker) -> 
     i = document.index("active")
     t1 = time.perf_counter()
     with no_store(eng):
-        direct = eng.run(
+        direct = eng.run(RunRequest(
             document=document,
-            fields=[Field(i, i + 6, "banned", "status")],
+            fields=(Field(i, i + 6, "banned", "status"),),
             question=Question("Can she log in?", ("yes", "no")),
-            strategies=strategies,
+            strategies=tuple(strategies),
             attention=True,
-        )
+        ))
     direct_s = time.perf_counter() - t1
     stored = {r.strategy: r for r in run.results}
     assert set(stored) == set(direct.strategies)
@@ -299,19 +299,16 @@ def test_a_killed_worker_never_leaves_its_run_running(worker: Worker) -> None:
     worker.kill()
     t_kill = time.perf_counter()
     worker.start()
-    run, _ = _poll_run(run_id, _finished, timeout=90)
-    if worker.broker == "redis" and run.status == "failed":
-        # the fresh worker may reap the run (its previous life's) before Redis hands the unacked
-        # message back; the redelivered message then restarts the run cleanly
-        run, _ = _poll_run(run_id, lambda r: r.status == "succeeded", timeout=90)
-    settle_s = time.perf_counter() - t_kill
-    print(
-        f"\n[{worker.broker}] killed mid-run → {run.status} ({run.error or 'redelivered'}) {settle_s:.1f} s after the kill"
-    )
-    assert run.status == "succeeded" or (run.status == "failed" and run.error == WORKER_LOST), (
-        run.status,
-        run.error,
-    )
+    if worker.broker == "sqlite":
+        # kombu's SQLAlchemy transport cannot hand an unacknowledged message back: the restarted
+        # worker finds the run under its own name and fails it with the reason
+        run, _ = _poll_run(run_id, _finished, timeout=90)
+        assert (run.status, run.error) == ("failed", WORKER_LOST)
+        assert run.results == []
+    else:
+        # acks_late on Redis: the message comes back after the visibility timeout and the run is
+        # restarted to the end (a reaped "failed" on the way is allowed; the end state is not)
+        run, _ = _poll_run(run_id, lambda r: r.status == "succeeded", timeout=150)
+    print(f"\n[{worker.broker}] killed mid-run → {run.status} {time.perf_counter() - t_kill:.1f} s after the kill")
     if worker.broker == "redis":
-        assert run.status == "succeeded"  # acks_late: the message came back after the visibility timeout
         assert {r.strategy for r in run.results} == {"recompute", "stale", "in_place", "selective"}

@@ -6,7 +6,7 @@ from fastapi import APIRouter, status
 
 from app.api.deps import SessionDep, errors, get_or_404
 from app.schemas import ErrataOrder, ErratumCreate, ErratumOut, ErratumPatch
-from app.services.notebooks import add_custom_erratum, reorder_errata, set_erratum_text, touch
+from app.services import notebooks as actions
 from data.models import Erratum, Notebook
 
 router = APIRouter(tags=["errata"])
@@ -20,7 +20,7 @@ router = APIRouter(tags=["errata"])
 )
 def create_erratum(notebook_id: int, body: ErratumCreate, session: SessionDep) -> Erratum:
     notebook = get_or_404(session, Notebook, notebook_id, "notebook")
-    erratum = add_custom_erratum(session, notebook, body.text)
+    erratum = actions.add_custom_erratum(session, notebook, body.text)
     session.commit()
     return erratum
 
@@ -33,7 +33,7 @@ def list_errata(notebook_id: int, session: SessionDep) -> list[Erratum]:
 @router.post("/notebooks/{notebook_id}/errata/order", response_model=list[ErratumOut], responses=errors(404))
 def order_errata(notebook_id: int, body: ErrataOrder, session: SessionDep) -> list[Erratum]:
     notebook = get_or_404(session, Notebook, notebook_id, "notebook")
-    reorder_errata(notebook, body.ids)
+    actions.reorder_errata(notebook, body.ids)
     session.commit()
     session.refresh(notebook, ["errata"])
     return notebook.errata
@@ -43,14 +43,12 @@ def order_errata(notebook_id: int, body: ErrataOrder, session: SessionDep) -> li
 def patch_erratum(erratum_id: int, body: ErratumPatch, session: SessionDep) -> Erratum:
     """Edit the text; a generated erratum edited by hand becomes `custom` (no longer re-rendered)."""
     erratum = get_or_404(session, Erratum, erratum_id, "erratum")
-    set_erratum_text(erratum, body.text)
+    actions.set_erratum_text(erratum, body.text)
     session.commit()
     return erratum
 
 
 @router.delete("/errata/{erratum_id}", status_code=status.HTTP_204_NO_CONTENT, responses=errors(404))
 def delete_erratum(erratum_id: int, session: SessionDep) -> None:
-    erratum = get_or_404(session, Erratum, erratum_id, "erratum")
-    touch(erratum.notebook)
-    session.delete(erratum)
+    actions.delete_erratum(session, get_or_404(session, Erratum, erratum_id, "erratum"))
     session.commit()

@@ -7,7 +7,7 @@ from fastapi import APIRouter, status
 
 from app.api.deps import SessionDep, errors, get_or_404
 from app.schemas import FieldCreate, FieldOut, FieldPatch
-from app.services.notebooks import add_field, delete_field, update_field
+from app.services import notebooks as actions
 from data.models import Field, Notebook
 
 router = APIRouter(tags=["fields"])
@@ -21,7 +21,7 @@ router = APIRouter(tags=["fields"])
 )
 def create_field(notebook_id: int, body: FieldCreate, session: SessionDep) -> Field:
     notebook = get_or_404(session, Notebook, notebook_id, "notebook")
-    field = add_field(session, notebook, body.start, body.end, body.new_value, body.label)
+    field = actions.add_field(session, notebook, body.start, body.end, body.new_value, body.label)
     session.commit()
     return field
 
@@ -39,12 +39,12 @@ def read_field(field_id: int, session: SessionDep) -> Field:
 @router.patch("/fields/{field_id}", response_model=FieldOut, responses=errors(404))
 def patch_field(field_id: int, body: FieldPatch, session: SessionDep) -> Field:
     field = get_or_404(session, Field, field_id, "field")
-    update_field(session, field, body.model_dump(exclude_unset=True, exclude_none=True))
+    actions.update_field(session, field, body.model_dump(exclude_unset=True, exclude_none=True))
     session.commit()
     return field
 
 
 @router.delete("/fields/{field_id}", status_code=status.HTTP_204_NO_CONTENT, responses=errors(404))
 def remove_field(field_id: int, session: SessionDep) -> None:
-    delete_field(session, get_or_404(session, Field, field_id, "field"))
+    actions.delete_field(session, get_or_404(session, Field, field_id, "field"))
     session.commit()

@@ -7,7 +7,7 @@ from sqlalchemy import select
 
 from app.api.deps import SessionDep, errors, get_or_404
 from app.schemas import NotebookCreate, NotebookOut, NotebookPatch, NotebookSummary, QuestionIn, QuestionOut
-from app.services.notebooks import change_document, touch
+from app.services import notebooks as actions
 from data.models import Notebook, Question
 
 router = APIRouter(tags=["notebooks"])
@@ -30,8 +30,7 @@ def notebook_out(notebook: Notebook) -> NotebookOut:
 
 @router.post("/notebooks", response_model=NotebookOut, status_code=status.HTTP_201_CREATED)
 def create_notebook(body: NotebookCreate, session: SessionDep) -> NotebookOut:
-    notebook = Notebook(title=body.title, model=body.model, document=body.text)
-    session.add(notebook)
+    notebook = actions.create_notebook(session, body.title, body.model, body.text)
     session.commit()
     return notebook_out(notebook)
 
@@ -50,12 +49,12 @@ def read_notebook(notebook_id: int, session: SessionDep) -> NotebookOut:
 def update_notebook(notebook_id: int, body: NotebookPatch, session: SessionDep) -> NotebookOut:
     notebook = get_or_404(session, Notebook, notebook_id, "notebook")
     if body.text is not None:
-        change_document(session, notebook, body.text)
+        actions.change_document(session, notebook, body.text)
     if body.title is not None:
         notebook.title = body.title
     if body.model is not None:
         notebook.model = body.model
-    touch(notebook)
+    actions.touch(notebook)
     session.commit()
     return notebook_out(notebook)
 
@@ -70,8 +69,6 @@ def delete_notebook(notebook_id: int, session: SessionDep) -> None:
 @router.put("/notebooks/{notebook_id}/question", response_model=QuestionOut, responses=errors(404))
 def set_question(notebook_id: int, body: QuestionIn, session: SessionDep) -> Question:
     notebook = get_or_404(session, Notebook, notebook_id, "notebook")
-    question = Question(text=body.text, choices=list(body.choices), cot=body.cot)
-    notebook.questions.append(question)
-    touch(notebook)
+    question = actions.set_question(notebook, body.text, body.choices, body.cot)
     session.commit()
     return question

@@ -6,7 +6,7 @@ from fastapi import APIRouter, status
 
 from app.api.deps import SessionDep, errors, get_or_404
 from app.schemas import PlacementCreate, PlacementOut, PlacementPatch
-from app.services.notebooks import add_placement, check_position, touch
+from app.services import notebooks as actions
 from data.models import Notebook, Placement, Skill
 
 router = APIRouter(tags=["placements"])
@@ -21,7 +21,7 @@ router = APIRouter(tags=["placements"])
 def create_placement(notebook_id: int, body: PlacementCreate, session: SessionDep) -> Placement:
     notebook = get_or_404(session, Notebook, notebook_id, "notebook")
     skill = get_or_404(session, Skill, body.skill_id, "skill")
-    placement = add_placement(notebook, skill, body.position)
+    placement = actions.add_placement(notebook, skill, body.position)
     session.commit()
     return placement
 
@@ -39,16 +39,12 @@ def read_placement(placement_id: int, session: SessionDep) -> Placement:
 @router.patch("/placements/{placement_id}", response_model=PlacementOut, responses=errors(404))
 def move_placement(placement_id: int, body: PlacementPatch, session: SessionDep) -> Placement:
     placement = get_or_404(session, Placement, placement_id, "placement")
-    check_position(placement.notebook, body.position)
-    placement.position = body.position
-    touch(placement.notebook)
+    actions.move_placement(placement, body.position)
     session.commit()
     return placement
 
 
 @router.delete("/placements/{placement_id}", status_code=status.HTTP_204_NO_CONTENT, responses=errors(404))
 def delete_placement(placement_id: int, session: SessionDep) -> None:
-    placement = get_or_404(session, Placement, placement_id, "placement")
-    touch(placement.notebook)
-    session.delete(placement)
+    actions.delete_placement(session, get_or_404(session, Placement, placement_id, "placement"))
     session.commit()

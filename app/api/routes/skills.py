@@ -7,16 +7,16 @@ from sqlalchemy import select
 
 from app.api.deps import SessionDep, errors, get_or_404
 from app.schemas import SkillCreate, SkillOut, SkillPatch
+from app.services import skills as actions
 from data.models import Skill
-from data.queue import QueueUnavailable, enqueue_compile
+from data.queue import QueueUnavailable
 
 router = APIRouter(tags=["skills"])
 
 
 @router.post("/skills", response_model=SkillOut, status_code=status.HTTP_201_CREATED)
 def create_skill(body: SkillCreate, session: SessionDep) -> Skill:
-    skill = Skill(name=body.name, text=body.text, model=body.model, status="draft", progress=0.0)
-    session.add(skill)
+    skill = actions.create_skill(session, body.name, body.text, body.model)
     session.commit()
     return skill
 
@@ -35,15 +35,7 @@ def read_skill(skill_id: int, session: SessionDep) -> Skill:
 def patch_skill(skill_id: int, body: SkillPatch, session: SessionDep) -> Skill:
     """Renaming keeps the compiled notes; a new text or model makes the skill a draft again."""
     skill = get_or_404(session, Skill, skill_id, "skill")
-    if body.name is not None:
-        skill.name = body.name
-    if (body.text is not None and body.text != skill.text) or (
-        body.model is not None and body.model != skill.model
-    ):
-        skill.text = body.text if body.text is not None else skill.text
-        skill.model = body.model if body.model is not None else skill.model
-        skill.status, skill.progress, skill.store_key, skill.token_count = "draft", 0.0, None, None
-        skill.compile_ms, skill.error = None, None
+    actions.change_skill(skill, body.name, body.text, body.model)
     session.commit()
     return skill
 
@@ -51,7 +43,7 @@ def patch_skill(skill_id: int, body: SkillPatch, session: SessionDep) -> Skill:
 @router.delete("/skills/{skill_id}", status_code=status.HTTP_204_NO_CONTENT, responses=errors(404))
 def delete_skill(skill_id: int, session: SessionDep) -> None:
     """Deletes the skill and its placements in every notebook (runs keep their snapshot)."""
-    session.delete(get_or_404(session, Skill, skill_id, "skill"))
+    actions.delete_skill(session, get_or_404(session, Skill, skill_id, "skill"))
     session.commit()
 
 
@@ -64,12 +56,10 @@ def delete_skill(skill_id: int, session: SessionDep) -> None:
 def compile_skill(skill_id: int, session: SessionDep) -> Skill:
     """Enqueue `kvnotes.compile_skill`; the skill is `compiling` until the worker reports."""
     skill = get_or_404(session, Skill, skill_id, "skill")
-    if skill.status == "compiling":
-        raise HTTPException(status_code=409, detail=f"skill {skill_id} is already compiling")
-    skill.status, skill.progress, skill.error = "compiling", 0.0, None
-    session.flush()
     try:
-        skill.task_id = enqueue_compile(skill)
+        actions.request_compile(session, skill)
+    except actions.AlreadyCompiling as exc:
+        raise HTTPException(status_code=409, detail=str(exc)) from exc
     except QueueUnavailable as exc:
         session.rollback()
         raise HTTPException(status_code=503, detail=exc.reason) from exc

@@ -1,0 +1,28 @@
+"""The one error every action raises for input that is well-formed but impossible here."""
+
+from __future__ import annotations
+
+
+class Unprocessable(ValueError):
+    """`errors` maps each request field to blame to one line a person can act on. The API answers
+    422 shaped like FastAPI's validation errors; a page shows each message beside its field."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.errors = {field: message}
+
+    @classmethod
+    def of(cls, errors: dict[str, str]) -> Unprocessable:
+        """Several fields at once (a form's checks); `errors` must not be empty."""
+        first, *_ = errors.items()
+        exc = cls(*first)
+        exc.errors = dict(errors)
+        return exc
+
+    @property
+    def field(self) -> str:
+        return next(iter(self.errors))
+
+    @property
+    def message(self) -> str:
+        return "; ".join(self.errors.values())
