@@ -237,7 +237,7 @@ def breakdown(eng, notes, field: Field, question: Question, device: str, repeats
     """Where the time of recompute and erratum goes: the surgery, then the readout — one forward
     holding any appended (pending) erratum tokens, the question and every choice (the engine's
     fast path), against the same readout done as three separate forwards (for comparison)."""
-    from worker.engine.engine import _apply_fields
+    from worker.engine.offsets import apply_fields as _apply_fields
     from worker.engine.readout import decide
     from worker.engine.vocabulary import render_erratum
 
@@ -408,7 +408,9 @@ def main(argv=None) -> int:
 
     load_before = loadavg()
     t_start = time.time()
-    eng = load(args.model, device=args.device)
+    from data.settings import get_settings
+
+    eng = load(args.model, device=args.device, data_dir=get_settings().data_dir)
     out: list[str] = []
 
     def emit(s: str = "") -> None:

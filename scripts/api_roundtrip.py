@@ -18,8 +18,9 @@ from pathlib import Path
 
 import httpx
 
+from worker.engine.vocabulary import STRATEGIES
+
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "shipment-log.json"
-STRATEGIES = ["recompute", "prefix_reuse", "stale", "in_place", "erratum", "field_erratum", "selective", "auto"]
 
 
 def main() -> None:
@@ -38,7 +39,7 @@ def main() -> None:
              json={"start": start, "end": start + len(f["find"]), "new_value": f["new_value"], "label": f["label"]})
     t0 = time.perf_counter()
     run = api.post(f"/notebooks/{nb['id']}/runs",
-                   json={"question": ex["question"], "choices": ex["choices"], "strategies": STRATEGIES})
+                   json={"question": ex["question"], "choices": ex["choices"], "strategies": list(STRATEGIES)})
     run.raise_for_status()
     run = run.json()
     seen = None
@@ -57,14 +58,16 @@ def main() -> None:
         print(f"{name:<14} {r['decision']:<8} {r['kl_to_recompute']:>8.4f} {r['tokens_computed']:>7} {r['latency_ms']:>8.1f}")
 
     if args.direct:
-        from worker.engine import Field, Question, load
+        from data.settings import get_settings
+        from worker.engine import Field, Question, RunRequest, load
 
-        eng = load(args.model, device="cpu")
-        fields = [Field(start, start + len(f["find"]), f["new_value"], f["label"])]
-        q = Question(ex["question"], tuple(ex["choices"]))
-        eng.run(ex["document"], fields, q, strategies=STRATEGIES, attention=True)  # warm-up
+        eng = load(args.model, device="cpu", data_dir=get_settings().data_dir)
+        fields = (Field(start, start + len(f["find"]), f["new_value"], f["label"]),)
+        request = RunRequest(ex["document"], Question(ex["question"], tuple(ex["choices"])), fields=fields,
+                             strategies=STRATEGIES, attention=True)
+        eng.run(request)  # warm-up
         t1 = time.perf_counter()
-        report = eng.run(ex["document"], fields, q, strategies=STRATEGIES, attention=True)
+        report = eng.run(request)
         direct_s = time.perf_counter() - t1
         same = all(report.strategies[n].decision == run["results"][n]["decision"] for n in report.strategies)
         print(f"\n| path | wall ms |\n| --- | --- |\n| queue (POST → succeeded, polling 0.2 s) | {queue_s * 1000:.0f} |"

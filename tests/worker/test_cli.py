@@ -8,9 +8,9 @@ import sys
 
 import pytest
 
+from worker.engine.vocabulary import METRIC_NAMES
+
 DOC = "Account record.\nstatus: active\nowner: Ada\nOnly active accounts may log in.\n"
-METRICS = {"decision", "choice_probs", "kl_to_recompute", "top1_agrees", "topk_overlap", "logit_cosine",
-           "decision_matches_recompute", "tokens_computed", "latency_ms"}
 
 
 def kvnotes(*args: str) -> subprocess.CompletedProcess:
@@ -35,7 +35,7 @@ def test_edit_prints_the_json_contract(doc):
     assert data["model"] == "tiny-llama" and data["document_tokens"] == len(DOC) + 1  # bytes + start token
     assert list(data["strategies"]) == ["recompute", "stale", "erratum"]
     for r in data["strategies"].values():
-        assert METRICS <= set(r) and set(r["choice_probs"]) == {"yes", "no"}
+        assert tuple(r) == METRIC_NAMES and set(r["choice_probs"]) == {"yes", "no"}
 
 
 def test_compose_reports_recompute_and_splice(doc):
