@@ -13,7 +13,7 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, field_validator
 
-from data.contracts import RunSnapshot, StrategyMetrics, TokenRecord, unix_newlines
+from data.contracts import NotesMap, RunSnapshot, StrategyMetrics, TokenRecord, unix_newlines
 from data.settings import get_settings
 from worker.engine.vocabulary import STRATEGIES, unknown_strategies, with_recompute
 
@@ -200,6 +200,7 @@ class RunCreate(BaseModel):
     choices: Choices | None = None
     cot: bool | None = None
     strategies: Annotated[list[str], Field(max_length=len(STRATEGIES))] = list(STRATEGIES)
+    attribution: bool = False  # also compute the notes map: which notes carry the decision
 
     @field_validator("strategies")
     @classmethod
@@ -236,6 +237,7 @@ class RunOut(BaseModel):
     timings: dict[str, float]
     snapshot: RunSnapshot
     results: dict[str, StrategyResultOut]
+    attribution: NotesMap | None = None
 
 
 class RunSummary(_Out):

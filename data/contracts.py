@@ -65,6 +65,7 @@ class RunSnapshot(_Frozen):
     placements: list[SnapshotPlacement]
     question: SnapshotQuestion
     strategies: list[str]
+    attribution: bool = False  # also map which notes carry the decision (costs a few recomputes)
 
 
 # ---- worker → web: what a run produced ------------------------------------------------------------
@@ -84,6 +85,26 @@ class TokenRecord(_Frozen):
     @property
     def in_document(self) -> bool:
         return self.segment == "document" and self.start >= 0
+
+
+class NotesSpan(_Frozen):
+    """A span of downstream notes and the share of the stale → recompute decision gap that patching
+    it from recompute closes. Character offsets into the snapshot's document."""
+
+    start_char: int
+    end_char: int
+    text: str
+    share: float
+
+
+class NotesMap(_Frozen):
+    """Which notes carry the decision: the field's own share of the gap, each downstream span's,
+    and the KL gap itself (stale vs in_place against recompute)."""
+
+    field_share: float
+    kl_stale: float
+    kl_in_place: float
+    spans: list[NotesSpan]
 
 
 def _metric_fields() -> dict[str, Any]:

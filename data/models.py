@@ -33,7 +33,7 @@ from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship, validates
 from sqlalchemy.types import TypeDecorator
 
-from data.contracts import RunSnapshot, TokenRecord
+from data.contracts import NotesMap, RunSnapshot, TokenRecord
 
 RUN_STATUSES = ("queued", "running", "succeeded", "failed", "cancelled")
 RUN_FINISHED = ("succeeded", "failed", "cancelled")
@@ -239,6 +239,8 @@ class Run(Base):
     finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     heartbeat_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     timings: Mapped[dict[str, float]] = mapped_column(JSON, default=dict)
+    # which notes carry the decision (asked for with the snapshot's `attribution`); None otherwise
+    attribution: Mapped[NotesMap | None] = mapped_column(Typed(NotesMap))
 
     results: Mapped[list[RunResult]] = relationship(
         back_populates="run", cascade="all, delete-orphan", passive_deletes=True, order_by="RunResult.id"
@@ -278,6 +280,11 @@ class RunResult(Base):
     latency_ms: Mapped[float] = mapped_column(Float, default=0.0)
     text: Mapped[str] = mapped_column(Text, default="")
     detail: Mapped[str] = mapped_column(Text, default="")
+    answer_f1: Mapped[float] = mapped_column(Float, default=0.0, server_default="0")
+    recompute_answer_nll: Mapped[float | None] = mapped_column(Float)
+    ttft_ms: Mapped[float] = mapped_column(Float, default=0.0, server_default="0")
+    decode_ms: Mapped[float] = mapped_column(Float, default=0.0, server_default="0")
+    prefix_cache_share: Mapped[float] = mapped_column(Float, default=0.0, server_default="0")
     # float16 bytes, C order, shape `attention_shape` = [layers, heads, T]; loaded only when asked for.
     attention: Mapped[bytes | None] = mapped_column(LargeBinary, deferred=True)
     attention_shape: Mapped[list[int] | None] = mapped_column(JSON)

@@ -84,7 +84,8 @@ def cmd_edit(args) -> None:
     kw = {"strategies": strategies} if strategies else {}
     if args.erratum_template:
         kw["erratum_template"] = args.erratum_template
-    report = eng.edit(document, fields, _question(args), selective_fraction=args.selective, **kw)
+    report = eng.edit(document, fields, _question(args), selective_fraction=args.selective,
+                      attribution=args.attribution, **kw)
     _print(report, args)
 
 
@@ -159,6 +160,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--strategies", default=None, help="comma-separated (default: all)")
     p.add_argument("--selective", type=float, default=0.15, help="fraction of downstream tokens for `selective`")
     p.add_argument("--erratum-template", default=None, help="format string with {label}, {old}, {new}")
+    p.add_argument("--attribution", action="store_true", help="also map which notes carry the decision")
     _common(p)
     p.set_defaults(func=cmd_edit)
 

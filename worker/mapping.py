@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from data.contracts import RunSnapshot, SnapshotPlacement, TokenRecord
+from data.contracts import NotesMap, NotesSpan, RunSnapshot, SnapshotPlacement, TokenRecord
 from data.models import RunResult, Skill
 from data.settings import get_settings
 from worker.engine import (
@@ -20,7 +20,7 @@ from worker.engine import (
     RunRequest,
     StrategyResult,
 )
-from worker.engine.types import Attention
+from worker.engine.types import Attention, Attribution
 from worker.engine.vocabulary import METRIC_NAMES
 from worker.run_rows import session
 
@@ -45,6 +45,7 @@ def run_request(eng: Engine, snapshot: RunSnapshot) -> RunRequest:
             Placement(text=p.text, at=p.position, notes=compiled_skill(eng, p)) for p in snapshot.placements
         ),
         attention=True,
+        attribution=snapshot.attribution,
     )
 
 
@@ -77,3 +78,16 @@ def result_row(run_id: int, strategy: str, result: StrategyResult, attention: At
 
 def result_rows(run_id: int, report: Report) -> list[RunResult]:
     return [result_row(run_id, name, result, report.attention.get(name)) for name, result in report.strategies.items()]
+
+
+def notes_map_record(attribution: Attribution | None) -> NotesMap | None:
+    """The engine's notes map as the `runs.attribution` record (character offsets, shares)."""
+    if attribution is None:
+        return None
+    return NotesMap(
+        field_share=attribution.field_share,
+        kl_stale=attribution.kl_stale,
+        kl_in_place=attribution.kl_in_place,
+        spans=[NotesSpan(start_char=s.start_char, end_char=s.end_char, text=s.text, share=s.share)
+               for s in attribution.spans],
+    )

@@ -20,7 +20,7 @@ from celery.exceptions import SoftTimeLimitExceeded
 from sqlalchemy import delete, update
 from sqlalchemy.orm import Session
 
-from data.contracts import RunSnapshot
+from data.contracts import NotesMap, RunSnapshot
 from data.db import get_sessionmaker
 from data.models import Run, RunResult, as_utc
 from data.settings import get_settings
@@ -92,6 +92,7 @@ def claim(run_id: int, hostname: str, task_id: str) -> RunSnapshot | None:
         if restart:
             log.warning("run %s: restarting after its worker %s was lost", run_id, run.worker)
             s.execute(delete(RunResult).where(RunResult.run_id == run_id))
+            run.attribution = None
         started = now()
         run.status, run.stage, run.progress, run.error = "running", "starting", 0.0, None
         run.worker, run.task_id = hostname, task_id or run.task_id
@@ -164,8 +165,10 @@ def fail(run_id: int, hostname: str, message: str) -> bool:
     return _write_if_ours(run_id, hostname, status="failed", stage="failed", error=message, finished_at=now())
 
 
-def succeed(run_id: int, hostname: str, rows: list[RunResult], timings: dict[str, float]) -> bool:
-    """Results and `succeeded` in one transaction; nothing is written if the run was cancelled."""
+def succeed(run_id: int, hostname: str, rows: list[RunResult], timings: dict[str, float],
+            attribution: NotesMap | None = None) -> bool:
+    """Results (and the notes map) and `succeeded` in one transaction; nothing is written if the
+    run was cancelled."""
     with session() as s:
         run = s.get(Run, run_id, with_for_update=True)
         if run is None or run.status != "running" or run.worker != hostname:
@@ -175,6 +178,7 @@ def succeed(run_id: int, hostname: str, rows: list[RunResult], timings: dict[str
         run.status, run.stage, run.progress, run.error = "succeeded", "done", 1.0, None
         run.finished_at = run.heartbeat_at = now()
         run.timings = {**(run.timings or {}), **timings}
+        run.attribution = attribution
         s.commit()
         return True
 

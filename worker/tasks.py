@@ -21,7 +21,7 @@ from data.settings import get_settings
 from worker import run_rows
 from worker.celery_app import app
 from worker.engine import EngineError
-from worker.mapping import result_rows, run_request
+from worker.mapping import notes_map_record, result_rows, run_request
 from worker.runtime import describe_failure, get_engine, get_store
 
 log = logging.getLogger(__name__)
@@ -49,7 +49,7 @@ def run(self, run_id: int) -> dict[str, Any]:
             report = eng.run(run_request(eng, snapshot), progress=reporter.progress)
             t_engine = time.perf_counter()
         timings = {"load_ms": round((t_load - t0) * 1000, 1), "engine_ms": round((t_engine - t_load) * 1000, 1)}
-        if run_rows.succeed(run_id, hostname, result_rows(run_id, report), timings):
+        if run_rows.succeed(run_id, hostname, result_rows(run_id, report), timings, notes_map_record(report.attribution)):
             log.info("run %s succeeded in %.0f ms", run_id, (time.perf_counter() - t0) * 1000)
             return {"run_id": run_id, "status": "succeeded"}
         run_rows.stopped(run_id)

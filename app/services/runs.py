@@ -13,7 +13,8 @@ from data.models import Notebook, Question, Run, utcnow
 from data.queue import enqueue_run, revoke
 
 
-def build_snapshot(notebook: Notebook, question: Question, strategies: list[str]) -> RunSnapshot:
+def build_snapshot(notebook: Notebook, question: Question, strategies: list[str],
+                   attribution: bool = False) -> RunSnapshot:
     """A copy of everything the worker needs, so later edits never change the run: model,
     document, fields, errata texts in order, placements (skill name, text, position), the question
     and the strategies."""
@@ -31,16 +32,18 @@ def build_snapshot(notebook: Notebook, question: Question, strategies: list[str]
         ],
         question=SnapshotQuestion(text=question.text, choices=list(question.choices), cot=question.cot),
         strategies=list(strategies),
+        attribution=attribution,
     )
 
 
-def start_run(session: Session, notebook: Notebook, question: Question, strategies: list[str]) -> Run:
+def start_run(session: Session, notebook: Notebook, question: Question, strategies: list[str],
+              attribution: bool = False) -> Run:
     """Create the run row, enqueue it, and commit only after the broker took the message.
     Raises `QueueUnavailable` (after rolling back) when it did not."""
     run = Run(
         notebook_id=notebook.id,
         kind="edit",
-        snapshot=build_snapshot(notebook, question, strategies),
+        snapshot=build_snapshot(notebook, question, strategies, attribution),
         strategies=list(strategies),
         status="queued",
         stage="queued",

@@ -245,19 +245,21 @@ def remove_placement(request: Request, notebook_id: int, placement_id: int, sess
 @router.post("/notebooks/{notebook_id}/runs")
 def create_run(
     request: Request, notebook_id: int, session: SessionDep,
-    question: Text = "", choices: Text = "", cot: OptText = None,
+    question: Text = "", choices: Text = "", cot: OptText = None, attribution: OptText = None,
     strategies: Annotated[list[str] | None, Form()] = None,
 ) -> Response:
     notebook = _notebook(session, notebook_id)
     chosen = strategies or ["recompute"]
-    values = {"question": question, "choices": choices, "cot": bool(cot), "strategies": chosen}
+    values = {"question": question, "choices": choices, "cot": bool(cot), "attribution": bool(attribution),
+              "strategies": chosen}
     context = notebook_context(session, notebook, run_values=values)
     try:
         if not question.strip():
             raise Unprocessable("question", "ask the question whose decision you want to compare")
-        body = validate(RunCreate, {"question": question.strip(), "choices": lines(choices), "cot": bool(cot), "strategies": chosen})
+        body = validate(RunCreate, {"question": question.strip(), "choices": lines(choices), "cot": bool(cot),
+                                    "attribution": bool(attribution), "strategies": chosen})
         asked = question_for(notebook, body)
-        run = start_run(session, notebook, asked, body.strategies)
+        run = start_run(session, notebook, asked, body.strategies, body.attribution)
     except Unprocessable as exc:
         session.rollback()
         context["run_errors"] = exc.errors

@@ -9,15 +9,18 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
+from alembic.script import ScriptDirectory
 from sqlalchemy import create_engine, inspect, text
 
 from data.db import make_engine
-from data.migrate import downgrade_to_base, upgrade_to_head
+from data.migrate import alembic_config, downgrade_to_base, upgrade_to_head
 from data.models import Base
 
 TABLES = {"notebooks", "fields", "errata", "skills", "placements", "questions", "runs", "run_results"}
+HEAD = ScriptDirectory.from_config(alembic_config("sqlite://")).get_current_head()
 PG_ADMIN_URL = os.environ.get("KVNOTES_TEST_PG", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
 
 
@@ -30,7 +33,7 @@ def _check_round_trip(url: str) -> None:
             # the migration and the ORM describe the same schema: autogenerate would find nothing
             assert compare_metadata(MigrationContext.configure(connection), Base.metadata) == []
             version = connection.execute(text("SELECT version_num FROM alembic_version")).scalar_one()
-            assert version == "0001"
+            assert version == HEAD
         downgrade_to_base(url)
         with engine.connect() as connection:
             assert set(inspect(connection).get_table_names()) == {"alembic_version"}
@@ -48,7 +51,7 @@ def test_sqlite_upgrade_is_idempotent(tmp_path: Path) -> None:
     upgrade_to_head(url)  # nothing left to apply: no error, still at head
     engine = make_engine(url)
     with engine.connect() as connection:
-        assert connection.execute(text("SELECT version_num FROM alembic_version")).scalar_one() == "0001"
+        assert connection.execute(text("SELECT version_num FROM alembic_version")).scalar_one() == HEAD
     engine.dispose()
 
 
@@ -78,7 +81,8 @@ def test_postgresql_upgrade_to_head_and_down_to_base(postgres_url: str) -> None:
 
 
 def test_postgresql_cascades(postgres_url: str) -> None:
-    """On PostgreSQL too: deleting a notebook removes its fields and errata but keeps its runs."""
+    """On PostgreSQL too: deleting a notebook removes its fields, errata and runs (a deleted document
+    must not stay readable in a run's snapshot)."""
     upgrade_to_head(postgres_url)
     engine = make_engine(postgres_url)
     try:
@@ -111,6 +115,49 @@ def test_postgresql_cascades(postgres_url: str) -> None:
         with engine.connect() as c:
             assert c.execute(text("SELECT count(*) FROM fields")).scalar_one() == 0
             assert c.execute(text("SELECT count(*) FROM errata")).scalar_one() == 0
-            assert c.execute(text("SELECT notebook_id FROM runs WHERE id = 7")).one() == (None,)
+            assert c.execute(text("SELECT count(*) FROM runs")).scalar_one() == 0
     finally:
         engine.dispose()
+
+
+def _one_old_result(url: str) -> None:
+    """A database at revision 0001 holding one run with one result, as the first release wrote it."""
+    command.upgrade(alembic_config(url), "0001")
+    engine = make_engine(url)
+    snapshot = ('{"model": "m", "document": "abc", "fields": [], "errata": [], "placements": [], '
+                '"question": {"text": "q?", "choices": [], "cot": false}, "strategies": ["recompute"]}')
+    with engine.begin() as c:
+        c.execute(text("INSERT INTO runs (id, kind, snapshot, strategies, status, stage, progress, timings, "
+                       "created_at) VALUES (3, 'edit', :s, '[\"recompute\"]', 'succeeded', 'done', 1, '{}', "
+                       "CURRENT_TIMESTAMP)"), {"s": snapshot})
+        c.execute(text("INSERT INTO run_results (run_id, strategy, decision, choice_probs, kl_to_recompute, "
+                       "top1_agrees, topk_overlap, logit_cosine, decision_matches_recompute, tokens_computed, "
+                       "latency_ms, text, detail) VALUES (3, 'recompute', 'yes', '{}', 0, true, 10, 1, true, "
+                       "40, 812.5, '', '')"))
+    engine.dispose()
+
+
+def _check_old_rows_survive(url: str) -> None:
+    """Upgrading keeps every old result; the new numbers read as 0 / NULL ("not measured")."""
+    _one_old_result(url)
+    upgrade_to_head(url)
+    from sqlalchemy.orm import Session
+
+    from data.models import Run
+
+    engine = make_engine(url)
+    with Session(engine) as session:
+        run = session.get(Run, 3)
+        result = run.results[0]
+        assert (result.decision, result.latency_ms, result.tokens_computed) == ("yes", 812.5, 40)
+        assert (result.ttft_ms, result.decode_ms, result.answer_f1, result.recompute_answer_nll) == (0, 0, 0, None)
+        assert run.attribution is None and run.snapshot.attribution is False
+    engine.dispose()
+
+
+def test_sqlite_database_from_0001_upgrades_with_its_results(tmp_path: Path) -> None:
+    _check_old_rows_survive(f"sqlite:///{tmp_path}/old.db")
+
+
+def test_postgresql_database_from_0001_upgrades_with_its_results(postgres_url: str) -> None:
+    _check_old_rows_survive(postgres_url)

@@ -199,6 +199,7 @@ class Engine:
         erratum_template: str = DEFAULT_TEMPLATE,
         selective_fraction: float = 0.15,
         attention: bool | list[str] = False,
+        attribution: bool = False,
         progress: ProgressFn | None = None,
     ) -> Report:
         """Edit fields of a document whose notes are cached (or of a text, prefilled first): the
@@ -210,7 +211,7 @@ class Engine:
             document=text, question=question, fields=tuple(fields), strategies=tuple(strategies),
             errata=None if errata is None else tuple(errata), erratum_template=erratum_template,
             selective_fraction=selective_fraction,
-            attention=attention if isinstance(attention, bool) else tuple(attention),
+            attention=attention if isinstance(attention, bool) else tuple(attention), attribution=attribution,
         )
         return self.run(request, notes=None if isinstance(notes, str) else notes, progress=progress)
 

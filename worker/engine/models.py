@@ -115,7 +115,7 @@ REAL_MODELS: dict[str, tuple[str, str, str, bool, Callable[[Path], Path]]] = {
 
 def converted_dir(alias: str, data_dir: Path | None = None) -> Path:
     """Where the fp32 safetensors copy of a real model lives."""
-    return (data_dir or default_data_dir()) / "models" / alias
+    return Path(data_dir or default_data_dir()) / "models" / alias
 
 
 def ensure_converted(alias: str, data_dir: Path | None = None) -> Path:
@@ -173,7 +173,7 @@ def list_models(data_dir: Path | None = None) -> list[ModelInfo]:
     out = [ModelInfo(a, fam, src, desc, chat) for a, (fam, src, desc, chat, _) in REAL_MODELS.items()]
     for alias, (family, description, _) in TINY_MODELS.items():
         out.append(ModelInfo(alias, family, f"random (seed {TINY_SEED})", description, False))
-    models_dir = (data_dir or default_data_dir()) / "models"
+    models_dir = Path(data_dir or default_data_dir()) / "models"
     if models_dir.is_dir():
         for folder in sorted(models_dir.iterdir()):
             config = folder / "config.json"

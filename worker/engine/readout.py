@@ -14,6 +14,7 @@ reasoning greedily, then the choices are scored after an answer cue.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import torch
@@ -62,12 +63,20 @@ def make_frame(tokenizer) -> Frame:
 
 @dataclass
 class Readout:
-    """The decision and what it was taken from. logits: float32 [vocab] at the decision position."""
+    """The decision and what it was taken from.
+
+    logits: float32 [vocab] at the decision position.
+    answer_ids: the tokens the model answered with after the prompt (the chosen choice's tokens, or
+        what it generated, reasoning included), to score other notes on the same answer.
+    first_token_at: `time.perf_counter()` when the first answer token's logits were ready (TTFT).
+    """
 
     logits: torch.Tensor
     decision: str
     choice_probs: dict[str, float]
     text: str
+    answer_ids: list[int]
+    first_token_at: float
 
 
 def _stop_ids(tokenizer) -> set[int]:
@@ -87,7 +96,8 @@ def _forward(model, ids: list[int], cache) -> torch.Tensor:
     return out.logits[0, -1].float()
 
 
-def _greedy(model, tokenizer, logits: torch.Tensor, cache, max_new_tokens: int) -> tuple[str, torch.Tensor]:
+def _greedy(model, tokenizer, logits: torch.Tensor, cache, max_new_tokens: int) -> list[int]:
+    """Greedy tokens after `logits` until a stop token or `max_new_tokens` (`cache` grows)."""
     stop = _stop_ids(tokenizer)
     generated: list[int] = []
     for _ in range(max_new_tokens):
@@ -96,7 +106,7 @@ def _greedy(model, tokenizer, logits: torch.Tensor, cache, max_new_tokens: int) 
             break
         generated.append(nxt)
         logits = _forward(model, [nxt], cache)
-    return tokenizer.decode(generated, skip_special_tokens=True), logits
+    return generated
 
 
 def _score_choices(model, tokenizer, frame: Frame, logits: torch.Tensor, cache, choices) -> dict[str, float]:
@@ -165,14 +175,21 @@ def _continuation_logp(model, base, sequences: list[list[int]]) -> list[float]:
     return _branches(model, base, [], sequences)[1]
 
 
+def _choice_ids(tokenizer, frame: Frame, choices) -> list[list[int]]:
+    return [tokenizer(frame.choice_text(c), add_special_tokens=False)["input_ids"] for c in choices]
+
+
 def _one_pass_readout(model, tokenizer, frame: Frame, cache, prompt: list[int], question: Question) -> Readout:
     """Prompt and every choice in ONE forward: the fast path for a decision over choices."""
-    encoded = [tokenizer(frame.choice_text(c), add_special_tokens=False)["input_ids"] for c in question.choices]
+    encoded = _choice_ids(tokenizer, frame, question.choices)
     logits, rest = _branches(model, layers_of(cache), prompt, encoded)
+    first_token_at = time.perf_counter()
     first = torch.log_softmax(logits, dim=-1)
     scores = torch.tensor([float(first[ids[0]]) + r for ids, r in zip(encoded, rest)])
     probs = {c: float(p) for c, p in zip(question.choices, torch.softmax(scores, dim=0))}
-    return Readout(logits=logits, decision=max(probs, key=probs.get), choice_probs=probs, text="")
+    decision = max(probs, key=probs.get)
+    return Readout(logits=logits, decision=decision, choice_probs=probs, text="",
+                   answer_ids=encoded[question.choices.index(decision)], first_token_at=first_token_at)
 
 
 def decide(model, tokenizer, frame: Frame, cache, suffix_ids: list[int], question: Question,
@@ -184,16 +201,36 @@ def decide(model, tokenizer, frame: Frame, cache, suffix_ids: list[int], questio
     if question.choices and not question.cot and not has_sliding_window(model):
         return _one_pass_readout(model, tokenizer, frame, cache, prompt, question)
     logits = _forward(model, prompt, cache)
-    text = ""
+    first_token_at = time.perf_counter()
+    reasoning: list[int] = []
     if question.cot:
-        text, _ = _greedy(model, tokenizer, logits, cache, max(question.max_new_tokens, 48))
-        cue = ANSWER_CUE if question.choices else ANSWER_CUE + " "
-        logits = _forward(model, tokenizer(cue, add_special_tokens=False)["input_ids"], cache)
+        reasoning = _greedy(model, tokenizer, logits, cache, max(question.max_new_tokens, 48))
+        cue = tokenizer(ANSWER_CUE if question.choices else ANSWER_CUE + " ", add_special_tokens=False)["input_ids"]
+        reasoning += cue
+        logits = _forward(model, cue, cache)
+    text = tokenizer.decode(reasoning, skip_special_tokens=True) if question.cot else ""
     if question.choices:
         probs = _score_choices(model, tokenizer, frame, logits, cache, question.choices)
         decision = max(probs, key=probs.get)
-        return Readout(logits=logits, decision=decision, choice_probs=probs, text=text)
-    answer, _ = _greedy(model, tokenizer, logits, cache_from_layers(layers_of(cache)), question.max_new_tokens)
-    answer = answer.strip()
-    full = (text + ANSWER_CUE + " " + answer) if question.cot else answer
-    return Readout(logits=logits, decision=answer.split("\n")[0].strip(), choice_probs={}, text=full)
+        chosen = _choice_ids(tokenizer, frame, [decision])[0]
+        return Readout(logits=logits, decision=decision, choice_probs=probs, text=text,
+                       answer_ids=reasoning + chosen, first_token_at=first_token_at)
+    generated = _greedy(model, tokenizer, logits, cache_from_layers(layers_of(cache)), question.max_new_tokens)
+    answer = tokenizer.decode(generated, skip_special_tokens=True).strip()
+    full = f"{text.rstrip()} {answer}" if question.cot else answer
+    return Readout(logits=logits, decision=answer.split("\n")[0].strip(), choice_probs={}, text=full,
+                   answer_ids=reasoning + generated, first_token_at=first_token_at)
+
+
+@torch.inference_mode()
+def answer_nll(model, layers, prompt: list[int], answer_ids: list[int]) -> float | None:
+    """Mean negative log-likelihood per token of `answer_ids` after the notes `layers` and `prompt`,
+    teacher-forced in one forward (None for an empty answer). `layers` are not changed."""
+    if not answer_ids:
+        return None
+    inputs = list(prompt) + list(answer_ids[:-1])
+    out = model(input_ids=torch.tensor([inputs], device=model.device), cache=cache_from_layers(layers),
+                use_cache=True, logits_to_keep=len(answer_ids))
+    logp = torch.log_softmax(out.logits[0].float(), dim=-1)  # [len(answer_ids), vocab]
+    target = torch.tensor(answer_ids, device=logp.device)
+    return float(-logp.gather(1, target[:, None]).mean())

@@ -14,15 +14,17 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from worker.engine.attention import capture_attention
-from worker.engine.compare import fidelity
+from worker.engine.attribution import notes_map
+from worker.engine.compare import fidelity, same_answer, token_f1
 from worker.engine.compose import Placement, token_boundary
-from worker.engine.edit import Editor, Surgery
+from worker.engine.edit import Editor, Surgery, common_prefix
 from worker.engine.notes import Notes, cache_from_layers
 from worker.engine.offsets import Insertions, apply_fields, new_to_document
-from worker.engine.readout import Frame, Readout, decide
+from worker.engine.readout import Frame, Readout, answer_nll, decide
 from worker.engine.rope import RopeLayout
 from worker.engine.types import (
     Attention,
+    Attribution,
     EngineError,
     Field,
     ProgressFn,
@@ -67,6 +69,8 @@ class RunRequest:
     errata: the texts appended by `erratum` / `field_erratum`; None renders one per field from
         `erratum_template`.
     attention: capture the decision's attention for every strategy (True) or for those named.
+    attribution: patch spans of notes from recompute into the in_place cache to find which carry
+        the decision (costs about one recompute per 500 document tokens, on top of the strategies).
     """
 
     document: str
@@ -78,6 +82,7 @@ class RunRequest:
     erratum_template: str = DEFAULT_TEMPLATE
     selective_fraction: float = 0.15
     attention: bool | tuple[str, ...] = False
+    attribution: bool = False  # also map which notes carry the decision (`worker.engine.attribution`)
 
 
 # Strategies that move downstream keys when the field's length changes: they need a portable RoPE.
@@ -86,11 +91,15 @@ _MOVES_KEYS = ("in_place", "field_erratum", "selective", "auto")
 
 @dataclass
 class Outcome:
-    """One strategy's notes after surgery, its readout, and what it cost."""
+    """One strategy's notes after surgery, its readout, what it cost (to the first answer token and
+    to the whole answer), and, once every strategy ran, how it scores recompute's answer."""
 
     surgery: Surgery
     readout: Readout
     latency_ms: float
+    ttft_ms: float
+    answer_nll: float | None = None  # of recompute's answer under these notes
+    prefix_cache_share: float = 0.0
 
 
 @dataclass
@@ -103,7 +112,7 @@ class _Plan:
     suffix_ids: list[int]
     splice_ms: float
     seam_tokens: int
-    document_tokens: int
+    cached_ids: list[int]  # the old document's tokens: what a serving engine's prefix cache holds
 
 
 def run(engine: Engine, request: RunRequest, notes: Notes | None = None,
@@ -121,10 +130,14 @@ def run(engine: Engine, request: RunRequest, notes: Notes | None = None,
     outcomes = _measure(engine, request, plan, strategies, report_progress)
     report_progress("compare", 0.7)
     ref = outcomes["recompute"]
-    report = Report(model=engine.info.alias, document_tokens=plan.document_tokens)
+    _score_answers(engine, plan, outcomes)
+    report = Report(model=engine.info.alias, document_tokens=len(plan.cached_ids))
     for name in strategies:
         report.strategies[name] = _auto(outcomes, ref) if name == "auto" else result_of(outcomes[name], ref)
 
+    if request.attribution:
+        report_progress("notes map", 0.72)
+        report.attribution = _notes_map(engine, plan, outcomes)
     wanted = strategies if request.attention is True else [s for s in (request.attention or ()) if s in strategies]
     for i, name in enumerate(wanted):
         report_progress(f"attention: {name}", 0.75 + 0.24 * i / max(len(wanted), 1))
@@ -173,7 +186,7 @@ def _plan(engine: Engine, request: RunRequest, old: Notes) -> _Plan:
         suffix_ids=engine.encode(engine.frame.suffix(request.question)),
         splice_ms=splice_ms if request.placements else 0.0,
         seam_tokens=seam_tokens,
-        document_tokens=len(old.token_ids),
+        cached_ids=list(old.token_ids),
     )
 
 
@@ -199,16 +212,35 @@ def _measure(engine: Engine, request: RunRequest, plan: _Plan, strategies: list[
         surgery = surgeries[name]()
         readout = decide(engine.model, engine.tokenizer, engine.frame, cache_from_layers(surgery.layers),
                          plan.suffix_ids, request.question, pending=surgery.pending)
-        ms = (time.perf_counter() - t0) * 1000
+        ms, ttft = (time.perf_counter() - t0) * 1000, (readout.first_token_at - t0) * 1000
         if name != "recompute":  # every other strategy starts from the composed notes: the splice is its cost too
-            ms += plan.splice_ms
+            ms, ttft = ms + plan.splice_ms, ttft + plan.splice_ms
             surgery.tokens_computed += plan.seam_tokens
-        outcomes[name] = Outcome(surgery, readout, ms)
+        outcomes[name] = Outcome(surgery, readout, ms, ttft)
     return outcomes
 
 
-def same_decision(a: str, b: str) -> bool:
-    return a.strip().lower() == b.strip().lower()
+def _score_answers(engine: Engine, plan: _Plan, outcomes: dict[str, Outcome]) -> None:
+    """Outside the timings: how likely each strategy's notes find recompute's answer (teacher-forced
+    NLL), and how much of its final prompt an exact-prefix serving cache of the old one would reuse."""
+    reference = outcomes["recompute"].readout.answer_ids
+    for out in outcomes.values():
+        s = out.surgery
+        prompt = list(s.pending) + plan.suffix_ids
+        out.answer_nll = answer_nll(engine.model, s.layers, prompt, reference)
+        final = list(s.token_ids) + plan.suffix_ids  # token_ids already end with the pending ones
+        out.prefix_cache_share = common_prefix(plan.cached_ids, final) / len(final)
+
+
+def _notes_map(engine: Engine, plan: _Plan, outcomes: dict[str, Outcome]) -> Attribution:
+    """The notes map from the run's own recompute notes, and its in_place and stale ones."""
+    editor = plan.editor
+    if len(editor.new_ids) != len(editor.old.token_ids):
+        engine.require_portable()
+    in_place = outcomes["in_place"].surgery if "in_place" in outcomes else editor.in_place()
+    stale = outcomes["stale"].surgery if "stale" in outcomes else editor.stale()
+    return notes_map(engine.model, engine.tokenizer, editor, outcomes["recompute"].surgery.layers,
+                     in_place.layers, stale.layers, plan.suffix_ids)
 
 
 def result_of(out: Outcome, ref: Outcome, detail: str = "") -> StrategyResult:
@@ -221,9 +253,14 @@ def result_of(out: Outcome, ref: Outcome, detail: str = "") -> StrategyResult:
         top1_agrees=f.top1_agrees,
         topk_overlap=f.topk_overlap,
         logit_cosine=f.logit_cosine,
-        decision_matches_recompute=same_decision(out.readout.decision, ref.readout.decision),
+        decision_matches_recompute=same_answer(out.readout.decision, ref.readout.decision),
         tokens_computed=out.surgery.tokens_computed,
         latency_ms=round(out.latency_ms, 3),
+        ttft_ms=round(out.ttft_ms, 3),
+        decode_ms=round(max(out.latency_ms - out.ttft_ms, 0.0), 3),
+        answer_f1=round(token_f1(out.readout.decision, ref.readout.decision), 4),
+        recompute_answer_nll=None if out.answer_nll is None else round(out.answer_nll, 5),
+        prefix_cache_share=round(out.prefix_cache_share, 4),
         text=out.readout.text,
         detail=detail or out.surgery.detail,
     )
@@ -236,14 +273,16 @@ def _auto(outcomes: dict[str, Outcome], ref: Outcome) -> StrategyResult:
     spent = 0.0
     for name in sorted(AUTO_CANDIDATES, key=lambda n: outcomes[n].surgery.tokens_computed):
         spent += outcomes[name].latency_ms
-        if same_decision(outcomes[name].readout.decision, target):
+        if same_answer(outcomes[name].readout.decision, target):
             picked = name
             break
     else:
         picked = "field_erratum"
     spent += outcomes["field_erratum"].latency_ms
     chosen = outcomes[picked]
-    return result_of(Outcome(chosen.surgery, chosen.readout, spent), ref, detail=f"picked {picked}")
+    decode = chosen.latency_ms - chosen.ttft_ms  # the probes before it all count towards its first token
+    cost = Outcome(chosen.surgery, chosen.readout, spent, spent - decode, chosen.answer_nll, chosen.prefix_cache_share)
+    return result_of(cost, ref, detail=f"picked {picked}")
 
 
 def _attention(engine: Engine, out: Outcome, suffix_ids: list[int]) -> Attention:

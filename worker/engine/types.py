@@ -53,6 +53,11 @@ class StrategyResult:
     decision_matches_recompute: bool
     tokens_computed: int
     latency_ms: float
+    ttft_ms: float
+    decode_ms: float
+    answer_f1: float
+    recompute_answer_nll: float | None
+    prefix_cache_share: float
     text: str = ""  # generated text (free answer or chain of thought), "" when scored over choices
     detail: str = ""  # e.g. which strategy `auto` picked, or the selective fraction
 
@@ -78,15 +83,52 @@ class Attention:
 
 
 @dataclass
+class SpanShare:
+    """One span of downstream notes in the notes map and the share of the gap patching it closes."""
+
+    start: int  # token index in the new sequence
+    end: int
+    text: str
+    share: float  # fraction of the in_place → recompute KL gap closed by patching this span
+    kl_after: float
+    start_char: int = -1  # character span in the document; -1 when the span holds no document text
+    end_char: int = -1
+
+
+@dataclass
+class Attribution:
+    """The notes map: how far stale and in_place notes are from recompute (KL at the decision), the
+    field's own share of that gap, and each downstream span's share."""
+
+    kl_stale: float
+    kl_in_place: float
+    field_share: float  # fraction of the stale → recompute gap that refreshing the field closed
+    spans: list[SpanShare]
+
+    def to_dict(self) -> dict:
+        return {
+            "kl_stale": self.kl_stale, "kl_in_place": self.kl_in_place, "field_share": self.field_share,
+            "spans": [s.__dict__ for s in self.spans],
+        }
+
+
+@dataclass
 class Report:
+    """What a run found: every strategy's result, the attention maps asked for, and the notes map
+    when it was asked for."""
+
     model: str
     document_tokens: int
     strategies: dict[str, StrategyResult] = field(default_factory=dict)
     attention: dict[str, Attention] = field(default_factory=dict)
+    attribution: Attribution | None = None
 
     def to_dict(self) -> dict:
-        return {
+        out = {
             "model": self.model,
             "document_tokens": self.document_tokens,
             "strategies": {name: asdict(r) for name, r in self.strategies.items()},
         }
+        if self.attribution is not None:
+            out["attribution"] = self.attribution.to_dict()
+        return out

@@ -41,6 +41,7 @@ def run_out(run: Run) -> RunOut:
         timings=run.timings or {},
         snapshot=run.snapshot,
         results={r.strategy: StrategyResultOut.model_validate(r) for r in run.results},
+        attribution=run.attribution,
     )
 
 
@@ -56,7 +57,7 @@ def create_run(notebook_id: int, body: RunCreate, session: SessionDep) -> RunOut
     notebook = get_or_404(session, Notebook, notebook_id, "notebook")
     question = question_for(notebook, body)
     try:
-        run = start_run(session, notebook, question, body.strategies)
+        run = start_run(session, notebook, question, body.strategies, body.attribution)
     except QueueUnavailable as exc:
         raise HTTPException(status_code=503, detail=exc.reason) from exc
     return run_out(run)

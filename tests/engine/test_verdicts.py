@@ -1,0 +1,118 @@
+"""Verdicts a user can trust, on tiny random models: normalised answers and token F1, the NLL of
+recompute's answer under each strategy's notes, time to first token, the exact-prefix serving-cache
+share, and the notes map with character offsets, batched exactly."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from worker.engine import Field, Question, RunRequest, load
+from worker.engine.attribution import _first_token_logits
+from worker.engine.compare import normalize_answer, same_answer, token_f1
+from worker.engine.notes import cache_from_layers
+from worker.engine.readout import answer_nll
+from worker.engine.vocabulary import render_erratum
+
+TEXT = ("Account record\nstatus: active\nregion: north\nplan: basic\n"
+        "Only accounts whose status is active may log in. Support answers within a day.\n")
+FREE = Question("What is the status of the account?", max_new_tokens=8)
+
+
+@pytest.mark.parametrize(("prediction", "reference", "f1"), [
+    ("The shipment goes to Madrid.", "Madrid", 0.4),      # 1 common of 5 predicted (article dropped), 1 reference
+    ("à Madrid", "madrid", 2 / 3),
+    ("Madrid, Spain", "Madrid Spain", 1.0),
+    ("Oslo", "Madrid", 0.0),
+    ("", "", 1.0),
+    ("the a an", "", 1.0),                                # nothing left after normalisation on either side
+])
+def test_token_f1_known_pairs(prediction, reference, f1):
+    assert token_f1(prediction, reference) == pytest.approx(f1)
+
+
+def test_normalisation_is_squads():
+    assert normalize_answer("The  Cat, sat!") == "cat sat"
+    assert same_answer("Madrid.", "madrid") and not same_answer("Madrid", "Oslo")
+
+
+def _edit(question: Question, **kw):
+    eng = load("tiny-llama")
+    start = TEXT.index("active")
+    request = RunRequest(TEXT, question, fields=(Field(start, start + 6, "closed", "status"),), **kw)
+    return eng, eng.run(request)
+
+
+def test_free_answer_verdicts_against_recompute():
+    eng, report = _edit(FREE)
+    rec, exact = report.strategies["recompute"], report.strategies["prefix_reuse"]
+    assert rec.answer_f1 == 1 and rec.decision_matches_recompute and rec.recompute_answer_nll is not None
+    # prefix_reuse's notes equal recompute's: the same answer, scored the same
+    assert exact.answer_f1 == 1 and exact.recompute_answer_nll == pytest.approx(rec.recompute_answer_nll, abs=1e-4)
+    for name, r in report.strategies.items():
+        assert r.ttft_ms > 0 and r.decode_ms >= 0, name
+        assert r.ttft_ms + r.decode_ms == pytest.approx(r.latency_ms, abs=0.01), name
+        assert 0 <= r.answer_f1 <= 1 and r.decision_matches_recompute == same_answer(r.decision, rec.decision)
+    assert report.strategies["stale"].decode_ms > 0  # a free answer is generated token by token
+
+
+@pytest.mark.parametrize("alias", ["tiny-llama", "tiny-gemma3"])
+def test_answer_nll_is_the_teacher_forced_mean_of_one_plain_forward(alias):
+    """`answer_nll` after cached notes equals -mean log p of the answer in one forward over everything."""
+    eng = load(alias)
+    notes = eng.prefill(TEXT)
+    prompt = eng.encode(eng.frame.suffix(FREE))
+    answer = eng.encode(" closed, since yesterday")
+    got = answer_nll(eng.model, notes.layers, prompt, answer)
+    with torch.no_grad():
+        logits = eng.model(torch.tensor([notes.token_ids + prompt + answer])).logits[0].float()
+    n = len(notes.token_ids) + len(prompt)
+    logp = torch.log_softmax(logits[n - 1 : -1], dim=-1)
+    assert got == pytest.approx(-float(logp.gather(1, torch.tensor(answer)[:, None]).mean()), abs=1e-4)
+    assert answer_nll(eng.model, notes.layers, prompt, []) is None
+    again = answer_nll(eng.model, notes.layers, prompt, answer)
+    assert again == got  # the notes were not changed by scoring
+
+
+def test_prefix_cache_share_keeps_an_appended_erratum_and_loses_what_follows_a_field():
+    eng, report = _edit(Question("Can this user log in?", ("yes", "no")), strategies=("stale", "erratum", "in_place"))
+    old = eng.tokenize_document(TEXT)[0]
+    suffix = eng.encode(eng.frame.suffix(Question("Can this user log in?", ("yes", "no"))))
+    s = report.strategies
+    assert s["stale"].prefix_cache_share == pytest.approx(len(old) / (len(old) + len(suffix)), abs=1e-4)
+    erratum = eng.encode(render_erratum("status", "active", "closed"))
+    assert s["erratum"].prefix_cache_share == pytest.approx(len(old) / (len(old) + len(erratum) + len(suffix)), abs=1e-4)
+    new = eng.tokenize_document(TEXT.replace("active", "closed", 1))[0]
+    kept = next(i for i, (a, b) in enumerate(zip(old, new)) if a != b)
+    assert s["in_place"].prefix_cache_share == pytest.approx(kept / (len(new) + len(suffix)), abs=1e-4)
+    assert s["recompute"].prefix_cache_share == s["in_place"].prefix_cache_share
+
+
+def test_choice_questions_take_their_first_token_in_the_one_forward():
+    _, report = _edit(Question("Can this user log in?", ("yes", "no")), strategies=("stale",))
+    for r in report.strategies.values():
+        assert r.decode_ms < r.ttft_ms  # the choices are scored in the same forward as the question
+
+
+def test_notes_map_spans_carry_offsets_inside_the_document():
+    eng, report = _edit(Question("Can this user log in?", ("yes", "no")), strategies=("stale",), attribution=True)
+    notes_map = report.attribution
+    assert notes_map is not None and notes_map.kl_in_place >= 0 and len(notes_map.spans) >= 2
+    start = TEXT.index("active")
+    for span in notes_map.spans:
+        assert 0 <= span.start_char < span.end_char <= len(TEXT)
+        assert span.start_char >= start  # spans begin at the first change
+    assert report.to_dict()["attribution"]["field_share"] == notes_map.field_share
+
+
+@pytest.mark.parametrize("alias", ["tiny-llama", "tiny-gemma3"])
+def test_batched_first_token_logits_equal_one_cache_at_a_time(alias):
+    eng = load(alias)
+    a = eng.prefill(TEXT).layers
+    b = eng.prefill(TEXT.replace("north", "south")).layers
+    prompt = eng.encode(eng.frame.suffix(Question("Where?")))
+    batched = _first_token_logits(eng.model, [a, b], prompt)
+    for i, layers in enumerate((a, b)):
+        with torch.no_grad():
+            one = eng.model(torch.tensor([prompt]), cache=cache_from_layers(layers), use_cache=True).logits[0, -1]
+        assert torch.allclose(batched[i], one.float(), atol=1e-4)
