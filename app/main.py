@@ -1,5 +1,10 @@
 """The FastAPI application: the JSON API under /api, static files, and the HTML pages when the
-`app.web.pages` module is present. Imports no torch and nothing of the worker."""
+`app.web.pages` module is present. Imports no torch and nothing of the worker.
+
+Every request passes the security middleware (Host allowlist, cross-site refusal, headers) and
+every route the authorization gate (`app.security.guard.authorize`); errors are answered by
+`app.api.handlers`. The interactive /docs page is off: it needs inline script and a CDN, which the
+Content-Security-Policy forbids; the schema is at /openapi.json."""
 
 from __future__ import annotations
 
@@ -7,12 +12,13 @@ import importlib
 import importlib.util
 from pathlib import Path
 
-from fastapi import APIRouter, FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi import APIRouter, Depends, FastAPI
 from fastapi.staticfiles import StaticFiles
 
-from app.api.routes import errata, fields, health, notebooks, placements, runs, skills
-from app.services.errors import Unprocessable
+from app.api import handlers
+from app.api.routes import errata, fields, health, notebooks, placements, runs, shares, skills
+from app.security.guard import authorize
+from app.security.middleware import SecurityMiddleware
 
 STATIC_DIR = Path(__file__).resolve().parent.parent / "static"
 
@@ -22,24 +28,21 @@ def _has_module(name: str) -> bool:
     return (not parent or _has_module(parent)) and importlib.util.find_spec(name) is not None
 
 
-async def _unprocessable(_request: Request, exc: Exception) -> JSONResponse:
-    """Same shape as FastAPI's validation errors: the field to blame and what is wrong."""
-    assert isinstance(exc, Unprocessable)
-    detail = [{"loc": ["body", field], "msg": message, "type": "value_error"} for field, message in exc.errors.items()]
-    return JSONResponse(status_code=422, content={"detail": detail})
-
-
 def create_app() -> FastAPI:
     app = FastAPI(
         title="kvnotes",
         summary="Edit and compose a language model's KV cache (its notes) instead of paying for prefill again.",
         version="0.1.0",
+        dependencies=[Depends(authorize)],
+        docs_url=None,
+        redoc_url=None,
     )
     api = APIRouter(prefix="/api")
-    for module in (notebooks, fields, errata, skills, placements, runs, health):
+    for module in (notebooks, fields, errata, skills, placements, runs, shares, health):
         api.include_router(module.router)
     app.include_router(api)
-    app.add_exception_handler(Unprocessable, _unprocessable)
+    handlers.install(app)
+    app.add_middleware(SecurityMiddleware)
     app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
     if _has_module("app.web.pages"):
         app.include_router(importlib.import_module("app.web.pages").router)

@@ -4,22 +4,74 @@ Limits come from settings, so a request over one answers 422 with the field's lo
 limit in the message (pydantic's own "String should have at most N characters"). Run results use
 the engine's JSON names (`kvnotes edit --json`): decision, choice_probs, kl_to_recompute, ...
 The run snapshot and the token records are the data layer's contracts (`data.contracts`).
+
+Every request model refuses what the pages' forms refuse (blank titles, documents, values,
+questions) and text that is not valid Unicode (a lone surrogate such as "\ud800" in JSON): 422
+naming the field. Ids in bodies are bounded by the database's integers (2^63 - 1). Every
+timestamp goes out in UTC with its timezone (SQLite hands them back naive).
 """
 
 from __future__ import annotations
 
-from datetime import datetime
+import re
+from datetime import UTC, datetime
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, field_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    ValidationInfo,
+    field_validator,
+)
 
 from data.contracts import NotesMap, RunSnapshot, StrategyMetrics, TokenRecord, unix_newlines
 from data.settings import get_settings
 from worker.engine.vocabulary import STRATEGIES, unknown_strategies, with_recompute
 
 _s = get_settings()
+MAX_DB_ID = 2**63 - 1
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
-Title = Annotated[str, StringConstraints(min_length=1, max_length=_s.max_title_chars)]
+
+def _not_blank(value: str) -> str:
+    if not value.strip():
+        raise ValueError("cannot be blank")
+    return value
+
+
+def _utc(moment: datetime) -> datetime:
+    return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)
+
+
+def _strings(value: object):
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, list | tuple):
+        for item in value:
+            yield from _strings(item)
+
+
+class _In(BaseModel):
+    """A request body: every string in it must be valid Unicode (storable as UTF-8)."""
+
+    @field_validator("*", mode="after")
+    @classmethod
+    def _valid_unicode(cls, value: object, info: ValidationInfo) -> object:
+        for text in _strings(value):
+            found = _LONE_SURROGATE.search(text)
+            if found:
+                raise ValueError(f"invalid Unicode: a lone surrogate \\u{ord(found.group()):04x} at character "
+                                 f"{found.start()}; send UTF-8 text")
+        return value
+
+
+NotBlank = AfterValidator(_not_blank)
+Timestamp = Annotated[datetime, AfterValidator(_utc)]
+DbId = Annotated[int, Field(ge=1, le=MAX_DB_ID)]
+Title = Annotated[str, StringConstraints(min_length=1, max_length=_s.max_title_chars), NotBlank]
 def _served(name: str) -> str:
     """A notebook or skill may only name a model some worker serves (`KVNOTES_MODELS`): a run for
     any other would wait in a queue no worker reads."""
@@ -30,13 +82,17 @@ def _served(name: str) -> str:
 
 
 ModelName = Annotated[str, StringConstraints(min_length=1, max_length=200), AfterValidator(_served)]
-DocumentText = Annotated[str, StringConstraints(max_length=_s.max_document_chars), AfterValidator(unix_newlines)]
+DocumentText = Annotated[str, StringConstraints(min_length=1, max_length=_s.max_document_chars), NotBlank,
+                         AfterValidator(unix_newlines)]
 Label = Annotated[str, StringConstraints(max_length=_s.max_label_chars)]
-Value = Annotated[str, StringConstraints(max_length=_s.max_value_chars)]
-ErratumText = Annotated[str, StringConstraints(min_length=1, max_length=_s.max_erratum_chars), AfterValidator(unix_newlines)]
-SkillText = Annotated[str, StringConstraints(min_length=1, max_length=_s.max_skill_chars), AfterValidator(unix_newlines)]
-QuestionText = Annotated[str, StringConstraints(min_length=1, max_length=_s.max_question_chars)]
-Choice = Annotated[str, StringConstraints(min_length=1, max_length=_s.max_label_chars)]
+Value = Annotated[str, StringConstraints(min_length=1, max_length=_s.max_value_chars), NotBlank]
+ErratumText = Annotated[str, StringConstraints(min_length=1, max_length=_s.max_erratum_chars), NotBlank,
+                        AfterValidator(unix_newlines)]
+SkillText = Annotated[str, StringConstraints(min_length=1, max_length=_s.max_skill_chars), NotBlank,
+                      AfterValidator(unix_newlines)]
+SkillName = Annotated[str, StringConstraints(min_length=1, max_length=_s.max_label_chars), NotBlank]
+QuestionText = Annotated[str, StringConstraints(min_length=1, max_length=_s.max_question_chars), NotBlank]
+Choice = Annotated[str, StringConstraints(min_length=1, max_length=_s.max_label_chars), NotBlank]
 Choices = Annotated[list[Choice], Field(max_length=_s.max_choices)]
 Offset = Annotated[int, Field(ge=0, le=_s.max_document_chars)]
 
@@ -48,13 +104,13 @@ class _Out(BaseModel):
 # --- notebooks -----------------------------------------------------------------------------------
 
 
-class NotebookCreate(BaseModel):
+class NotebookCreate(_In):
     title: Title = "Untitled"
     model: ModelName = Field(default_factory=lambda: get_settings().default_model)
     text: DocumentText
 
 
-class NotebookPatch(BaseModel):
+class NotebookPatch(_In):
     title: Title | None = None
     model: ModelName | None = None
     text: DocumentText | None = None
@@ -64,21 +120,22 @@ class NotebookSummary(_Out):
     id: int
     title: str
     model: str
-    created_at: datetime
-    updated_at: datetime
+    created_by: str | None = None
+    created_at: Timestamp
+    updated_at: Timestamp
 
 
 # --- fields and errata ---------------------------------------------------------------------------
 
 
-class FieldCreate(BaseModel):
+class FieldCreate(_In):
     start: Offset
     end: Offset
     new_value: Value
     label: Label = ""
 
 
-class FieldPatch(BaseModel):
+class FieldPatch(_In):
     start: Offset | None = None
     end: Offset | None = None
     new_value: Value | None = None
@@ -93,19 +150,19 @@ class FieldOut(_Out):
     old_value: str
     new_value: str
     label: str
-    created_at: datetime
+    created_at: Timestamp
 
 
-class ErratumCreate(BaseModel):
+class ErratumCreate(_In):
     text: ErratumText
 
 
-class ErratumPatch(BaseModel):
+class ErratumPatch(_In):
     text: ErratumText
 
 
-class ErrataOrder(BaseModel):
-    ids: Annotated[list[int], Field(max_length=_s.max_errata)]
+class ErrataOrder(_In):
+    ids: Annotated[list[DbId], Field(max_length=_s.max_errata)]
 
 
 class ErratumOut(_Out):
@@ -120,14 +177,14 @@ class ErratumOut(_Out):
 # --- skills and placements -----------------------------------------------------------------------
 
 
-class SkillCreate(BaseModel):
-    name: Annotated[str, StringConstraints(min_length=1, max_length=_s.max_label_chars)]
+class SkillCreate(_In):
+    name: SkillName
     text: SkillText
     model: ModelName = Field(default_factory=lambda: get_settings().default_model)
 
 
-class SkillPatch(BaseModel):
-    name: Annotated[str, StringConstraints(min_length=1, max_length=_s.max_label_chars)] | None = None
+class SkillPatch(_In):
+    name: SkillName | None = None
     text: SkillText | None = None
     model: ModelName | None = None
 
@@ -143,16 +200,17 @@ class SkillOut(_Out):
     compile_ms: float | None
     error: str | None
     progress: float
-    created_at: datetime
-    updated_at: datetime
+    created_by: str | None = None
+    created_at: Timestamp
+    updated_at: Timestamp
 
 
-class PlacementCreate(BaseModel):
-    skill_id: int
+class PlacementCreate(_In):
+    skill_id: DbId
     position: Offset | None = None
 
 
-class PlacementPatch(BaseModel):
+class PlacementPatch(_In):
     position: Offset | None
 
 
@@ -167,7 +225,7 @@ class PlacementOut(_Out):
 # --- questions -----------------------------------------------------------------------------------
 
 
-class QuestionIn(BaseModel):
+class QuestionIn(_In):
     text: QuestionText
     choices: Choices = []
     cot: bool = False
@@ -178,7 +236,7 @@ class QuestionOut(_Out):
     text: str
     choices: list[str]
     cot: bool
-    created_at: datetime
+    created_at: Timestamp
 
 
 class NotebookOut(NotebookSummary):
@@ -192,7 +250,7 @@ class NotebookOut(NotebookSummary):
 # --- runs ----------------------------------------------------------------------------------------
 
 
-class RunCreate(BaseModel):
+class RunCreate(_In):
     """Start a run. Without `question` the notebook's current question is used; with one, it
     becomes the notebook's current question. `recompute` (the oracle) is always included."""
 
@@ -230,10 +288,11 @@ class RunOut(BaseModel):
     worker: str | None
     task_id: str | None
     strategies: list[str]
-    created_at: datetime
-    started_at: datetime | None
-    finished_at: datetime | None
-    heartbeat_at: datetime | None
+    created_by: str | None = None
+    created_at: Timestamp
+    started_at: Timestamp | None
+    finished_at: Timestamp | None
+    heartbeat_at: Timestamp | None
     timings: dict[str, float]
     snapshot: RunSnapshot
     results: dict[str, StrategyResultOut]
@@ -247,12 +306,14 @@ class RunSummary(_Out):
     stage: str
     progress: float
     strategies: list[str]
-    created_at: datetime
-    finished_at: datetime | None
+    created_by: str | None = None
+    created_at: Timestamp
+    finished_at: Timestamp | None
 
 
 class AttentionOut(BaseModel):
-    """The decision's attention over the T cached tokens: one layer and head, or aggregated."""
+    """Where one token (`query`; the decision by default) looked over the T tokens: for the decision
+    one layer and head, or aggregated; for any other question or answer token, the mean over all."""
 
     run_id: int
     strategy: str
@@ -260,14 +321,20 @@ class AttentionOut(BaseModel):
     head: int | None
     agg: Literal["mean", "max"] | None
     shape: list[int]
+    query: int
+    decision: int
+    query_start: int | None  # tokens[query_start:] are the question and answer tokens
     tokens: list[TokenRecord]
     values: list[float]
 
 
 class HealthOut(BaseModel):
+    """Each part "ok" or one line saying what is down."""
+
     status: Literal["ok", "degraded"]
     database: str
     broker: str
+    workers: str
 
 
 class ErrorOut(BaseModel):

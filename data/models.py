@@ -2,8 +2,10 @@
 skills, placements, questions) and what a run produced (runs, run results).
 
 The database is the source of truth; the broker carries only ids. A run keeps a `snapshot` of
-exactly what it ran on, so editing or deleting the notebook afterwards never changes an old result
-(deleting a notebook sets `runs.notebook_id` to NULL instead of deleting its runs). Attention maps
+exactly what it ran on, so editing the notebook afterwards never changes an old result; deleting a
+notebook deletes its runs too (a deleted document must not stay readable in their snapshots).
+Notebooks, skills and runs record who made them (`created_by`: a user name, or "local" on the
+embedded default); users, tokens and share links are in `data.accounts`, workers in `data.workers`. Attention maps
 are stored compactly: float16 bytes `[layers, heads, T]` in a blob column, never JSON floats.
 The web app and the worker import these models; nothing here imports either. JSON columns that
 cross the web ↔ worker boundary hold typed values (`data.contracts`), never loose dicts.
@@ -100,6 +102,7 @@ class Notebook(Base):
     document: Mapped[str] = mapped_column(Text)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow, onupdate=utcnow)
+    created_by: Mapped[str | None] = mapped_column(String(64))
 
     fields: Mapped[list[Field]] = relationship(
         back_populates="notebook", cascade="all, delete-orphan", passive_deletes=True, order_by="Field.start"
@@ -178,6 +181,7 @@ class Skill(Base):
     task_id: Mapped[str | None] = mapped_column(String(64))
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow, onupdate=utcnow)
+    created_by: Mapped[str | None] = mapped_column(String(64))
 
 
 class Placement(Base):
@@ -216,14 +220,14 @@ class Question(Base):
 
 class Run(Base):
     """One request to the worker. `snapshot` is exactly what was run (a `RunSnapshot`, written by
-    the web and read by the worker); `notebook_id` becomes NULL if the notebook is deleted."""
+    the web and read by the worker); deleting the notebook deletes the run."""
 
     __tablename__ = "runs"
     __table_args__ = (CheckConstraint(_one_of("status", RUN_STATUSES), name="status"),)
 
     id: Mapped[int] = mapped_column(primary_key=True)
     notebook_id: Mapped[int | None] = mapped_column(
-        ForeignKey("notebooks.id", ondelete="SET NULL"), index=True
+        ForeignKey("notebooks.id", ondelete="CASCADE"), index=True
     )
     kind: Mapped[str] = mapped_column(String(16), default="edit")
     snapshot: Mapped[RunSnapshot] = mapped_column(Typed(RunSnapshot))
@@ -234,6 +238,7 @@ class Run(Base):
     error: Mapped[str | None] = mapped_column(Text)
     worker: Mapped[str | None] = mapped_column(String(200))
     task_id: Mapped[str | None] = mapped_column(String(64))
+    created_by: Mapped[str | None] = mapped_column(String(64), index=True)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
@@ -288,8 +293,14 @@ class RunResult(Base):
     # float16 bytes, C order, shape `attention_shape` = [layers, heads, T]; loaded only when asked for.
     attention: Mapped[bytes | None] = mapped_column(LargeBinary, deferred=True)
     attention_shape: Mapped[list[int] | None] = mapped_column(JSON)
-    # the T cached tokens the attention looks at
+    # the T tokens the attention looks at: the notes, then the question, then the answer
     tokens: Mapped[list[TokenRecord] | None] = mapped_column(Typed(list[TokenRecord]))
+    # index in `tokens` of the decision position (the question's last token)
+    decision_index: Mapped[int | None] = mapped_column(Integer)
+    # float16 bytes [T - query_start, T]: where each question and answer token looked, averaged
+    # over layers and heads (the decision's own per-layer, per-head map is `attention`)
+    query_attention: Mapped[bytes | None] = mapped_column(LargeBinary, deferred=True)
+    query_start: Mapped[int | None] = mapped_column(Integer)
 
     run: Mapped[Run] = relationship(back_populates="results")
 

@@ -9,9 +9,11 @@ sets `DATABASE_URL` (PostgreSQL) and `BROKER_URL` / `RESULT_BACKEND` (Redis or R
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from functools import lru_cache
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -56,6 +58,23 @@ class Settings(BaseSettings):
     task_time_limit_s: int = Field(default=3600, ge=1, validation_alias="KVNOTES_TASK_TIME_LIMIT")
     visibility_timeout_s: int = Field(default=0, ge=0, validation_alias="KVNOTES_VISIBILITY_TIMEOUT")
 
+    # Security (README "Security"). Sign-in is off only for a loopback client of a loopback bind
+    # (the embedded default) unless `KVNOTES_AUTH=required`; any other bind needs a secret key and a
+    # user (`kvnotes serve` refuses to start without them). The secret signs session cookies, CSRF
+    # tokens and share links; on loopback without one, a key file under the data folder is used.
+    secret_key: str = Field(default="", validation_alias="KVNOTES_SECRET_KEY")
+    auth: Literal["auto", "required"] = Field(default="auto", validation_alias="KVNOTES_AUTH")
+    bind_host: str = Field(default="127.0.0.1", validation_alias="KVNOTES_BIND_HOST")  # set by `serve`
+    allowed_hosts_csv: str = Field(default="", validation_alias="KVNOTES_ALLOWED_HOSTS")
+    https: bool = Field(default=False, validation_alias="KVNOTES_HTTPS")  # served behind TLS: Secure cookies, HSTS
+    session_max_age_s: int = Field(default=14 * 86400, ge=60, validation_alias="KVNOTES_SESSION_MAX_AGE")
+
+    # Work limits: queued + running runs per user, and in all (beyond them: 429 with the reason).
+    max_active_runs_per_user: int = Field(default=8, ge=1, validation_alias="KVNOTES_MAX_ACTIVE_RUNS_PER_USER")
+    max_active_runs: int = Field(default=64, ge=1, validation_alias="KVNOTES_MAX_ACTIVE_RUNS")
+    # A worker whose beat is older than this is dead (health says so; its runs are failed).
+    worker_stale_s: float = Field(default=15.0, gt=0, validation_alias="KVNOTES_WORKER_STALE_S")
+
     @field_validator("data_dir")
     @classmethod
     def _absolute(cls, value: Path) -> Path:
@@ -82,6 +101,30 @@ class Settings(BaseSettings):
         names = [m.strip() for m in self.models_csv.split(",") if m.strip()]
         return [self.default_model, *[m for m in names if m != self.default_model]]
 
+    @property
+    def max_request_bytes(self) -> int:
+        """The largest request body accepted (413 beyond): a maximal document, JSON-escaped, or a
+        maximal upload, with room for the rest of the request."""
+        return max(6 * self.max_document_chars, 2 * self.max_upload_bytes) + (1 << 20)
+
+    @property
+    def loopback_bind(self) -> bool:
+        """True when the web app listens on a loopback address only."""
+        return is_loopback(self.bind_host)
+
+    @property
+    def allowed_hosts(self) -> list[str]:
+        """Host names the app answers to: `KVNOTES_ALLOWED_HOSTS`, else the loopback names and the
+        bound address (an unspecified bind such as 0.0.0.0 names no host)."""
+        configured = [h.strip().lower() for h in self.allowed_hosts_csv.split(",") if h.strip()]
+        if configured:
+            return configured
+        hosts = ["127.0.0.1", "localhost", "::1"]
+        bound = self.bind_host.strip().strip("[]").lower()
+        if bound and bound not in hosts and bound not in ("0.0.0.0", "::"):
+            hosts.append(bound)
+        return hosts
+
     def ensure_data_dir(self) -> Path:
         """Create the data folder (and nothing else) when it is missing."""
         self.data_dir.mkdir(parents=True, exist_ok=True)
@@ -95,6 +138,19 @@ def get_settings() -> Settings:
     settings = Settings()
     settings.ensure_data_dir()
     return settings
+
+
+def is_loopback(host: str | None) -> bool:
+    """127.0.0.0/8, ::1 and `localhost`."""
+    if not host:
+        return False
+    host = host.strip().strip("[]").lower()
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def redact(url: str) -> str:

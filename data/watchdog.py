@@ -4,6 +4,10 @@ A live worker refreshes `runs.heartbeat_at` every few seconds while it works on 
 heartbeat (or, before the first one, its start) is older than `max_age` belongs to a worker that is
 gone. The web side calls `reap_stale_runs` when it reads runs; a worker calls it with `worker=` its
 own hostname at start, where every run still `running` under its name is from its previous life.
+With the worker registry (`data.workers`) it does not wait for the heartbeat age: a run held by a
+worker that stopped or stopped beating is failed at once, and a run still `queued` while a live
+worker of its model has sat idle for `QUEUED_GRACE_S` lost its message (a worker took it and died
+before starting it) and is failed too. `watch` does all of this; workers call it every few seconds.
 
 Pure database work on the caller's session (the caller commits); no torch, no worker tasks.
 """
@@ -13,12 +17,16 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import or_, select
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
 from data.models import Run, as_utc
 from data.settings import get_settings
+from data.workers import dead_worker_names, live_workers
 
 WORKER_LOST = "worker lost while running; re-run it"
+MESSAGE_LOST = "its queue message was lost with a stopped worker before it started; re-run it"
+QUEUED_GRACE_S = 30.0  # a live idle worker takes a waiting message within a second or two
 
 
 def reap_stale_runs(session: Session, now: datetime, max_age: float, worker: str | None = None) -> list[int]:
@@ -48,16 +56,58 @@ def reap_stale_runs(session: Session, now: datetime, max_age: float, worker: str
         last = as_utc(run.heartbeat_at) or as_utc(run.started_at)
         if worker is None and last is not None and (now - last).total_seconds() < max_age:
             continue  # the SQL comparison on naive SQLite values said stale; trust the aware one
-        run.status = "failed"
-        run.error = WORKER_LOST
-        run.stage = "failed"
-        run.finished_at = now
+        _fail(run, now, WORKER_LOST)
         reaped.append(run.id)
     session.flush()
     return reaped
 
 
+def _fail(run: Run, now: datetime, message: str) -> None:
+    run.status, run.error, run.stage, run.finished_at = "failed", message, "failed", now
+
+
+def reap_runs_of_dead_workers(session: Session, now: datetime) -> list[int]:
+    """Runs `running` under a worker the registry knows to be stopped or silent: failed now."""
+    dead = dead_worker_names(session, now)
+    if not dead:
+        return []
+    reaped = []
+    for run in session.scalars(select(Run).where(Run.status == "running", Run.worker.in_(dead))):
+        _fail(run, now, WORKER_LOST)
+        reaped.append(run.id)
+    session.flush()
+    return reaped
+
+
+def reap_lost_messages(session: Session, now: datetime, grace_s: float = QUEUED_GRACE_S) -> list[int]:
+    """Runs still `queued` after `grace_s` although a live worker of their model has been idle for
+    `grace_s`: their message is gone (taken by a worker that died before starting them)."""
+    idle_models = {m for w in live_workers(session, now) if w.idle_for(now) > grace_s for m in w.models}
+    if not idle_models:
+        return []
+    cutoff = now - timedelta(seconds=grace_s)
+    reaped = []
+    for run in session.scalars(select(Run).where(Run.status == "queued", Run.created_at < cutoff)):
+        created = as_utc(run.created_at)
+        if created is not None and created < cutoff and run.model in idle_models:
+            _fail(run, now, MESSAGE_LOST)
+            reaped.append(run.id)
+    session.flush()
+    return reaped
+
+
+def watch(session: Session, now: datetime | None = None) -> list[int]:
+    """Every rule above, on the caller's session (the caller commits); the ids of runs failed."""
+    now = now or datetime.now(UTC)
+    return (reap_stale_runs(session, now, get_settings().heartbeat_max_age_s)
+            + reap_runs_of_dead_workers(session, now) + reap_lost_messages(session, now))
+
+
 def reap_for_reader(session: Session) -> None:
-    """What a web reader of runs calls first: lost runs become `failed` before anyone looks."""
-    if reap_stale_runs(session, datetime.now(UTC), get_settings().heartbeat_max_age_s):
-        session.commit()
+    """What a web reader of runs calls first: lost runs become `failed` before anyone looks. A
+    database that cannot be written (read-only, full) must not stop anyone reading: skipped then."""
+    try:
+        if watch(session):
+            session.commit()
+    except DBAPIError:
+        session.rollback()

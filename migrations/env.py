@@ -8,6 +8,7 @@ from logging.config import fileConfig
 from alembic import context
 from sqlalchemy import Connection
 
+from data import accounts, health, workers  # noqa: F401  (their tables belong to the schema too)
 from data.db import make_engine
 from data.models import Base
 from data.settings import get_settings
@@ -38,9 +39,19 @@ def run_migrations_offline() -> None:
 
 
 def _run_with(connection: Connection) -> None:
+    # SQLite's batch mode copies a table and drops the old one; with foreign keys enforced, that
+    # drop would cascade (dropping `runs` would delete every run result). Off while migrating.
+    sqlite = connection.dialect.name == "sqlite"
+    if sqlite:
+        connection.exec_driver_sql("PRAGMA foreign_keys=OFF")
+        connection.commit()
     _configure(connection=connection)
     with context.begin_transaction():
         context.run_migrations()
+    if sqlite:
+        connection.commit()
+        connection.exec_driver_sql("PRAGMA foreign_keys=ON")
+        connection.commit()
 
 
 def run_migrations_online() -> None:

@@ -92,7 +92,8 @@ def make_client(isolated):
         from data.migrate import upgrade_to_head
 
         upgrade_to_head()
-        client = TestClient(create_app())
+        # a loopback client of the loopback default: no sign-in, like `scripts/run.sh`
+        client = TestClient(create_app(), base_url="http://127.0.0.1", client=("127.0.0.1", 50000))
         clients.append(client)
         return client
 

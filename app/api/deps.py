@@ -1,22 +1,34 @@
-"""Dependencies and small helpers shared by the API routes: the database session and 404s."""
+"""Dependencies and small helpers shared by the API routes and pages: the database session, who
+is asking (set by `app.security.guard`), and 404s (ids past the database's integers are 404s too)."""
 
 from __future__ import annotations
 
 from typing import Annotated, TypeVar
 
-from fastapi import Depends, HTTPException
+from fastapi import Depends, HTTPException, Request
 from sqlalchemy.orm import Session
 
+from app.security.principal import Principal
+from data.accounts import LOCAL_USER
 from data.db import get_session
 
 SessionDep = Annotated[Session, Depends(get_session)]
+MAX_DB_ID = 2**63 - 1
+
+
+def current_principal(request: Request) -> Principal:
+    """Who is asking (the guard ran first; "local" on the embedded default)."""
+    return getattr(request.state, "principal", None) or Principal(LOCAL_USER, "editor", "local")
+
+
+PrincipalDep = Annotated[Principal, Depends(current_principal)]
 
 T = TypeVar("T")
 
 
 def get_or_404(session: Session, model: type[T], ident: int, name: str) -> T:
     """The row `ident` of `model`, or a 404 that names what was missing."""
-    row = session.get(model, ident)
+    row = session.get(model, ident) if abs(ident) <= MAX_DB_ID else None
     if row is None:
         raise HTTPException(status_code=404, detail=f"{name} {ident} not found")
     return row

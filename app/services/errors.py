@@ -1,4 +1,5 @@
-"""The one error every action raises for input that is well-formed but impossible here."""
+"""The errors actions raise: `Unprocessable` for input that is well-formed but impossible here
+(422), `RunLimitReached` when the run caps are reached (429)."""
 
 from __future__ import annotations
 
@@ -26,3 +27,8 @@ class Unprocessable(ValueError):
     @property
     def message(self) -> str:
         return "; ".join(self.errors.values())
+
+
+class RunLimitReached(RuntimeError):
+    """Too many runs queued or running (for this user, or in all): the API answers 429 with this
+    message, which names the limit and its setting."""

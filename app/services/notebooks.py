@@ -8,7 +8,9 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from app.services.errors import Unprocessable
-from data.models import Erratum, Field, Notebook, Placement, Question, Skill, utcnow
+from data.accounts import LOCAL_USER
+from data.models import Erratum, Field, Notebook, Placement, Question, Run, Skill, utcnow
+from data.queue import revoke
 from data.settings import get_settings
 from worker.engine.vocabulary import render_erratum
 
@@ -17,12 +19,24 @@ def touch(notebook: Notebook) -> None:
     notebook.updated_at = utcnow()
 
 
-def create_notebook(session: Session, title: str, model: str, document: str) -> Notebook:
+def create_notebook(session: Session, title: str, model: str, document: str,
+                    created_by: str = LOCAL_USER) -> Notebook:
     """A new notebook (flushed, so it has its id; the caller commits)."""
-    notebook = Notebook(title=title, model=model, document=document)
+    notebook = Notebook(title=title, model=model, document=document, created_by=created_by)
     session.add(notebook)
     session.flush()
     return notebook
+
+
+def delete_notebook(session: Session, notebook: Notebook) -> None:
+    """Delete the notebook with everything on it, its runs included (a deleted document must not
+    stay readable in their snapshots); commits, then asks workers to drop its unfinished runs."""
+    unfinished = select(Run.task_id).where(Run.notebook_id == notebook.id, Run.status.in_(("queued", "running")))
+    task_ids = [t for t in session.scalars(unfinished) if t]
+    session.delete(notebook)
+    session.commit()
+    for task_id in task_ids:
+        revoke(task_id)
 
 
 def set_question(notebook: Notebook, text: str, choices: list[str], cot: bool) -> Question:

@@ -3,14 +3,19 @@ message; committed only once the broker has taken it), the question a run asks, 
 
 from __future__ import annotations
 
+from sqlalchemy import func, select, text
 from sqlalchemy.orm import Session
 
 from app.schemas import RunCreate
-from app.services.errors import Unprocessable
+from app.services.errors import RunLimitReached, Unprocessable
 from app.services.notebooks import set_question
+from data.accounts import LOCAL_USER
 from data.contracts import RunSnapshot, SnapshotField, SnapshotPlacement, SnapshotQuestion
 from data.models import Notebook, Question, Run, utcnow
 from data.queue import enqueue_run, revoke
+from data.settings import get_settings
+
+ACTIVE = ("queued", "running")
 
 
 def build_snapshot(notebook: Notebook, question: Question, strategies: list[str],
@@ -36,10 +41,31 @@ def build_snapshot(notebook: Notebook, question: Question, strategies: list[str]
     )
 
 
+def check_run_caps(session: Session, created_by: str) -> None:
+    """Refuse a run past the caps: `KVNOTES_MAX_ACTIVE_RUNS_PER_USER` queued + running runs of one
+    user, `KVNOTES_MAX_ACTIVE_RUNS` in all. Called after the new row is flushed (so it counts
+    itself): on SQLite the flush holds the write lock, on PostgreSQL an advisory lock serializes
+    run creation, so two requests at once cannot both slip under a cap."""
+    if session.get_bind().dialect.name == "postgresql":
+        session.execute(text("SELECT pg_advisory_xact_lock(7061504)"))  # "kvnotes runs"
+    settings = get_settings()
+    active = select(func.count(Run.id)).where(Run.status.in_(ACTIVE))
+    mine = session.scalar(active.where(Run.created_by == created_by)) or 0
+    if mine > settings.max_active_runs_per_user:
+        raise RunLimitReached(
+            f"{created_by} has {mine - 1} runs queued or running; the limit is "
+            f"{settings.max_active_runs_per_user} per user (KVNOTES_MAX_ACTIVE_RUNS_PER_USER): wait for one to finish")
+    everyone = session.scalar(active) or 0
+    if everyone > settings.max_active_runs:
+        raise RunLimitReached(
+            f"{everyone - 1} runs are queued or running; the limit is {settings.max_active_runs} in all "
+            "(KVNOTES_MAX_ACTIVE_RUNS): wait for some to finish")
+
+
 def start_run(session: Session, notebook: Notebook, question: Question, strategies: list[str],
-              attribution: bool = False) -> Run:
+              attribution: bool = False, created_by: str = LOCAL_USER) -> Run:
     """Create the run row, enqueue it, and commit only after the broker took the message.
-    Raises `QueueUnavailable` (after rolling back) when it did not."""
+    Raises `RunLimitReached` or `QueueUnavailable` (after rolling back: nothing is saved)."""
     run = Run(
         notebook_id=notebook.id,
         kind="edit",
@@ -49,10 +75,12 @@ def start_run(session: Session, notebook: Notebook, question: Question, strategi
         stage="queued",
         progress=0.0,
         timings={},
+        created_by=created_by,
     )
     session.add(run)
     session.flush()
     try:
+        check_run_caps(session, created_by)
         run.task_id = enqueue_run(run)
     except Exception:
         session.rollback()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from sqlalchemy.orm import Session
 
+from data.accounts import LOCAL_USER
 from data.models import Skill
 from data.queue import QueueUnavailable, enqueue_compile
 
@@ -17,9 +18,9 @@ class AlreadyCompiling(RuntimeError):
     """A compile was asked for a skill a worker is compiling now."""
 
 
-def create_skill(session: Session, name: str, text: str, model: str) -> Skill:
+def create_skill(session: Session, name: str, text: str, model: str, created_by: str = LOCAL_USER) -> Skill:
     """A new draft skill (flushed, so it has its id; the caller commits)."""
-    skill = Skill(name=name, text=text, model=model, status="draft", progress=0.0)
+    skill = Skill(name=name, text=text, model=model, status="draft", progress=0.0, created_by=created_by)
     session.add(skill)
     session.flush()
     return skill

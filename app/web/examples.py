@@ -19,6 +19,7 @@ from sqlalchemy.orm import Session
 from app.services.notebooks import add_field, add_placement, create_notebook, set_question
 from app.services.skills import create_skill, request_compile
 from app.web.templating import EXAMPLES_DIR
+from data.accounts import LOCAL_USER
 from data.models import Notebook, Skill
 from data.settings import get_settings
 
@@ -54,18 +55,18 @@ def _find(document: str, needle: str, what: str, slug: str) -> int:
     return at
 
 
-def _skill(session: Session, name: str, text: str, model: str) -> Skill:
+def _skill(session: Session, name: str, text: str, model: str, created_by: str) -> Skill:
     """The library's skill with this name, text and model, or a new one sent to compile (raises
     `QueueUnavailable` when the broker cannot take it: the caller saves nothing)."""
     found = session.scalar(select(Skill).where(Skill.name == name, Skill.text == text, Skill.model == model))
     if found is not None:
         return found
-    skill = create_skill(session, name, text, model)
+    skill = create_skill(session, name, text, model, created_by)
     request_compile(session, skill)
     return skill
 
 
-def load_example(session: Session, slug: str, directory: Path = EXAMPLES_DIR) -> Notebook:
+def load_example(session: Session, slug: str, directory: Path = EXAMPLES_DIR, created_by: str = LOCAL_USER) -> Notebook:
     """Create the notebook of `examples/<slug>.json` (committed by the caller)."""
     path = directory / f"{slug}.json"
     if not path.is_file() or path.parent != directory:
@@ -73,7 +74,7 @@ def load_example(session: Session, slug: str, directory: Path = EXAMPLES_DIR) ->
     data: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
     document = str(data["document"])
     model = str(data.get("model") or get_settings().default_model)
-    notebook = create_notebook(session, str(data.get("title", slug)), model, document)
+    notebook = create_notebook(session, str(data.get("title", slug)), model, document, created_by)
     for f in data.get("fields", []):
         start = _find(document, f["find"], "field", slug)
         add_field(session, notebook, start, start + len(f["find"]), str(f["new_value"]), str(f.get("label", "")))
@@ -82,5 +83,5 @@ def load_example(session: Session, slug: str, directory: Path = EXAMPLES_DIR) ->
     for s in data.get("skills", []):
         anchor = s.get("position_find")
         position = None if anchor is None else _find(document, anchor, "skill position", slug)
-        add_placement(notebook, _skill(session, s["name"], s["text"], model), position)
+        add_placement(notebook, _skill(session, s["name"], s["text"], model, created_by), position)
     return notebook

@@ -15,10 +15,10 @@ from fastapi import APIRouter, Form, HTTPException, Request
 from fastapi.responses import JSONResponse, Response
 from sqlalchemy.orm import Session
 
-from app.api.deps import SessionDep, get_or_404
+from app.api.deps import PrincipalDep, SessionDep, get_or_404
 from app.schemas import ErratumCreate, ErratumPatch, FieldCreate, FieldPatch, PlacementCreate, RunCreate
 from app.services import notebooks as actions
-from app.services.errors import Unprocessable
+from app.services.errors import RunLimitReached, Unprocessable
 from app.services.runs import question_for, start_run
 from app.web.document_view import hover_tokens, paragraph_starts
 from app.web.forms import lines, parse_int, validate
@@ -244,7 +244,7 @@ def remove_placement(request: Request, notebook_id: int, placement_id: int, sess
 
 @router.post("/notebooks/{notebook_id}/runs")
 def create_run(
-    request: Request, notebook_id: int, session: SessionDep,
+    request: Request, notebook_id: int, session: SessionDep, principal: PrincipalDep,
     question: Text = "", choices: Text = "", cot: OptText = None, attribution: OptText = None,
     strategies: Annotated[list[str] | None, Form()] = None,
 ) -> Response:
@@ -259,7 +259,7 @@ def create_run(
         body = validate(RunCreate, {"question": question.strip(), "choices": lines(choices), "cot": bool(cot),
                                     "attribution": bool(attribution), "strategies": chosen})
         asked = question_for(notebook, body)
-        run = start_run(session, notebook, asked, body.strategies, body.attribution)
+        run = start_run(session, notebook, asked, body.strategies, body.attribution, principal.name)
     except Unprocessable as exc:
         session.rollback()
         context["run_errors"] = exc.errors
@@ -267,4 +267,7 @@ def create_run(
     except QueueUnavailable as exc:
         context["run_errors"] = {"form": f"The run could not be queued, nothing was saved: {exc.reason}"}
         return render(request, "_run_form.html", 503, **context)
+    except RunLimitReached as exc:
+        context["run_errors"] = {"form": f"The run was not started: {exc}"}
+        return render(request, "_run_form.html", 429, **context)
     return render(request, "_run_started.html", **context, run=run, compact=True)

@@ -12,11 +12,11 @@ from fastapi import APIRouter, File, Form, Request, UploadFile
 from fastapi.responses import RedirectResponse, Response
 from sqlalchemy import select
 
-from app.api.deps import SessionDep
+from app.api.deps import PrincipalDep, SessionDep
 from app.schemas import NotebookCreate
 from app.services.errors import Unprocessable
 from app.services.notebooks import create_notebook as create_notebook_action
-from app.web import components, notebook_pages, run_pages, skill_pages
+from app.web import account_pages, components, notebook_pages, run_pages, skill_pages
 from app.web.examples import ExampleError, list_examples, load_example
 from app.web.forms import validate
 from app.web.templating import render
@@ -25,7 +25,7 @@ from data.queue import QueueUnavailable
 from data.settings import get_settings
 
 router = APIRouter(include_in_schema=False)
-for _module in (notebook_pages, run_pages, skill_pages, components):
+for _module in (account_pages, notebook_pages, run_pages, skill_pages, components):
     router.include_router(_module.router, include_in_schema=False)
 
 
@@ -81,6 +81,7 @@ async def _uploaded_text(file: UploadFile | None) -> str | None:
 async def create_notebook(
     request: Request,
     session: SessionDep,
+    principal: PrincipalDep,
     title: Annotated[str, Form()] = "",
     model: Annotated[str, Form()] = "",
     text: Annotated[str, Form()] = "",
@@ -97,15 +98,15 @@ async def create_notebook(
         body = validate(NotebookCreate, {"title": title.strip() or "Untitled", "model": model, "text": document})
     except Unprocessable as exc:
         return _index(request, session, 422, values=values, errors=exc.errors)
-    notebook = create_notebook_action(session, body.title, body.model, body.text)
+    notebook = create_notebook_action(session, body.title, body.model, body.text, principal.name)
     session.commit()
     return RedirectResponse(f"/notebooks/{notebook.id}", status_code=303)
 
 
 @router.post("/examples/{slug}")
-def create_from_example(request: Request, slug: str, session: SessionDep) -> Response:
+def create_from_example(request: Request, slug: str, session: SessionDep, principal: PrincipalDep) -> Response:
     try:
-        notebook = load_example(session, slug)
+        notebook = load_example(session, slug, created_by=principal.name)
         session.commit()
     except (ExampleError, KeyError, ValueError) as exc:
         session.rollback()

@@ -9,7 +9,7 @@ from fastapi import APIRouter, Form, Request
 from fastapi.responses import RedirectResponse, Response
 from sqlalchemy import select
 
-from app.api.deps import SessionDep, get_or_404
+from app.api.deps import PrincipalDep, SessionDep, get_or_404
 from app.schemas import SkillCreate
 from app.services import skills as actions
 from app.services.errors import Unprocessable
@@ -36,7 +36,7 @@ def skills_page(request: Request, session: SessionDep) -> Response:
 
 @router.post("/skills")
 def create_skill(
-    request: Request, session: SessionDep,
+    request: Request, session: SessionDep, principal: PrincipalDep,
     name: Annotated[str, Form()] = "", text: Annotated[str, Form()] = "", model: Annotated[str, Form()] = "",
     compile: Annotated[str | None, Form()] = None,
 ) -> Response:
@@ -47,7 +47,7 @@ def create_skill(
         if model not in get_settings().models:
             raise Unprocessable("model", f"choose one of: {', '.join(get_settings().models)}")
         body = validate(SkillCreate, {"name": name.strip(), "text": text, "model": model})
-        skill = actions.create_skill(session, body.name, body.text, body.model)
+        skill = actions.create_skill(session, body.name, body.text, body.model, principal.name)
         if compile:
             actions.request_compile(session, skill)
     except Unprocessable as exc:

@@ -66,6 +66,8 @@ templates.env.globals.update(
 
 
 def render(request: Request, name: str, status_code: int = 200, **context: Any):
-    """Render a page or fragment; `is_htmx` tells templates whether the request came from htmx."""
+    """Render a page or fragment; `is_htmx` tells templates whether the request came from htmx,
+    `principal` who is asking (its `csrf` token goes into every htmx request of a signed-in page)."""
     context.setdefault("is_htmx", request.headers.get("HX-Request") == "true")
+    context.setdefault("principal", getattr(request.state, "principal", None))
     return templates.TemplateResponse(request, name, context, status_code=status_code)

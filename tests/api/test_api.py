@@ -216,7 +216,7 @@ def test_unreachable_broker_answers_503_and_saves_nothing(make_client, tmp_path:
     )
 
 
-def test_snapshot_isolation_and_runs_outlive_their_notebook(make_client) -> None:
+def test_snapshot_isolation_and_deleting_a_notebook_deletes_its_runs(make_client) -> None:
     client = make_client()
     nb = _notebook(client)["id"]
     _field(client, nb)
@@ -240,8 +240,9 @@ def test_snapshot_isolation_and_runs_outlive_their_notebook(make_client) -> None
     client.put(f"/api/notebooks/{nb}/question", json={"text": "Other?", "choices": ["a", "b"]})
     assert client.get(f"/api/runs/{run['id']}").json()["snapshot"] == before
     assert client.delete(f"/api/notebooks/{nb}").status_code == 204
-    kept = client.get(f"/api/runs/{run['id']}").json()
-    assert kept["notebook_id"] is None and kept["snapshot"] == before
+    # the deleted document must not stay readable in the run's snapshot
+    assert client.get(f"/api/runs/{run['id']}").status_code == 404
+    assert client.get(f"/runs/{run['id']}").status_code == 404
 
 
 def test_results_and_attention_read_back(make_client) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, status
 from sqlalchemy import select
 
-from app.api.deps import SessionDep, errors, get_or_404
+from app.api.deps import PrincipalDep, SessionDep, errors, get_or_404
 from app.schemas import NotebookCreate, NotebookOut, NotebookPatch, NotebookSummary, QuestionIn, QuestionOut
 from app.services import notebooks as actions
 from data.models import Notebook, Question
@@ -18,6 +18,7 @@ def notebook_out(notebook: Notebook) -> NotebookOut:
         id=notebook.id,
         title=notebook.title,
         model=notebook.model,
+        created_by=notebook.created_by,
         created_at=notebook.created_at,
         updated_at=notebook.updated_at,
         text=notebook.document,
@@ -29,8 +30,8 @@ def notebook_out(notebook: Notebook) -> NotebookOut:
 
 
 @router.post("/notebooks", response_model=NotebookOut, status_code=status.HTTP_201_CREATED)
-def create_notebook(body: NotebookCreate, session: SessionDep) -> NotebookOut:
-    notebook = actions.create_notebook(session, body.title, body.model, body.text)
+def create_notebook(body: NotebookCreate, session: SessionDep, principal: PrincipalDep) -> NotebookOut:
+    notebook = actions.create_notebook(session, body.title, body.model, body.text, principal.name)
     session.commit()
     return notebook_out(notebook)
 
@@ -61,9 +62,8 @@ def update_notebook(notebook_id: int, body: NotebookPatch, session: SessionDep) 
 
 @router.delete("/notebooks/{notebook_id}", status_code=status.HTTP_204_NO_CONTENT, responses=errors(404))
 def delete_notebook(notebook_id: int, session: SessionDep) -> None:
-    """Deletes the notebook, its fields, errata, placements and questions; its runs remain."""
-    session.delete(get_or_404(session, Notebook, notebook_id, "notebook"))
-    session.commit()
+    """Deletes the notebook, its fields, errata, placements, questions and runs."""
+    actions.delete_notebook(session, get_or_404(session, Notebook, notebook_id, "notebook"))
 
 
 @router.put("/notebooks/{notebook_id}/question", response_model=QuestionOut, responses=errors(404))

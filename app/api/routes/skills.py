@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, HTTPException, status
 from sqlalchemy import select
 
-from app.api.deps import SessionDep, errors, get_or_404
+from app.api.deps import PrincipalDep, SessionDep, errors, get_or_404
 from app.schemas import SkillCreate, SkillOut, SkillPatch
 from app.services import skills as actions
 from data.models import Skill
@@ -15,8 +15,8 @@ router = APIRouter(tags=["skills"])
 
 
 @router.post("/skills", response_model=SkillOut, status_code=status.HTTP_201_CREATED)
-def create_skill(body: SkillCreate, session: SessionDep) -> Skill:
-    skill = actions.create_skill(session, body.name, body.text, body.model)
+def create_skill(body: SkillCreate, session: SessionDep, principal: PrincipalDep) -> Skill:
+    skill = actions.create_skill(session, body.name, body.text, body.model, principal.name)
     session.commit()
     return skill
 

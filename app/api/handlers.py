@@ -1,0 +1,115 @@
+"""How errors are answered, in one place: the JSON API gets `{"detail": …}`, an htmx request a
+small alert fragment, a page a plain error page. Every message is one line a person can act on.
+
+- 422 (validation): FastAPI's shape, but the input is quoted as a short prefix only (a 10 MB field
+  is never echoed back) and text that is not valid Unicode is escaped, never a 500.
+- 503: the database could not be written (read-only, full disk, gone): a plain message, no SQL;
+  the request's session was rolled back, so nothing of it is saved.
+- 409: two requests changed the same rows at once (e.g. two deletes in one notebook).
+- 413 / 429 / sign-in: the request body limit, the run caps, and pages that need a signed-in user.
+"""
+
+from __future__ import annotations
+
+import html
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.orm.exc import StaleDataError
+
+from app.security.guard import SignInRequired, login_url
+from app.security.middleware import BodyTooLarge
+from app.services.errors import RunLimitReached, Unprocessable
+from data.health import plain_database_error
+
+log = logging.getLogger(__name__)
+QUOTE_CHARS = 60  # how much of a bad input a 422 quotes back
+
+
+def safe_text(value: str, limit: int = QUOTE_CHARS) -> str:
+    """At most `limit` characters of `value`, lone surrogates escaped (JSON must stay UTF-8)."""
+    cut = value[:limit] + ("…" if len(value) > limit else "")
+    return cut.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def _quoted(value: Any) -> Any:
+    if isinstance(value, str):
+        return safe_text(value)
+    if isinstance(value, bool | int | float) or value is None:
+        return value if not isinstance(value, int) or abs(value) < 10**18 else safe_text(str(value))
+    return f"<{type(value).__name__}>"
+
+
+def answer(request: Request, status: int, message: str, headers: dict[str, str] | None = None) -> Response:
+    """`message` as JSON for the API, an alert fragment for htmx, a small page otherwise."""
+    if request.url.path.startswith("/api/") or "application/json" in request.headers.get("accept", ""):
+        return JSONResponse({"detail": message}, status_code=status, headers=headers)
+    text = html.escape(message)
+    if request.headers.get("HX-Request") == "true":
+        return HTMLResponse(f'<div class="form-error" role="alert">{text}</div>', status, headers)
+    page = (f'<!doctype html><html lang="en"><head><meta charset="utf-8"><title>{status} · kvnotes</title>'
+            f'<link rel="stylesheet" href="/static/css/kvnotes.css"></head><body><main id="main">'
+            f'<h1>{status}</h1><p class="form-error" role="alert">{text}</p><p><a href="/">Back to the notebooks</a>'
+            f"</p></main></body></html>")
+    return HTMLResponse(page, status, headers)
+
+
+async def _validation(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RequestValidationError)
+    detail = []
+    for error in exc.errors():
+        item = {"loc": [_quoted(part) for part in error.get("loc", ())], "msg": safe_text(str(error.get("msg", "")), 300),
+                "type": error.get("type", "value_error")}
+        if "input" in error:
+            item["input"] = _quoted(error["input"])
+        detail.append(item)
+    return JSONResponse(status_code=422, content={"detail": detail})
+
+
+async def _unprocessable(_request: Request, exc: Exception) -> JSONResponse:
+    """Same shape as FastAPI's validation errors: the field to blame and what is wrong."""
+    assert isinstance(exc, Unprocessable)
+    detail = [{"loc": ["body", field], "msg": safe_text(message, 500), "type": "value_error"}
+              for field, message in exc.errors.items()]
+    return JSONResponse(status_code=422, content={"detail": detail})
+
+
+async def _database(request: Request, exc: Exception) -> Response:
+    reason = plain_database_error(exc)
+    log.error("database error answered 503: %s", reason)
+    return answer(request, 503, f"the database cannot be written right now ({reason}); nothing was saved",
+                  {"Retry-After": "30"})
+
+
+async def _stale(request: Request, _exc: Exception) -> Response:
+    return answer(request, 409, "another request changed or deleted this at the same time; reload and try again")
+
+
+async def _too_large(request: Request, exc: Exception) -> Response:
+    return answer(request, 413, str(exc))
+
+
+async def _run_limit(request: Request, exc: Exception) -> Response:
+    return answer(request, 429, str(exc), {"Retry-After": "30"})
+
+
+async def _sign_in(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, SignInRequired)
+    target = login_url(exc.next_path)
+    if request.headers.get("HX-Request") == "true":
+        return Response(status_code=401, headers={"HX-Redirect": target})
+    return RedirectResponse(target, status_code=303)
+
+
+def install(app: FastAPI) -> None:
+    app.add_exception_handler(RequestValidationError, _validation)
+    app.add_exception_handler(Unprocessable, _unprocessable)
+    app.add_exception_handler(DBAPIError, _database)
+    app.add_exception_handler(StaleDataError, _stale)
+    app.add_exception_handler(BodyTooLarge, _too_large)
+    app.add_exception_handler(RunLimitReached, _run_limit)
+    app.add_exception_handler(SignInRequired, _sign_in)

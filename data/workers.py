@@ -1,0 +1,107 @@
+"""Which workers are alive, what they serve, and whether they are busy: one row per worker start.
+
+A worker registers when it starts (`workers.name` is its Celery node name, unique per start), beats
+every few seconds, says when it takes and finishes a task, and marks itself stopped on a clean
+shutdown; `kvnotes serve` marks its worker stopped the moment it sees it die. A worker whose beat is
+older than `worker_stale_s` is dead. The web app reads this table for `/api/health` ("a live worker
+per offered model") and to tell a person that their run waits for a model nobody serves; the
+watchdog (`data.watchdog`) uses it to fail the runs of dead workers at once, and to find queued runs
+whose message is gone (a live worker of their model has sat idle since long after they were queued).
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+from sqlalchemy import JSON, DateTime, Integer, String, delete, select, update
+from sqlalchemy.orm import Mapped, Session, mapped_column
+
+from data.models import Base, as_utc, utcnow
+from data.settings import get_settings
+
+FORGET_AFTER = timedelta(days=1)  # rows of workers stopped or dead this long ago are deleted
+
+
+class Worker(Base):
+    __tablename__ = "workers"
+
+    name: Mapped[str] = mapped_column(String(200), primary_key=True)
+    models: Mapped[list[str]] = mapped_column(JSON)
+    host: Mapped[str] = mapped_column(String(200), default="")
+    pid: Mapped[int] = mapped_column(Integer, default=0)
+    started_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    beat_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    # the run it works on (None: none); idle_since is None while it starts or works
+    running_run_id: Mapped[int | None] = mapped_column(Integer)
+    idle_since: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    stopped_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+    def is_live(self, now: datetime, stale_s: float) -> bool:
+        beat = as_utc(self.beat_at)
+        return self.stopped_at is None and beat is not None and (now - beat).total_seconds() < stale_s
+
+    def idle_for(self, now: datetime) -> float:
+        """Seconds it has been idle (0 while starting or busy)."""
+        idle = as_utc(self.idle_since)
+        return 0.0 if idle is None or self.running_run_id is not None else (now - idle).total_seconds()
+
+
+def register(session: Session, name: str, models: list[str], host: str, pid: int) -> bool:
+    """Record a starting worker. False when a LIVE worker already has this name (a duplicate
+    `--name`): the caller must then not treat runs under the name as its own."""
+    now = utcnow()
+    row = session.get(Worker, name)
+    duplicate = row is not None and row.pid != pid and row.is_live(now, get_settings().worker_stale_s)
+    if row is None:
+        row = Worker(name=name)
+        session.add(row)
+    row.models, row.host, row.pid = list(models), host[:200], pid
+    row.started_at = row.beat_at = now
+    row.running_run_id = row.idle_since = row.stopped_at = None
+    session.flush()
+    return not duplicate
+
+
+def beat(session: Session, name: str) -> None:
+    session.execute(update(Worker).where(Worker.name == name, Worker.stopped_at.is_(None)).values(beat_at=utcnow()))
+
+
+def set_running(session: Session, name: str, run_id: int | None) -> None:
+    """The worker took a task (`run_id`, or 0 for a task that is not a run) or finished it (None)."""
+    now = utcnow()
+    session.execute(
+        update(Worker).where(Worker.name == name).values(
+            running_run_id=run_id, idle_since=None if run_id is not None else now, beat_at=now
+        )
+    )
+
+
+def mark_stopped(session: Session, name: str) -> None:
+    session.execute(update(Worker).where(Worker.name == name).values(stopped_at=utcnow(), running_run_id=None))
+
+
+def live_workers(session: Session, now: datetime | None = None) -> list[Worker]:
+    now = now or datetime.now(UTC)
+    stale_s = get_settings().worker_stale_s
+    cutoff = now - timedelta(seconds=stale_s)
+    rows = session.scalars(select(Worker).where(Worker.stopped_at.is_(None), Worker.beat_at >= cutoff))
+    return [row for row in rows if row.is_live(now, stale_s)]
+
+
+def dead_worker_names(session: Session, now: datetime | None = None) -> set[str]:
+    """Names of workers that stopped or stopped beating (rows kept for a day)."""
+    now = now or datetime.now(UTC)
+    stale_s = get_settings().worker_stale_s
+    return {row.name for row in session.scalars(select(Worker)) if not row.is_live(now, stale_s)}
+
+
+def models_without_worker(session: Session, models: list[str]) -> list[str]:
+    """Those of `models` that no live worker serves."""
+    served = {m for row in live_workers(session) for m in row.models}
+    return [m for m in models if m not in served]
+
+
+def forget_old(session: Session, now: datetime | None = None) -> None:
+    """Delete rows of workers dead or stopped for more than a day."""
+    cutoff = (now or datetime.now(UTC)) - FORGET_AFTER
+    session.execute(delete(Worker).where(Worker.beat_at < cutoff))
