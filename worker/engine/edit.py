@@ -29,8 +29,9 @@ import torch
 
 from worker.engine.notes import KV, Notes, cache_from_layers, layers_of
 from worker.engine.rope import RopeLayout, shift_keys
+from worker.engine.split_attention import splits_on_this_device
 
-CHUNK_TOKENS = 512  # after a cached prefix, long inputs go through in chunks (see `extend`)
+CHUNK_TOKENS = 512  # without split attention, long inputs after a cached prefix go in chunks (see `extend`)
 SELECTION_LAYERS = 2  # decoder layers re-run to rank downstream tokens in `selective`
 GAP_MERGE = 4  # selected tokens this close together are recomputed as one run
 
@@ -54,15 +55,17 @@ class Surgery:
 def extend(model, layers: list[KV] | None, ids: list[int]) -> list[KV]:
     """Run `ids` through the model after the cached `layers` (positions continue from their length).
 
-    After a cached prefix transformers passes SDPA an explicit mask, and CPU attention then also
-    computes the masked upper half of the new block; feeding long inputs in chunks keeps that waste
-    to one chunk. From an empty cache the whole input goes at once (causal SDPA, no mask)."""
+    With split attention (`worker.engine.split_attention`, every engine model on the CPU) the whole
+    input goes at once: the cached keys are attended without a mask and the new block causally, so
+    nothing is computed twice and the notes are not copied until the end. Otherwise SDPA gets an
+    explicit mask after a cached prefix and computes its masked upper half too; feeding long inputs
+    in chunks keeps that waste to one chunk."""
     if not ids:
         return layers or []
     from transformers import DynamicCache
 
-    cache = cache_from_layers(layers) if layers else DynamicCache()
-    step = CHUNK_TOKENS if layers else len(ids)
+    cache = cache_from_layers(layers, model) if layers else DynamicCache()
+    step = CHUNK_TOKENS if layers and not splits_on_this_device(model) else len(ids)
     for i in range(0, len(ids), step):
         chunk = torch.tensor([ids[i:i + step]], device=model.device)
         model(input_ids=chunk, cache=cache, use_cache=True, logits_to_keep=1)
@@ -201,15 +204,15 @@ class Editor:
         sees_cache = (torch.arange(total)[None, :] < sel[:, None]) & ~is_sel[None, :]
         sees_new = sel[None, :] <= sel[:, None]
         mask = torch.cat([sees_cache, sees_new], dim=1)[None, None].to(self.model.device)
-        cache = cache_from_layers(layers)
+        cache = cache_from_layers(layers, self.model)
         self.model(input_ids=torch.tensor([[self.new_ids[j] for j in selected]], device=self.model.device),
                    position_ids=sel[None].to(self.model.device), attention_mask=mask, cache=cache,
                    use_cache=True, logits_to_keep=1)
         out = []
         for (k, v), layer in zip(layers, cache.layers):
             k, v = k.clone(), v.clone()
-            k[:, :, sel] = layer.keys[:, :, total:]
-            v[:, :, sel] = layer.values[:, :, total:]
+            k[:, :, sel] = layer.tail_keys  # the fresh K/V of the selected tokens [1, kv, n_sel, d]
+            v[:, :, sel] = layer.tail_values
             out.append((k, v))
         return out
 
@@ -219,7 +222,7 @@ class Editor:
         after the change, per token from `start` on: [T_new - start]."""
         n_layers = len(in_place_layers)
         stop_at = min(SELECTION_LAYERS, n_layers) - 1
-        cache = cache_from_layers(cut(in_place_layers, 0, start))
+        cache = cache_from_layers(cut(in_place_layers, 0, start), self.model)
         handle = None
         layers_mod = _decoder_layers(self.model)
         if layers_mod is not None and stop_at + 1 < len(layers_mod):
@@ -232,8 +235,8 @@ class Editor:
         finally:
             if handle is not None:
                 handle.remove()
-        k_new = cache.layers[stop_at].keys[:, :, start:].float()
-        v_new = cache.layers[stop_at].values[:, :, start:].float()
+        k_new = cache.layers[stop_at].tail_keys.float()  # [1, kv, T_new - start, d]
+        v_new = cache.layers[stop_at].tail_values.float()
         k_old, v_old = (t[:, :, start:].float() for t in in_place_layers[stop_at])
         return ((k_new - k_old).norm(dim=-1) + (v_new - v_old).norm(dim=-1)).sum(dim=1)[0]
 

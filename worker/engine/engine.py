@@ -27,6 +27,7 @@ from worker.engine.readout import make_frame
 from worker.engine.rope import NotPortableError, RopeLayout, rope_layout
 from worker.engine.run import RunRequest
 from worker.engine.run import run as run_request
+from worker.engine.split_attention import install as install_split_attention
 from worker.engine.store import KVStore
 from worker.engine.types import EngineError, Field, ProgressFn, Question, Report
 from worker.engine.vocabulary import DEFAULT_TEMPLATE, STRATEGIES
@@ -37,6 +38,7 @@ log = logging.getLogger(__name__)
 class Engine:
     def __init__(self, model, tokenizer, info: ModelInfo, store: KVStore | None = None):
         self.model, self.tokenizer, self.info = model, tokenizer, info
+        install_split_attention(model)  # forwards after cached notes attend in two parts (no copy of the notes)
         self.frame = make_frame(tokenizer)
         self.store = store
         try:

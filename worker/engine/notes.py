@@ -13,24 +13,23 @@ from dataclasses import dataclass, field, replace
 
 import torch
 from transformers import DynamicCache
-from transformers.cache_utils import DynamicLayer
 
 from worker.engine.rope import RopeLayout, shift_keys
+from worker.engine.split_attention import NotesLayer, uses_split
 
 KV = tuple[torch.Tensor, torch.Tensor]  # (keys, values), each [1, kv_heads, T, head_dim]
 
 
-def cache_from_layers(layers: list[KV]) -> DynamicCache:
-    """A fresh `DynamicCache` holding these very tensors — shared, not copied (a forward pass
-    appends by concatenation into new tensors and never writes into them). Building it through
-    `DynamicCache(ddp_cache_data=…)` would copy every layer once more: on a 2k-token cache that
-    copy is a visible share of a short readout."""
+def cache_from_layers(layers: list[KV], model=None) -> DynamicCache:
+    """A fresh `DynamicCache` holding these very tensors — shared, not copied: its layers are
+    `NotesLayer`s, which append new tokens after the notes and never write into them. With `model`
+    (one attending through split attention) a forward over it copies nothing of the notes: the
+    attention reads them in place (see `worker.engine.split_attention`). Without, each forward
+    concatenates as transformers' own cache does."""
+    config = model.config if model is not None and uses_split(model) else None
     cache = DynamicCache()
-    for k, v in layers:
-        layer = DynamicLayer()
-        layer.lazy_initialization(k, v)
-        layer.keys, layer.values = k, v
-        cache.layers.append(layer)
+    for i, (k, v) in enumerate(layers):
+        cache.layers.append(NotesLayer(k, v, config, index=i))
     return cache
 
 

@@ -1,0 +1,130 @@
+"""Split attention (cached keys unmasked + the new block causally, merged by log-sum-exp) against
+transformers' SDPA on every tiny family: logits and the K/V a forward leaves, after cached notes,
+for a long new block, a short one, one token, and a custom block mask."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import DynamicCache
+
+from worker.engine import load
+from worker.engine.notes import cache_from_layers, layers_of
+from worker.engine.split_attention import SPLIT, NotesLayer
+from worker.engine.tiny import TINY_MODELS
+
+ALL_TINY = list(TINY_MODELS)
+TEXT = ("Account record. status: active. owner: Ada Lovelace. region: north. "
+        "Only accounts whose status is active may log in; others are refused at the door.")
+TOL = 1e-5
+
+
+@torch.inference_mode()
+def _forward(model, layers, ids, mask=None, positions=None, split_cache=True):
+    """Logits [L, vocab] of `ids` after `layers`, and the K/V the cache holds afterwards."""
+    cache = cache_from_layers(layers, model if split_cache else None)
+    out = model(input_ids=torch.tensor([ids]), cache=cache, use_cache=True, attention_mask=mask,
+                position_ids=None if positions is None else torch.tensor([positions]))
+    return out.logits[0].float(), layers_of(cache)
+
+
+def _sdpa_and_split(model, layers, ids, mask=None, positions=None):
+    previous = model.config._attn_implementation
+    model.set_attn_implementation("sdpa")
+    try:
+        reference = _forward(model, layers, ids, mask, positions, split_cache=False)
+    finally:
+        model.set_attn_implementation(previous)
+    assert model.config._attn_implementation == SPLIT
+    return reference, _forward(model, layers, ids, mask, positions), _forward(model, layers, ids, mask, positions,
+                                                                              split_cache=False)
+
+
+def _max_diff(a, b):
+    """Largest difference of logits and of every layer's K/V, relative to the largest value."""
+    (la, kva), (lb, kvb) = a, b
+    pairs = [(la, lb)] + [p for (ka, va), (kb, vb) in zip(kva, kvb) for p in ((ka, kb), (va, vb))]
+    return max(float((x - y).abs().max() / y.abs().max()) for x, y in pairs)
+
+
+@pytest.mark.parametrize("alias", ALL_TINY)
+@pytest.mark.parametrize("cached, new", [(12, 140), (140, 12), (100, 1)])
+def test_split_attention_equals_sdpa_after_cached_notes(alias, cached, new):
+    """A long new block after a short prefix (prefix_reuse), a short block after long notes (an
+    erratum and the question), one token (decoding); windowed families cross their 16-token window."""
+    eng = load(alias)
+    ids = eng.tokenize_document(TEXT + " " + TEXT)[0][: cached + new]
+    notes = eng.prefill("")  # the layout of notes; replaced by the first `cached` tokens below
+    with torch.inference_mode():
+        cache = DynamicCache()
+        eng.model(input_ids=torch.tensor([ids[:cached]]), cache=cache, use_cache=True)
+    layers = layers_of(cache)
+    assert notes.n_tokens >= 1 and layers[0][0].shape[2] == cached
+    reference, split, split_concatenating = _sdpa_and_split(eng.model, layers, ids[cached:])
+    assert _max_diff(split, reference) <= TOL
+    assert _max_diff(split_concatenating, reference) <= TOL
+
+
+@pytest.mark.parametrize("alias", ALL_TINY)
+def test_split_attention_equals_sdpa_under_a_custom_block_mask(alias):
+    """The readout's shape: a shared prompt, then two branches side by side (restarted positions),
+    each seeing the notes, the prompt and only itself."""
+    eng = load(alias)
+    layers = eng.prefill(TEXT).layers
+    past = layers[0][0].shape[2]
+    prompt, a, b = [70, 71, 72, 73], [80, 81, 82], [90, 91]
+    inputs = prompt + a + b
+    owner = torch.tensor([-1] * 4 + [0] * 3 + [1] * 2)
+    n = len(inputs)
+    sees = (owner[:, None] == owner[None, :]) | (owner[None, :] == -1)
+    mask = torch.cat([torch.ones(n, past, dtype=torch.bool), torch.ones(n, n, dtype=torch.bool).tril() & sees], 1)
+    positions = [past + j for j in range(4)] + [past + 4 + j for j in range(3)] + [past + 4 + j for j in range(2)]
+    reference, split, split_concatenating = _sdpa_and_split(eng.model, layers, inputs, mask[None, None], positions)
+    assert _max_diff(split, reference) <= TOL
+    assert _max_diff(split_concatenating, reference) <= TOL
+
+
+def test_a_notes_cache_never_copies_or_writes_the_notes():
+    eng = load("tiny-llama")
+    notes = eng.prefill(TEXT)
+    before = [(k.clone(), v.clone()) for k, v in notes.layers]
+    cache = cache_from_layers(notes.layers, eng.model)
+    with torch.inference_mode():
+        eng.model(input_ids=torch.tensor([[70, 71, 72]]), cache=cache, use_cache=True)
+        eng.model(input_ids=torch.tensor([[73]]), cache=cache, use_cache=True)
+    for layer, (k, v), (k0, v0) in zip(cache.layers, notes.layers, before):
+        assert isinstance(layer, NotesLayer)
+        assert layer.notes_keys is k and layer.notes_values is v  # the very tensors, not a copy
+        assert layer.tail_keys.shape[2] == 4 and layer.get_seq_length() == notes.n_tokens + 4
+        assert torch.equal(k, k0) and torch.equal(v, v0)
+    assert cache.get_seq_length() == notes.n_tokens + 4
+
+
+def _first_attention(model):
+    return next(m for m in model.modules() if hasattr(m, "layer_idx") and hasattr(m, "scaling"))
+
+
+@pytest.mark.parametrize("alias", ALL_TINY)
+@pytest.mark.parametrize("cached, new", [(40, 300), (300, 7), (64, 1)])
+def test_split_attention_function_equals_sdpa_within_1e_5(alias, cached, new):
+    """The attention function itself, on keys and queries at the model's own scale: the output
+    equals SDPA's under the explicit mask transformers would build (lower-right causal)."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    from worker.engine.split_attention import split_attention_forward
+
+    eng = load(alias)
+    module = _first_attention(eng.model)
+    cfg = eng.model.config
+    heads, d = cfg.num_attention_heads, cfg.hidden_size // cfg.num_attention_heads
+    kv = getattr(cfg, "num_key_value_heads", None) or heads
+    gen = torch.Generator().manual_seed(7)
+    q = torch.randn(1, heads, new, d, generator=gen) * 2
+    k = torch.randn(1, kv, cached + new, d, generator=gen) * 2
+    v = torch.randn(1, kv, cached + new, d, generator=gen)
+    sees = torch.ones(new, cached + new, dtype=torch.bool).tril(cached)[None, None]
+    expected, _ = sdpa_attention_forward(module, q, k, v, sees, scaling=module.scaling)
+    got, _ = split_attention_forward(module, q, k, v, None, scaling=module.scaling)
+    assert float((got - expected).abs().max()) <= 1e-5
+    got_masked, _ = split_attention_forward(module, q, k, v, sees, scaling=module.scaling)
+    assert float((got_masked - expected).abs().max()) <= 1e-5

@@ -1,0 +1,243 @@
+"""Split attention: a forward after cached notes attends in two parts, merged by log-sum-exp.
+
+After a cached prefix, transformers hands SDPA an explicit [L, P+L] mask. On the CPU that costs
+three times over: with a mask, grouped-query heads are expanded (`repeat_kv` copies every cached
+key and value once per query group), the kernel computes the masked upper half of the new block,
+and `DynamicCache` has already concatenated the new keys onto the notes (a full copy of the notes
+per forward). Yet every query sees every cached key: the mask only matters inside the new block.
+So attention is split:
+
+    cached part   q [B, H, L, d] against the notes' K/V [B, kv, P, d], no mask. The query heads of a
+                  group are folded into the rows, q -> [B, kv, n_rep·L, d], so the cached keys are
+                  read once, never repeated.
+    new part      q against the new block's K/V [B, kv, T, d] (T >= L), causal (or its own mask).
+    merge         out = Σ_part out_part · exp(lse_part − logaddexp(lse_cached, lse_new))
+
+It is exact up to float rounding (tested against SDPA within 1e-5 on every tiny family).
+
+It enters through transformers' attention interface as `SPLIT`, with a mask function that leaves
+a plain causal mask to the attention (None) and materialises every other mask (sliding windows,
+custom block masks) as SDPA would; a materialised mask is split at the cached / new boundary too.
+`NotesLayer` is the cache layer that goes with it: the notes stay where they are and only new
+tokens are appended; `update` hands the attention just the new block and the attention reads the
+notes from the layer (`NotesLayer` falls back to concatenating when the model does not attend
+through `SPLIT`). The split kernels run on the CPU (`_scaled_dot_product_flash_attention_for_cpu`
+returns the log-sum-exp); on other devices the two parts are joined and SDPA does the work.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import torch
+from transformers import AttentionInterface
+from transformers.cache_utils import DynamicLayer
+from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_forward
+from transformers.masking_utils import AttentionMaskInterface, causal_mask_function, sdpa_mask
+
+SPLIT = "kvnotes_split"
+
+_slot = threading.local()  # the NotesLayer whose `update` just returned the new block, and that block
+
+
+def _split_mask(batch_size: int, q_length: int, kv_length: int, q_offset: int = 0, kv_offset: int = 0,
+                mask_function=causal_mask_function, attention_mask: torch.Tensor | None = None, **kwargs):
+    """None for a plain causal mask (the attention applies it, aligned to the last key); any other
+    mask (sliding window, padding, bidirectional) materialised exactly as SDPA's own."""
+    if mask_function is causal_mask_function and attention_mask is None and kv_offset == 0:
+        return None
+    kwargs.pop("allow_is_causal_skip", None)
+    return sdpa_mask(batch_size, q_length, kv_length, q_offset, kv_offset, mask_function, attention_mask,
+                     allow_is_causal_skip=False, **kwargs)
+
+
+def install(model) -> None:
+    """Make `model` attend through `SPLIT` (registered once per process)."""
+    if SPLIT not in AttentionInterface._global_mapping:
+        AttentionInterface.register(SPLIT, split_attention_forward)
+        AttentionMaskInterface.register(SPLIT, _split_mask)
+    if model.config._attn_implementation != SPLIT:
+        model.set_attn_implementation(SPLIT)
+
+
+def uses_split(model) -> bool:
+    return getattr(model.config, "_attn_implementation", None) == SPLIT
+
+
+def splits_on_this_device(model) -> bool:
+    """Whether forwards after cached notes really run as two parts (the CPU kernels)."""
+    return uses_split(model) and model.device.type == "cpu"
+
+
+class NotesLayer(DynamicLayer):
+    """A cache layer over notes that are never copied: `notes_keys` / `notes_values`
+    [B, kv, P, d] (shared with whoever holds the notes, never written), then a tail of appended
+    tokens [B, kv, T, d]. `keys` / `values` are the whole (notes + tail; a copy only when a tail
+    exists). With `split` (a model attending through `SPLIT`), `update` returns only the tail."""
+
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor, config=None, index: int = -1):
+        super().__init__()
+        self.notes_keys, self.notes_values = keys, values
+        self.index = index  # the decoder layer this cache layer serves
+        self.tail_keys: torch.Tensor | None = None
+        self.tail_values: torch.Tensor | None = None
+        self.config = config
+        self.device, self.is_initialized = keys.device, True
+
+    @property
+    def keys(self) -> torch.Tensor | None:
+        if self.tail_keys is None:
+            return self.notes_keys
+        return torch.cat([self.notes_keys, self.tail_keys], dim=-2)
+
+    @keys.setter
+    def keys(self, value: torch.Tensor | None) -> None:
+        self.notes_keys, self.tail_keys = value, None
+
+    @property
+    def values(self) -> torch.Tensor | None:
+        if self.tail_values is None:
+            return self.notes_values
+        return torch.cat([self.notes_values, self.tail_values], dim=-2)
+
+    @values.setter
+    def values(self, value: torch.Tensor | None) -> None:
+        self.notes_values, self.tail_values = value, None
+
+    @property
+    def n_notes(self) -> int:
+        return 0 if self.notes_keys is None else self.notes_keys.shape[-2]
+
+    def get_seq_length(self) -> int:
+        if not self.is_initialized or self.notes_keys is None:
+            return 0
+        return self.n_notes + (0 if self.tail_keys is None else self.tail_keys.shape[-2])
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        if not self.is_initialized or self.notes_keys is None:
+            self.lazy_initialization(key_states, value_states)
+        if self.tail_keys is None:
+            self.tail_keys, self.tail_values = key_states, value_states
+        else:
+            self.tail_keys = torch.cat([self.tail_keys, key_states], dim=-2)
+            self.tail_values = torch.cat([self.tail_values, value_states], dim=-2)
+        if self.config is None or self.config._attn_implementation != SPLIT or not self.n_notes:
+            return self.keys, self.values
+        _slot.pending = (self, self.tail_keys)
+        return self.tail_keys, self.tail_values
+
+
+def _take_notes(module, key: torch.Tensor) -> NotesLayer | None:
+    """The NotesLayer whose tail `key` is (its notes come first), or None when `key` is whole."""
+    pending = getattr(_slot, "pending", None)
+    _slot.pending = None
+    if pending is None or pending[0].index != getattr(module, "layer_idx", None):
+        return None  # nothing pending, or left over from a forward that stopped early
+    layer, tail = pending
+    if tail is not key:
+        raise RuntimeError("split attention: the keys a NotesLayer returned were changed before attention; "
+                           "this model cannot use NotesLayer caches")
+    return layer
+
+
+# ---- the two parts ------------------------------------------------------------------------------
+
+def _bias(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor | None:
+    """An additive bias [B|1, 1, L, S] from a bool or additive mask; None when nothing is masked."""
+    if mask.dtype == torch.bool:
+        if bool(mask.all()):
+            return None
+        return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, float("-inf"))
+    if not bool((mask != 0).any()):
+        return None
+    return mask.to(dtype)
+
+
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None, causal: bool,
+            scale: float | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """q [B, h, M, d] against k, v [B, h, S, d] (same heads) → out [B, h, M, d], lse [B, h, M]
+    (float32; −inf for a row that sees no key)."""
+    out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+        q, k, v, 0.0, causal, attn_mask=bias, scale=scale)
+    lse = lse.float()
+    if bias is not None:
+        blind = torch.isneginf(bias).all(dim=-1)  # [B|1, 1|h, M]
+        if bool(blind.any()):
+            lse = lse.masked_fill(blind.expand_as(lse), float("-inf"))
+            out = out.masked_fill(blind.expand_as(lse)[..., None], 0.0)
+    return out, lse
+
+
+def _cached_part(q, k, v, bias, scale):
+    """Every query against the cached K/V, query heads folded by group: q [B, H, L, d],
+    k/v [B, kv, P, d], bias None or [B|1, 1, L, P] → out [B, H, L, d], lse [B, H, L]."""
+    b, h, n, d = q.shape
+    kv = k.shape[1]
+    rep = h // kv
+    folded = q.reshape(b, kv, rep * n, d)  # row r·L + l of group g = head g·rep + r, query l
+    if bias is not None and rep > 1:
+        bias = bias.repeat(1, 1, rep, 1)  # [B|1, 1, rep·L, P]
+    out, lse = _attend(folded, k, v, bias, False, scale)
+    return out.reshape(b, h, n, d), lse.reshape(b, h, n)
+
+
+def _new_part(q, k, v, bias, scale):
+    """Queries (the last L of the new block) against the new block's K/V [B, kv, T, d]: causal,
+    aligned to the last key, unless `bias` [B|1, 1, L, T] says otherwise."""
+    n, t = q.shape[2], k.shape[2]
+    rep = q.shape[1] // k.shape[1]
+    k, v = repeat_kv(k, rep), repeat_kv(v, rep)  # the new block only: small
+    if bias is None and n == t:
+        return _attend(q, k, v, None, n > 1, scale)
+    if bias is None and n > 1:
+        sees = torch.ones(n, t, dtype=torch.bool, device=q.device).tril(t - n)
+        bias = torch.zeros(n, t, dtype=q.dtype, device=q.device).masked_fill_(~sees, float("-inf"))[None, None]
+    return _attend(q, k, v, bias, False, scale)
+
+
+_memo: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]] = {}
+
+
+def _split_biases(mask: torch.Tensor, p: int, dtype: torch.dtype):
+    """The mask [B|1, 1, L, P+T] cut at the notes: (cached bias, new bias), each None when it masks
+    nothing. One mask serves every layer of a forward, so the cut is remembered by identity."""
+    key = (id(mask), p)
+    hit = _memo.get(key)
+    if hit is not None and hit[0] is mask:
+        return hit[1], hit[2]
+    if len(_memo) > 8:
+        _memo.clear()
+    cached, new = _bias(mask[..., :p], dtype), _bias(mask[..., p:], dtype)
+    _memo[key] = (mask, cached, new)
+    return cached, new
+
+
+def split_attention_forward(module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                            attention_mask: torch.Tensor | None, dropout: float = 0.0,
+                            scaling: float | None = None, is_causal: bool | None = None, **kwargs):
+    """transformers' attention interface: query [B, H, L, d], key/value [B, kv, S, d] (the whole, or
+    a NotesLayer's tail) → (out [B, L, H, d], None)."""
+    notes = _take_notes(module, key)
+    if notes is not None:
+        k_c, v_c, k_n, v_n = notes.notes_keys, notes.notes_values, key, value
+    else:
+        p = key.shape[2] - query.shape[2]
+        k_c, v_c, k_n, v_n = key[:, :, :p], value[:, :, :p], key[:, :, p:], value[:, :, p:]
+    p = k_c.shape[2]
+    plain = (p == 0 or query.device.type != "cpu" or dropout or kwargs.get("softcap") is not None
+             or kwargs.get("position_bias") is not None or kwargs.get("s_aux") is not None
+             or not getattr(module, "is_causal", True) or query.shape[-1] != value.shape[-1])
+    if plain:
+        if notes is not None:
+            key, value = torch.cat([k_c, k_n], dim=2), torch.cat([v_c, v_n], dim=2)
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
+                                      scaling=scaling, is_causal=is_causal, **kwargs)
+    bias_c = bias_n = None
+    if attention_mask is not None:
+        bias_c, bias_n = _split_biases(attention_mask, p, query.dtype)
+    out_c, lse_c = _cached_part(query, k_c, v_c, bias_c, scaling)
+    out_n, lse_n = _new_part(query, k_n, v_n, bias_n, scaling)
+    lse = torch.logaddexp(lse_c, lse_n)
+    w_c, w_n = torch.exp(lse_c - lse)[..., None], torch.exp(lse_n - lse)[..., None]  # [B, H, L, 1]
+    out = out_c.float() * w_c + out_n.float() * w_n
+    return out.to(query.dtype).transpose(1, 2).contiguous(), None
