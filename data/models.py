@@ -255,6 +255,10 @@ class Run(Base):
     def _typed_snapshot(self, _key: str, value: Any) -> RunSnapshot:
         return RunSnapshot.model_validate(value)
 
+    @validates("attribution")
+    def _typed_notes_map(self, _key: str, value: Any) -> NotesMap | None:
+        return None if value is None else NotesMap.model_validate(value)
+
     @property
     def is_finished(self) -> bool:
         return self.status in RUN_FINISHED

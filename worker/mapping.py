@@ -62,7 +62,8 @@ def compiled_skill(eng: Engine, placement: SnapshotPlacement) -> Notes | None:
 
 def result_row(run_id: int, strategy: str, result: StrategyResult, attention: Attention | None) -> RunResult:
     """One `run_results` row: the metrics column by column (`vocabulary.METRICS` names both sides),
-    the attention as float16 bytes [layers, heads, T], and its tokens as typed records."""
+    the decision's attention as float16 bytes [layers, heads, T], every question and answer token's
+    attention as float16 [Q, T], and the tokens as typed records."""
     row = RunResult(run_id=run_id, strategy=strategy)
     for name in METRIC_NAMES:
         setattr(row, name, getattr(result, name))
@@ -73,6 +74,9 @@ def result_row(run_id: int, strategy: str, result: StrategyResult, attention: At
         row.tokens = [
             TokenRecord(id=t.id, text=t.text, start=t.start, end=t.end, segment=t.segment) for t in attention.tokens
         ]
+        row.decision_index = attention.decision
+        row.query_start = attention.query_start
+        row.query_attention = np.ascontiguousarray(attention.query_weights, dtype=np.float16).tobytes()  # [Q, T]
     return row
 
 

@@ -18,13 +18,19 @@ from app.web.run_view import (
     align_tokens,
     answer_of,
     decision_rows,
+    default_strategy,
     head_differences,
+    measured_ttft,
+    notes_map_pieces,
+    run_note,
     snapshot_pieces,
+    top_spans,
     word_diff,
 )
 from app.web.templating import render
 from data.models import Notebook, Run, RunResult
 from data.watchdog import reap_for_reader
+from worker.engine.vocabulary import METRICS
 
 router = APIRouter()
 
@@ -45,10 +51,15 @@ def run_page(request: Request, run_id: int, session: SessionDep) -> Response:
         answers.append({"row": row, "diff": diff, "same": all(op == "equal" for op, _ in diff)})
     with_attention = [r.strategy for r in run.results if r.attention_shape]
     notebook = session.get(Notebook, run.notebook_id) if run.notebook_id else None
+    notes_map = run.attribution
     return render(
         request, "run.html", run=run, rows=rows, agree=agree, compared=compared, answers=answers,
         snapshot=run.snapshot, pieces=snapshot_pieces(run.snapshot), notebook=notebook,
         attention_strategies=with_attention, attention_shape=_shape(run), nav="runs",
+        default_strategy=default_strategy(rows, with_attention), note=run_note(rows, run.snapshot),
+        ttft_measured=measured_ttft(run), metric_help={m.name: m.help for m in METRICS},
+        notes_map=notes_map, map_pieces=notes_map_pieces(run.snapshot, notes_map) if notes_map else [],
+        top_spans=top_spans(notes_map) if notes_map else [],
     )
 
 

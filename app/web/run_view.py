@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from data.contracts import RunSnapshot, SnapshotField, TokenRecord
+from data.contracts import NotesMap, NotesSpan, RunSnapshot, SnapshotField, TokenRecord
 from data.models import Run, RunResult
 
 
@@ -22,7 +22,10 @@ class DecisionRow:
     is_reference: bool
     agrees: bool
     tokens_pct: float | None  # tokens computed as % of recompute's
-    speedup: float | None  # recompute latency / this latency
+    speedup: float | None  # recompute's time to first token / this strategy's (latency for older runs)
+
+
+EXACT_KL = 1e-6  # below this a strategy's first-token distribution is recompute's: nothing to see
 
 
 def decision_rows(run: Run) -> list[DecisionRow]:
@@ -37,17 +40,65 @@ def decision_rows(run: Run) -> list[DecisionRow]:
         if r is not None and ref is not None:
             if ref.tokens_computed:
                 pct = 100.0 * r.tokens_computed / ref.tokens_computed
-            if r.latency_ms:
-                speed = ref.latency_ms / r.latency_ms
+            mine, theirs = _first_token_ms(r), _first_token_ms(ref)
+            if mine:
+                speed = theirs / mine
         agrees = True if name == "recompute" else bool(r and r.decision_matches_recompute)
         rows.append(DecisionRow(name, r, name == "recompute", agrees, pct, speed))
     return rows
+
+
+def _first_token_ms(result: RunResult) -> float:
+    """Time to first token; runs made before it was measured have only the whole latency."""
+    return result.ttft_ms or result.latency_ms
+
+
+def measured_ttft(run: Run) -> bool:
+    """Whether this run measured time to first token (runs before revision 0002 did not)."""
+    return any(r.ttft_ms for r in run.results)
 
 
 def agreement_summary(rows: list[DecisionRow]) -> tuple[int, int]:
     """(strategies agreeing with recompute, strategies compared), recompute itself excluded."""
     compared = [r for r in rows if not r.is_reference and r.result is not None]
     return sum(1 for r in compared if r.agrees), len(compared)
+
+
+def default_strategy(rows: list[DecisionRow], with_attention: list[str]) -> str | None:
+    """The strategy the attention view opens on: one whose decision differs from recompute's (the
+    largest KL first), else the largest KL; never an exact strategy when another one exists."""
+    candidates = [r for r in rows if not r.is_reference and r.result is not None and r.strategy in with_attention]
+    if not candidates:
+        return None
+
+    def rank(row: DecisionRow) -> tuple[bool, bool, float]:
+        kl = row.result.kl_to_recompute
+        return (not row.agrees, kl > EXACT_KL, kl)
+
+    return max(candidates, key=rank).strategy
+
+
+def run_note(rows: list[DecisionRow], snapshot: RunSnapshot) -> str:
+    """What this run can and cannot tell apart, in one or two sentences computed from its rows."""
+    by_name = {r.strategy: r for r in rows if r.result is not None}
+    ref, stale = by_name.get("recompute"), by_name.get("stale")
+    if ref is None:
+        return ""
+    others = [r for r in rows if not r.is_reference and r.result is not None]
+    follow = [r.strategy for r in others if r.agrees]
+    keep = [r.strategy for r in others if not r.agrees]
+    kind = "answer" if not snapshot.question.choices else "choice"
+    if not snapshot.fields:
+        return (f"No field changed: this run compares composing notes against recompute. "
+                f"{len(follow)} of {len(others)} strategies give recompute's {kind}.")
+    if stale is not None and stale.agrees:
+        return (f"The edit did not change recompute's {kind}: the stale notes give it too, so no strategy can "
+                "be told apart on the decision. Look at KL, the NLL of recompute's answer and attention.")
+    moved = (f"The edit moved recompute's {kind} from “{stale.result.decision}” (stale notes) to "
+             f"“{ref.result.decision}”. " if stale is not None else "")
+    follows = f"Following it: {', '.join(follow)}." if follow else "No strategy follows it."
+    kept = f" Not following: {', '.join(keep)}." if keep else ""
+    return moved + follows + kept
 
 
 WORD = re.compile(r"\s+|[^\s]+")
@@ -120,3 +171,42 @@ def head_differences(weights: np.ndarray, reference: np.ndarray, mapping: list[i
     ref_unmatched[idx[matched]] = False
     diff += reference[:, :, ref_unmatched].sum(-1)
     return diff / 2.0
+
+
+@dataclass(frozen=True)
+class MapPiece:
+    """A stretch of the snapshot's document in the notes map: its text, the share of the decision
+    gap its notes closed when patched from recompute (None outside every span), and whether it is
+    a changed field."""
+
+    text: str
+    share: float | None = None
+    field: SnapshotField | None = None
+
+    @property
+    def alpha(self) -> float:
+        """Colour strength: the square root of the share's size (small shares stay visible), ≤ 1."""
+        return min(abs(self.share or 0.0), 1.0) ** 0.5
+
+
+def notes_map_pieces(snapshot: RunSnapshot, notes_map: NotesMap) -> list[MapPiece]:
+    """The document cut at every field and span boundary, each piece with its span's share."""
+    document = snapshot.document
+    cuts = {0, len(document)}
+    for f in snapshot.fields:
+        cuts |= {f.start, f.end}
+    spans = [s for s in notes_map.spans if 0 <= s.start_char < s.end_char <= len(document)]
+    for s in spans:
+        cuts |= {s.start_char, s.end_char}
+    bounds = sorted(c for c in cuts if 0 <= c <= len(document))
+    pieces = []
+    for a, b in zip(bounds, bounds[1:]):
+        field = next((f for f in snapshot.fields if f.start <= a and b <= f.end), None)
+        span = next((s for s in spans if s.start_char <= a and b <= s.end_char), None)
+        pieces.append(MapPiece(document[a:b], None if span is None else span.share, field))
+    return pieces
+
+
+def top_spans(notes_map: NotesMap, n: int = 5) -> list[NotesSpan]:
+    """The spans whose notes closed the largest share of the gap."""
+    return sorted(notes_map.spans, key=lambda s: s.share, reverse=True)[:n]

@@ -1,5 +1,6 @@
 """Verdicts a user can trust, and the notes map: per-strategy answer F1, recompute-answer NLL,
-time to first token, decode time and the exact-prefix serving-cache share; a run's notes map.
+time to first token, decode time and the exact-prefix serving-cache share; where every question
+and answer token looked (not only the decision); a run's notes map.
 
 Existing rows keep their results: the new numbers default to 0 (NLL and the notes map to NULL),
 which the pages show as "not measured" for runs made before this revision.
@@ -27,6 +28,9 @@ def upgrade() -> None:
         for name in ZERO_DEFAULT:
             batch.add_column(sa.Column(name, sa.Float(), nullable=False, server_default="0"))
         batch.add_column(sa.Column("recompute_answer_nll", sa.Float(), nullable=True))
+        batch.add_column(sa.Column("decision_index", sa.Integer(), nullable=True))
+        batch.add_column(sa.Column("query_attention", sa.LargeBinary(), nullable=True))
+        batch.add_column(sa.Column("query_start", sa.Integer(), nullable=True))
     with op.batch_alter_table("runs") as batch:
         batch.add_column(sa.Column("attribution", sa.JSON(), nullable=True))
 
@@ -35,6 +39,7 @@ def downgrade() -> None:
     with op.batch_alter_table("runs") as batch:
         batch.drop_column("attribution")
     with op.batch_alter_table("run_results") as batch:
-        batch.drop_column("recompute_answer_nll")
+        for name in ("query_start", "query_attention", "decision_index", "recompute_answer_nll"):
+            batch.drop_column(name)
         for name in reversed(ZERO_DEFAULT):
             batch.drop_column(name)

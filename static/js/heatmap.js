@@ -1,19 +1,24 @@
-// heatmap.js — the decision's attention over the cached tokens, for recompute and one strategy
-// side by side, plus their difference (strategy − recompute, PuOr diverging scale centred at 0).
-// Pick one head in the layer × head grid, a whole layer, or all layers; mean or max over heads.
-// The server sends one aggregated vector per view (/api/runs/{id}/attention), cached here; the
-// grid is coloured by how far each head moved from recompute (/runs/{id}/attention/heads).
+// heatmap.js — where a token looked over the others, for recompute and one strategy side by side,
+// plus their difference (strategy − recompute, PuOr diverging scale centred at 0, its sign also
+// drawn as a solid / dotted underline for greyscale). The query is the decision by default; any
+// question or answer token can be picked. For the decision: one head in the layer × head grid, a
+// whole layer, or all layers, mean or max over heads (other queries are kept averaged over both).
+// The server sends one vector per view (/api/runs/{id}/attention), cached here; the grid is
+// coloured on an absolute scale by how far each head moved from recompute (/runs/{id}/attention/heads).
 (function () {
   "use strict";
   var root = document.getElementById("attention");
   if (!root) return;
   var runId = root.dataset.run, layers = +root.dataset.layers, heads = +root.dataset.heads;
-  var state = { strategy: document.getElementById("hm-strategy").value, layer: null, head: null, agg: "mean" };
+  var fields = (root.dataset.fields || "").split(",").filter(Boolean).map(function (s) { return s.split("-").map(Number); });
+  var state = { strategy: document.getElementById("hm-strategy").value, layer: null, head: null, agg: "mean", query: null };
+  var GRID_ZERO = 0.005; // head differences below this (0.5% of the attention) draw as no change
   var cache = {}; // url → promise of json
-  var rendered = { ref: null, res: null }; // strategy whose tokens are drawn in each panel
-  var current = null; // {ref, res, map, diff}
+  var rendered = { ref: null, res: null };
+  var current = null; // {ref, res, map, inverse, diff}
   var tip = document.getElementById("token-tip");
   var statusEl = document.getElementById("hm-status");
+  var boxes = { ref: document.getElementById("hm-ref"), res: document.getElementById("hm-res"), diff: document.getElementById("hm-diff") };
 
   function cssColor(name) {
     var hex = getComputedStyle(document.documentElement).getPropertyValue(name).trim().replace("#", "");
@@ -30,12 +35,10 @@
   }
   function rgb(c) { return "rgb(" + c[0] + "," + c[1] + "," + c[2] + ")"; }
   function dark(c) { return 0.299 * c[0] + 0.587 * c[1] + 0.114 * c[2] < 140; }
-
-  function gradient(el, stops) {
-    el.style.background = "linear-gradient(90deg," + stops.map(rgb).join(",") + ")";
-  }
+  function gradient(el, stops) { el.style.background = "linear-gradient(90deg," + stops.map(rgb).join(",") + ")"; }
   gradient(document.getElementById("ramp-seq"), SEQ);
   gradient(document.getElementById("ramp-div"), DIV);
+  gradient(document.getElementById("ramp-grid"), DIV.slice(2));
 
   function get(url) {
     if (!cache[url]) cache[url] = fetch(url).then(function (r) {
@@ -44,8 +47,9 @@
     });
     return cache[url];
   }
-  function attentionUrl(strategy) {
+  function attentionUrl(strategy, queryStart) {
     var q = "strategy=" + encodeURIComponent(strategy) + "&agg=" + state.agg;
+    if (state.query !== null) return "/api/runs/" + runId + "/attention?" + q + "&query=" + (queryStart + state.query);
     if (state.layer !== null) q += "&layer=" + state.layer;
     if (state.head !== null) q += "&head=" + state.head;
     return "/api/runs/" + runId + "/attention?" + q;
@@ -70,7 +74,6 @@
     for (var i = 1; i < values.length; i++) if (Math.abs(values[i]) > m) m = Math.abs(values[i]);
     return m || 1e-9;
   }
-
   function paint(box, values, colour) {
     var spans = box.children;
     for (var i = 0; i < spans.length; i++) {
@@ -81,44 +84,154 @@
   }
 
   function pickLabel() {
+    if (state.query !== null) return "query: question/answer token " + (state.query + 1) + ", mean over layers and heads";
     if (state.layer === null) return "all layers, " + state.agg + " over heads";
     if (state.head === null) return "layer " + state.layer + ", " + state.agg + " over heads";
     return "layer " + state.layer + ", head " + state.head;
   }
 
+  function markQuery(box, data) {
+    var q = data.query;
+    Array.prototype.forEach.call(box.querySelectorAll(".tok.query"), function (s) { s.classList.remove("query"); });
+    if (box.children[q]) box.children[q].classList.add("query");
+  }
+
+  function fillQueries(ref) { // the question and answer tokens of recompute, once
+    var select = document.getElementById("hm-query");
+    if (select.options.length > 1 || ref.query_start === null) return;
+    for (var i = ref.query_start; i < ref.tokens.length; i++) {
+      var t = ref.tokens[i], o = document.createElement("option");
+      o.value = i - ref.query_start;
+      o.textContent = (t.segment === "answer" ? "answer: " : "question: ") + JSON.stringify(t.text) + (i === ref.decision ? " (the decision)" : "");
+      select.appendChild(o);
+    }
+  }
+
   function update() {
     var strategy = state.strategy;
     statusEl.textContent = "loading " + pickLabel() + "…";
-    document.getElementById("hm-pick").textContent = pickLabel();
+    document.getElementById("hm-pick").textContent = state.query === null ? pickLabel() : "kept for the decision only";
+    grid.classList.toggle("disabled", state.query !== null);
     var box = document.getElementById("hm-strategy-box");
     box.className = "heatmap s-" + strategy;
     box.querySelector("[data-title]").innerHTML = '<span class="strategy ' + strategy + '"></span>';
     box.querySelector("[data-title] .strategy").textContent = strategy;
+    root.querySelector('#hm-top [data-col="strategy"]').textContent = strategy;
     var t0 = performance.now();
-    Promise.all([get(attentionUrl("recompute")), get(attentionUrl(strategy)), get("/runs/" + runId + "/attention/heads?strategy=" + encodeURIComponent(strategy))])
-      .then(function (parts) {
-        var ref = parts[0], res = parts[1], heads = parts[2];
-        var refBox = document.getElementById("hm-ref"), resBox = document.getElementById("hm-res"), diffBox = document.getElementById("hm-diff");
-        if (rendered.ref !== "recompute") { drawTokens(refBox, ref.tokens); rendered.ref = "recompute"; }
-        if (rendered.res !== strategy) { drawTokens(resBox, res.tokens); drawTokens(diffBox, res.tokens); rendered.res = strategy; paintGrid(heads); }
-        var map = heads.map, inverse = new Array(ref.values.length).fill(-1);
-        map.forEach(function (j, i) { if (j >= 0) inverse[j] = i; });
-        var diff = res.values.map(function (v, i) { return map[i] >= 0 ? v - ref.values[map[i]] : v; });
-        var vmax = Math.max(scaleMax(ref.values), scaleMax(res.values)), dmax = scaleMax(diff);
-        function seq(v) { return ramp(SEQ, 0.9 * Math.pow(Math.max(0, v) / vmax, 0.6)); }
-        paint(refBox, ref.values, seq);
-        paint(resBox, res.values, seq);
-        paint(diffBox, diff, function (d) { return ramp(DIV, 0.5 + 0.5 * Math.sign(d) * Math.sqrt(Math.abs(d) / dmax)); });
-        Array.prototype.forEach.call(diffBox.children, function (s, i) { s.classList.toggle("unmatched", map[i] < 0); });
-        current = { ref: ref, res: res, map: map, inverse: inverse, diff: diff };
-        root.querySelector('[data-max="ref"]').textContent = "scale max " + vmax.toFixed(4);
-        root.querySelector('[data-max="res"]').textContent = res.tokens.length + " tokens";
-        statusEl.textContent = pickLabel() + " · " + ref.tokens.length + " tokens · " + Math.round(performance.now() - t0) + " ms";
-      })
-      .catch(function (err) { statusEl.textContent = "Could not load attention: " + err.message; });
+    // the query start of each strategy is learnt from its decision view (always fetched first)
+    Promise.all([get(decisionUrl("recompute")), get(decisionUrl(strategy))]).then(function (base) {
+      return Promise.all([
+        get(attentionUrl("recompute", base[0].query_start)), get(attentionUrl(strategy, base[1].query_start)),
+        get("/runs/" + runId + "/attention/heads?strategy=" + encodeURIComponent(strategy))]);
+    }).then(function (parts) {
+      var ref = parts[0], res = parts[1], headData = parts[2];
+      fillQueries(ref);
+      if (rendered.ref !== "recompute") { drawTokens(boxes.ref, ref.tokens); rendered.ref = "recompute"; }
+      if (rendered.res !== strategy) { drawTokens(boxes.res, res.tokens); drawTokens(boxes.diff, res.tokens); rendered.res = strategy; paintGrid(headData); }
+      var map = headData.map, inverse = new Array(ref.values.length).fill(-1);
+      map.forEach(function (j, i) { if (j >= 0) inverse[j] = i; });
+      var diff = res.values.map(function (v, i) { return map[i] >= 0 ? v - ref.values[map[i]] : v; });
+      var vmax = Math.max(scaleMax(ref.values), scaleMax(res.values)), dmax = scaleMax(diff);
+      function seq(v) { return ramp(SEQ, 0.9 * Math.pow(Math.max(0, v) / vmax, 0.6)); }
+      paint(boxes.ref, ref.values, seq);
+      paint(boxes.res, res.values, seq);
+      paint(boxes.diff, diff, function (d) { return ramp(DIV, 0.5 + 0.5 * Math.sign(d) * Math.sqrt(Math.abs(d) / dmax)); });
+      Array.prototype.forEach.call(boxes.diff.children, function (s, i) {
+        s.classList.toggle("unmatched", map[i] < 0);
+        s.classList.toggle("sign-pos", diff[i] > 0.1 * dmax);
+        s.classList.toggle("sign-neg", diff[i] < -0.1 * dmax);
+      });
+      markQuery(boxes.ref, ref); markQuery(boxes.res, res); markQuery(boxes.diff, res);
+      current = { ref: ref, res: res, map: map, inverse: inverse, diff: diff };
+      document.getElementById("seq-scale").textContent = "0 … " + vmax.toFixed(4);
+      document.getElementById("div-scale").textContent = "±" + dmax.toFixed(4);
+      root.querySelector('[data-max="ref"]').textContent = ref.tokens.length + " tokens";
+      root.querySelector('[data-max="res"]').textContent = res.tokens.length + " tokens";
+      drawTop(); drawOverview();
+      statusEl.textContent = pickLabel() + " · " + Math.round(performance.now() - t0) + " ms";
+    }).catch(function (err) { statusEl.textContent = "Could not load attention: " + err.message; });
+  }
+  function decisionUrl(strategy) { return "/api/runs/" + runId + "/attention?strategy=" + encodeURIComponent(strategy) + "&agg=mean"; }
+
+  // --- the most-attended tokens, and how each changed ---------------------------------------------
+  function topIndices(n) { // strategy-side indices of the tokens the decision attends to most (the sink aside)
+    var c = current, order = [];
+    for (var i = 1; i < c.res.values.length; i++) {
+      var r = c.map[i] >= 0 ? c.ref.values[c.map[i]] : 0;
+      order.push([Math.max(c.res.values[i], r), i]);
+    }
+    return order.sort(function (a, b) { return b[0] - a[0]; }).slice(0, n).map(function (x) { return x[1]; });
+  }
+  function drawTop() {
+    var body = root.querySelector("#hm-top tbody"), c = current;
+    body.textContent = "";
+    topIndices(10).forEach(function (i, k) {
+      var tok = c.res.tokens[i], r = c.map[i] >= 0 ? c.ref.values[c.map[i]] : null, s = c.res.values[i];
+      var tr = document.createElement("tr");
+      tr.dataset.i = i;
+      [String(k + 1), JSON.stringify(tok.text), tok.segment, r === null ? "—" : r.toFixed(4), s.toFixed(4),
+        r === null ? "new" : (s - r >= 0 ? "+" : "") + (s - r).toFixed(4) + (s > r ? " ▲" : s < r ? " ▽" : "")].forEach(function (v, j) {
+        var td = document.createElement("td"); td.textContent = v; if (j >= 3) td.className = "num"; tr.appendChild(td);
+      });
+      body.appendChild(tr);
+    });
+  }
+  root.querySelector("#hm-top").addEventListener("click", function (e) {
+    var tr = e.target.closest("tr[data-i]"); if (tr) jumpTo(+tr.dataset.i);
+  });
+
+  // --- overview strip: where the fields, errata, skills, question and top tokens sit; click to jump
+  var overview = document.getElementById("hm-overview");
+  function drawOverview() {
+    var c = current, n = c.res.tokens.length, frag = document.createDocumentFragment();
+    function mark(i, kind, label) {
+      var b = document.createElement("button");
+      b.type = "button"; b.className = "mark " + kind; b.dataset.i = i; b.title = label;
+      b.setAttribute("aria-label", label);
+      b.style.left = (100 * i / n) + "%";
+      frag.appendChild(b);
+    }
+    c.res.tokens.forEach(function (t, i) {
+      if (t.segment === "erratum" || t.segment === "skill" || t.segment === "question" || t.segment === "answer") {
+        if (i === 0 || c.res.tokens[i - 1].segment !== t.segment) mark(i, t.segment, t.segment + " starts here");
+      } else if (t.segment === "document" && t.start >= 0) {
+        fields.forEach(function (f) { if (t.start < f[1] && f[0] < t.end && (i === 0 || !(c.res.tokens[i - 1].start < f[1] && f[0] < c.res.tokens[i - 1].end))) mark(i, "field", "the changed field"); });
+      }
+    });
+    topIndices(5).forEach(function (i, k) { mark(i, "top", "most attended #" + (k + 1) + ": " + JSON.stringify(c.res.tokens[i].text)); });
+    overview.textContent = "";
+    overview.appendChild(frag);
+  }
+  overview.addEventListener("click", function (e) { var b = e.target.closest("[data-i]"); if (b) jumpTo(+b.dataset.i); });
+
+  function jumpTo(i) { // strategy-side token index: scroll its panel (the others follow) and flash it
+    var span = boxes.res.children[i];
+    if (!span) return;
+    boxes.res.scrollTop = span.offsetTop - boxes.res.offsetTop - boxes.res.clientHeight / 3;
+    [span, boxes.diff.children[i], current.map[i] >= 0 ? boxes.ref.children[current.map[i]] : null].forEach(function (s) {
+      if (!s) return;
+      s.classList.add("flash");
+      setTimeout(function () { s.classList.remove("flash"); }, 1200);
+    });
   }
 
-  // --- layer × head grid ---------------------------------------------------------------------------
+  // --- the three panels scroll together (by share of their height: their token counts differ) -----
+  var syncing = false;
+  Object.keys(boxes).forEach(function (key) {
+    boxes[key].addEventListener("scroll", function () {
+      if (syncing) return;
+      syncing = true;
+      var src = boxes[key], ratio = src.scrollTop / Math.max(1, src.scrollHeight - src.clientHeight);
+      Object.keys(boxes).forEach(function (other) {
+        if (other === key) return;
+        var b = boxes[other];
+        b.scrollTop = ratio * (b.scrollHeight - b.clientHeight);
+      });
+      requestAnimationFrame(function () { syncing = false; });
+    });
+  });
+
+  // --- layer × head grid (the decision only) ------------------------------------------------------
   var grid = document.getElementById("hm-grid");
   function buildGrid() {
     grid.style.gridTemplateColumns = "2.2rem repeat(" + heads + ", 14px)";
@@ -140,18 +253,19 @@
       }
     }
   }
-  function paintGrid(data) {
-    var max = 1e-9;
-    data.head_diff.forEach(function (row) { row.forEach(function (v) { if (v > max) max = v; }); });
+  function paintGrid(data) { // absolute: 0 → 100% of the head's attention moved, square-root spaced
     grid.querySelectorAll("button[data-head]").forEach(function (cell) {
-      var v = data.head_diff[+cell.dataset.layer][+cell.dataset.head];
-      cell.style.background = rgb(ramp(DIV.slice(2), Math.sqrt(v / max)));
-      cell.title = "layer " + cell.dataset.layer + " head " + cell.dataset.head + ": attention moved " + (100 * v).toFixed(1) + "% (total variation vs recompute)";
+      var v = data.head_diff[+cell.dataset.layer][+cell.dataset.head], shown = v < GRID_ZERO ? 0 : v;
+      cell.style.background = rgb(ramp(DIV.slice(2), Math.sqrt(Math.min(1, shown))));
+      cell.title = "layer " + cell.dataset.layer + " head " + cell.dataset.head + ": " + (100 * v).toFixed(2) +
+        "% of its attention moved (total variation vs recompute)" + (shown === 0 ? ", drawn as no change" : "");
     });
   }
   grid.addEventListener("click", function (event) {
     var b = event.target.closest("button");
     if (!b) return;
+    state.query = null;
+    document.getElementById("hm-query").value = "";
     state.layer = b.dataset.layer === "" ? null : +b.dataset.layer;
     state.head = b.dataset.head === undefined ? null : +b.dataset.head;
     grid.querySelectorAll("button").forEach(function (x) { x.setAttribute("aria-pressed", String(x === b)); });
@@ -179,6 +293,18 @@
     });
   });
   document.getElementById("hm-strategy").addEventListener("change", function (e) { state.strategy = e.target.value; update(); });
+  document.getElementById("hm-query").addEventListener("change", function (e) {
+    state.query = e.target.value === "" ? null : +e.target.value;
+    update();
+  });
+  root.addEventListener("click", function (event) { // a question or answer token becomes the query
+    var span = event.target.closest(".tok.seg-question, .tok.seg-answer");
+    if (!span || !current) return;
+    var data = span.parentElement === boxes.ref ? current.ref : current.res, i = +span.dataset.i;
+    state.query = i === data.decision ? null : i - data.query_start;
+    document.getElementById("hm-query").value = state.query === null ? "" : String(state.query);
+    update();
+  });
 
   // --- hover: exact values -------------------------------------------------------------------------
   root.addEventListener("mousemove", function (event) {
@@ -192,6 +318,7 @@
       "recompute " + (rv === null ? "—" : rv.toFixed(5)) + "   " + state.strategy + " " + (sv === null ? "—" : sv.toFixed(5))];
     if (rv !== null && sv !== null) lines.push("difference " + (sv - rv >= 0 ? "+" : "") + (sv - rv).toFixed(5));
     else lines.push("no counterpart in " + (rv === null ? "recompute" : state.strategy));
+    if (tok.segment === "question" || tok.segment === "answer") lines.push("click: make this token the query");
     tip.textContent = lines.join("\n");
     tip.hidden = false;
     tip.style.left = Math.min(event.clientX + 14, window.innerWidth - 380) + "px";

@@ -32,11 +32,37 @@ def attention_for(tokens: list[dict], seed: int) -> tuple[bytes, list[int]]:
     return w.astype(np.float16).tobytes(), [LAYERS, HEADS, len(tokens)]
 
 
-def finished_run(session: Session, notebook: Notebook, strategies=("recompute", "stale", "field_erratum")) -> Run:
-    """A succeeded run of `notebook` (which must have a question) with plausible results."""
-    snapshot = build_snapshot(notebook, notebook.question, list(strategies))
+def queries_for(tokens: list[dict], start: int, seed: int) -> bytes:
+    """float16 [T - start, T]: each question/answer token's attention over the tokens up to itself."""
+    rng = np.random.default_rng(seed + 100)
+    n = len(tokens)
+    q = rng.random((n - start, n)).astype(np.float32) ** 4
+    for row in range(n - start):
+        q[row, start + row + 1 :] = 0
+        q[row, 0] += 2.0
+    q /= q.sum(-1, keepdims=True)
+    return q.astype(np.float16).tobytes()
+
+
+NOTES_MAP = {"field_share": 0.94, "kl_stale": 1.7, "kl_in_place": 0.1, "spans": []}
+
+
+def finished_run(session: Session, notebook: Notebook, strategies=("recompute", "stale", "field_erratum"),
+                 notes_map: bool = False) -> Run:
+    """A succeeded run of `notebook` (which must have a question) with plausible results: the
+    question's tokens, an answer token, the decision's and every query's attention, and (with
+    `notes_map`) a notes map whose spans cover the document after the first field."""
+    snapshot = build_snapshot(notebook, notebook.question, list(strategies), attribution=notes_map)
     run = Run(notebook_id=notebook.id, snapshot=snapshot, strategies=list(strategies), status="succeeded",
               stage="done", progress=1.0, timings={"prefill": 420.0, "readout": 35.0})
+    if notes_map and notebook.fields:
+        first = min(f.start for f in notebook.fields)
+        doc = notebook.document
+        cuts = list(range(first, len(doc), 24)) + [len(doc)]
+        spans = [{"start_char": a, "end_char": b, "text": doc[a:b], "share": round(0.3 / (1 + i), 3) - 0.02}
+                 for i, (a, b) in enumerate(zip(cuts, cuts[1:]))]
+        spans[-1]["share"] = -0.05  # a patch can also move the decision away from recompute
+        run.attribution = {**NOTES_MAP, "spans": spans}
     session.add(run)
     session.flush()
     old_doc = notebook.document
@@ -47,14 +73,17 @@ def finished_run(session: Session, notebook: Notebook, strategies=("recompute", 
     choices = list(notebook.question.choices) or []
     for k, name in enumerate(strategies):
         agrees = name != "stale"
+        question = [("Question", "question"), (":", "question"), (" status", "question"), ("?", "question")]
+        answer = [(" Yes" if agrees else " No", "answer")]
         if name == "stale":
-            toks = tokens_of(old_doc, tail=[("Question", "question")])
+            toks = tokens_of(old_doc, tail=question + answer)
         elif name in ("erratum", "field_erratum"):
             toks = tokens_of(new_doc if name == "field_erratum" else old_doc,
-                             tail=[(" [STATE UPDATE]", "erratum"), (" changed", "erratum"), ("Question", "question")])
+                             tail=[(" [STATE UPDATE]", "erratum"), (" changed", "erratum"), *question, *answer])
         else:
-            toks = tokens_of(new_doc, tail=[("Question", "question")])
+            toks = tokens_of(new_doc, tail=question + answer)
         blob, shape = attention_for(toks, seed=k)
+        query_start = len(toks) - len(question) - len(answer)
         probs = {c: (0.8 if (i == 1) == agrees else 0.2) for i, c in enumerate(choices[:2])}
         decision = max(probs, key=probs.get) if probs else ("The status is suspended." if agrees else "The status is active.")
         session.add(RunResult(
@@ -63,7 +92,12 @@ def finished_run(session: Session, notebook: Notebook, strategies=("recompute", 
             top1_agrees=agrees, topk_overlap=10 if agrees else 6, logit_cosine=0.99,
             decision_matches_recompute=agrees, tokens_computed=len(toks) if name == "recompute" else (0 if name == "stale" else 24),
             latency_ms=480.0 if name == "recompute" else (3.0 if name == "stale" else 41.0),
+            ttft_ms=470.0 if name == "recompute" else (2.5 if name == "stale" else 40.0), decode_ms=0.5,
+            answer_f1=1.0 if agrees else 0.0, recompute_answer_nll=0.2 if agrees else 2.3,
+            prefix_cache_share=0.97 if name in ("stale", "erratum") else 0.02,
             text="" if probs else decision, detail="", attention=blob, attention_shape=shape, tokens=toks,
+            decision_index=len(toks) - len(answer) - 1, query_start=query_start,
+            query_attention=queries_for(toks, query_start, seed=k),
         ))
     session.commit()
     return run

@@ -247,7 +247,13 @@ def test_finished_run_page_decision_table_answers_and_heatmap(client) -> None:
     html = page.text
     assert "1 of 2</strong> strategies agree" in html
     assert html.count('class="disagrees"') == 1  # stale decides differently
-    assert "160.0×" in html  # 480 ms / 3 ms
+    assert "188.0×" in html  # on time to first token: 470 ms / 2.5 ms (not latency's 160×)
+    assert "Time to first token</th>" in html and "What each column measures" in html
+    assert "the speed-up is recompute's time to first token divided by this one" in html  # the legend says so
+    # the note is computed from this run: stale keeps the old choice, so the edit moved recompute's
+    assert "The edit moved recompute&#39;s choice from “active” (stale notes) to “suspended”" in html
+    assert "Following it: field_erratum. Not following: stale." in html
+    assert '<option value="stale" selected>' in html  # the heatmap opens on the strategy that differs
     assert 'id="attention"' in html and 'data-layers="4" data-heads="6"' in html
     assert "hx-trigger" not in html  # a finished run does not poll
     heads = client.get(f"/runs/{run.id}/attention/heads", params={"strategy": "field_erratum"}).json()
@@ -257,6 +263,53 @@ def test_finished_run_page_decision_table_answers_and_heatmap(client) -> None:
     # the notebook hovers the stale strategy's tokens (they index the document as it is)
     tokens = client.get(f"/notebooks/{nb}/tokens.json").json()
     assert tokens["run_id"] == run.id and tokens["tokens"][0] == {"i": 3, "id": 103, "text": "Account", "start": 0, "end": 7}
+
+
+def test_notes_map_is_drawn_over_the_document_with_the_fields_share(client) -> None:
+    from tests.web.finished_run import finished_run
+
+    nb = new_notebook(client)
+    add_field(client, nb)
+    s = session()
+    notebook = s.get(Notebook, nb)
+    notebook.questions.append(Question(text="What is the status?", choices=["active", "suspended"]))
+    s.commit()
+    run = finished_run(s, notebook, notes_map=True)
+    html = client.get(f"/runs/{run.id}").text
+    assert "Refreshing the field's own notes closed <strong>94%</strong>" in html
+    assert "the opposite of the paper's large models" in html
+    spans = run.attribution.spans
+    assert html.count('class="map-span pos"') == sum(1 for sp in spans if sp.share >= 0)
+    assert html.count('class="map-span neg"') == sum(1 for sp in spans if sp.share < 0) > 0
+    assert 'data-share="0.2800"' in html  # the first span's share, drawn over its text
+    api = client.get(f"/api/runs/{run.id}").json()["attribution"]
+    assert api["field_share"] == 0.94 and api["spans"][0]["start_char"] == notebook.fields[0].start
+
+
+def test_attention_from_any_question_or_answer_token(client) -> None:
+    from tests.web.finished_run import finished_run
+
+    nb = new_notebook(client)
+    add_field(client, nb)
+    s = session()
+    notebook = s.get(Notebook, nb)
+    notebook.questions.append(Question(text="What is the status?", choices=["active", "suspended"]))
+    s.commit()
+    run = finished_run(s, notebook)
+    url = f"/api/runs/{run.id}/attention"
+    decision = client.get(url, params={"strategy": "stale"}).json()
+    n = decision["shape"][2]
+    assert decision["query"] == decision["decision"] == n - 2  # the last question token; the answer follows
+    assert decision["tokens"][decision["query_start"]]["segment"] == "question"
+    answer = client.get(url, params={"strategy": "stale", "query": n - 1}).json()
+    assert answer["query"] == n - 1 and answer["layer"] is None and answer["agg"] == "mean"
+    assert abs(sum(answer["values"]) - 1) < 1e-2 and answer["values"] != decision["values"]
+    early = client.get(url, params={"strategy": "stale", "query": decision["query_start"]}).json()
+    assert all(v == 0 for v in early["values"][decision["query_start"] + 1 :])  # causal: nothing after itself
+    bad = client.get(url, params={"strategy": "stale", "query": 2})
+    assert bad.status_code == 422 and "is not a question or answer token" in bad.text
+    per_head = client.get(url, params={"strategy": "stale", "query": n - 1, "layer": 0})
+    assert per_head.status_code == 422 and "kept for the decision only" in per_head.text
 
 
 def test_word_diff_of_answers() -> None:

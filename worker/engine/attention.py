@@ -1,8 +1,9 @@
 """Attention: where the decision looks — per layer and head, over every cached position.
 
 SDPA returns no attention weights, so the capture switches the model to eager attention for this
-one forward (the question suffix after a strategy's notes) and back to what it was; the timed fast
-path never pays for it. The decision position is the last token of the question suffix.
+one forward (the question suffix and the strategy's answer after its notes) and back to what it
+was; the timed fast path never pays for it. The decision position is the last token of the
+question suffix; every question and answer token can be a query too.
 """
 
 from __future__ import annotations
@@ -28,16 +29,21 @@ def eager_attention(model):
 
 
 @torch.inference_mode()
-def capture_attention(model, layers: list[KV], suffix_ids: list[int]) -> np.ndarray:
-    """Attention of the last suffix token after the notes `layers`: float16 [layers, heads, T],
-    T = cached tokens + suffix tokens."""
+def capture_attention(model, layers: list[KV], ids: list[int], decision: int) -> tuple[np.ndarray, np.ndarray]:
+    """Attention of the tokens `ids` fed after the notes `layers` (T = cached + len(ids) tokens).
+
+    Returns the decision position's (`ids[decision]`) attention per layer and head, float16
+    [layers, heads, T] (zero past the decision), and every fed token's attention as a query,
+    averaged over layers and heads, float16 [len(ids), T] (row q is zero past its own position)."""
     with eager_attention(model):
         out = model(
-            input_ids=torch.tensor([suffix_ids], device=model.device),
+            input_ids=torch.tensor([ids], device=model.device),
             cache=cache_from_layers(layers),
             use_cache=True,
             output_attentions=True,
             logits_to_keep=1,
         )
-    rows = [a[0, :, -1, :].float() for a in out.attentions]  # each [heads, T]
-    return torch.stack(rows).cpu().numpy().astype(np.float16)
+    att = torch.stack([a[0].float() for a in out.attentions])  # [layers, heads, len(ids), T]
+    decision_rows = att[:, :, decision, :]  # [layers, heads, T]
+    per_query = att.mean(dim=(0, 1))  # [len(ids), T]
+    return decision_rows.cpu().numpy().astype(np.float16), per_query.cpu().numpy().astype(np.float16)

@@ -155,7 +155,7 @@ def _branches(model, base, prefix: list[int], sequences: list[list[int]]) -> tup
         input_ids=torch.tensor([inputs], device=model.device),
         position_ids=torch.tensor([positions], device=model.device),
         attention_mask=mask.to(model.device),
-        cache=cache_from_layers(base) if base else None,
+        cache=cache_from_layers(base, model) if base else None,
         use_cache=True,
         logits_to_keep=torch.tensor(keep, device=model.device),
     )
@@ -215,7 +215,7 @@ def decide(model, tokenizer, frame: Frame, cache, suffix_ids: list[int], questio
         chosen = _choice_ids(tokenizer, frame, [decision])[0]
         return Readout(logits=logits, decision=decision, choice_probs=probs, text=text,
                        answer_ids=reasoning + chosen, first_token_at=first_token_at)
-    generated = _greedy(model, tokenizer, logits, cache_from_layers(layers_of(cache)), question.max_new_tokens)
+    generated = _greedy(model, tokenizer, logits, cache_from_layers(layers_of(cache), model), question.max_new_tokens)
     answer = tokenizer.decode(generated, skip_special_tokens=True).strip()
     full = f"{text.rstrip()} {answer}" if question.cot else answer
     return Readout(logits=logits, decision=answer.split("\n")[0].strip(), choice_probs={}, text=full,
@@ -229,7 +229,7 @@ def answer_nll(model, layers, prompt: list[int], answer_ids: list[int]) -> float
     if not answer_ids:
         return None
     inputs = list(prompt) + list(answer_ids[:-1])
-    out = model(input_ids=torch.tensor([inputs], device=model.device), cache=cache_from_layers(layers),
+    out = model(input_ids=torch.tensor([inputs], device=model.device), cache=cache_from_layers(layers, model),
                 use_cache=True, logits_to_keep=len(answer_ids))
     logp = torch.log_softmax(out.logits[0].float(), dim=-1)  # [len(answer_ids), vocab]
     target = torch.tensor(answer_ids, device=logp.device)

@@ -210,7 +210,7 @@ def _measure(engine: Engine, request: RunRequest, plan: _Plan, strategies: list[
         report_progress(f"edit: {name}", 0.05 + 0.6 * i / len(needed))
         t0 = time.perf_counter()
         surgery = surgeries[name]()
-        readout = decide(engine.model, engine.tokenizer, engine.frame, cache_from_layers(surgery.layers),
+        readout = decide(engine.model, engine.tokenizer, engine.frame, cache_from_layers(surgery.layers, engine.model),
                          plan.suffix_ids, request.question, pending=surgery.pending)
         ms, ttft = (time.perf_counter() - t0) * 1000, (readout.first_token_at - t0) * 1000
         if name != "recompute":  # every other strategy starts from the composed notes: the splice is its cost too
@@ -286,13 +286,20 @@ def _auto(outcomes: dict[str, Outcome], ref: Outcome) -> StrategyResult:
 
 
 def _attention(engine: Engine, out: Outcome, suffix_ids: list[int]) -> Attention:
-    """The decision position's attention over every cached token, with the tokens it looks at."""
+    """Where the decision looked over every token of the strategy's notes, and where each question
+    and answer token looked, with the tokens themselves."""
     s = out.surgery
-    weights = capture_attention(engine.model, s.layers, s.pending + suffix_ids)
+    answer = list(out.readout.answer_ids)
+    fed = list(s.pending) + list(suffix_ids) + answer
+    decision = len(s.pending) + len(suffix_ids) - 1
+    weights, per_query = capture_attention(engine.model, s.layers, fed, decision)
     decode = engine.tokenizer.decode
     views = [
         TokenView(id=tid, text=decode([tid]), start=o[0], end=o[1], segment=seg)
         for tid, o, seg in zip(s.token_ids, s.offsets, s.segments)
     ]
     views += [TokenView(id=t, text=decode([t]), start=-1, end=-1, segment="question") for t in suffix_ids]
-    return Attention(weights=weights, tokens=views)
+    views += [TokenView(id=t, text=decode([t]), start=-1, end=-1, segment="answer") for t in answer]
+    cached = len(s.token_ids) - len(s.pending)
+    return Attention(weights=weights, tokens=views, query_weights=per_query[len(s.pending):],
+                     query_start=len(s.token_ids), decision=cached + decision)

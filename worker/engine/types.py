@@ -70,16 +70,24 @@ class TokenView:
     text: str
     start: int
     end: int
-    segment: str  # "frame" | "document" | "skill" | "erratum" | "question"
+    segment: str  # "frame" | "document" | "skill" | "erratum" | "question" | "answer"
 
 
 @dataclass
 class Attention:
-    """Attention of the decision position over every cached position, every layer and head.
-    weights: float16 [layers, heads, T]; tokens: the T cached tokens it looks at."""
+    """Where the decision looked, and where every question and answer token looked.
+
+    tokens: the T tokens: the cached notes (erratum included), the question, then the answer.
+    weights: float16 [layers, heads, T], the decision position's attention (zero after it).
+    query_weights: float16 [Q, T], the attention of tokens[query_start:] (the question and answer
+        tokens), each averaged over layers and heads.
+    decision: the index in `tokens` of the decision position (the question's last token)."""
 
     weights: np.ndarray
     tokens: list[TokenView]
+    query_weights: np.ndarray
+    query_start: int
+    decision: int
 
 
 @dataclass
