@@ -273,3 +273,63 @@ def test_run_with_a_real_worker_on_tiny_llama(tmp_path: Path, browser_page) -> N
         assert not errors, errors
     finally:
         server.stop()
+
+
+LONG_DOC = "Account record\nstatus: active\n\n" + "".join(
+    f"2026-03-{d:02d} 09:{d:02d} The operations desk logged routine entry number {d} without remarks.\n" for d in range(1, 29)
+) + "\nOnly accounts whose status is active may log in.\n"
+
+
+def test_run_page_opens_on_the_difference_and_reads_from_any_token(tmp_path: Path, browser_page) -> None:
+    """The heatmap opens on the strategy that differs, the legend is on the page, a question token
+    becomes the query, the panels scroll together, the notes map is drawn over the text, and a free
+    answer that differs only in case and punctuation reads as the same decision."""
+    page, errors = browser_page
+    server = Server(tmp_path, "smollm2-135m", worker=False)
+    try:
+        from app.services.notebooks import add_field
+        from data.models import Notebook, Question, RunResult
+        from tests.web.finished_run import finished_run
+
+        with server.db() as s:
+            nb = Notebook(title="Long record", model="smollm2-135m", document=LONG_DOC)
+            s.add(nb)
+            s.flush()
+            at = LONG_DOC.index("active")
+            add_field(s, nb, at, at + 6, "suspended", "status")
+            nb.questions.append(Question(text="What is the status?", choices=[]))
+            s.commit()
+            run = finished_run(s, nb, strategies=("recompute", "prefix_reuse", "stale", "field_erratum"), notes_map=True)
+            free = s.query(RunResult).filter_by(run_id=run.id, strategy="field_erratum").one()
+            free.decision = "the status is SUSPENDED"  # the engine's normalised match said: same answer
+            s.commit()
+            run_id = run.id
+        page.goto(f"{server.url}/runs/{run_id}")
+        page.wait_for_function("document.querySelectorAll('#hm-diff .tok').length > 100")
+        assert page.input_value("#hm-strategy") == "stale"  # differs from recompute, not the exact prefix_reuse
+        assert page.locator(".column-legend dt").count() >= 6 and page.is_visible(".column-legend")
+        row = page.locator('.decision-table tr[data-strategy="field_erratum"]')
+        assert "✓ same decision" in row.inner_text() and "SUSPENDED" in row.inner_text()
+        # the notes map: one coloured span per stretch of notes after the field, the share in words
+        assert page.locator("#notes-map .map-span").count() > 5
+        assert "closed 94%" in page.inner_text("#notes-map .map-summary")
+        # the three panels scroll together
+        page.eval_on_selector("#hm-res", "e => { e.scrollTop = (e.scrollHeight - e.clientHeight) / 2; }")
+        page.wait_for_timeout(200)
+        ratios = page.evaluate("""['hm-ref', 'hm-res', 'hm-diff'].map(id => {
+            const e = document.getElementById(id); return e.scrollTop / (e.scrollHeight - e.clientHeight); })""")
+        assert all(abs(r - 0.5) < 0.05 for r in ratios), ratios
+        # a question token becomes the query: its attention is drawn and the grid says per-head is for the decision
+        before = page.inner_text("#hm-status")
+        page.click("#hm-res .tok.seg-question >> nth=1")
+        page.wait_for_function("document.getElementById('hm-status').textContent.startsWith('query: question/answer token 2')")
+        assert before != page.inner_text("#hm-status")
+        assert page.locator("#hm-res .tok.query").count() == 1
+        assert page.input_value("#hm-query") == "1"
+        assert "decision only" in page.inner_text("#hm-pick")
+        page.select_option("#hm-query", "")
+        page.wait_for_function("document.getElementById('hm-status').textContent.startsWith('all layers')")
+        shot(page, "07-run-page-verdicts")
+        assert not errors, errors
+    finally:
+        server.stop()
