@@ -24,6 +24,7 @@ from sqlalchemy import (
     DateTime,
     Float,
     ForeignKey,
+    Index,
     Integer,
     LargeBinary,
     MetaData,
@@ -94,7 +95,11 @@ class Base(DeclarativeBase):
 
 
 class Notebook(Base):
+    """A document to edit. `example` names the bundled example it was loaded from (loading that
+    example again offers this notebook); the (updated_at, id) index serves the paginated home page."""
+
     __tablename__ = "notebooks"
+    __table_args__ = (Index("ix_notebooks_updated_at_id", "updated_at", "id"),)
 
     id: Mapped[int] = mapped_column(primary_key=True)
     title: Mapped[str] = mapped_column(String(200))
@@ -103,6 +108,7 @@ class Notebook(Base):
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow, onupdate=utcnow)
     created_by: Mapped[str | None] = mapped_column(String(64))
+    example: Mapped[str | None] = mapped_column(String(64), index=True)
 
     fields: Mapped[list[Field]] = relationship(
         back_populates="notebook", cascade="all, delete-orphan", passive_deletes=True, order_by="Field.start"
