@@ -6,14 +6,14 @@ the engine's JSON names (`kvnotes edit --json`): decision, choice_probs, kl_to_r
 The run snapshot and the token records are the data layer's contracts (`data.contracts`).
 
 Every request model refuses what the pages' forms refuse (blank titles, documents, values,
-questions) and text that is not valid Unicode (a lone surrogate such as "\ud800" in JSON): 422
-naming the field. Ids in bodies are bounded by the database's integers (2^63 - 1). Every
-timestamp goes out in UTC with its timezone (SQLite hands them back naive).
+questions): 422 naming the field; pydantic refuses text that is not valid Unicode (a lone
+surrogate such as "\ud800" in JSON) the same way, and `app.api.handlers` quotes it back safely.
+Ids in bodies are bounded by the database's integers (2^63 - 1). Every timestamp goes out in UTC
+with its timezone (SQLite hands them back naive).
 """
 
 from __future__ import annotations
 
-import re
 from datetime import UTC, datetime
 from typing import Annotated, Literal
 
@@ -23,7 +23,6 @@ from pydantic import (
     ConfigDict,
     Field,
     StringConstraints,
-    ValidationInfo,
     field_validator,
 )
 
@@ -33,7 +32,6 @@ from worker.engine.vocabulary import STRATEGIES, unknown_strategies, with_recomp
 
 _s = get_settings()
 MAX_DB_ID = 2**63 - 1
-_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def _not_blank(value: str) -> str:
@@ -44,28 +42,6 @@ def _not_blank(value: str) -> str:
 
 def _utc(moment: datetime) -> datetime:
     return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)
-
-
-def _strings(value: object):
-    if isinstance(value, str):
-        yield value
-    elif isinstance(value, list | tuple):
-        for item in value:
-            yield from _strings(item)
-
-
-class _In(BaseModel):
-    """A request body: every string in it must be valid Unicode (storable as UTF-8)."""
-
-    @field_validator("*", mode="after")
-    @classmethod
-    def _valid_unicode(cls, value: object, info: ValidationInfo) -> object:
-        for text in _strings(value):
-            found = _LONE_SURROGATE.search(text)
-            if found:
-                raise ValueError(f"invalid Unicode: a lone surrogate \\u{ord(found.group()):04x} at character "
-                                 f"{found.start()}; send UTF-8 text")
-        return value
 
 
 NotBlank = AfterValidator(_not_blank)
@@ -104,13 +80,13 @@ class _Out(BaseModel):
 # --- notebooks -----------------------------------------------------------------------------------
 
 
-class NotebookCreate(_In):
+class NotebookCreate(BaseModel):
     title: Title = "Untitled"
     model: ModelName = Field(default_factory=lambda: get_settings().default_model)
     text: DocumentText
 
 
-class NotebookPatch(_In):
+class NotebookPatch(BaseModel):
     title: Title | None = None
     model: ModelName | None = None
     text: DocumentText | None = None
@@ -128,14 +104,14 @@ class NotebookSummary(_Out):
 # --- fields and errata ---------------------------------------------------------------------------
 
 
-class FieldCreate(_In):
+class FieldCreate(BaseModel):
     start: Offset
     end: Offset
     new_value: Value
     label: Label = ""
 
 
-class FieldPatch(_In):
+class FieldPatch(BaseModel):
     start: Offset | None = None
     end: Offset | None = None
     new_value: Value | None = None
@@ -153,15 +129,15 @@ class FieldOut(_Out):
     created_at: Timestamp
 
 
-class ErratumCreate(_In):
+class ErratumCreate(BaseModel):
     text: ErratumText
 
 
-class ErratumPatch(_In):
+class ErratumPatch(BaseModel):
     text: ErratumText
 
 
-class ErrataOrder(_In):
+class ErrataOrder(BaseModel):
     ids: Annotated[list[DbId], Field(max_length=_s.max_errata)]
 
 
@@ -177,13 +153,13 @@ class ErratumOut(_Out):
 # --- skills and placements -----------------------------------------------------------------------
 
 
-class SkillCreate(_In):
+class SkillCreate(BaseModel):
     name: SkillName
     text: SkillText
     model: ModelName = Field(default_factory=lambda: get_settings().default_model)
 
 
-class SkillPatch(_In):
+class SkillPatch(BaseModel):
     name: SkillName | None = None
     text: SkillText | None = None
     model: ModelName | None = None
@@ -205,12 +181,12 @@ class SkillOut(_Out):
     updated_at: Timestamp
 
 
-class PlacementCreate(_In):
+class PlacementCreate(BaseModel):
     skill_id: DbId
     position: Offset | None = None
 
 
-class PlacementPatch(_In):
+class PlacementPatch(BaseModel):
     position: Offset | None
 
 
@@ -225,7 +201,7 @@ class PlacementOut(_Out):
 # --- questions -----------------------------------------------------------------------------------
 
 
-class QuestionIn(_In):
+class QuestionIn(BaseModel):
     text: QuestionText
     choices: Choices = []
     cot: bool = False
@@ -250,7 +226,7 @@ class NotebookOut(NotebookSummary):
 # --- runs ----------------------------------------------------------------------------------------
 
 
-class RunCreate(_In):
+class RunCreate(BaseModel):
     """Start a run. Without `question` the notebook's current question is used; with one, it
     becomes the notebook's current question. `recompute` (the oracle) is always included."""
 

@@ -21,6 +21,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
 from data.models import Run, as_utc
+from data.queue import queue_for
 from data.settings import get_settings
 from data.workers import dead_worker_names, live_workers
 
@@ -82,14 +83,14 @@ def reap_runs_of_dead_workers(session: Session, now: datetime) -> list[int]:
 def reap_lost_messages(session: Session, now: datetime, grace_s: float = QUEUED_GRACE_S) -> list[int]:
     """Runs still `queued` after `grace_s` although a live worker of their model has been idle for
     `grace_s`: their message is gone (taken by a worker that died before starting them)."""
-    idle_models = {m for w in live_workers(session, now) if w.idle_for(now) > grace_s for m in w.models}
-    if not idle_models:
+    idle_queues = {q for w in live_workers(session, now) if w.idle_for(now) > grace_s for q in w.queues}
+    if not idle_queues:
         return []
     cutoff = now - timedelta(seconds=grace_s)
     reaped = []
     for run in session.scalars(select(Run).where(Run.status == "queued", Run.created_at < cutoff)):
         created = as_utc(run.created_at)
-        if created is not None and created < cutoff and run.model in idle_models:
+        if created is not None and created < cutoff and queue_for(run.model) in idle_queues:
             _fail(run, now, MESSAGE_LOST)
             reaped.append(run.id)
     session.flush()

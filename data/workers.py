@@ -1,6 +1,7 @@
 """Which workers are alive, what they serve, and whether they are busy: one row per worker start.
 
-A worker registers when it starts (`workers.name` is its Celery node name, unique per start), beats
+A worker registers when it starts (`workers.name` is its Celery node name, unique per start; `queues`
+the model queues it consumes, `model.<alias>` as `data.queue.queue_for` names them), beats
 every few seconds, says when it takes and finishes a task, and marks itself stopped on a clean
 shutdown; `kvnotes serve` marks its worker stopped the moment it sees it die. A worker whose beat is
 older than `worker_stale_s` is dead. The web app reads this table for `/api/health` ("a live worker
@@ -17,6 +18,7 @@ from sqlalchemy import JSON, DateTime, Integer, String, delete, select, update
 from sqlalchemy.orm import Mapped, Session, mapped_column
 
 from data.models import Base, as_utc, utcnow
+from data.queue import queue_for
 from data.settings import get_settings
 
 FORGET_AFTER = timedelta(days=1)  # rows of workers stopped or dead this long ago are deleted
@@ -26,7 +28,7 @@ class Worker(Base):
     __tablename__ = "workers"
 
     name: Mapped[str] = mapped_column(String(200), primary_key=True)
-    models: Mapped[list[str]] = mapped_column(JSON)
+    queues: Mapped[list[str]] = mapped_column(JSON)
     host: Mapped[str] = mapped_column(String(200), default="")
     pid: Mapped[int] = mapped_column(Integer, default=0)
     started_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
@@ -46,7 +48,7 @@ class Worker(Base):
         return 0.0 if idle is None or self.running_run_id is not None else (now - idle).total_seconds()
 
 
-def register(session: Session, name: str, models: list[str], host: str, pid: int) -> bool:
+def register(session: Session, name: str, queues: list[str], host: str, pid: int) -> bool:
     """Record a starting worker. False when a LIVE worker already has this name (a duplicate
     `--name`): the caller must then not treat runs under the name as its own."""
     now = utcnow()
@@ -55,7 +57,7 @@ def register(session: Session, name: str, models: list[str], host: str, pid: int
     if row is None:
         row = Worker(name=name)
         session.add(row)
-    row.models, row.host, row.pid = list(models), host[:200], pid
+    row.queues, row.host, row.pid = list(queues), host[:200], pid
     row.started_at = row.beat_at = now
     row.running_run_id = row.idle_since = row.stopped_at = None
     session.flush()
@@ -97,8 +99,8 @@ def dead_worker_names(session: Session, now: datetime | None = None) -> set[str]
 
 def models_without_worker(session: Session, models: list[str]) -> list[str]:
     """Those of `models` that no live worker serves."""
-    served = {m for row in live_workers(session) for m in row.models}
-    return [m for m in models if m not in served]
+    served = {q for row in live_workers(session) for q in row.queues}
+    return [m for m in models if queue_for(m) not in served]
 
 
 def forget_old(session: Session, now: datetime | None = None) -> None:

@@ -80,14 +80,16 @@ def isolated(tmp_path: Path) -> Iterator[Callable[..., dict[str, str]]]:
 
 @pytest.fixture
 def make_client(isolated):
-    """`make_client(broker_url=None)`: a FastAPI TestClient on a fresh, migrated SQLite database,
-    with the embedded SQLAlchemy broker beside it (or `broker_url`, e.g. an unreachable one)."""
+    """`make_client(broker_url=None, **overrides)`: a FastAPI TestClient on a fresh, migrated SQLite
+    database, with the embedded SQLAlchemy broker beside it (or `broker_url`, e.g. an unreachable
+    one) and any other variables (`KVNOTES_AUTH="required"`, limits). It talks to the app as a
+    loopback client of the loopback default (no sign-in), unless `KVNOTES_AUTH=required`."""
     from fastapi.testclient import TestClient
 
     clients: list[TestClient] = []
 
-    def build(broker_url: str | None = None) -> TestClient:
-        isolated(broker_url, KVNOTES_BROKER_TIMEOUT="1")
+    def build(broker_url: str | None = None, **overrides: str) -> TestClient:
+        isolated(broker_url, KVNOTES_BROKER_TIMEOUT="1", **overrides)
         from app.main import create_app
         from data.migrate import upgrade_to_head
 

@@ -7,6 +7,7 @@
         [--seam K] --question "..." [--choices "..."] --json
     kvnotes attribute --model M --document doc.txt --replace OLD NEW --question "..." [--span-tokens 16]
     kvnotes serve | worker        (the web app and its Celery worker)
+    kvnotes users add|list|remove, kvnotes tokens create|list|revoke   (accounts; see account_commands)
 
 Bad input exits with status 2 and one line on stderr, never a traceback.
 """
@@ -185,17 +186,21 @@ def build_parser() -> argparse.ArgumentParser:
         pass
     else:
         add_commands(sub)
+        from worker.account_commands import add_commands as add_account_commands
+
+        add_account_commands(sub)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     args = build_parser().parse_args(argv)
+    from worker.account_commands import CommandError
     from worker.engine.types import EngineError
 
     try:
         result = args.func(args)
-    except (UsageError, EngineError) as exc:
+    except (UsageError, EngineError, CommandError) as exc:
         print(f"kvnotes: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

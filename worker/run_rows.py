@@ -24,13 +24,19 @@ from data.contracts import NotesMap, RunSnapshot
 from data.db import get_sessionmaker
 from data.models import Run, RunResult, as_utc
 from data.settings import get_settings
-from data.watchdog import WORKER_LOST, reap_stale_runs
+from data.watchdog import MESSAGE_LOST, WORKER_LOST, reap_stale_runs
+from data.workers import dead_worker_names
 
 log = logging.getLogger(__name__)
 
 HEARTBEAT_S = 10.0  # a live run's heartbeat period; the watchdog's max age is many of these
 PROGRESS_EVERY_S = 0.25  # at most this often a progress write (stage changes always write)
 ROW_WAIT_S = 10.0  # how long to wait for a row the web process has not committed yet
+LOST = (WORKER_LOST, MESSAGE_LOST)  # failed by the watchdog: a message that turns up restarts the run
+
+
+class OwnerMaybeAlive(Exception):
+    """The run is `running` under another worker that may still be alive."""
 
 
 class Stop(Exception):
@@ -77,15 +83,20 @@ def claim(run_id: int, hostname: str, task_id: str) -> RunSnapshot | None:
     """Mark the run `running` under this worker and return its snapshot, or None to skip it.
 
     Restarts (deleting partial results) a run a dead worker left `running` or the watchdog
-    failed; skips a run that finished, was cancelled, or is alive on another worker."""
+    failed; skips a run that finished or was cancelled. A run `running` under another worker that
+    the registry does not (yet) know to be dead raises `OwnerMaybeAlive`: the task asks again
+    later, so a redelivered message is not used up while its first worker is only presumed dead."""
     with session() as s:
         run = s.get(Run, run_id, with_for_update=True)
         if run is None:
             return None
         heartbeat = run.heartbeat_at or run.started_at
         age_s = ms_since(heartbeat, now()) / 1000 if heartbeat else float("inf")
-        dead_owner = run.worker == hostname or age_s > get_settings().heartbeat_max_age_s
-        restart = (run.status == "running" and dead_owner) or (run.status == "failed" and run.error == WORKER_LOST)
+        dead_owner = (run.worker == hostname or age_s > get_settings().heartbeat_max_age_s
+                      or run.worker in dead_worker_names(s))
+        if run.status == "running" and not dead_owner:
+            raise OwnerMaybeAlive(f"run {run_id} is running under {run.worker}")
+        restart = (run.status == "running" and dead_owner) or (run.status == "failed" and run.error in LOST)
         if run.status != "queued" and not restart:
             log.info("run %s is %s (worker %s): not running it again", run_id, run.status, run.worker)
             return None

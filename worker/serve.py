@@ -1,13 +1,15 @@
-"""`kvnotes serve` (web app + one worker, the embedded default) and `kvnotes worker` (a worker alone).
+"""`kvnotes serve` (web app + one supervised worker, the embedded default) and `kvnotes worker`
+(a worker alone).
 
-`serve` migrates the database, starts ONE `celery worker` subprocess consuming the model queues,
-then runs uvicorn in this process; Ctrl-C or SIGTERM stops uvicorn, then the worker (SIGTERM: a
-warm shutdown that lets the current task finish, SIGKILL after `WORKER_STOP_S`). `worker` replaces
-this process with a Celery worker, so signals reach Celery directly.
+`serve` migrates the database, checks it may start (below), starts the worker under a
+`WorkerSupervisor` (restarted with backoff when it dies; it dies with `serve`), then runs uvicorn
+in this process; Ctrl-C or SIGTERM stops uvicorn, then the worker (a warm shutdown, SIGKILL after
+`WORKER_STOP_S`). `--no-worker` serves the web app alone (workers run elsewhere, as in compose.yaml).
+`worker` replaces this process with a Celery worker, so signals reach Celery directly.
 
-Worker node names are `kvnotes-<model>@<host>` by default: stable across restarts, so a worker that
-comes back finds the runs its previous life left `running` and marks them failed (see
-`worker.tasks.reap_own_runs`). Two workers for one model on one host need distinct `--name`s.
+Starting on an address other than loopback (or with `KVNOTES_AUTH=required`) needs a secret key
+(`KVNOTES_SECRET_KEY`, several web processes must share it) and at least one user: otherwise
+`serve` prints one line naming the fix and exits with status 2.
 """
 
 from __future__ import annotations
@@ -16,13 +18,14 @@ import argparse
 import logging
 import os
 import signal
-import subprocess
 import sys
-import threading
+
+from worker.supervisor import WORKER_STOP_S, WorkerSupervisor, stop_worker, worker_command
+
+__all__ = ["WORKER_STOP_S", "add_commands", "cmd_serve", "cmd_worker", "startup_problem", "stop_worker",
+           "worker_command"]
 
 log = logging.getLogger("kvnotes.serve")
-
-WORKER_STOP_S = 20.0
 
 
 def _models(value: str | None) -> list[str]:
@@ -33,41 +36,25 @@ def _models(value: str | None) -> list[str]:
     return names or get_settings().models
 
 
-def worker_command(models: list[str], name: str | None = None, loglevel: str = "INFO") -> list[str]:
-    """The `celery worker` command line for a worker consuming the queues of `models`."""
-    from data.queue import queue_for
+def startup_problem() -> str | None:
+    """Why the web app must not start with these settings (one line naming the fix), or None."""
+    from data.accounts import count_users
+    from data.db import get_sessionmaker
+    from data.settings import get_settings
+    from data.signing import MIN_KEY_CHARS
 
-    node = name or f"kvnotes-{queue_for(models[0]).removeprefix('model.')}@%h"
-    return [
-        sys.executable, "-m", "celery", "-A", "worker.celery_app", "worker",
-        "--pool=solo", "--concurrency=1",
-        "-Q", ",".join(queue_for(m) for m in models),
-        "-n", node,
-        f"--loglevel={loglevel}",
-        # no broadcast chatter: the SQLAlchemy broker has no fanout, and a worker owns its model
-        "--without-gossip", "--without-mingle", "--without-heartbeat",
-    ]  # fmt: skip
-
-
-def stop_worker(proc: subprocess.Popen, timeout: float = WORKER_STOP_S) -> int:
-    """Warm shutdown (SIGTERM), then SIGKILL if the worker has not exited after `timeout` s."""
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            log.warning("worker did not stop within %.0f s: killing it", timeout)
-            proc.kill()
-            proc.wait()
-    return proc.returncode
-
-
-def _watch(proc: subprocess.Popen, stopping: threading.Event) -> None:
-    proc.wait()
-    if not stopping.is_set():
-        log.error(
-            "the worker exited (code %s); runs will wait in the queue until one starts", proc.returncode
-        )
+    settings = get_settings()
+    exposed = not settings.loopback_bind
+    if not exposed and settings.auth != "required":
+        return None
+    where = f"on {settings.bind_host}" if exposed else "with KVNOTES_AUTH=required"
+    if exposed and len(settings.secret_key) < MIN_KEY_CHARS:
+        return (f"kvnotes: serving {where} needs KVNOTES_SECRET_KEY (at least {MIN_KEY_CHARS} random characters, "
+                "e.g. `python -c 'import secrets; print(secrets.token_urlsafe(48))'`) and a user (`kvnotes users add NAME`)")
+    with get_sessionmaker()() as session:
+        if count_users(session) == 0:
+            return f"kvnotes: serving {where} needs at least one user: run `kvnotes users add NAME` first"
+    return None
 
 
 def _exit_on_sigterm(signum: int, _frame: object) -> None:
@@ -75,36 +62,37 @@ def _exit_on_sigterm(signum: int, _frame: object) -> None:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    """Migrate, start the worker, serve the web app until Ctrl-C / SIGTERM, stop both."""
+    """Migrate, check, start the supervised worker, serve the web app until Ctrl-C / SIGTERM, stop both."""
     import uvicorn
 
     from data.migrate import upgrade_to_head
+    from data.settings import get_settings
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     models = _models(args.model)
+    os.environ["KVNOTES_BIND_HOST"] = args.host  # the app's sign-in rule and Host allowlist need it
     if args.model:  # the web app offers exactly what the worker serves
-        from data.settings import get_settings
-
         os.environ["KVNOTES_DEFAULT_MODEL"] = models[0]
         os.environ["KVNOTES_MODELS"] = ",".join(models)
-        get_settings.cache_clear()
-    env = dict(os.environ)
+    get_settings.cache_clear()
     upgrade_to_head()
-    proc = subprocess.Popen(worker_command(models, args.name), env=env)
-    stopping = threading.Event()
-    threading.Thread(target=_watch, args=(proc, stopping), daemon=True).start()
-    print(
-        f"kvnotes: open http://{args.host}:{args.port}/  (worker pid {proc.pid}, models {', '.join(models)})"
-    )
+    problem = startup_problem()
+    if problem:
+        print(problem, file=sys.stderr)
+        return 2
+    supervisor = None if args.no_worker else WorkerSupervisor(models, args.name, env=dict(os.environ))
+    if supervisor is not None:
+        supervisor.start()
+    print(f"kvnotes: open http://{args.host}:{args.port}/  "
+          f"({'no worker' if supervisor is None else f'worker {supervisor.name}'}, models {', '.join(models)})")
     # uvicorn shuts down gracefully on SIGINT/SIGTERM, then re-raises the signal to the handler that
     # was there before it: make SIGTERM's an exception (like SIGINT's), so `finally` stops the worker.
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
         uvicorn.run("app.main:app", host=args.host, port=args.port, log_level="info")
     finally:
-        stopping.set()
-        code = stop_worker(proc)
-        log.info("worker stopped (code %s)", code)
+        if supervisor is not None:
+            log.info("stopping the worker (code %s)", supervisor.stop())
     return 0
 
 
@@ -125,18 +113,19 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 def add_commands(subparsers: argparse._SubParsersAction) -> None:
     """Register `serve` and `worker` on the `kvnotes` command line."""
-    p = subparsers.add_parser("serve", help="start the web app and one worker (migrates the database first)")
-    p.add_argument("--host", default="127.0.0.1")
+    p = subparsers.add_parser("serve", help="start the web app and one supervised worker (migrates the database first)")
+    p.add_argument("--host", default="127.0.0.1", help="bind address; anything but loopback needs sign-in (README)")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument(
         "--model", default=None, help="model(s) the worker serves, comma-separated (default: every model offered, KVNOTES_MODELS)"
     )
-    p.add_argument("--name", default=None, help="worker node name (default kvnotes-<model>@<host>)")
+    p.add_argument("--name", default=None, help="worker node name (default kvnotes-<model>-<random>@<host>, new each start)")
+    p.add_argument("--no-worker", action="store_true", help="serve the web app only (workers run elsewhere)")
     p.set_defaults(func=cmd_serve)
 
     p = subparsers.add_parser("worker", help="start a Celery worker for one model's queue")
     p.add_argument("--model", default=None, help="model(s) to serve, comma-separated (default: settings)")
     p.add_argument("--concurrency", type=int, default=1, help="kept at 1: one model, one task at a time")
-    p.add_argument("--name", default=None, help="worker node name (default kvnotes-<model>@<host>)")
+    p.add_argument("--name", default=None, help="worker node name (default kvnotes-<model>-<random>@<host>)")
     p.add_argument("--loglevel", default="INFO")
     p.set_defaults(func=cmd_worker)

@@ -14,27 +14,42 @@ from typing import Any
 
 from celery.signals import worker_ready
 from sqlalchemy import update
+from sqlalchemy.exc import DBAPIError
 
 from data.models import Notebook, Run, Skill
 from data.queue import queue_for
 from data.settings import get_settings
-from worker import run_rows
+from worker import presence, run_rows
 from worker.celery_app import app
 from worker.engine import EngineError
 from worker.mapping import notes_map_record, result_rows, run_request
 from worker.runtime import describe_failure, get_engine, get_store
 
 log = logging.getLogger(__name__)
+CLAIM_RETRIES = 12  # about 10 minutes of a database that cannot be written, then the watchdog's turn
+CLAIM_RETRY_MAX_S = 60
+OWNER_RETRY_S = 10  # the registry knows a silent worker is dead after KVNOTES_WORKER_STALE_S
+OWNER_RETRIES = 15  # past the heartbeat age (120 s), after which the owner counts as dead anyway
 
 
 @app.task(name="kvnotes.run", bind=True)
 def run(self, run_id: int) -> dict[str, Any]:
     """Run a run: every strategy of its snapshot, compared against recompute, results stored."""
     hostname = self.request.hostname or "unknown"
-    if not run_rows.wait_for(Run, run_id):
-        log.error("run %s does not exist", run_id)
-        return {"run_id": run_id, "status": "missing"}
-    snapshot = run_rows.claim(run_id, hostname, self.request.id)
+    try:
+        if not run_rows.wait_for(Run, run_id):
+            log.error("run %s does not exist", run_id)
+            return {"run_id": run_id, "status": "missing"}
+        snapshot = run_rows.claim(run_id, hostname, self.request.id)
+    except DBAPIError as exc:
+        # The database cannot be written (read-only, full): the run stays queued and this message
+        # is sent again later, instead of being used up with the run left `queued` for good.
+        delay = min(CLAIM_RETRY_MAX_S, 5 * 2**self.request.retries)
+        log.warning("run %s: cannot claim it (%s); trying again in %s s", run_id, type(exc).__name__, delay)
+        raise self.retry(countdown=delay, max_retries=CLAIM_RETRIES, exc=exc) from exc
+    except run_rows.OwnerMaybeAlive as exc:  # a redelivered message: ask again once the owner is known
+        log.info("%s; asking again in %s s", exc, OWNER_RETRY_S)
+        raise self.retry(countdown=OWNER_RETRY_S, max_retries=OWNER_RETRIES, exc=exc) from exc
     if snapshot is None:
         return {"run_id": run_id, "status": "skipped"}
     t0 = time.perf_counter()
@@ -131,8 +146,9 @@ def _on_worker_ready(sender=None, **_kwargs) -> None:
     load on their first task: a worker serving every offered model should not make the default wait
     for a slow first conversion of another."""
     hostname = getattr(sender, "hostname", None) or "unknown"
-    run_rows.reap_own_runs(hostname)
     queues = [q.name for q in sender.task_consumer.queues] if sender is not None else []
+    if presence.start(hostname, queues):  # a duplicate name must not fail a live worker's runs
+        run_rows.reap_own_runs(hostname)
     default_queue = queue_for(get_settings().default_model)
     preload = [q for q in queues if q == default_queue] or [q for q in queues if q.startswith("model.")][:1]
     for name in preload:
@@ -140,4 +156,5 @@ def _on_worker_ready(sender=None, **_kwargs) -> None:
             get_engine(name.removeprefix("model.")).warm_up()
         except Exception:  # a task on this queue will report the error on its run
             log.exception("could not preload the model of queue %s", name)
+    presence.ready()
     log.info("worker %s ready on %s", hostname, ", ".join(queues))

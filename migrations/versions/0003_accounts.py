@@ -67,7 +67,7 @@ def upgrade() -> None:
     op.create_table(
         "workers",
         sa.Column("name", sa.String(length=200), nullable=False),
-        sa.Column("models", sa.JSON(), nullable=False),
+        sa.Column("queues", sa.JSON(), nullable=False),
         sa.Column("host", sa.String(length=200), nullable=False),
         sa.Column("pid", sa.Integer(), nullable=False),
         _when("started_at"),

@@ -9,6 +9,7 @@ failed with "worker lost" — never stuck `running`.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import time
@@ -178,7 +179,7 @@ def test_run_through_the_queue_equals_the_direct_engine_call(worker: Worker) -> 
     run, seen = _poll_run(run_id, _finished, timeout=60)
     queue_s = time.perf_counter() - t0
     assert run.status == "succeeded", run.error
-    assert run.worker.startswith(f"kvnotes-{MODEL}@")
+    assert re.fullmatch(rf"kvnotes-{MODEL}-[0-9a-f]{{6}}@.+", run.worker), run.worker  # unique per start
     progresses = [p for _, p in seen]
     assert progresses == sorted(progresses) and progresses[-1] == 1.0
     assert any(0 < p < 1 for p in progresses), seen  # we saw it in the middle, not only the ends
@@ -300,8 +301,8 @@ def test_a_killed_worker_never_leaves_its_run_running(worker: Worker) -> None:
     t_kill = time.perf_counter()
     worker.start()
     if worker.broker == "sqlite":
-        # kombu's SQLAlchemy transport cannot hand an unacknowledged message back: the restarted
-        # worker finds the run under its own name and fails it with the reason
+        # kombu's SQLAlchemy transport cannot hand an unacknowledged message back: the killed
+        # worker stops beating, and the watchdog (the new worker runs it) fails its run
         run, _ = _poll_run(run_id, _finished, timeout=90)
         assert (run.status, run.error) == ("failed", WORKER_LOST)
         assert run.results == []

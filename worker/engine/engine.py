@@ -125,8 +125,12 @@ class Engine:
         if self.store is None:
             raise EngineError("this engine has no KV store to keep skills in")
         layers = [(k[0], v[0]) for k, v in skill.layers]  # drop the batch dimension
-        return self.store.put(self.model_key, skill.token_ids, layers, segments=skill.segments,
-                              first_position=skill.first_position)
+        key = self.store.put(self.model_key, skill.token_ids, layers, segments=skill.segments,
+                             first_position=skill.first_position)
+        if key is None:  # runs still splice the skill: they compile it again when it is not stored
+            raise EngineError("the KV store could not keep the compiled skill (full disk or permissions; "
+                              "see the worker log)")
+        return key
 
     def stored_skill(self, key: str, text: str) -> Notes | None:
         """The compiled skill `save_skill` kept under `key`, or None when it is missing, evicted,

@@ -15,6 +15,11 @@ and the hit/miss counters; it is shared safely between processes. Writes go thro
 temporary file and `os.replace`, so a reader never sees half a file from a writer that is still
 running (a writer killed mid-write leaves only a stray `.tmp`).
 
+The store is a cache (`worker.engine.store_guard`): every public method turns an I/O failure
+(damaged or deleted index, full disk, permissions) into a miss or a skipped write, logged once;
+a damaged index is quarantined and rebuilt from the files; every damaged block a lookup meets is
+deleted (so the caller's `put` writes it again), not only the first.
+
 Tensors come in and go out as [kv_heads, T, head_dim] per layer (batch dimension squeezed), in the
 dtype they were given (float32 on CPU, bfloat16 on GPU); they are returned on the CPU.
 """
@@ -25,6 +30,7 @@ import hashlib
 import json
 import logging
 import os
+import sqlite3
 import struct
 import tempfile
 from collections.abc import Sequence
@@ -35,6 +41,7 @@ import torch
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
+from worker.engine.store_guard import CacheGuard, is_damaged_index, quarantine, scan_files
 from worker.engine.store_index import StoreIndex
 
 log = logging.getLogger(__name__)
@@ -78,17 +85,60 @@ class KVStore:
         self.root = Path(root)
         self.block_tokens = block_tokens
         self.budget_bytes = budget_bytes
+        self.guard = CacheGuard()
+        self._index: StoreIndex | None = None
+        self._guarded("open", None, self._open)
+
+    @property
+    def index(self) -> StoreIndex:
+        if self._index is None:
+            self._open()
+        assert self._index is not None
+        return self._index
+
+    def _open(self) -> None:
         (self.root / "blocks").mkdir(parents=True, exist_ok=True)
         (self.root / "seqs").mkdir(parents=True, exist_ok=True)
-        self.index = StoreIndex(self.root / "index.sqlite")
+        self._index = StoreIndex(self.root / "index.sqlite")
+
+    def _guarded(self, what: str, default, action, *args, **kwargs):
+        """`action(*args)`, or `default` when the store fails (logged once; a damaged index is
+        quarantined and rebuilt). Programming errors (bad shapes) still raise."""
+        if not self.guard.available():
+            return default
+        try:
+            result = action(*args, **kwargs)
+        except (OSError, sqlite3.Error) as exc:
+            if is_damaged_index(exc):
+                self._rebuild_index(exc)
+            else:
+                self.guard.fault(what, exc)
+            return default
+        self.guard.ok()
+        return result
+
+    def _rebuild_index(self, exc: BaseException) -> None:
+        """Quarantine the damaged index and build a new one from the files on disk."""
+        self.guard.fault("index", exc, cooldown=False)
+        try:
+            self._index = None
+            quarantine(self.root / "index.sqlite")
+            self._open()
+            entries = scan_files(self.root)
+            self.index.record(entries)
+            log.warning("kv store: index rebuilt from %d files", len(entries))
+        except (OSError, sqlite3.Error) as again:
+            self._index = None
+            self.guard.fault("rebuilding the index", again)
 
     # ---- public API -------------------------------------------------------------------------
 
     def put(
         self, model_key: str, token_ids: Sequence[int], layers: Layers,
         segments: Sequence[str] = (), first_position: int = 0,
-    ) -> str:
-        """Store the notes of `token_ids`; return the key of the whole sequence (for `get`).
+    ) -> str | None:
+        """Store the notes of `token_ids`; return the key of the whole sequence (for `get`), or
+        None when the store could not keep them (full disk, permissions: logged once).
 
         Full blocks already present are only touched (LRU), not rewritten. `segments` (one word per
         token) and `first_position` are kept with the sequence and returned by `get_entry`."""
@@ -97,6 +147,9 @@ class KVStore:
         _check_shapes(layers, len(ids))
         if segments and (len(segments) != len(ids) or any("," in s for s in segments)):
             raise ValueError(f"segments: one comma-free word per token ({len(ids)}), got {len(segments)}")
+        return self._guarded("writing notes", None, self._put, model_key, ids, layers, segments, first_position)
+
+    def _put(self, model_key: str, ids: list[int], layers: Layers, segments: Sequence[str], first_position: int) -> str:
         block_keys = self._block_keys(model_key, ids)
         known = self.index.known(block_keys)
         written: list[tuple[str, str, int]] = []
@@ -130,7 +183,9 @@ class KVStore:
         """The longest stored block prefix of `token_ids`: (n_tokens, layers cut to n_tokens).
 
         Counts one hit per block found and one miss per full block of the query not found."""
-        ids = [int(t) for t in token_ids]
+        return self._guarded("reading notes", (0, None), self._get_prefix, model_key, [int(t) for t in token_ids])
+
+    def _get_prefix(self, model_key: str, ids: list[int]) -> tuple[int, Layers | None]:
         block_keys = self._block_keys(model_key, ids)
         found: list[dict[str, torch.Tensor]] = []
         read: list[tuple[str, str, int]] = []
@@ -138,6 +193,7 @@ class KVStore:
             expect = ids[i * self.block_tokens : (i + 1) * self.block_tokens]
             loaded = self._load("block", bkey)
             if loaded is None or loaded.tensors["token_ids"].tolist() != expect:
+                self._heal(block_keys[i + 1 :])
                 break
             found.append(loaded.tensors)
             read.append((bkey, "block", loaded.size))
@@ -154,6 +210,9 @@ class KVStore:
 
     def get_entry(self, key: str) -> StoredNotes | None:
         """Like `get`, with the sequence's token ids, segments and first position."""
+        return self._guarded("reading notes", None, self._get_entry, key)
+
+    def _get_entry(self, key: str) -> StoredNotes | None:
         seq = self._load("seq", key)
         if seq is None:
             self.index.after_read([], misses=1)
@@ -161,9 +220,11 @@ class KVStore:
         tail, meta = seq.tensors, seq.meta
         parts: list[dict[str, torch.Tensor]] = []
         read = [(key, "seq", seq.size)]
-        for bkey in json.loads(meta["blocks"]):
+        block_keys = json.loads(meta["blocks"])
+        for i, bkey in enumerate(block_keys):
             block = self._load("block", bkey)
             if block is None:
+                self._heal(block_keys[i + 1 :])
                 self.index.after_read(read, misses=1)
                 return None
             parts.append(block.tensors)
@@ -176,8 +237,16 @@ class KVStore:
                            int(meta.get("first_position", "0")))
 
     def stats(self) -> dict[str, int]:
-        """Counters since the store was created: hits, misses, blocks, bytes, evictions, corrupt."""
-        return self.index.stats()
+        """Counters since the store was created: hits, misses, blocks, bytes, evictions, corrupt
+        (empty when the store cannot be read)."""
+        return self._guarded("reading its counters", {}, lambda: self.index.stats())
+
+    def _heal(self, keys: list[str]) -> None:
+        """After a damaged or missing block: check the rest of the chain too, so every damaged
+        block met is deleted now (and written again by the caller's `put`), not one per lookup."""
+        for bkey in keys:
+            if self._path("block", bkey).exists():
+                self._load("block", bkey)  # verifies; a damaged file is deleted and counted
 
     # ---- keys and paths ---------------------------------------------------------------------
 

@@ -1,0 +1,104 @@
+"""Bad input and too much work answer 4xx, never 500: ids past 2^63 are 404, a lone surrogate is a
+422 naming the field, a 422 quotes only a short prefix of what was sent, huge bodies are 413,
+blank texts are refused like the forms refuse them, timestamps carry their timezone, and the run
+caps answer 429 with nothing saved."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tests.api.test_api import _broker_messages, _notebook
+
+BIG = 2**63
+
+
+def test_ids_past_the_database_integers_are_404(make_client) -> None:
+    client = make_client()
+    nb = _notebook(client)["id"]
+    for path in (f"/api/notebooks/{BIG}", f"/api/runs/{BIG}", f"/api/fields/{BIG * 10}", f"/api/skills/{-BIG - 1}",
+                 f"/notebooks/{BIG}", f"/runs/{BIG}", f"/runs/{BIG}/progress", f"/api/runs/{BIG}/attention"):
+        assert client.get(path).status_code == 404, path
+    assert client.delete(f"/api/errata/{BIG}").status_code == 404
+    assert client.post(f"/notebooks/{nb}/fields/{BIG}/delete").status_code == 404
+    r = client.post(f"/api/notebooks/{nb}/placements", json={"skill_id": BIG})
+    assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "skill_id"]
+
+
+def test_a_lone_surrogate_is_a_422_naming_the_field(make_client) -> None:
+    client = make_client()
+    raw = '{"title": "ok", "text": "bad \\ud800 text"}'
+    r = client.post("/api/notebooks", content=raw, headers={"Content-Type": "application/json"})
+    assert r.status_code == 422
+    assert r.json()["detail"][0]["loc"] == ["body", "text"] and "unicode" in r.json()["detail"][0]["msg"]
+    nb = _notebook(client)["id"]
+    for path, body in ((f"/api/notebooks/{nb}/runs", '{"question": "ok?", "choices": ["a", "\\udc00"]}'),
+                       (f"/api/notebooks/{nb}/errata", '{"text": "\\ud800' + "x" * 6000 + '"}'),
+                       ("/api/skills", '{"name": "\\udfff", "text": "t"}')):
+        r = client.post(path, content=body, headers={"Content-Type": "application/json"})
+        assert r.status_code == 422, (path, r.text)
+        json.loads(r.content.decode("utf-8"))  # valid UTF-8 JSON, whatever was sent
+
+
+def test_a_422_quotes_a_short_prefix_and_huge_bodies_are_413(make_client) -> None:
+    client = make_client()
+    nb = _notebook(client)["id"]
+    r = client.put(f"/api/notebooks/{nb}/question", json={"text": "q" * 1_000_000})
+    assert r.status_code == 422 and len(r.content) < 1000 and "2000" in r.text
+    r = client.post("/api/notebooks", json={"title": "t", "text": "a" * 10_000_000})
+    assert r.status_code == 413 and len(r.content) < 200
+
+
+def test_the_api_refuses_what_the_forms_refuse(make_client) -> None:
+    client = make_client()
+    for body, field in (({"title": "t", "text": "  \n "}, "text"), ({"title": "t", "text": ""}, "text"),
+                        ({"title": "   ", "text": "doc"}, "title")):
+        r = client.post("/api/notebooks", json=body)
+        assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", field], body
+    nb = _notebook(client)["id"]
+    r = client.post(f"/api/notebooks/{nb}/fields", json={"start": 0, "end": 3, "new_value": "  "})
+    assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "new_value"]
+    assert client.post(f"/api/notebooks/{nb}/errata", json={"text": " \n"}).status_code == 422
+    assert client.put(f"/api/notebooks/{nb}/question", json={"text": "  "}).status_code == 422
+    assert client.post("/api/skills", json={"name": " ", "text": "t"}).status_code == 422
+
+
+def test_timestamps_carry_their_timezone_on_every_read(make_client) -> None:
+    client = make_client()
+    created = _notebook(client)
+    nb = created["id"]
+    run = client.post(f"/api/notebooks/{nb}/runs", json={"question": "Log in?"}).json()
+    for stamp in (created["created_at"], client.get(f"/api/notebooks/{nb}").json()["created_at"],
+                  client.get("/api/notebooks").json()[0]["updated_at"], client.get(f"/api/runs/{run['id']}").json()["created_at"],
+                  client.get(f"/api/notebooks/{nb}/runs").json()[0]["created_at"]):
+        assert stamp.endswith("Z"), stamp
+
+
+def test_run_caps_answer_429_and_save_nothing(make_client, tmp_path: Path) -> None:
+    client = make_client(KVNOTES_MAX_ACTIVE_RUNS_PER_USER="2", KVNOTES_MAX_ACTIVE_RUNS="3")
+    nb = _notebook(client)["id"]
+    for _ in range(2):
+        assert client.post(f"/api/notebooks/{nb}/runs", json={"question": "Log in?"}).status_code == 201
+    r = client.post(f"/api/notebooks/{nb}/runs", json={"question": "Other?"})
+    assert r.status_code == 429 and "KVNOTES_MAX_ACTIVE_RUNS_PER_USER" in r.json()["detail"]
+    assert r.headers["retry-after"] == "30"
+    assert len(_broker_messages(tmp_path)) == 2
+    assert client.get(f"/api/notebooks/{nb}").json()["question"]["text"] == "Log in?"  # not "Other?"
+    page = client.post(f"/notebooks/{nb}/runs", data={"question": "Log in?", "strategies": ["recompute"]},
+                       headers={"HX-Request": "true"})
+    assert page.status_code == 429 and "KVNOTES_MAX_ACTIVE_RUNS_PER_USER" in page.text
+    first = client.get(f"/api/notebooks/{nb}/runs").json()[-1]["id"]
+    client.post(f"/api/runs/{first}/cancel")  # a finished run frees its place
+    assert client.post(f"/api/notebooks/{nb}/runs", json={"question": "Log in?"}).status_code == 201
+    # the global cap counts everyone's runs
+    from data.db import get_sessionmaker
+    from data.models import Run
+
+    with get_sessionmaker()() as session:
+        for run in session.query(Run).filter(Run.status == "queued"):
+            run.created_by = "someone-else"  # 2 of theirs, 0 of ours
+        session.commit()
+    r = client.post(f"/api/notebooks/{nb}/runs", json={"question": "Log in?"})
+    assert r.status_code == 201  # 3 in all
+    r = client.post(f"/api/notebooks/{nb}/runs", json={"question": "Log in?"})
+    assert r.status_code == 429 and "KVNOTES_MAX_ACTIVE_RUNS)" in r.json()["detail"]

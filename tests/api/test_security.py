@@ -1,0 +1,166 @@
+"""Accounts and browser protections through the real app on a real database and broker: sign-in
+off only for the loopback default, 401/403 by role, API tokens, sign-in sessions (HttpOnly,
+SameSite=Lax, CSRF), share links, the Host allowlist, cross-site refusal and security headers."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from fastapi.testclient import TestClient
+
+DOC = "Customer record. status: active. age: 34. Only active customers may log in."
+EVIL = {"Origin": "http://evil.example"}
+
+
+def _users(*specs: tuple[str, str]) -> dict[str, str]:
+    """Users (name, role) with password `<name>-password`; returns their API tokens."""
+    from data.accounts import add_user, create_token
+    from data.db import get_sessionmaker
+
+    tokens = {}
+    with get_sessionmaker()() as session:
+        for name, role in specs:
+            add_user(session, name, f"{name}-password", role)
+            tokens[name] = create_token(session, name)[1]
+        session.commit()
+    return tokens
+
+
+def _bearer(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+def _other_client(client: TestClient, host: str) -> TestClient:
+    return TestClient(client.app, base_url="http://127.0.0.1", client=(host, 50000))
+
+
+def test_the_loopback_default_needs_no_sign_in_but_a_remote_client_does(make_client) -> None:
+    client = make_client()
+    assert client.get("/api/notebooks").status_code == 200
+    assert client.post("/api/notebooks", json={"title": "t", "text": DOC}).json()["created_by"] == "local"
+    remote = _other_client(client, "192.0.2.7")
+    r = remote.get("/api/notebooks")
+    assert r.status_code == 401 and r.headers["www-authenticate"] == "Bearer"
+    assert remote.get("/", follow_redirects=False).headers["location"] == "/login?next=/"
+
+
+def test_tokens_and_roles(make_client) -> None:
+    client = make_client(KVNOTES_AUTH="required")
+    tokens = _users(("alice", "editor"), ("vera", "viewer"))
+    assert client.get("/api/notebooks").status_code == 401
+    assert client.get("/api/notebooks", headers=_bearer("kvn_wrong")).status_code == 401
+    r = client.post("/api/notebooks", json={"title": "t", "text": DOC}, headers=_bearer(tokens["alice"]))
+    assert r.status_code == 201 and r.json()["created_by"] == "alice"
+    nb = r.json()["id"]
+    assert client.get(f"/api/notebooks/{nb}", headers=_bearer(tokens["vera"])).status_code == 200
+    r = client.patch(f"/api/notebooks/{nb}", json={"title": "x"}, headers=_bearer(tokens["vera"]))
+    assert r.status_code == 403 and "viewer" in r.json()["detail"]
+    r = client.post("/api/skills", json={"name": "s", "text": "Be brief."}, headers=_bearer(tokens["alice"]))
+    assert r.json()["created_by"] == "alice"
+    from data.accounts import revoke_token
+    from data.db import get_sessionmaker
+
+    with get_sessionmaker()() as session:
+        revoke_token(session, "alice")
+        session.commit()
+    assert client.get("/api/notebooks", headers=_bearer(tokens["alice"])).status_code == 401
+    assert client.get("/api/health").status_code in (200, 503)  # public: probes need no token
+
+
+def test_sign_in_session_cookie_csrf_and_sign_out(make_client) -> None:
+    client = make_client(KVNOTES_AUTH="required")
+    _users(("alice", "editor"))
+    assert client.get("/notebooks/1", follow_redirects=False).headers["location"] == "/login?next=/notebooks/1"
+    r = client.post("/login", data={"name": "alice", "password": "nope-nope", "next": "/"})
+    assert r.status_code == 401 and "wrong name or password" in r.text
+    r = client.post("/login", data={"name": "alice", "password": "alice-password", "next": "//evil.example/"},
+                    follow_redirects=False)
+    assert r.status_code == 303 and r.headers["location"] == "/"  # never off-site after sign-in
+    cookie = r.headers["set-cookie"]
+    assert "kvnotes_session=" in cookie and "HttpOnly" in cookie and "SameSite=lax" in cookie
+    assert "Secure" not in cookie  # plain http on loopback; KVNOTES_HTTPS=1 adds it
+    page = client.get("/").text
+    assert "alice · editor" in page
+    csrf = re.search(r'"X-CSRF-Token": "([^"]+)"', page).group(1)
+    # a session request with no browser headers must carry the token; a browser's same-origin one passes
+    r = client.post("/api/notebooks", json={"title": "t", "text": DOC})
+    assert r.status_code == 403 and "CSRF" in r.json()["detail"]
+    r = client.post("/api/notebooks", json={"title": "t", "text": DOC}, headers={"X-CSRF-Token": csrf})
+    assert r.status_code == 201 and r.json()["created_by"] == "alice"
+    r = client.post("/api/notebooks", json={"title": "t", "text": DOC}, headers={"Sec-Fetch-Site": "same-origin"})
+    assert r.status_code == 201
+    r = client.post("/notebooks", data={"title": "x", "model": "smollm2-135m", "text": DOC}, headers=EVIL)
+    assert r.status_code == 403
+    client.post("/logout", headers={"Origin": "http://127.0.0.1"})
+    assert client.get("/", follow_redirects=False).status_code == 303
+
+
+def test_secure_cookie_behind_https(make_client) -> None:
+    client = make_client(KVNOTES_AUTH="required", KVNOTES_HTTPS="1")
+    _users(("alice", "editor"))
+    r = client.post("/login", data={"name": "alice", "password": "alice-password"}, follow_redirects=False)
+    assert "Secure" in r.headers["set-cookie"]
+    assert r.headers["strict-transport-security"].startswith("max-age=")
+
+
+def test_share_links_show_one_run_until_revoked(make_client) -> None:
+    client = make_client(KVNOTES_AUTH="required")
+    tokens = _users(("alice", "editor"))
+    alice = _bearer(tokens["alice"])
+    nb = client.post("/api/notebooks", json={"title": "t", "text": DOC}, headers=alice).json()["id"]
+    runs = [client.post(f"/api/notebooks/{nb}/runs", json={"question": "Log in?"}, headers=alice).json()["id"]
+            for _ in range(2)]
+    share = client.post(f"/api/runs/{runs[0]}/shares", headers=alice).json()
+    assert share["url"].startswith("/share/") and share["created_by"] == "alice"
+
+    visitor = TestClient(client.app, base_url="http://127.0.0.1", client=("127.0.0.1", 50001))
+    r = visitor.get(share["url"], follow_redirects=False)
+    assert r.status_code == 303 and r.headers["location"] == f"/runs/{runs[0]}"
+    assert visitor.get(f"/runs/{runs[0]}").status_code == 200
+    assert visitor.get(f"/api/runs/{runs[0]}").json()["id"] == runs[0]
+    assert visitor.get(f"/api/runs/{runs[1]}").status_code == 401  # only the shared run
+    assert visitor.get(f"/api/runs/{runs[0]}/shares").status_code == 401
+    assert visitor.get("/api/notebooks").status_code == 401
+    assert visitor.post(f"/api/runs/{runs[0]}/cancel").status_code == 401
+    assert visitor.get(share["url"][:-3] + "abc").status_code == 404  # a forged signature
+    assert client.delete(f"/api/shares/{share['id']}", headers=alice).status_code == 204
+    assert visitor.get(f"/runs/{runs[0]}", follow_redirects=False).status_code == 303  # revoked: sign in
+
+
+def test_cross_site_requests_foreign_hosts_and_security_headers(make_client) -> None:
+    client = make_client()  # the embedded default: protected though nobody signs in
+    nb = client.post("/api/notebooks", json={"title": "t", "text": DOC}).json()["id"]
+    r = client.post("/api/notebooks", json={"title": "t", "text": DOC}, headers=EVIL)
+    assert r.status_code == 403 and "evil.example" in r.json()["detail"]
+    r = client.post(f"/notebooks/{nb}/errata", data={"text": "x"}, headers={"Sec-Fetch-Site": "cross-site"})
+    assert r.status_code == 403
+    assert client.delete(f"/api/notebooks/{nb}", headers={"Origin": "http://127.0.0.1:8000"}).status_code == 403
+    assert client.post(f"/notebooks/{nb}/errata", data={"text": "ok"},
+                       headers={"Origin": "http://127.0.0.1", "Sec-Fetch-Site": "same-origin"}).status_code == 200
+    r = client.get("/api/notebooks", headers={"Host": "evil.example"})
+    assert r.status_code == 400 and "KVNOTES_ALLOWED_HOSTS" in r.json()["detail"]
+    assert client.get("/", headers={"Host": "localhost:8000"}).status_code == 200
+    for path in ("/", f"/notebooks/{nb}", "/api/notebooks", "/static/css/kvnotes.css"):
+        headers = client.get(path).headers
+        csp = headers["content-security-policy"]
+        assert "frame-ancestors 'none'" in csp and "script-src 'self'" in csp and "unsafe-inline" not in csp.split(
+            "script-src")[1].split(";")[0]
+        assert headers["x-content-type-options"] == "nosniff" and headers["referrer-policy"] == "same-origin"
+
+
+def test_allowed_hosts_can_be_configured(make_client) -> None:
+    client = make_client(KVNOTES_ALLOWED_HOSTS="notes.example.com,*.corp.example")
+    assert client.get("/api/notebooks", headers={"Host": "notes.example.com"}).status_code == 200
+    assert client.get("/api/notebooks", headers={"Host": "a.corp.example"}).status_code == 200
+    assert client.get("/api/notebooks").status_code == 400  # 127.0.0.1 is no longer listed
+
+
+@pytest.mark.parametrize("role", ["viewer", "editor"])
+def test_a_viewer_cannot_use_the_pages_to_change_anything(make_client, role: str) -> None:
+    client = make_client(KVNOTES_AUTH="required")
+    _users(("pat", role))
+    client.post("/login", data={"name": "pat", "password": "pat-password"})
+    r = client.post("/notebooks", data={"title": "t", "model": "smollm2-135m", "text": DOC},
+                    headers={"Sec-Fetch-Site": "same-origin"}, follow_redirects=False)
+    assert r.status_code == (403 if role == "viewer" else 303)

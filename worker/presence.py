@@ -1,0 +1,126 @@
+"""A worker's presence in the registry (`data.workers`), and its tie to the `kvnotes serve` that
+started it.
+
+- At start (`worker_init`): when `KVNOTES_SUPERVISOR_PID` is set, ask Linux to SIGKILL this
+  process when that parent dies (`PR_SET_PDEATHSIG`), and exit at once if it is already gone:
+  a killed `serve` leaves no orphan worker.
+- When ready (`start`, then `ready` once the model is loaded): register under the node name,
+  then beat every `BEAT_S` seconds from a thread, and run the watchdog every `WATCH_EVERY_S`
+  (so lost runs are failed even when nobody reads them).
+- Around each task: busy / idle, which the watchdog needs to tell a waiting message from a lost one.
+- On a clean shutdown: marked stopped, so health and the watchdog know at once.
+
+Every database write here is best effort: a database that cannot be written must not stop the
+worker (the beat retries; the web side reports the database as down).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import signal
+import socket
+import threading
+from typing import Any
+
+from celery.signals import task_postrun, task_prerun, worker_init, worker_shutdown
+
+from data import workers
+from data.db import get_sessionmaker
+from data.settings import get_settings
+from data.watchdog import watch
+
+log = logging.getLogger(__name__)
+
+BEAT_S = 5.0
+WATCH_EVERY_S = 15.0
+PR_SET_PDEATHSIG = 1
+
+_state: dict[str, Any] = {"name": None, "stop": threading.Event()}
+
+
+def _write(what: str, action) -> None:
+    try:
+        with get_sessionmaker()() as session:
+            action(session)
+            session.commit()
+    except Exception as exc:  # the database may be read-only or full; the worker carries on
+        log.warning("worker registry: could not %s: %s", what, exc.__class__.__name__)
+
+
+def die_with_parent(parent_pid: int) -> None:
+    """SIGKILL this process when `parent_pid` (the `serve` that started it) dies."""
+    if not parent_pid:
+        return
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):  # not Linux: the supervisor's own shutdown must do
+        log.warning("parent-death signal not available on this system")
+    if os.getppid() != parent_pid:  # the parent died before the signal was asked for
+        os._exit(1)
+
+
+@worker_init.connect
+def _on_init(**_kwargs: Any) -> None:
+    die_with_parent(get_settings().supervisor_pid)
+
+
+def start(name: str, queues: list[str]) -> bool:
+    """Register and start beating. False when a live worker already has this name (a duplicate
+    `--name`): runs under the name are then not this worker's to reap."""
+    result = {"unique": True}
+
+    def register(session) -> None:
+        result["unique"] = workers.register(session, name, queues, socket.gethostname(), os.getpid())
+
+    _write("register", register)
+    _state["name"] = name
+    _state["stop"].clear()
+    threading.Thread(target=_beat_loop, args=(name,), daemon=True, name="kvnotes-presence").start()
+    if not result["unique"]:
+        log.error("another live worker is named %s: give each worker its own --name", name)
+    return result["unique"]
+
+
+def ready() -> None:
+    """The model is loaded: idle from now on (the watchdog counts idle time from here)."""
+    if _state["name"]:
+        _write("mark idle", lambda s: workers.set_running(s, _state["name"], None))
+
+
+def _beat_loop(name: str) -> None:
+    stop: threading.Event = _state["stop"]
+    since_watch = 0.0
+    while not stop.wait(BEAT_S):
+        _write("beat", lambda s: workers.beat(s, name))
+        since_watch += BEAT_S
+        if since_watch >= WATCH_EVERY_S:
+            since_watch = 0.0
+            _write("run the watchdog", _watch)
+
+
+def _watch(session) -> None:
+    failed = watch(session)
+    workers.forget_old(session)
+    if failed:
+        log.warning("watchdog: marked runs %s failed (their worker or message was lost)", failed)
+
+
+@task_prerun.connect
+def _on_task_start(task: Any = None, kwargs: dict | None = None, **_: Any) -> None:
+    if _state["name"]:
+        run_id = int((kwargs or {}).get("run_id", 0) or 0)
+        _write("mark busy", lambda s: workers.set_running(s, _state["name"], run_id))
+
+
+@task_postrun.connect
+def _on_task_end(**_: Any) -> None:
+    ready()
+
+
+@worker_shutdown.connect
+def _on_shutdown(**_: Any) -> None:
+    _state["stop"].set()
+    if _state["name"]:
+        _write("mark stopped", lambda s: workers.mark_stopped(s, _state["name"]))

@@ -1,0 +1,138 @@
+"""`kvnotes serve`'s worker: started, watched, restarted with backoff, and never left behind.
+
+The worker runs as a `celery worker` subprocess in its own process group (a Ctrl-C in the
+terminal reaches `serve`, which then stops the worker cleanly) with `KVNOTES_SUPERVISOR_PID` set,
+so it asks Linux to kill it when `serve` dies (`worker.presence.die_with_parent`): a `kill -9` of
+`serve` leaves no orphan. Each start gets a fresh node name (`kvnotes-<model>-<random>@<host>`),
+so a starting worker never mistakes a live worker's runs for its own.
+
+When the worker dies, the supervisor at once marks it stopped in the registry (health answers 503
+naming the models left without a worker) and fails the runs it held ("worker lost"), then starts a
+new one after a backoff: 1 s, doubling to `MAX_BACKOFF_S`, back to 1 s once a worker lived
+`HEALTHY_AFTER_S`. The thread that starts workers lives as long as they do (the parent-death signal
+is tied to the thread that forked).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+from data import workers
+from data.db import get_sessionmaker
+from data.models import utcnow
+from data.queue import queue_for
+from data.settings import get_settings
+from data.watchdog import reap_stale_runs
+
+log = logging.getLogger("kvnotes.serve")
+
+WORKER_STOP_S = 20.0
+MAX_BACKOFF_S = 30.0
+HEALTHY_AFTER_S = 60.0
+POLL_S = 0.2
+
+
+def node_name(models: list[str], name: str | None = None) -> str:
+    """The worker's node name: `name` as given (its `%h` filled in), else a fresh unique one."""
+    if name:
+        return name.replace("%h", socket.gethostname())
+    alias = queue_for(models[0]).removeprefix("model.")
+    return f"kvnotes-{alias}-{secrets.token_hex(3)}@{socket.gethostname()}"
+
+
+def worker_command(models: list[str], name: str | None = None, loglevel: str = "INFO") -> list[str]:
+    """The `celery worker` command line for a worker consuming the queues of `models`."""
+    return [
+        sys.executable, "-m", "celery", "-A", "worker.celery_app", "worker",
+        "--pool=solo", "--concurrency=1",
+        "-Q", ",".join(queue_for(m) for m in models),
+        "-n", node_name(models, name),
+        f"--loglevel={loglevel}",
+        # no broadcast chatter: the SQLAlchemy broker has no fanout, and a worker owns its model
+        "--without-gossip", "--without-mingle", "--without-heartbeat",
+    ]  # fmt: skip
+
+
+def stop_worker(proc: subprocess.Popen, timeout: float = WORKER_STOP_S) -> int:
+    """Warm shutdown (SIGTERM), then SIGKILL if the worker has not exited after `timeout` s."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            log.warning("worker did not stop within %.0f s: killing it", timeout)
+            proc.kill()
+            proc.wait()
+    return proc.returncode
+
+
+def forget_worker(name: str) -> list[int]:
+    """A worker died: mark it stopped and fail the runs it held. Returns their ids."""
+    try:
+        with get_sessionmaker()() as session:
+            workers.mark_stopped(session, name)
+            failed = reap_stale_runs(session, utcnow(), get_settings().heartbeat_max_age_s, worker=name)
+            session.commit()
+            return failed
+    except Exception as exc:  # the database may be down too; the watchdog catches up later
+        log.error("could not record that worker %s died: %s", name, exc.__class__.__name__)
+        return []
+
+
+class WorkerSupervisor:
+    """Starts the worker for `models` and keeps one running until `stop()`."""
+
+    def __init__(self, models: list[str], name: str | None = None, env: dict[str, str] | None = None) -> None:
+        self.models, self.fixed_name = models, name
+        self.env = {**(env if env is not None else os.environ), "KVNOTES_SUPERVISOR_PID": str(os.getpid())}
+        self.proc: subprocess.Popen | None = None
+        self.name = ""
+        self.starts = 0
+        self._stopping = threading.Event()
+        self._started = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="kvnotes-supervisor", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+        self._started.wait(timeout=30)
+
+    def stop(self) -> int | None:
+        """Stop the worker (warm shutdown) and the supervision; the worker's exit code."""
+        self._stopping.set()
+        self._thread.join(timeout=WORKER_STOP_S + 10)
+        return self.proc.returncode if self.proc is not None else None
+
+    def _spawn(self) -> subprocess.Popen:
+        command = worker_command(self.models, self.fixed_name)
+        self.name = command[command.index("-n") + 1]
+        self.starts += 1
+        proc = subprocess.Popen(command, env=self.env, start_new_session=True)
+        log.info("worker %s started (pid %s, start %d)", self.name, proc.pid, self.starts)
+        return proc
+
+    def _run(self) -> None:
+        backoff = 1.0
+        while not self._stopping.is_set():
+            self.proc = self._spawn()
+            self._started.set()
+            born = time.monotonic()
+            while self.proc.poll() is None and not self._stopping.wait(POLL_S):
+                pass
+            if self._stopping.is_set():
+                code = stop_worker(self.proc)
+                log.info("worker stopped (code %s)", code)
+                return
+            lost = forget_worker(self.name)
+            backoff = 1.0 if time.monotonic() - born > HEALTHY_AFTER_S else backoff
+            log.error("worker %s exited (code %s)%s; starting a new one in %.0f s", self.name, self.proc.returncode,
+                      f", runs {lost} failed" if lost else "", backoff)
+            if self._stopping.wait(backoff):
+                return
+            backoff = min(backoff * 2, MAX_BACKOFF_S)
