@@ -238,9 +238,17 @@ def test_attribution_patching_every_downstream_note_closes_the_whole_gap():
     whole = attribute(eng, TEXT, fields, QUESTION, span_tokens=10_000)
     assert whole.kl_in_place > 1e-6 and len(whole.spans) == 1
     assert whole.spans[0].kl_after < 1e-6 and abs(whole.spans[0].share - 1) < 1e-4
-    parts = attribute(eng, TEXT, fields, QUESTION, span_tokens=8)
+    parts = attribute(eng, TEXT, fields, QUESTION, span_tokens=8, coarse=1)  # every 8-token span
     assert len(parts.spans) > 3 and all(s.end - s.start <= 8 for s in parts.spans)
     assert parts.kl_stale == pytest.approx(whole.kl_stale) and parts.field_share == pytest.approx(whole.field_share)
+    # coarse to fine: 32-token spans, refined to 8 where a patch moves at least 5% of the gap
+    mixed = attribute(eng, TEXT, fields, QUESTION, span_tokens=8, coarse=4)
+    assert [(s.start, s.end) for s in mixed.spans][0][0] == parts.spans[0].start
+    assert all(a.end == b.start for a, b in zip(mixed.spans, mixed.spans[1:]))  # they tile the notes
+    for s in mixed.spans:
+        assert s.end - s.start <= 8 or abs(s.share) < 0.05  # coarse only where little happens
+    fine = {(s.start, s.end): s.share for s in parts.spans}
+    assert all(s.share == pytest.approx(fine[(s.start, s.end)], abs=1e-5) for s in mixed.spans if (s.start, s.end) in fine)
 
 
 @pytest.mark.parametrize("alias", ["tiny-llama", "tiny-phi", "tiny-gpt2"])
@@ -301,7 +309,7 @@ def test_one_pass_readout_equals_appending_then_asking_step_by_step(alias):
 
 @pytest.mark.parametrize("alias", ["tiny-llama", "tiny-qwen3", "tiny-phi"])
 def test_selective_in_one_pass_equals_recomputing_the_same_tokens_run_by_run(alias, monkeypatch):
-    import worker.engine.edit as edit
+    import worker.engine.selective as selective
 
     eng = load(alias)
     start = TEXT.index("active")
@@ -310,9 +318,9 @@ def test_selective_in_one_pass_equals_recomputing_the_same_tokens_run_by_run(ali
     editor = Editor(eng.model, eng.rope, eng.prefill(TEXT), new_ids, segs, offs)
     base = editor.in_place()
     chosen = list(range(start + 12, len(new_ids), 3))  # scattered downstream tokens
-    monkeypatch.setattr(edit, "GAP_MERGE", 1)  # no merging: exactly the same tokens both ways
-    one = editor._recompute_in_one_pass(base.layers, chosen)
-    runs = editor._recompute_in_runs(base.layers, chosen)
+    monkeypatch.setattr(selective, "GAP_MERGE", 1)  # no merging: exactly the same tokens both ways
+    one = selective.recompute_in_one_pass(eng.model, base.layers, new_ids, chosen)
+    runs = selective.recompute_in_runs(eng.model, base.layers, new_ids, chosen)
     assert max_rel_error([k for k, _ in one], [k for k, _ in runs]) <= 1e-4
     assert max_rel_error([v for _, v in one], [v for _, v in runs]) <= 1e-4
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from worker.engine.edit import extend
+from worker.engine.forward import extend
 from worker.engine.notes import Notes, concat
 from worker.engine.types import EngineError
 

@@ -14,26 +14,26 @@ recompute:
 | field_erratum   | in_place + the appended correction                             |
 | selective       | in_place + the top fraction of downstream tokens whose notes moved most (CacheBlend-like) |
 
-`selective` ranks downstream tokens cheaply: it re-runs only the first two decoder layers over the
-tokens after the first change, measures how far each reused token's layer-2 K/V moved, and then
-recomputes the top fraction in ALL layers — never a full recompute to find them.
+`selective` ranks downstream tokens by CacheBlend's rule (`worker.engine.selective`): decoder layer 0
+is re-run over the tokens after the first change, each reused token is scored by how far its layer-1
+K/V moved, and the top fraction is recomputed in ALL layers — never a full recompute to find them.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from difflib import SequenceMatcher
 
-import torch
-
-from worker.engine.notes import KV, Notes, cache_from_layers, layers_of
+from worker.engine.forward import cut, extend, join
+from worker.engine.notes import KV, Notes
 from worker.engine.rope import RopeLayout, shift_keys
-from worker.engine.split_attention import splits_on_this_device
-
-CHUNK_TOKENS = 512  # without split attention, long inputs after a cached prefix go in chunks (see `extend`)
-SELECTION_LAYERS = 2  # decoder layers re-run to rank downstream tokens in `selective`
-GAP_MERGE = 4  # selected tokens this close together are recomputed as one run
+from worker.engine.selective import (
+    SELECTION_LAYERS,
+    has_sliding_window,  # noqa: F401 (the readout asks it from here)
+    movement,
+    recompute_selected,
+    top_fraction,
+)
 
 
 @dataclass
@@ -49,39 +49,6 @@ class Surgery:
     tokens_computed: int
     detail: str = ""
     pending: list[int] = field(default_factory=list)
-
-
-@torch.inference_mode()
-def extend(model, layers: list[KV] | None, ids: list[int]) -> list[KV]:
-    """Run `ids` through the model after the cached `layers` (positions continue from their length).
-
-    With split attention (`worker.engine.split_attention`, every engine model on the CPU) the whole
-    input goes at once: the cached keys are attended without a mask and the new block causally, so
-    nothing is computed twice and the notes are not copied until the end. Otherwise SDPA gets an
-    explicit mask after a cached prefix and computes its masked upper half too; feeding long inputs
-    in chunks keeps that waste to one chunk."""
-    if not ids:
-        return layers or []
-    from transformers import DynamicCache
-
-    cache = cache_from_layers(layers, model) if layers else DynamicCache()
-    step = CHUNK_TOKENS if layers and not splits_on_this_device(model) else len(ids)
-    for i in range(0, len(ids), step):
-        chunk = torch.tensor([ids[i:i + step]], device=model.device)
-        model(input_ids=chunk, cache=cache, use_cache=True, logits_to_keep=1)
-    return layers_of(cache)
-
-
-def cut(layers: list[KV], start: int, end: int) -> list[KV]:
-    return [(k[:, :, start:end], v[:, :, start:end]) for k, v in layers]
-
-
-def join(a: list[KV], b: list[KV]) -> list[KV]:
-    if not a:
-        return b
-    if not b:
-        return a
-    return [(torch.cat([ka, kb], 2), torch.cat([va, vb], 2)) for (ka, va), (kb, vb) in zip(a, b)]
 
 
 def shift(layers: list[KV], rope: RopeLayout | None, delta: int) -> list[KV]:
@@ -166,79 +133,13 @@ class Editor:
             return Surgery(**{**base.__dict__, "detail": f"fraction {fraction:.0%}, nothing downstream"})
         start = changed[0].j1
         downstream = [j for b in self.blocks if b.reuse and b.j1 >= start for j in range(b.j1, b.j2)]
-        moved = self._movement(base.layers, start)  # [T_new - start]
-        k = min(len(downstream), math.ceil(fraction * len(downstream)))
-        ranked = sorted(downstream, key=lambda j: float(moved[j - start]), reverse=True)[:k]
-        if has_sliding_window(self.model):
-            layers = self._recompute_in_runs(base.layers, sorted(ranked))
-        else:
-            layers = self._recompute_in_one_pass(base.layers, sorted(ranked))
+        moved = movement(self.model, base.layers, self.new_ids, start)  # [T_new - start]
+        ranked = top_fraction(moved, downstream, start, fraction)
+        layers = recompute_selected(self.model, base.layers, self.new_ids, ranked)
         computed = base.tokens_computed + len(ranked)
         detail = (f"{len(ranked)} of {len(downstream)} downstream tokens ({fraction:.0%}), "
-                  f"ranked by layer-{SELECTION_LAYERS} K/V movement")
+                  f"ranked by layer-{SELECTION_LAYERS - 1} K/V movement")
         return self._surgery(layers, computed, detail)
-
-    def _recompute_in_runs(self, layers: list[KV], selected: list[int]) -> list[KV]:
-        """Selected tokens recomputed run by run, in order (for models whose sliding windows one
-        custom mask cannot express); runs closer than GAP_MERGE are merged."""
-        out = cut(layers, 0, selected[0]) if selected else layers
-        pos = selected[0] if selected else len(self.new_ids)
-        for r1, r2 in _runs(selected, GAP_MERGE):
-            out = join(out, cut(layers, pos, r1))
-            out = extend(self.model, out, self.new_ids[r1:r2])
-            pos = r2
-        return join(out, cut(layers, pos, len(self.new_ids)))
-
-    @torch.inference_mode()
-    def _recompute_in_one_pass(self, layers: list[KV], selected: list[int]) -> list[KV]:
-        """Every selected token recomputed in ONE forward, CacheBlend-style: each sees, layer by
-        layer, the reused K/V of the unselected tokens before it and the fresh K/V of the selected
-        tokens before it (a custom mask over the cache + the new block, real positions); the fresh
-        K/V are then written over the selected tokens' stale ones."""
-        if not selected:
-            return layers
-        total = len(self.new_ids)
-        sel = torch.tensor(selected)
-        is_sel = torch.zeros(total, dtype=torch.bool)
-        is_sel[sel] = True
-        sees_cache = (torch.arange(total)[None, :] < sel[:, None]) & ~is_sel[None, :]
-        sees_new = sel[None, :] <= sel[:, None]
-        mask = torch.cat([sees_cache, sees_new], dim=1)[None, None].to(self.model.device)
-        cache = cache_from_layers(layers, self.model)
-        self.model(input_ids=torch.tensor([[self.new_ids[j] for j in selected]], device=self.model.device),
-                   position_ids=sel[None].to(self.model.device), attention_mask=mask, cache=cache,
-                   use_cache=True, logits_to_keep=1)
-        out = []
-        for (k, v), layer in zip(layers, cache.layers):
-            k, v = k.clone(), v.clone()
-            k[:, :, sel] = layer.tail_keys  # the fresh K/V of the selected tokens [1, kv, n_sel, d]
-            v[:, :, sel] = layer.tail_values
-            out.append((k, v))
-        return out
-
-    @torch.inference_mode()
-    def _movement(self, in_place_layers: list[KV], start: int) -> torch.Tensor:
-        """How far each token's K/V at layer SELECTION_LAYERS-1 moves when the first layers are re-run
-        after the change, per token from `start` on: [T_new - start]."""
-        n_layers = len(in_place_layers)
-        stop_at = min(SELECTION_LAYERS, n_layers) - 1
-        cache = cache_from_layers(cut(in_place_layers, 0, start), self.model)
-        handle = None
-        layers_mod = _decoder_layers(self.model)
-        if layers_mod is not None and stop_at + 1 < len(layers_mod):
-            handle = layers_mod[stop_at + 1].register_forward_pre_hook(_stop_forward)
-        try:
-            ids = torch.tensor([self.new_ids[start:]], device=self.model.device)
-            self.model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1)
-        except _StopForward:
-            pass
-        finally:
-            if handle is not None:
-                handle.remove()
-        k_new = cache.layers[stop_at].tail_keys.float()  # [1, kv, T_new - start, d]
-        v_new = cache.layers[stop_at].tail_values.float()
-        k_old, v_old = (t[:, :, start:].float() for t in in_place_layers[stop_at])
-        return ((k_new - k_old).norm(dim=-1) + (v_new - v_old).norm(dim=-1)).sum(dim=1)[0]
 
     def erratum(self, erratum_ids: list[int]) -> Surgery:
         o = self.old
@@ -250,41 +151,3 @@ class Editor:
         return Surgery(base.layers, base.token_ids + erratum_ids, base.segments + ["erratum"] * len(erratum_ids),
                        base.offsets + [(-1, -1)] * len(erratum_ids), base.tokens_computed + len(erratum_ids),
                        pending=list(erratum_ids))
-
-
-class _StopForward(Exception):
-    pass
-
-
-def _stop_forward(module, args):
-    raise _StopForward
-
-
-def _decoder_layers(model):
-    for name in ("model.layers", "model.language_model.layers", "transformer.h", "gpt_neox.layers"):
-        obj = model
-        try:
-            for part in name.split("."):
-                obj = getattr(obj, part)
-            return obj
-        except AttributeError:
-            continue
-    return None
-
-
-def has_sliding_window(model) -> bool:
-    """Whether some layer attends through a sliding window (a custom 4D mask would override it)."""
-    config = model.config.get_text_config(decoder=True)
-    types = getattr(config, "layer_types", None) or []
-    return bool(getattr(config, "sliding_window", None)) and (not types or "sliding_attention" in types)
-
-
-def _runs(sorted_positions: list[int], gap: int) -> list[tuple[int, int]]:
-    """Consecutive runs [start, end) of positions, merging runs separated by fewer than `gap`."""
-    runs: list[list[int]] = []
-    for j in sorted_positions:
-        if runs and j - runs[-1][1] < gap:
-            runs[-1][1] = j + 1
-        else:
-            runs.append([j, j + 1])
-    return [(a, b) for a, b in runs]

@@ -127,6 +127,11 @@ class NotesLayer(DynamicLayer):
         return self.tail_keys, self.tail_values
 
 
+def forget_pending() -> None:
+    """Drop what an `update` left for an attention that will not run (a forward stopped early)."""
+    _slot.pending = None
+
+
 def _take_notes(module, key: torch.Tensor) -> NotesLayer | None:
     """The NotesLayer whose tail `key` is (its notes come first), or None when `key` is whole."""
     pending = getattr(_slot, "pending", None)

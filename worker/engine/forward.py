@@ -1,0 +1,56 @@
+"""Forward passes over notes: run new tokens after cached K/V, and cut or join per-layer K/V.
+
+Notes travel as per-layer (keys, values) [1, kv_heads, T, head_dim]; `extend` feeds tokens after
+them (positions continue from their length) and returns the whole, notes first.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from worker.engine.notes import KV, cache_from_layers, layers_of
+from worker.engine.split_attention import splits_on_this_device
+
+CHUNK_TOKENS = 512  # without split attention, long inputs after a cached prefix go in chunks (see `extend`)
+
+
+@torch.inference_mode()
+def extend(model, layers: list[KV] | None, ids: list[int]) -> list[KV]:
+    """Run `ids` through the model after the cached `layers` (positions continue from their length).
+
+    With split attention (`worker.engine.split_attention`, every engine model on the CPU) the whole
+    input goes at once: the cached keys are attended without a mask and the new block causally, so
+    nothing is computed twice and the notes are not copied until the end. Otherwise SDPA gets an
+    explicit mask after a cached prefix and computes its masked upper half too; feeding long inputs
+    in chunks keeps that waste to one chunk."""
+    if not ids:
+        return layers or []
+    from transformers import DynamicCache
+
+    cache = cache_from_layers(layers, model) if layers else DynamicCache()
+    step = CHUNK_TOKENS if layers and not splits_on_this_device(model) else len(ids)
+    for i in range(0, len(ids), step):
+        chunk = torch.tensor([ids[i:i + step]], device=model.device)
+        model(input_ids=chunk, cache=cache, use_cache=True, logits_to_keep=1)
+    return layers_of(cache)
+
+
+def cut(layers: list[KV], start: int, end: int) -> list[KV]:
+    return [(k[:, :, start:end], v[:, :, start:end]) for k, v in layers]
+
+
+def join(a: list[KV], b: list[KV]) -> list[KV]:
+    if not a:
+        return b
+    if not b:
+        return a
+    return [(torch.cat([ka, kb], 2), torch.cat([va, vb], 2)) for (ka, va), (kb, vb) in zip(a, b)]
+
+
+def join_all(parts: list[list[KV]]) -> list[KV]:
+    """Many runs of K/V laid end to end with ONE copy per layer (joining pairwise copies each time)."""
+    parts = [p for p in parts if p and p[0][0].shape[2]]
+    if len(parts) <= 1:
+        return parts[0] if parts else []
+    return [(torch.cat([p[i][0] for p in parts], 2), torch.cat([p[i][1] for p in parts], 2))
+            for i in range(len(parts[0]))]

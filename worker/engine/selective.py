@@ -1,0 +1,123 @@
+"""Selective recompute, CacheBlend's rule: rank reused tokens by how far their first-layer K/V move
+when the first layer is re-run with the real context, then recompute only the top fraction.
+
+Ranking is cheap by construction: decoder layer 0 is re-run over the candidate tokens after the
+exact prefix, and the forward stops as soon as layer 1 has computed its keys and values (before its
+attention and MLP); the deviation of each token's layer-1 K/V from the reused ones is its score.
+Never a full recompute to find the tokens.
+
+The chosen tokens are then recomputed in ONE forward (`recompute_in_one_pass`): each sees, layer by
+layer, the reused K/V of unselected tokens before it and the fresh K/V of selected tokens before it
+(a custom mask over the cache + the new block, real positions); the fresh K/V are written over the
+stale ones. Sliding-window models, whose windows one custom mask cannot carry, recompute run by run.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from worker.engine.forward import cut, extend, join, join_all
+from worker.engine.notes import KV, cache_from_layers
+from worker.engine.split_attention import NotesLayer, forget_pending
+
+SELECTION_LAYERS = 2  # layer 0 is re-run; tokens are ranked by the K/V of layer 1 (CacheBlend's "first layer")
+GAP_MERGE = 4  # run by run: selected tokens this close together are recomputed as one run
+
+
+def has_sliding_window(model) -> bool:
+    """Whether some layer attends through a sliding window (a custom 4D mask would override it)."""
+    config = model.config.get_text_config(decoder=True)
+    types = getattr(config, "layer_types", None) or []
+    return bool(getattr(config, "sliding_window", None)) and (not types or "sliding_attention" in types)
+
+
+def top_fraction(scores: torch.Tensor, candidates: list[int], start: int, fraction: float) -> list[int]:
+    """The ceil(fraction · n) candidates with the highest score (scores[j - start]), in order."""
+    k = min(len(candidates), math.ceil(fraction * len(candidates)))
+    return sorted(sorted(candidates, key=lambda j: float(scores[j - start]), reverse=True)[:k])
+
+
+class _StopForward(Exception):
+    pass
+
+
+class _StopAfterUpdate(NotesLayer):
+    """The cache layer of the ranking layer: it keeps the fresh K/V, then ends the forward."""
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        super().update(key_states, value_states, *args, **kwargs)
+        forget_pending()
+        raise _StopForward
+
+
+@torch.inference_mode()
+def movement(model, layers: list[KV], ids: list[int], start: int) -> torch.Tensor:
+    """How far each token's layer-(SELECTION_LAYERS-1) K/V move when tokens `ids[start:]` are run
+    again after the notes `layers[:start]`: [T - start] (summed L2 norms over heads)."""
+    stop_at = min(SELECTION_LAYERS, len(layers)) - 1
+    cache = cache_from_layers(cut(layers, 0, start), model)
+    keys, values = cache.layers[stop_at].notes_keys, cache.layers[stop_at].notes_values
+    cache.layers[stop_at] = _StopAfterUpdate(keys, values, cache.layers[stop_at].config, index=stop_at)
+    try:
+        model(input_ids=torch.tensor([ids[start:]], device=model.device), cache=cache, use_cache=True,
+              logits_to_keep=1)
+    except _StopForward:
+        pass
+    k_new = cache.layers[stop_at].tail_keys.float()  # [1, kv, T - start, d]
+    v_new = cache.layers[stop_at].tail_values.float()
+    k_old, v_old = (t[:, :, start:].float() for t in layers[stop_at])
+    return ((k_new - k_old).norm(dim=-1) + (v_new - v_old).norm(dim=-1)).sum(dim=1)[0]
+
+
+def recompute_selected(model, layers: list[KV], ids: list[int], selected: list[int]) -> list[KV]:
+    """`layers` (the notes of `ids`) with the K/V of the `selected` positions (sorted) recomputed."""
+    if not selected:
+        return layers
+    if has_sliding_window(model):
+        return recompute_in_runs(model, layers, ids, selected)
+    return recompute_in_one_pass(model, layers, ids, selected)
+
+
+def recompute_in_runs(model, layers: list[KV], ids: list[int], selected: list[int]) -> list[KV]:
+    """Selected tokens recomputed run by run, in order; runs closer than GAP_MERGE are merged."""
+    out = cut(layers, 0, selected[0])
+    pos = selected[0]
+    for r1, r2 in runs(selected, GAP_MERGE):
+        out = join(out, cut(layers, pos, r1))
+        out = extend(model, out, ids[r1:r2])
+        pos = r2
+    return join_all([out, cut(layers, pos, len(ids))])
+
+
+@torch.inference_mode()
+def recompute_in_one_pass(model, layers: list[KV], ids: list[int], selected: list[int]) -> list[KV]:
+    """Every selected token recomputed in ONE forward (see the module doc)."""
+    total = len(ids)
+    sel = torch.tensor(selected)
+    is_sel = torch.zeros(total, dtype=torch.bool)
+    is_sel[sel] = True
+    sees_cache = (torch.arange(total)[None, :] < sel[:, None]) & ~is_sel[None, :]
+    sees_new = sel[None, :] <= sel[:, None]
+    mask = torch.cat([sees_cache, sees_new], dim=1)[None, None].to(model.device)
+    cache = cache_from_layers(layers, model)
+    model(input_ids=torch.tensor([[ids[j] for j in selected]], device=model.device),
+          position_ids=sel[None].to(model.device), attention_mask=mask, cache=cache, use_cache=True,
+          logits_to_keep=1)
+    out = []
+    index = sel.to(layers[0][0].device)
+    for (k, v), layer in zip(layers, cache.layers):
+        out.append((k.index_copy(2, index, layer.tail_keys), v.index_copy(2, index, layer.tail_values)))
+    return out
+
+
+def runs(sorted_positions: list[int], gap: int) -> list[tuple[int, int]]:
+    """Consecutive runs [start, end) of positions, merging runs separated by fewer than `gap`."""
+    found: list[list[int]] = []
+    for j in sorted_positions:
+        if found and j - found[-1][1] < gap:
+            found[-1][1] = j + 1
+        else:
+            found.append([j, j + 1])
+    return [(a, b) for a, b in found]
