@@ -110,7 +110,7 @@ def cmd_attribute(args) -> None:
     document = _read(args.document, "document")
     fields = _fields(document, args.replace)
     result = attribute(_load(args), document, fields, _question(args),
-                       span_tokens=args.span_tokens)
+                       span_tokens=args.span_tokens, coarse=args.coarse)
     if args.json:
         print(json.dumps(result.to_dict(), indent=2))
         return
@@ -176,7 +176,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("attribute", help="which notes carry the decision: patch spans from recompute")
     p.add_argument("--document", required=True)
     p.add_argument("--replace", nargs=2, action="append", metavar=("OLD", "NEW"))
-    p.add_argument("--span-tokens", type=int, default=16, help="tokens per patched span")
+    p.add_argument("--span-tokens", type=int, default=16, help="tokens per patched span where it matters")
+    p.add_argument("--coarse", type=int, default=4, help="first pass in spans of COARSE × span tokens (1: every span)")
     _common(p)
     p.set_defaults(func=cmd_attribute)
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from worker.engine import Field, Question, RunRequest, load
-from worker.engine.attribution import _first_token_logits
+from worker.engine.attribution import _first_token_logits, _patched, _stack
 from worker.engine.compare import normalize_answer, same_answer, token_f1
 from worker.engine.notes import cache_from_layers
 from worker.engine.readout import answer_nll
@@ -111,8 +111,14 @@ def test_batched_first_token_logits_equal_one_cache_at_a_time(alias):
     a = eng.prefill(TEXT).layers
     b = eng.prefill(TEXT.replace("north", "south")).layers
     prompt = eng.encode(eng.frame.suffix(Question("Where?")))
-    batched = _first_token_logits(eng.model, [a, b], prompt)
+    batched = _first_token_logits(eng.model, _stack([a, b]), prompt)
     for i, layers in enumerate((a, b)):
         with torch.no_grad():
             one = eng.model(torch.tensor([prompt]), cache=cache_from_layers(layers), use_cache=True).logits[0, -1]
         assert torch.allclose(batched[i], one.float(), atol=1e-4)
+    # a batch of patched copies: copy i is `a` with tokens bounds[i] of every layer from `b`
+    bounds = [(0, 5), (10, 30)]
+    for i, (start, end) in enumerate(bounds):
+        for (pk, pv), (ak, av), (bk, bv) in zip(_patched(a, b, bounds), a, b):
+            assert torch.equal(pk[i, :, start:end], bk[0, :, start:end]) and torch.equal(pv[i, :, :start], av[0, :, :start])
+            assert torch.equal(pk[i, :, end:], ak[0, :, end:])

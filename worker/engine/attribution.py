@@ -11,9 +11,10 @@ and the field's own share is how much of the stale → recompute gap refreshing 
 The paper found the field's own K/V drives under 1% of the decision on its models; this measures it
 for yours.
 
-Cost: only the first answer token's distribution is read (no choice scoring, no generation), and
+Cost: only the first answer token's distribution is read (no choice scoring, no generation);
 patched caches go through the model `BATCH` at a time, one forward of the question for the whole
-batch. Spans are `span_tokens` long after the first change.
+batch; and the map is refined coarse to fine: spans of `COARSE × span_tokens` tokens first, then
+`span_tokens` inside those that matter (`REFINE_SHARE`).
 """
 
 from __future__ import annotations
@@ -27,37 +28,52 @@ from worker.engine.offsets import Insertions, new_to_document
 from worker.engine.types import Attribution, EngineError, Field, Question, SpanShare
 
 BATCH = 8  # patched caches per forward: 8 copies of a 1k-token cache of a 135M model is ~0.4 GB
+COARSE = 4  # first pass: spans of 4 × span_tokens
+REFINE_SHARE = 0.05  # coarse spans whose patch moves at least 5% of the gap are measured finely
 
 
 def notes_map(model, tokenizer, editor: Editor, full: list[KV], in_place: list[KV], stale: list[KV],
-              prompt: list[int], span_tokens: int = 16, stale_prompt: list[int] | None = None) -> Attribution:
+              prompt: list[int], span_tokens: int = 16, coarse: int = COARSE,
+              stale_prompt: list[int] | None = None) -> Attribution:
     """The notes map of one edit from its three caches (recompute, in_place, stale) and the prompt
-    read after them (`stale_prompt` after the stale notes, when it differs). Character offsets come
-    from the editor's new tokens (offsets into the old document)."""
-    if span_tokens < 1:
-        raise EngineError("span_tokens must be at least 1")
+    read after them (`stale_prompt` after the stale notes, when it differs).
+
+    Coarse to fine: spans of `coarse × span_tokens` tokens first; those whose patch closes (or
+    opens) at least `REFINE_SHARE` of the gap are measured again in spans of `span_tokens`; the
+    others stay coarse. `coarse=1` measures every fine span. Character offsets come from the
+    editor's new tokens (offsets into the old document)."""
+    if span_tokens < 1 or coarse < 1:
+        raise EngineError("span_tokens and coarse must be at least 1")
     n = len(editor.new_ids)
-    ref, base_logits = _first_token_logits(model, [full, in_place], prompt)
-    stale_logits = _first_token_logits(model, [stale], stale_prompt or prompt)[0]
+    ref, base_logits = _first_token_logits(model, _stack([full, in_place]), prompt)
+    stale_logits = _first_token_logits(model, _stack([stale]), stale_prompt or prompt)[0]
     kl_stale = fidelity(ref, stale_logits).kl_to_recompute
     kl_base = fidelity(ref, base_logits).kl_to_recompute
     changed = [b for b in editor.blocks if not b.reuse]
     first = changed[0].j1 if changed else n
-    bounds = [(s, min(s + span_tokens, n)) for s in range(first, n, span_tokens)]
-    spans: list[SpanShare] = []
-    for i in range(0, len(bounds), BATCH):
-        batch = bounds[i : i + BATCH]
-        logits = _first_token_logits(model, [_patched(in_place, full, s, e) for s, e in batch], prompt)
-        for (s, e), row in zip(batch, logits):
-            kl = fidelity(ref, row).kl_to_recompute
-            chars = [o for o in editor.new_offsets[s:e] if o[0] >= 0]
-            spans.append(SpanShare(s, e, tokenizer.decode(editor.new_ids[s:e]), _share(kl_base, kl), kl,
-                                   min((c[0] for c in chars), default=-1), max((c[1] for c in chars), default=-1)))
+
+    def measure(bounds: list[tuple[int, int]]) -> list[SpanShare]:
+        out = []
+        for i in range(0, len(bounds), BATCH):
+            batch = bounds[i : i + BATCH]
+            for (s, e), row in zip(batch, _first_token_logits(model, _patched(in_place, full, batch), prompt)):
+                kl = fidelity(ref, row).kl_to_recompute
+                chars = [o for o in editor.new_offsets[s:e] if o[0] >= 0]
+                out.append(SpanShare(s, e, tokenizer.decode(editor.new_ids[s:e]), _share(kl_base, kl), kl,
+                                     min((c[0] for c in chars), default=-1), max((c[1] for c in chars), default=-1)))
+        return out
+
+    size = span_tokens * coarse
+    spans = measure([(s, min(s + size, n)) for s in range(first, n, size)])
+    if coarse > 1:
+        wide = [sp for sp in spans if abs(sp.share) >= REFINE_SHARE and sp.end - sp.start > span_tokens]
+        finer = measure([(s, min(s + span_tokens, sp.end)) for sp in wide for s in range(sp.start, sp.end, span_tokens)])
+        spans = sorted([sp for sp in spans if sp not in wide] + finer, key=lambda sp: sp.start)
     return Attribution(kl_stale, kl_base, _share(kl_stale, kl_base), spans)
 
 
 def attribute(engine, document: str, fields: list[Field], question: Question | str,
-              span_tokens: int = 16) -> Attribution:
+              span_tokens: int = 16, coarse: int = COARSE) -> Attribution:
     """The notes map of editing `fields` of `document` (`kvnotes attribute`): prefill, edit, map."""
     if isinstance(question, str):
         question = Question(question)
@@ -72,27 +88,34 @@ def attribute(engine, document: str, fields: list[Field], question: Question | s
         engine.require_portable()
     prompt = engine.encode(engine.frame.suffix(question))
     return notes_map(engine.model, engine.tokenizer, editor, editor.recompute().layers, editor.in_place().layers,
-                     editor.stale().layers, prompt, span_tokens)
+                     editor.stale().layers, prompt, span_tokens, coarse)
 
 
-def _patched(base: list[KV], donor: list[KV], start: int, end: int) -> list[KV]:
-    """`base` with tokens [start, end) of every layer taken from `donor` (a new copy)."""
+def _stack(caches: list[list[KV]]) -> list[KV]:
+    """Caches of equal length side by side: per layer [len(caches), kv_heads, T, head_dim]."""
+    return [(torch.cat([c[i][0] for c in caches]), torch.cat([c[i][1] for c in caches])) for i in range(len(caches[0]))]
+
+
+def _patched(base: list[KV], donor: list[KV], bounds: list[tuple[int, int]]) -> list[KV]:
+    """One batch of copies of `base`, copy i with tokens bounds[i] of every layer taken from `donor`:
+    per layer [len(bounds), kv_heads, T, head_dim], written once (no per-copy clone, no concatenation)."""
     out = []
     for (bk, bv), (dk, dv) in zip(base, donor):
-        k, v = bk.clone(), bv.clone()
-        k[:, :, start:end], v[:, :, start:end] = dk[:, :, start:end], dv[:, :, start:end]
+        k = bk.expand(len(bounds), -1, -1, -1).clone()
+        v = bv.expand(len(bounds), -1, -1, -1).clone()
+        for i, (start, end) in enumerate(bounds):
+            k[i, :, start:end], v[i, :, start:end] = dk[0, :, start:end], dv[0, :, start:end]
         out.append((k, v))
     return out
 
 
 @torch.inference_mode()
-def _first_token_logits(model, caches: list[list[KV]], prompt: list[int]) -> torch.Tensor:
-    """The first answer token's logits after each cache and `prompt`: float32 [len(caches), vocab],
-    all caches side by side in one batched forward (they must hold the same number of tokens)."""
-    stacked = [(torch.cat([c[i][0] for c in caches]), torch.cat([c[i][1] for c in caches]))
-               for i in range(len(caches[0]))]  # per layer: [B, kv_heads, T, head_dim]
-    ids = torch.tensor([prompt] * len(caches), device=model.device)
-    out = model(input_ids=ids, cache=cache_from_layers(stacked), use_cache=True, logits_to_keep=1)
+def _first_token_logits(model, stacked: list[KV], prompt: list[int]) -> torch.Tensor:
+    """The first answer token's logits after each cache of the batch `stacked` and `prompt`:
+    float32 [batch, vocab], in one forward."""
+    batch = stacked[0][0].shape[0]
+    ids = torch.tensor([prompt] * batch, device=model.device)
+    out = model(input_ids=ids, cache=cache_from_layers(stacked, model), use_cache=True, logits_to_keep=1)
     return out.logits[:, -1].float()
 
 
