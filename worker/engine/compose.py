@@ -11,14 +11,19 @@ Splicing skill S (m tokens) at token boundary t of context C (T tokens):
     C[t:T]   keys re-rotated by Δ = m       (the tail moves to make room)
 
 Seam repair recomputes the first K skill tokens with the real prefix C[0:t] before them.
+
+Many skills are laid out at once (`lay_out`) and spliced with ONE copy per layer (`splice_all`):
+every piece (a run of the context, a skill's body) is re-rotated to its final position and the
+pieces are concatenated; seam repair then recomputes the first K tokens of every skill in one
+forward, each seeing the real prefix before it (`worker.engine.selective.recompute_selected`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from worker.engine.forward import extend
 from worker.engine.notes import Notes, concat
+from worker.engine.selective import recompute_selected
 from worker.engine.types import EngineError
 
 
@@ -45,27 +50,77 @@ def token_boundary(notes: Notes, at_char: int | None) -> tuple[int, int]:
     return notes.n_tokens, len(notes.text)
 
 
+@dataclass(frozen=True)
+class Layout:
+    """Where each skill lands when skill i goes before context token `at_tokens[i]`.
+
+    order: skill indices in composition order (by position, then as given); spans: each skill's
+    tokens [start, end) in the composed notes, in that order; token_ids, offsets, segments: the
+    composed prompt's tokens (a skill's tokens carry no offsets into the context's text)."""
+
+    at_tokens: tuple[int, ...]
+    order: tuple[int, ...]
+    spans: tuple[tuple[int, int], ...]
+    token_ids: tuple[int, ...]
+    offsets: tuple[tuple[int, int], ...]
+    segments: tuple[str, ...]
+
+    @property
+    def first_skill(self) -> tuple[int, int]:
+        return self.spans[0] if self.spans else (len(self.token_ids), len(self.token_ids))
+
+
+def body_of(skill: Notes) -> Notes:
+    """A compiled skill without its sink token."""
+    return skill.slice(1) if skill.segments[:1] == ["sink"] else skill
+
+
+def lay_out(context: Notes, skills: list[Notes], at_tokens: list[int]) -> Layout:
+    order = sorted(range(len(skills)), key=lambda i: (at_tokens[i], i))
+    ids: list[int] = []
+    offsets: list[tuple[int, int]] = []
+    segments: list[str] = []
+    spans = []
+    last = 0
+    for i in order:
+        t = at_tokens[i]
+        ids += context.token_ids[last:t]
+        offsets += context.offsets[last:t]
+        segments += context.segments[last:t]
+        body = body_of(skills[i]).token_ids
+        spans.append((len(ids), len(ids) + len(body)))
+        ids += body
+        offsets += [(-1, -1)] * len(body)
+        segments += ["skill"] * len(body)
+        last = t
+    ids += context.token_ids[last:]
+    offsets += context.offsets[last:]
+    segments += context.segments[last:]
+    return Layout(tuple(at_tokens), tuple(order), tuple(spans), tuple(ids), tuple(offsets), tuple(segments))
+
+
+def splice_all(model, context: Notes, skills: list[Notes], layout: Layout, seams: list[int] | None = None) -> Notes:
+    """Every skill spliced into `context` as `layout` says (one copy per layer), then the first
+    `seams[i]` tokens of skill i recomputed with the real prefix before them (one forward)."""
+    pieces = []
+    inserted, last = 0, 0
+    for i, (start, _end) in zip(layout.order, layout.spans):
+        t = layout.at_tokens[i]
+        pieces.append(context.slice(last, t).shifted(inserted))
+        body = body_of(skills[i])
+        pieces.append(body.shifted(context.first_position + start - body.first_position))
+        inserted += body.n_tokens
+        last = t
+    pieces.append(context.slice(last).shifted(inserted))
+    joined = concat(pieces, text=context.text)
+    joined.offsets, joined.segments = list(layout.offsets), list(layout.segments)
+    repaired = [j for i, (start, end) in zip(layout.order, layout.spans)
+                for j in range(start, min(end, start + (seams[i] if seams else 0)))]
+    if repaired:
+        joined.layers = recompute_selected(model, joined.layers, list(layout.token_ids), repaired)
+    return joined
+
+
 def splice(model, context: Notes, skill: Notes, t: int, seam: int = 0) -> Notes:
     """`skill` (compiled with its sink) spliced into `context` before token `t`; see module doc."""
-    if skill.segments and skill.segments[0] == "sink":
-        body = skill.slice(1)
-    else:
-        body = skill
-    m = body.n_tokens
-    head = context.slice(0, t)
-    body = body.shifted(context.first_position + t - body.first_position)
-    if seam > 0 and m:
-        k = min(seam, m)
-        repaired = extend(model, head.layers if head.n_tokens else None, body.token_ids[:k])
-        fixed = Notes(
-            token_ids=body.token_ids[:k], offsets=body.offsets[:k], segments=body.segments[:k],
-            layers=[(kk[:, :, t:], vv[:, :, t:]) for kk, vv in repaired],
-            text=body.text, first_position=body.first_position, rope=body.rope,
-        )
-        body = concat([fixed, body.slice(k)])
-    tail = context.slice(t).shifted(m)
-    joined = concat([head, body, tail], text=context.text)
-    # the skill's tokens are not document text: they carry no offsets into the context
-    joined.offsets = head.offsets + [(-1, -1)] * m + tail.offsets
-    joined.segments = head.segments + ["skill"] * m + tail.segments
-    return joined
+    return splice_all(model, context, [skill], lay_out(context, [skill], [t]), [seam])

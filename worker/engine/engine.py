@@ -19,7 +19,8 @@ from pathlib import Path
 
 import torch
 
-from worker.engine.compose import Placement, splice, token_boundary
+from worker.engine.blend import Blend, compose_run
+from worker.engine.compose import Placement, lay_out, splice_all, token_boundary
 from worker.engine.edit import extend
 from worker.engine.models import DEFAULT_MODEL, ModelInfo, load_model
 from worker.engine.notes import Notes
@@ -168,21 +169,17 @@ class Engine:
         if not placements:
             return context, context.text, 0
         self.require_portable()
-        snapped = [(token_boundary(context, p.at), i) for i, p in enumerate(placements)]
-        order = sorted(snapped, key=lambda s: (s[0][0], s[1]))
-        notes = context
-        inserted = 0
-        pieces, last_char, seam_tokens = [], 0, 0
-        for (t, char), i in order:
-            p = placements[i]
-            skill = p.notes if p.notes is not None else self.compile_skill(p.text)
-            notes = splice(self.model, notes, skill, t + inserted, seam=p.seam)
-            body = skill.n_tokens - (1 if skill.segments[:1] == ["sink"] else 0)
-            inserted += body
-            seam_tokens += min(p.seam, body)
-            pieces += [context.text[last_char:char], p.text]
+        skills = [p.notes if p.notes is not None else self.compile_skill(p.text) for p in placements]
+        snapped = [token_boundary(context, p.at) for p in placements]
+        layout = lay_out(context, skills, [t for t, _ in snapped])
+        notes = splice_all(self.model, context, skills, layout, [p.seam for p in placements])
+        pieces, last_char = [], 0
+        for i in layout.order:
+            char = snapped[i][1]
+            pieces += [context.text[last_char:char], placements[i].text]
             last_char = char
         pieces.append(context.text[last_char:])
+        seam_tokens = sum(min(p.seam, e - s) for p, (s, e) in zip((placements[i] for i in layout.order), layout.spans))
         return notes, "".join(pieces), seam_tokens
 
     # ---- runs ---------------------------------------------------------------------------------
@@ -223,27 +220,27 @@ class Engine:
 
     def compose(self, context: Notes | str, skills: list[str | Notes], question: Question | str,
                 at: int | None | list[int | None] = None, seam: int = 0, attention: bool = False,
-                progress: ProgressFn | None = None) -> Report:
-        """Splice compiled skills into a context; report `splice` against `recompute`."""
+                progress: ProgressFn | None = None, *, strategies: tuple[str, ...] | list[str] = ("splice",),
+                suffix: str | None = None, seam_tokens: int = 4, epic_tokens: int = 16,
+                selective_fraction: float = 0.15) -> Report:
+        """Compose a context from compiled skills (each before character `at`, None = the end, in
+        order) and report every strategy of `worker.engine.blend` against `recompute`.
+
+        seam: `splice`'s own seam repair (tokens per skill); suffix: the exact text after the
+        composed prompt instead of the frame's question (the chat template's assistant header is
+        added after it)."""
         self.require_portable()
         if isinstance(question, str):
             question = Question(question)
         ats = at if isinstance(at, list) else [at] * len(skills)
         if len(ats) != len(skills):
             raise EngineError(f"{len(skills)} skills but {len(ats)} positions")
-        placements = tuple(
-            Placement(text=s.text if isinstance(s, Notes) else s, at=a,
-                      notes=s if isinstance(s, Notes) else self.compile_skill(s), seam=seam)
-            for s, a in zip(skills, ats)
-        )
         old = self.prefill(context) if isinstance(context, str) else context
-        request = RunRequest(document=old.text, question=question, strategies=("recompute", "stale"),
-                             placements=placements, attention=("recompute", "stale") if attention else False)
-        report = self.run(request, notes=old, progress=progress)
-        report.strategies["splice"] = report.strategies.pop("stale")
-        if "stale" in report.attention:
-            report.attention["splice"] = report.attention.pop("stale")
-        return report
+        compiled = tuple(s if isinstance(s, Notes) else self.compile_skill(s) for s in skills)
+        blend = Blend(context=old, skills=compiled, at_tokens=tuple(token_boundary(old, a)[0] for a in ats),
+                      question=question, suffix=suffix, seams=(seam,) * len(skills), seam_tokens=seam_tokens,
+                      epic_tokens=epic_tokens, selective_fraction=selective_fraction)
+        return compose_run(self, blend, tuple(strategies), attention=attention, progress=progress)
 
 
 _ENGINES: dict[tuple[str, str], Engine] = {}

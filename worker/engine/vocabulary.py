@@ -46,6 +46,29 @@ def with_recompute(names: list[str] | tuple[str, ...]) -> list[str]:
     return ["recompute", *dict.fromkeys(name for name in names if name != "recompute")]
 
 
+# ---- composing: a context from many precompiled skills -------------------------------------------
+
+COMPOSE_STRATEGIES = ("recompute", "splice", "seam", "epic", "selective", "prefix_reuse")
+
+COMPOSE_HELP = {
+    "recompute": "the reference: prefill the whole composed prompt",
+    "splice": "full reuse: every skill's notes re-rotated into place, nothing recomputed",
+    "seam": "splice, then the first K tokens of every skill recomputed with the real prefix (seam repair)",
+    "epic": "splice, then the first k = 16 tokens of every skill recomputed (EPIC)",
+    "selective": "splice, then the 15% of reused tokens whose first-layer K/V move most recomputed (CacheBlend)",
+    "prefix_reuse": "exact: the context and the first skill reused as a prefix cache holds them, the rest recomputed",
+}
+
+
+def unknown_compose_strategies(names: list[str] | tuple[str, ...]) -> str:
+    """'' when every name is a compose strategy, else one line naming the unknown ones."""
+    unknown = [name for name in names if name not in COMPOSE_STRATEGIES]
+    if not unknown:
+        return ""
+    return (f"unknown compose strategy {', '.join(map(repr, unknown))}; "
+            f"valid: {', '.join(COMPOSE_STRATEGIES)}")
+
+
 # ---- the erratum ---------------------------------------------------------------------------------
 
 DEFAULT_TEMPLATE = (
