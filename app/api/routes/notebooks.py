@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, status
+from fastapi import APIRouter, Query, status
 from sqlalchemy import select
 
 from app.api.deps import PrincipalDep, SessionDep, errors, get_or_404
@@ -37,8 +37,13 @@ def create_notebook(body: NotebookCreate, session: SessionDep, principal: Princi
 
 
 @router.get("/notebooks", response_model=list[NotebookSummary])
-def list_notebooks(session: SessionDep) -> list[Notebook]:
-    return list(session.scalars(select(Notebook).order_by(Notebook.updated_at.desc(), Notebook.id.desc())))
+def list_notebooks(
+    session: SessionDep,
+    limit: int = Query(default=100, ge=1, le=1000, description="at most this many, most recently edited first"),
+    offset: int = Query(default=0, ge=0, le=2**62, description="skip this many"),
+) -> list[Notebook]:
+    query = select(Notebook).order_by(Notebook.updated_at.desc(), Notebook.id.desc()).limit(limit).offset(offset)
+    return list(session.scalars(query))
 
 
 @router.get("/notebooks/{notebook_id}", response_model=NotebookOut, responses=errors(404))
