@@ -1,5 +1,7 @@
 """How errors are answered, in one place: the JSON API gets `{"detail": …}`, an htmx request a
-small alert fragment, a page a plain error page. Every message is one line a person can act on.
+small alert fragment, a page an error page in the app's layout (`app.web.errors`); unknown
+paths and 404s raised by routes likewise (`.json` routes answer JSON), and an unexpected error is
+a 500 in the same two faces. Every message is one line a person can act on.
 
 - 422 (validation): FastAPI's shape, but the input is quoted as a short prefix only (a 10 MB field
   is never echoed back) and text that is not valid Unicode is escaped, never a 500.
@@ -20,10 +22,12 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm.exc import StaleDataError
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from app.security.guard import SignInRequired, login_url
 from app.security.middleware import BodyTooLarge
 from app.services.errors import RunLimitReached, Unprocessable
+from app.web.errors import error_page, validation_message
 from data.health import plain_database_error
 
 log = logging.getLogger(__name__)
@@ -44,22 +48,39 @@ def _quoted(value: Any) -> Any:
     return f"<{type(value).__name__}>"
 
 
+def wants_json(request: Request) -> bool:
+    """The JSON API, a `.json` page route (exports, token spans) or a client that asks for JSON."""
+    path = request.url.path
+    return (path.startswith("/api/") or path == "/api" or path.endswith(".json")
+            or "application/json" in request.headers.get("accept", ""))
+
+
 def answer(request: Request, status: int, message: str, headers: dict[str, str] | None = None) -> Response:
-    """`message` as JSON for the API, an alert fragment for htmx, a small page otherwise."""
-    if request.url.path.startswith("/api/") or "application/json" in request.headers.get("accept", ""):
+    """`message` as JSON for the API, an alert fragment for htmx, a page in the app's layout otherwise."""
+    if wants_json(request):
         return JSONResponse({"detail": message}, status_code=status, headers=headers)
-    text = html.escape(message)
     if request.headers.get("HX-Request") == "true":
-        return HTMLResponse(f'<div class="form-error" role="alert">{text}</div>', status, headers)
-    page = (f'<!doctype html><html lang="en"><head><meta charset="utf-8"><title>{status} · kvnotes</title>'
-            f'<link rel="stylesheet" href="/static/css/kvnotes.css"></head><body><main id="main">'
-            f'<h1>{status}</h1><p class="form-error" role="alert">{text}</p><p><a href="/">Back to the notebooks</a>'
-            f"</p></main></body></html>")
-    return HTMLResponse(page, status, headers)
+        return HTMLResponse(f'<div class="form-error" role="alert">{html.escape(message)}</div>', status, headers)
+    return error_page(request, status, message, headers)
 
 
-async def _validation(request: Request, exc: Exception) -> JSONResponse:
+async def _http(request: Request, exc: Exception) -> Response:
+    """404s, 409s… raised by routes (and unknown paths): JSON for the API, a page for the pages."""
+    assert isinstance(exc, StarletteHTTPException)
+    if not isinstance(exc.detail, str):
+        return JSONResponse({"detail": exc.detail}, status_code=exc.status_code, headers=exc.headers)
+    return answer(request, exc.status_code, exc.detail, exc.headers)
+
+
+async def _server_error(request: Request, exc: Exception) -> Response:
+    log.error("unexpected error answering %s %s", request.method, request.url.path, exc_info=exc)
+    return answer(request, 500, "the server could not answer this request (an unexpected error, logged on the server)")
+
+
+async def _validation(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, RequestValidationError)
+    if not wants_json(request) and request.headers.get("HX-Request") != "true":  # a page: 422 in the layout
+        return error_page(request, 422, validation_message(exc.errors()))
     detail = []
     for error in exc.errors():
         item = {"loc": [_quoted(part) for part in error.get("loc", ())], "msg": safe_text(str(error.get("msg", "")), 300),
@@ -106,6 +127,8 @@ async def _sign_in(request: Request, exc: Exception) -> Response:
 
 
 def install(app: FastAPI) -> None:
+    app.add_exception_handler(StarletteHTTPException, _http)
+    app.add_exception_handler(Exception, _server_error)
     app.add_exception_handler(RequestValidationError, _validation)
     app.add_exception_handler(Unprocessable, _unprocessable)
     app.add_exception_handler(DBAPIError, _database)

@@ -11,7 +11,8 @@
 3. Request bodies above `max_request_bytes` get 413 before they are read.
 4. Security headers on every answer: a Content-Security-Policy with no inline script (scripts
    come from /static only), `frame-ancestors 'none'`, nosniff, a same-origin Referrer-Policy,
-   and HSTS when served over https.
+   and HSTS when served over https. A route that sets one of these headers itself keeps its own
+   (the standalone run report sends a stricter CSP that allows only its own inline script, by hash).
 """
 
 from __future__ import annotations
@@ -106,7 +107,9 @@ class SecurityMiddleware:
 
         async def send_with_headers(message: Message) -> None:
             if message["type"] == "http.response.start":
-                message["headers"] = [*message.get("headers", []), *HEADERS, *([HSTS] if secure else [])]
+                own = {bytes(name).lower() for name, _ in message.get("headers", [])}  # a route's own policy wins
+                extra = [h for h in HEADERS if h[0] not in own]
+                message["headers"] = [*message.get("headers", []), *extra, *([HSTS] if secure else [])]
             await send(message)
 
         host = headers.get("host", "")

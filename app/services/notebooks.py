@@ -28,6 +28,59 @@ def create_notebook(session: Session, title: str, model: str, document: str,
     return notebook
 
 
+def rename_notebook(notebook: Notebook, title: str) -> None:
+    """A new title (already validated by `NotebookPatch` / the form: not blank, within the limit)."""
+    notebook.title = title
+    touch(notebook)
+
+
+def duplicate_notebook(session: Session, notebook: Notebook, title: str | None = None,
+                       created_by: str = LOCAL_USER) -> Notebook:
+    """A new notebook with the same document, fields, errata (in order, each generated erratum
+    still tied to its copied field), skill placements and current question; no runs (the copy's
+    history starts empty). Flushed, so it has its id; the caller commits."""
+    limit = get_settings().max_title_chars
+    copy = create_notebook(session, (title or f"Copy of {notebook.title}")[:limit], notebook.model,
+                           notebook.document, created_by)
+    new_field: dict[int, Field] = {}
+    for f in notebook.fields:
+        new_field[f.id] = Field(start=f.start, end=f.end, old_value=f.old_value, new_value=f.new_value, label=f.label)
+        copy.fields.append(new_field[f.id])
+    session.flush()
+    for e in notebook.errata:
+        linked = new_field.get(e.field_id) if e.field_id is not None else None
+        copy.errata.append(Erratum(field_id=linked.id if linked else None, text=e.text, source=e.source,
+                                   position=e.position))
+    for p in notebook.placements:
+        copy.placements.append(Placement(skill_id=p.skill_id, position=p.position))
+    if notebook.question is not None:
+        q = notebook.question
+        copy.questions.append(Question(text=q.text, choices=list(q.choices), cot=q.cot))
+    session.flush()
+    return copy
+
+
+def find_span(document: str, text: str, occurrence: int = 1) -> tuple[int, int]:
+    """[start, end) of the `occurrence`-th (1 = first) appearance of `text` in `document`, for
+    making a field without a mouse. Raises `Unprocessable` naming what was not found."""
+    if not text:
+        raise Unprocessable("find", "type the text to make a field of")
+    if occurrence < 1:
+        raise Unprocessable("occurrence", f"occurrence counts from 1 (the first); got {occurrence}")
+    at, seen = -1, 0
+    while seen < occurrence:
+        at = document.find(text, at + 1)
+        if at < 0:
+            break
+        seen += 1
+    if at < 0:
+        if seen == 0:
+            raise Unprocessable("find", f"{text[:60]!r} is not in the document (the search is case-sensitive)")
+        raise Unprocessable("occurrence", f"{text[:60]!r} occurs {seen} time{'s' if seen != 1 else ''}; "
+                                          f"there is no occurrence {occurrence}")
+    return at, at + len(text)
+
+
 def delete_notebook(session: Session, notebook: Notebook) -> None:
     """Delete the notebook with everything on it, its runs included (a deleted document must not
     stay readable in their snapshots); commits, then asks workers to drop its unfinished runs."""

@@ -66,11 +66,22 @@ def start_run(session: Session, notebook: Notebook, question: Question, strategi
               attribution: bool = False, created_by: str = LOCAL_USER) -> Run:
     """Create the run row, enqueue it, and commit only after the broker took the message.
     Raises `RunLimitReached` or `QueueUnavailable` (after rolling back: nothing is saved)."""
+    snapshot = build_snapshot(notebook, question, strategies, attribution)
+    return _enqueue(session, notebook.id, snapshot, created_by)
+
+
+def rerun_snapshot(session: Session, run: Run, created_by: str = LOCAL_USER) -> Run:
+    """Run exactly what `run` ran on again (its snapshot, not the notebook as it is now): a new
+    run of the same notebook. Same caps and failure policy as `start_run`."""
+    return _enqueue(session, run.notebook_id, run.snapshot, created_by)
+
+
+def _enqueue(session: Session, notebook_id: int | None, snapshot: RunSnapshot, created_by: str) -> Run:
     run = Run(
-        notebook_id=notebook.id,
+        notebook_id=notebook_id,
         kind="edit",
-        snapshot=build_snapshot(notebook, question, strategies, attribution),
-        strategies=list(strategies),
+        snapshot=snapshot,
+        strategies=list(snapshot.strategies),
         status="queued",
         stage="queued",
         progress=0.0,

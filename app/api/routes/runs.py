@@ -5,17 +5,15 @@ from __future__ import annotations
 
 from typing import Literal
 
-import numpy as np
 from fastapi import APIRouter, HTTPException, Query, status
 from sqlalchemy import select
-from sqlalchemy.orm import undefer
 
 from app.api.deps import PrincipalDep, SessionDep, errors, get_or_404
 from app.schemas import AttentionOut, RunCreate, RunOut, RunSummary, StrategyResultOut
-from app.services.notebooks import Unprocessable
+from app.services.attention import NoAttention, attention_vector, results_with_attention
 from app.services.runs import cancel_run as cancel_run_service
 from app.services.runs import question_for, start_run
-from data.models import Notebook, Run, RunResult
+from data.models import Notebook, Run
 from data.queue import QueueUnavailable
 from data.watchdog import reap_for_reader
 
@@ -99,53 +97,13 @@ def read_attention(
     and head: `layer` and `head` pick one, a missing one is aggregated over (`agg`, default mean).
     Any other question or answer token's map is averaged over layers and heads."""
     get_or_404(session, Run, run_id, "run")
-    result = session.scalar(
-        select(RunResult)
-        .where(RunResult.run_id == run_id, RunResult.strategy == strategy)
-        .options(undefer(RunResult.attention), undefer(RunResult.query_attention))
-    )
-    if result is None or result.attention is None or not result.attention_shape:
-        raise HTTPException(status_code=404, detail=f"run {run_id} has no attention for strategy {strategy}")
-    shape = [int(n) for n in result.attention_shape]
-    decision = result.decision_index if result.decision_index is not None else shape[2] - 1
-    if query is not None and query != decision:
-        values = _query_values(result, query, shape[2], layer, head)
-        return AttentionOut(run_id=run_id, strategy=strategy, layer=None, head=None, agg="mean", shape=shape,
-                            query=query, decision=decision, query_start=result.query_start,
-                            tokens=result.tokens or [], values=values)
-    weights = np.frombuffer(result.attention, dtype=np.float16).reshape(shape)  # [layers, heads, T]
-    for name, value, size in (("layer", layer, shape[0]), ("head", head, shape[1])):
-        if value is not None and value >= size:
-            raise Unprocessable(name, f"{name}={value} is out of range: this model has {size} (0..{size - 1})")
-    picked = weights.astype(np.float32)
-    picked = picked[layer : layer + 1] if layer is not None else picked
-    picked = picked[:, head : head + 1] if head is not None else picked
-    reduce = np.max if agg == "max" else np.mean
-    values = reduce(picked.reshape(-1, shape[2]), axis=0)  # [T]
+    result = results_with_attention(session, run_id, [strategy]).get(strategy)
+    try:
+        view = attention_vector(result, strategy, layer, head, agg, query)
+    except NoAttention:
+        raise HTTPException(status_code=404, detail=f"run {run_id} has no attention for strategy {strategy}") from None
     return AttentionOut(
-        run_id=run_id,
-        strategy=strategy,
-        layer=layer,
-        head=head,
-        agg=None if (layer is not None and head is not None) else (agg or "mean"),
-        shape=shape,
-        query=decision,
-        decision=decision,
-        query_start=result.query_start,
-        tokens=result.tokens or [],
-        values=[round(float(v), 6) for v in values],
+        run_id=run_id, strategy=strategy, layer=view.layer, head=view.head, agg=view.agg,  # type: ignore[arg-type]
+        shape=view.shape, query=view.query, decision=view.decision, query_start=view.query_start,
+        tokens=view.tokens, values=[round(float(v), 6) for v in view.values],
     )
-
-
-def _query_values(result: RunResult, query: int, n_tokens: int, layer: int | None, head: int | None) -> list[float]:
-    """Row `query` of the per-query maps (mean over layers and heads), or a 422 naming the problem."""
-    start = result.query_start
-    if result.query_attention is None or start is None:
-        raise Unprocessable("query", "this run kept only the decision's attention (it ran before per-token queries)")
-    if not start <= query < n_tokens:
-        raise Unprocessable("query", f"query={query} is not a question or answer token: choose {start}..{n_tokens - 1}")
-    if layer is not None or head is not None:
-        raise Unprocessable("query", "per-layer and per-head maps are kept for the decision only; "
-                                     "other queries are averaged over layers and heads")
-    rows = np.frombuffer(result.query_attention, dtype=np.float16).reshape(-1, n_tokens)  # [Q, T]
-    return [round(float(v), 6) for v in rows[query - start].astype(np.float32)]
