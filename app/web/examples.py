@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from app.services.notebooks import add_field, add_placement, create_notebook, set_question
@@ -66,6 +66,15 @@ def _skill(session: Session, name: str, text: str, model: str, created_by: str) 
     return skill
 
 
+def opened_examples(session: Session, slugs: list[str]) -> dict[str, Notebook]:
+    """For each example already loaded, the newest notebook made from it (one grouped query on
+    the `example` index, then those few rows)."""
+    if not slugs:
+        return {}
+    newest = select(func.max(Notebook.id)).where(Notebook.example.in_(slugs)).group_by(Notebook.example)
+    return {nb.example or "": nb for nb in session.scalars(select(Notebook).where(Notebook.id.in_(newest)))}
+
+
 def load_example(session: Session, slug: str, directory: Path = EXAMPLES_DIR, created_by: str = LOCAL_USER) -> Notebook:
     """Create the notebook of `examples/<slug>.json` (committed by the caller)."""
     path = directory / f"{slug}.json"
@@ -75,6 +84,7 @@ def load_example(session: Session, slug: str, directory: Path = EXAMPLES_DIR, cr
     document = str(data["document"])
     model = str(data.get("model") or get_settings().default_model)
     notebook = create_notebook(session, str(data.get("title", slug)), model, document, created_by)
+    notebook.example = slug
     for f in data.get("fields", []):
         start = _find(document, f["find"], "field", slug)
         add_field(session, notebook, start, start + len(f["find"]), str(f["new_value"]), str(f.get("label", "")))

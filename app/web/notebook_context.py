@@ -1,6 +1,6 @@
 """What the notebook page and its fragments need from the database, gathered in one place:
 the notebook, its document view, the compiled skills for its model, its runs, and the token
-spans of the latest finished run that still fits the document."""
+spans of the latest finished run that still fits the document; the runs' history, a page at a time."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from app.web.document_view import build_document_view, tokens_for_document
+from app.web.paging import paginate
 from app.web.templating import approx_tokens, render
 from data.contracts import TokenRecord
 from data.models import Notebook, Run, Skill
@@ -30,7 +31,10 @@ def latest_tokens(session: Session, notebook: Notebook) -> tuple[Run | None, lis
     return None, []
 
 
-def notebook_context(session: Session, notebook: Notebook, **extra: Any) -> dict[str, Any]:
+HISTORY_PER_PAGE = 10
+
+
+def notebook_context(session: Session, notebook: Notebook, history_number: int = 1, **extra: Any) -> dict[str, Any]:
     token_run, tokens = latest_tokens(session, notebook)
     doc_token_count = sum(1 for t in tokens if t.segment == "document")
     skills = list(
@@ -38,14 +42,17 @@ def notebook_context(session: Session, notebook: Notebook, **extra: Any) -> dict
             select(Skill).where(Skill.model == notebook.model, Skill.status == "compiled").order_by(Skill.name)
         )
     )
-    recent_runs = list(
-        session.scalars(select(Run).where(Run.notebook_id == notebook.id).order_by(Run.id.desc()).limit(10))
-    )
+    runs = select(Run).where(Run.notebook_id == notebook.id).order_by(Run.id.desc())
+    history_page, history = paginate(session, runs, history_number, HISTORY_PER_PAGE, f"/notebooks/{notebook.id}",
+                                     param="history", fragment="history")
+    recent_runs = history if history_page.number == 1 else list(session.scalars(runs.limit(HISTORY_PER_PAGE)))
     context: dict[str, Any] = {
         "notebook": notebook,
         "view": build_document_view(notebook.document, notebook.fields, notebook.placements, tokens or None),
         "skills": skills,
-        "recent_runs": recent_runs,
+        "recent_runs": recent_runs,  # the newest runs (the latest drives the progress box)
+        "history": history,  # the runs on the history page asked for
+        "history_page": history_page,
         "question": notebook.question,
         "has_tokens": bool(tokens),
         "token_run": token_run,

@@ -23,6 +23,7 @@ from app.services.runs import question_for, start_run
 from app.web.document_view import hover_tokens, paragraph_starts
 from app.web.forms import lines, parse_int, validate
 from app.web.notebook_context import latest_tokens, notebook_context, regions
+from app.web.paging import PAGE_PARAM
 from app.web.templating import render
 from data.models import Erratum, Field, Notebook, Placement, Skill
 from data.queue import QueueUnavailable
@@ -37,9 +38,9 @@ def _notebook(session: SessionDep, notebook_id: int) -> Notebook:
 
 
 @router.get("/notebooks/{notebook_id}")
-def notebook_page(request: Request, notebook_id: int, session: SessionDep) -> Response:
+def notebook_page(request: Request, notebook_id: int, session: SessionDep, history: int = PAGE_PARAM) -> Response:
     notebook = _notebook(session, notebook_id)
-    context = notebook_context(session, notebook)
+    context = notebook_context(session, notebook, history)
     context["run"] = context["recent_runs"][0] if context["recent_runs"] else None
     context["compact"] = True
     return render(request, "notebook.html", **context)
@@ -104,6 +105,30 @@ def create_field(
 
     return _save(request, session, notebook, add, lambda errors: render(
         request, "_selection_form.html", 422, notebook=notebook, values=values, errors=errors))
+
+
+@router.post("/notebooks/{notebook_id}/fields/find")
+def create_field_by_search(
+    request: Request, notebook_id: int, session: SessionDep,
+    find: Text = "", occurrence: Text = "1", new_value: Text = "", label: Text = "",
+) -> Response:
+    """A field without a mouse: the `occurrence`-th appearance (1 = first) of `find` in the document."""
+    notebook = _notebook(session, notebook_id)
+    values = {"find": find, "occurrence": occurrence, "new_value": new_value, "label": label}
+    try:
+        start, end = actions.find_span(notebook.document, find, parse_int(occurrence, "occurrence") or 1)
+        if not new_value.strip():
+            raise Unprocessable("new_value", "give the field its new value")
+        body = validate(FieldCreate, {"start": start, "end": end, "new_value": new_value, "label": label})
+        actions.add_field(session, notebook, body.start, body.end, body.new_value, body.label)
+        session.commit()
+    except Unprocessable as exc:
+        session.rollback()
+        return render(request, "_find_field.html", 422, notebook=notebook, find_values=values, find_errors=exc.errors,
+                      find_open=True)
+    shown = find if len(find) <= 40 else find[:39] + "…"
+    return regions(request, session, notebook, find_open=True,
+                   find_done=f"Made a field of “{shown}” at characters {start}–{end}.")
 
 
 @router.post("/notebooks/{notebook_id}/fields/{field_id}")

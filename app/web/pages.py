@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from typing import Annotated
 
-from fastapi import APIRouter, File, Form, Request, UploadFile
+from fastapi import APIRouter, File, Form, Query, Request, UploadFile
 from fastapi.responses import RedirectResponse, Response
 from sqlalchemy import select
 
@@ -16,25 +16,42 @@ from app.api.deps import PrincipalDep, SessionDep
 from app.schemas import NotebookCreate
 from app.services.errors import Unprocessable
 from app.services.notebooks import create_notebook as create_notebook_action
-from app.web import account_pages, components, notebook_pages, run_pages, skill_pages
-from app.web.examples import ExampleError, list_examples, load_example
+from app.web import (
+    account_pages,
+    compare_pages,
+    components,
+    export_pages,
+    manage_pages,
+    notebook_pages,
+    present_pages,
+    run_pages,
+    skill_pages,
+)
+from app.web.examples import ExampleError, list_examples, load_example, opened_examples
 from app.web.forms import validate
+from app.web.home_view import notebook_cards
+from app.web.paging import PAGE_PARAM, paginate
 from app.web.templating import render
-from data.models import Notebook, Run
+from data.models import Run
 from data.queue import QueueUnavailable
 from data.settings import get_settings
 
 router = APIRouter(include_in_schema=False)
-for _module in (account_pages, notebook_pages, run_pages, skill_pages, components):
+RUNS_PER_PAGE = 50
+for _module in (account_pages, notebook_pages, manage_pages, run_pages, export_pages, present_pages, compare_pages,
+                skill_pages, components):
     router.include_router(_module.router, include_in_schema=False)
 
 
-def _index(request: Request, session: SessionDep, status: int = 200, **extra) -> Response:
+def _index(request: Request, session: SessionDep, status: int = 200, page: int = 1, **extra) -> Response:
     settings = get_settings()
-    notebooks = list(session.scalars(select(Notebook).order_by(Notebook.updated_at.desc(), Notebook.id.desc())))
+    pager, cards = notebook_cards(session, page)
+    examples = list_examples()
     context = {
-        "notebooks": notebooks,
-        "examples": list_examples(),
+        "notebooks": cards,
+        "page": pager,
+        "examples": examples,
+        "opened": opened_examples(session, [ex.slug for ex in examples]),
         "models": settings.models,
         "max_upload_kb": settings.max_upload_bytes // 1024,
         "values": {},
@@ -46,8 +63,10 @@ def _index(request: Request, session: SessionDep, status: int = 200, **extra) ->
 
 
 @router.get("/")
-def index(request: Request, session: SessionDep) -> Response:
-    return _index(request, session)
+def index(request: Request, session: SessionDep, page: int = PAGE_PARAM, deleted: str | None = None,
+          runs: int | None = Query(default=None, ge=0)) -> Response:
+    """The notebooks, a page at a time; after a delete, says what went (`deleted`, `runs`)."""
+    return _index(request, session, page=page, deleted=deleted[:200] if deleted else None, deleted_runs=runs or 0)
 
 
 async def _uploaded_text(file: UploadFile | None) -> str | None:
@@ -104,7 +123,13 @@ async def create_notebook(
 
 
 @router.post("/examples/{slug}")
-def create_from_example(request: Request, slug: str, session: SessionDep, principal: PrincipalDep) -> Response:
+def create_from_example(request: Request, slug: str, session: SessionDep, principal: PrincipalDep,
+                        again: Annotated[str, Form()] = "") -> Response:
+    """Load a bundled example. When a notebook made from it exists, offer that one instead of a
+    silent copy; `again` (the offer's second button) makes a fresh copy anyway."""
+    existing = opened_examples(session, [slug]).get(slug)
+    if existing is not None and not again:
+        return _index(request, session, offer=existing)
     try:
         notebook = load_example(session, slug, created_by=principal.name)
         session.commit()
@@ -118,6 +143,6 @@ def create_from_example(request: Request, slug: str, session: SessionDep, princi
 
 
 @router.get("/runs")
-def runs_page(request: Request, session: SessionDep) -> Response:
-    runs = list(session.scalars(select(Run).order_by(Run.id.desc()).limit(100)))
-    return render(request, "runs.html", recent_runs=runs, nav="runs")
+def runs_page(request: Request, session: SessionDep, page: int = PAGE_PARAM) -> Response:
+    pager, runs = paginate(session, select(Run).order_by(Run.id.desc()), page, RUNS_PER_PAGE, "/runs")
+    return render(request, "runs.html", recent_runs=runs, page=pager, nav="runs")

@@ -9,9 +9,9 @@ import difflib
 import re
 from dataclasses import dataclass
 
-import numpy as np
-
-from data.contracts import NotesMap, NotesSpan, RunSnapshot, SnapshotField, TokenRecord
+from app.services.attention import align_tokens, head_differences  # noqa: F401 (the run page's names for them)
+from app.web.heatmap_view import text_on
+from data.contracts import NotesMap, NotesSpan, RunSnapshot, SnapshotField
 from data.models import Run, RunResult
 
 
@@ -145,32 +145,7 @@ def snapshot_pieces(snapshot: RunSnapshot) -> list[SnapshotPiece]:
     return [p for p in pieces if p.text or p.field is not None]
 
 
-def _key(token: TokenRecord) -> tuple[str, str]:
-    return (token.segment, token.text)
-
-
-def align_tokens(tokens: list[TokenRecord], reference: list[TokenRecord]) -> list[int]:
-    """For each token of a strategy's cache, the index of the same token in recompute's cache, or
-    -1 where it has no counterpart (an erratum, a changed field, a spliced skill's seam)."""
-    mapping = [-1] * len(tokens)
-    matcher = difflib.SequenceMatcher(None, [_key(t) for t in reference], [_key(t) for t in tokens], autojunk=False)
-    for block in matcher.get_matching_blocks():
-        for k in range(block.size):
-            mapping[block.b + k] = block.a + k
-    return mapping
-
-
-def head_differences(weights: np.ndarray, reference: np.ndarray, mapping: list[int]) -> np.ndarray:
-    """Total variation between a strategy's attention and recompute's, per layer and head.
-    weights [layers, heads, T], reference [layers, heads, T_ref] → [layers, heads] in [0, 1]."""
-    idx = np.asarray(mapping)
-    matched = idx >= 0
-    diff = np.abs(weights[:, :, matched] - reference[:, :, idx[matched]]).sum(-1)
-    diff += weights[:, :, ~matched].sum(-1)  # mass on tokens recompute does not have
-    ref_unmatched = np.ones(reference.shape[-1], dtype=bool)
-    ref_unmatched[idx[matched]] = False
-    diff += reference[:, :, ref_unmatched].sum(-1)
-    return diff / 2.0
+MAP_POS, MAP_NEG = (230, 97, 1), (94, 60, 153)  # kvnotes.css .map-span: orange towards recompute, purple away
 
 
 @dataclass(frozen=True)
@@ -187,6 +162,19 @@ class MapPiece:
     def alpha(self) -> float:
         """Colour strength: the square root of the share's size (small shares stay visible), ≤ 1."""
         return min(abs(self.share or 0.0), 1.0) ** 0.5
+
+    @property
+    def colour(self) -> tuple[int, int, int] | None:
+        """The span's colour over white paper (kvnotes.css mixes the same two at `alpha`)."""
+        if self.share is None:
+            return None
+        base = MAP_NEG if self.share < 0 else MAP_POS
+        return tuple(round(255 + (c - 255) * self.alpha) for c in base)  # type: ignore[return-value]
+
+    @property
+    def text_colour(self) -> str:
+        """"" where the page's ink reads on the span, else white or black (WCAG AA)."""
+        return text_on(self.colour) if self.colour else ""
 
 
 def notes_map_pieces(snapshot: RunSnapshot, notes_map: NotesMap) -> list[MapPiece]:

@@ -14,6 +14,7 @@ from app.schemas import SkillCreate
 from app.services import skills as actions
 from app.services.errors import Unprocessable
 from app.web.forms import validate
+from app.web.paging import PAGE_PARAM, paginate
 from app.web.templating import render
 from data.models import Skill
 from data.queue import QueueUnavailable
@@ -22,16 +23,21 @@ from data.settings import get_settings
 router = APIRouter()
 
 
-def _skills_page(request: Request, session: SessionDep, status: int = 200, **extra) -> Response:
-    skills = list(session.scalars(select(Skill).order_by(Skill.updated_at.desc(), Skill.id.desc())))
-    context = {"skills": skills, "models": get_settings().models, "values": {}, "errors": {}, "nav": "skills"}
+SKILLS_PER_PAGE = 50
+
+
+def _skills_page(request: Request, session: SessionDep, status: int = 200, page: int = 1, **extra) -> Response:
+    query = select(Skill).order_by(Skill.updated_at.desc(), Skill.id.desc())
+    pager, skills = paginate(session, query, page, SKILLS_PER_PAGE, "/skills")
+    context = {"skills": skills, "page": pager, "models": get_settings().models, "values": {}, "errors": {},
+               "nav": "skills"}
     context.update(extra)
     return render(request, "skills.html", status, **context)
 
 
 @router.get("/skills")
-def skills_page(request: Request, session: SessionDep) -> Response:
-    return _skills_page(request, session)
+def skills_page(request: Request, session: SessionDep, page: int = PAGE_PARAM) -> Response:
+    return _skills_page(request, session, page=page)
 
 
 @router.post("/skills")

@@ -5,13 +5,18 @@
 // whole layer, or all layers, mean or max over heads (other queries are kept averaged over both).
 // The server sends one vector per view (/api/runs/{id}/attention), cached here; the grid is
 // coloured on an absolute scale by how far each head moved from recompute (/runs/{id}/attention/heads).
+// The view is a permalink: it opens from ?strategy=&layer=&head=&agg=&query= (checked by the server,
+// `query` counting the question and answer tokens from 0) and every change rewrites the URL in place
+// (history.replaceState: no history entry per click) and the export links that carry the view.
 (function () {
   "use strict";
   var root = document.getElementById("attention");
   if (!root) return;
   var runId = root.dataset.run, layers = +root.dataset.layers, heads = +root.dataset.heads;
   var fields = (root.dataset.fields || "").split(",").filter(Boolean).map(function (s) { return s.split("-").map(Number); });
-  var state = { strategy: document.getElementById("hm-strategy").value, layer: null, head: null, agg: "mean", query: null };
+  function intOrNull(v) { return v === undefined || v === "" ? null : +v; }
+  var state = { strategy: document.getElementById("hm-strategy").value, layer: intOrNull(root.dataset.viewLayer),
+    head: intOrNull(root.dataset.viewHead), agg: root.dataset.viewAgg || "mean", query: intOrNull(root.dataset.viewQuery) };
   var GRID_ZERO = 0.005; // head differences below this (0.5% of the attention) draw as no change
   var cache = {}; // url → promise of json
   var rendered = { ref: null, res: null };
@@ -34,14 +39,25 @@
     return [0, 1, 2].map(function (k) { return Math.round(a[k] + (b[k] - a[k]) * f); });
   }
   function rgb(c) { return "rgb(" + c[0] + "," + c[1] + "," + c[2] + ")"; }
-  function dark(c) { return 0.299 * c[0] + 0.587 * c[1] + 0.114 * c[2] < 140; }
+  // text on a coloured token: the page's own colour while even the faint grey reads at WCAG AA
+  // (4.5:1), else white or black, whichever contrasts more (always ≥ 4.58:1)
+  function luminance(c) {
+    var l = c.map(function (v) { v /= 255; return v <= 0.03928 ? v / 12.92 : Math.pow((v + 0.055) / 1.055, 2.4); });
+    return 0.2126 * l[0] + 0.7152 * l[1] + 0.0722 * l[2];
+  }
+  function contrast(a, b) { var x = luminance(a), y = luminance(b); return (Math.max(x, y) + 0.05) / (Math.min(x, y) + 0.05); }
+  var FAINT = cssColor("--ink-faint");
+  function textOn(c) {
+    if (contrast(FAINT, c) >= 4.5) return "";
+    return contrast([255, 255, 255], c) >= contrast([0, 0, 0], c) ? "#fff" : "#000";
+  }
   function gradient(el, stops) { el.style.background = "linear-gradient(90deg," + stops.map(rgb).join(",") + ")"; }
   gradient(document.getElementById("ramp-seq"), SEQ);
   gradient(document.getElementById("ramp-div"), DIV);
   gradient(document.getElementById("ramp-grid"), DIV.slice(2));
 
   function get(url) {
-    if (!cache[url]) cache[url] = fetch(url).then(function (r) {
+    if (!cache[url]) cache[url] = fetch(url, { headers: { Accept: "application/json" } }).then(function (r) {
       if (!r.ok) return r.text().then(function (t) { throw new Error(t); });
       return r.json();
     });
@@ -79,7 +95,7 @@
     for (var i = 0; i < spans.length; i++) {
       var c = colour(values[i], i);
       spans[i].style.backgroundColor = rgb(c);
-      spans[i].style.color = dark(c) ? "#fff" : "";
+      spans[i].style.color = textOn(c);
     }
   }
 
@@ -105,6 +121,22 @@
       o.textContent = (t.segment === "answer" ? "answer: " : "question: ") + JSON.stringify(t.text) + (i === ref.decision ? " (the decision)" : "");
       select.appendChild(o);
     }
+    select.value = state.query === null ? "" : String(state.query);
+  }
+
+  // --- the URL is the view: rewritten in place, and carried by the export links ------------------
+  function viewQuery() {
+    var q = "strategy=" + encodeURIComponent(state.strategy);
+    if (state.query !== null) return q + "&query=" + state.query;
+    if (state.layer !== null) q += "&layer=" + state.layer;
+    if (state.head !== null) q += "&head=" + state.head;
+    if (state.agg !== "mean") q += "&agg=" + state.agg;
+    return q;
+  }
+  function syncUrl() {
+    var q = viewQuery();
+    if (location.search !== "?" + q) history.replaceState(history.state, "", location.pathname + "?" + q + location.hash);
+    document.querySelectorAll("[data-view-link]").forEach(function (a) { a.href = a.dataset.viewLink + "?" + q + (a.dataset.viewExtra || ""); });
   }
 
   function update() {
@@ -118,6 +150,7 @@
     box.querySelector("[data-title] .strategy").textContent = strategy;
     root.querySelector('#hm-top [data-col="strategy"]').textContent = strategy;
     var t0 = performance.now();
+    syncUrl();
     // the query start of each strategy is learnt from its decision view (always fetched first)
     Promise.all([get(decisionUrl("recompute")), get(decisionUrl(strategy))]).then(function (base) {
       return Promise.all([
@@ -168,7 +201,7 @@
     topIndices(10).forEach(function (i, k) {
       var tok = c.res.tokens[i], r = c.map[i] >= 0 ? c.ref.values[c.map[i]] : null, s = c.res.values[i];
       var tr = document.createElement("tr");
-      tr.dataset.i = i;
+      tr.dataset.i = i; tr.tabIndex = 0; tr.title = "show this token in the panels";
       [String(k + 1), JSON.stringify(tok.text), tok.segment, r === null ? "—" : r.toFixed(4), s.toFixed(4),
         r === null ? "new" : (s - r >= 0 ? "+" : "") + (s - r).toFixed(4) + (s > r ? " ▲" : s < r ? " ▽" : "")].forEach(function (v, j) {
         var td = document.createElement("td"); td.textContent = v; if (j >= 3) td.className = "num"; tr.appendChild(td);
@@ -178,6 +211,9 @@
   }
   root.querySelector("#hm-top").addEventListener("click", function (e) {
     var tr = e.target.closest("tr[data-i]"); if (tr) jumpTo(+tr.dataset.i);
+  });
+  root.querySelector("#hm-top").addEventListener("keydown", function (e) {
+    var tr = e.target.closest("tr[data-i]"); if (tr && (e.key === "Enter" || e.key === " ")) { e.preventDefault(); jumpTo(+tr.dataset.i); }
   });
 
   // --- overview strip: where the fields, errata, skills, question and top tokens sit; click to jump
@@ -237,7 +273,7 @@
     grid.style.gridTemplateColumns = "2.2rem repeat(" + heads + ", 14px)";
     var all = document.createElement("button");
     all.type = "button"; all.className = "axis"; all.textContent = "all"; all.title = "all layers";
-    all.style.cssText = "width:auto;background:none"; all.dataset.layer = ""; all.setAttribute("aria-pressed", "true");
+    all.style.cssText = "width:auto;background:none"; all.dataset.layer = ""; all.setAttribute("aria-pressed", "false");
     grid.appendChild(all);
     for (var h = 0; h < heads; h++) { var ax = document.createElement("span"); ax.className = "axis"; ax.textContent = h % 4 === 0 ? h : ""; ax.style.textAlign = "center"; grid.appendChild(ax); }
     for (var l = 0; l < layers; l++) {
@@ -326,6 +362,16 @@
   });
   root.addEventListener("mouseleave", function () { tip.hidden = true; });
 
+  function pressInitialView() { // the buttons that match a view opened from its URL
+    var sel = state.layer === null ? 'button[data-layer=""]'
+      : state.head === null ? 'button.axis[data-layer="' + state.layer + '"]'
+      : 'button[data-layer="' + state.layer + '"][data-head="' + state.head + '"]';
+    var b = grid.querySelector(sel);
+    if (b && state.query === null) b.setAttribute("aria-pressed", "true");
+    root.querySelectorAll("[data-agg]").forEach(function (x) { x.setAttribute("aria-pressed", String(x.dataset.agg === state.agg)); });
+  }
+
   buildGrid();
+  pressInitialView();
   update();
 })();

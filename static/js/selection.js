@@ -92,8 +92,57 @@
   // keyboard: select with Shift+arrows inside the document (it is focusable), then press Enter
   document.addEventListener("keydown", function (event) {
     var doc = document.getElementById("document");
-    if (event.key === "Escape") closeForm();
+    if (event.key === "Escape") {
+      var form = document.getElementById("selection-form");
+      var wasOpen = form && !form.hidden;
+      closeForm();
+      if (wasOpen && doc && form.contains(document.activeElement)) doc.focus({ preventScroll: true });
+    }
     if (event.key === "Enter" && doc && document.activeElement === doc) { event.preventDefault(); onSelect(null); }
+  });
+
+  // A caret for the keyboard in the read-only document: arrows move it, Shift+arrows select
+  // (Ctrl or Alt: a word at a time; Home / End: to the line's edge). Selection.modify works on text
+  // that is not editable, but browsers draw no caret there, so it is drawn here (.kbd-caret).
+  var MOVES = { ArrowLeft: ["backward", "character"], ArrowRight: ["forward", "character"], ArrowUp: ["backward", "line"],
+    ArrowDown: ["forward", "line"], Home: ["backward", "lineboundary"], End: ["forward", "lineboundary"] };
+  var caret = null;
+  function placeCaretAtStart(doc) {
+    var first = doc.querySelector(".t");
+    var sel = window.getSelection();
+    if (first && first.firstChild && (!sel.rangeCount || !doc.contains(sel.anchorNode))) sel.collapse(first.firstChild, 0);
+  }
+  function drawCaret() {
+    var doc = document.getElementById("document"), sel = window.getSelection();
+    if (!caret) { caret = document.createElement("span"); caret.className = "kbd-caret"; caret.setAttribute("aria-hidden", "true"); document.body.appendChild(caret); }
+    if (!doc || document.activeElement !== doc || !sel.rangeCount || !doc.contains(sel.focusNode)) { caret.hidden = true; return; }
+    var r = document.createRange();
+    r.setStart(sel.focusNode, sel.focusOffset);
+    var rect = r.getClientRects()[0] || r.getBoundingClientRect();
+    if (!rect || (!rect.height && !rect.top)) { caret.hidden = true; return; }
+    caret.hidden = false;
+    caret.style.left = (window.scrollX + rect.left) + "px";
+    caret.style.top = (window.scrollY + rect.top) + "px";
+    caret.style.height = (rect.height || 20) + "px";
+    if (rect.top < 0 || rect.bottom > window.innerHeight) window.scrollBy(0, rect.top - window.innerHeight / 2);
+  }
+  document.addEventListener("keydown", function (event) {
+    var doc = document.getElementById("document"), move = MOVES[event.key];
+    if (!doc || document.activeElement !== doc || !move) return;
+    placeCaretAtStart(doc);
+    var granularity = (event.ctrlKey || event.altKey) && move[1] === "character" ? "word" : move[1];
+    window.getSelection().modify(event.shiftKey ? "extend" : "move", move[0], granularity);
+    event.preventDefault();
+    drawCaret();
+  });
+  document.addEventListener("focusin", function (event) {
+    if (event.target.id === "document") { placeCaretAtStart(event.target); drawCaret(); }
+  });
+  document.addEventListener("focusout", function (event) { if (event.target.id === "document" && caret) caret.hidden = true; });
+  // after a field is made by "find text", focus goes back to its form for the next one
+  document.addEventListener("htmx:afterSettle", function () {
+    var done = document.querySelector("#find-field .flash-msg");
+    if (done && !done.dataset.seen) { done.dataset.seen = "1"; var input = document.getElementById("find-text"); if (input) input.focus(); }
   });
   document.addEventListener("click", function (event) {
     if (event.target.matches("#selection-form [data-cancel]")) closeForm();
@@ -114,7 +163,10 @@
     }
   });
   // make the document focusable so keyboard users can select text in it
-  function focusable() { var d = document.getElementById("document"); if (d && !d.hasAttribute("tabindex")) d.setAttribute("tabindex", "0"); }
+  function focusable() {
+    var d = document.getElementById("document");
+    if (d && !d.hasAttribute("tabindex")) { d.setAttribute("tabindex", "0"); d.setAttribute("aria-describedby", "doc-keys"); }
+  }
   document.addEventListener("DOMContentLoaded", focusable);
   document.addEventListener("htmx:afterSettle", focusable);
   window.kvnotesSelection = { docOffset: docOffset, rawText: rawText };

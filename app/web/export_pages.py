@@ -1,0 +1,148 @@
+"""Exports of a run, each a URL the run page links to: the data (`export.json`), the decision
+table (`export.csv`), pictures of the current heatmap and of the notes map (`heatmap.svg`,
+`notes-map.svg`; the page turns them into PNG), and the standalone report (`report.html`).
+
+The report is one self-contained file: the app's stylesheet, its script and its data inline, no
+/static path, no URL, so it opens offline. Served by the app it carries its own
+Content-Security-Policy, stricter than the app's: nothing may load at all, and the one inline
+script runs because its hash is named.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+from datetime import UTC, datetime
+from functools import lru_cache
+
+from fastapi import APIRouter, HTTPException, Request
+from fastapi.responses import HTMLResponse, JSONResponse, Response
+
+from app.api.deps import SessionDep, get_or_404
+from app.services.attention import align_tokens, attention_vector, results_with_attention
+from app.web.heatmap_view import ViewParams, div_stops, heatmap_panels, hex_colour, palette, seq_stops
+from app.web.run_context import ViewDep, checked_view, run_context
+from app.web.run_export import run_csv, run_json
+from app.web.svg_export import heatmap_svg, notes_map_svg
+from app.web.templating import ROOT, templates
+from data.models import Run
+
+router = APIRouter()
+STYLESHEET = ROOT / "static" / "css" / "kvnotes.css"
+REPORT_SCRIPT = ROOT / "static" / "js" / "report.js"
+
+
+def _download(name: str) -> dict[str, str]:
+    return {"Content-Disposition": f'attachment; filename="{name}"'}
+
+
+@router.get("/runs/{run_id}/export.json")
+def export_json(run_id: int, session: SessionDep, asked: ViewDep) -> JSONResponse:
+    """Everything the run page shows, as data (the view the link names included)."""
+    run = get_or_404(session, Run, run_id, "run")
+    context = run_context(session, run)
+    return JSONResponse(run_json(session, run, context, checked_view(run, context, asked)))
+
+
+@router.get("/runs/{run_id}/export.csv")
+def export_csv(run_id: int, session: SessionDep) -> Response:
+    """The decision table: one row per strategy, recompute first."""
+    run = get_or_404(session, Run, run_id, "run")
+    return Response(run_csv(run_context(session, run)["rows"]), media_type="text/csv; charset=utf-8",
+                    headers=_download(f"run-{run_id}-decisions.csv"))
+
+
+def _view_or_404(run: Run, context: dict, asked) -> ViewParams:
+    view = checked_view(run, context, asked)
+    if view is None:
+        raise HTTPException(status_code=404, detail=f"run {run.id} stored no attention maps")
+    return view
+
+
+@router.get("/runs/{run_id}/heatmap.svg")
+def export_heatmap_svg(run_id: int, session: SessionDep, asked: ViewDep) -> Response:
+    """The heatmap of the view the link names: recompute, the strategy, their difference."""
+    run = get_or_404(session, Run, run_id, "run")
+    context = run_context(session, run)
+    view = _view_or_404(run, context, asked)
+    heading = f"Run #{run.id} · {run.snapshot.model} · {view.strategy} against recompute · Q: {run.snapshot.question.text}"
+    return Response(heatmap_svg(heatmap_panels(session, run.id, view), heading[:200]), media_type="image/svg+xml")
+
+
+@router.get("/runs/{run_id}/notes-map.svg")
+def export_notes_map_svg(run_id: int, session: SessionDep) -> Response:
+    """The notes map drawn over the document."""
+    run = get_or_404(session, Run, run_id, "run")
+    context = run_context(session, run)
+    if not context["notes_map"]:
+        raise HTTPException(status_code=404, detail=f"run {run_id} has no notes map (run it with the notes map asked for)")
+    share = context["notes_map"].field_share
+    summary = f"Refreshing the field's own notes closed {100 * share:.0f}% of the gap; orange: later notes that close it."
+    return Response(notes_map_svg(context["map_pieces"], f"Run #{run.id} · which notes carry the decision", summary),
+                    media_type="image/svg+xml")
+
+
+@lru_cache(maxsize=1)
+def _report_assets() -> tuple[str, str, str]:
+    """(stylesheet, script, the script's CSP hash source) — read once."""
+    css = STYLESHEET.read_text(encoding="utf-8")
+    script = REPORT_SCRIPT.read_text(encoding="utf-8")
+    digest = base64.b64encode(hashlib.sha256(script.encode("utf-8")).digest()).decode()
+    return css, script, f"'sha256-{digest}'"
+
+
+def _json_for_html(data: object) -> str:
+    """JSON that is safe inside <script type="application/json">, with every / escaped (so neither
+    '</script>' nor a URL appears in the file)."""
+    text = json.dumps(data, ensure_ascii=False, separators=(",", ":"))
+    return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026").replace("/", "\\u002f")
+
+
+def _unlinked(page: str) -> str:
+    """User text that looks like a URL or a /static path is kept as text: the colon or slash is
+    written as a character reference, which the browser shows unchanged but which no longer reads
+    as a reference to anything (the report references nothing outside itself)."""
+    return page.replace("http://", "http&#58;//").replace("https://", "https&#58;//").replace("/static", "&#47;static")
+
+
+def report_data(session: SessionDep, run: Run, strategies: list[str]) -> dict:
+    """What the report's script needs to redraw the panels for any strategy: each strategy's tokens,
+    the decision's attention (mean over layers and heads) and its tokens' places in recompute's."""
+    results = results_with_attention(session, run.id, strategies)
+
+    def side(name: str) -> dict:
+        vector = attention_vector(results[name], name)
+        return {"tokens": [[t.text, t.segment] for t in vector.tokens], "values": [round(float(v), 6) for v in vector.values]}
+
+    colours = {"seq": [hex_colour(c) for c in seq_stops()], "div": [hex_colour(c) for c in div_stops()],
+               "faint": hex_colour(palette()["ink-faint"])}
+    data = {"colours": colours,
+            "recompute": side("recompute"), "strategies": {}}
+    for name in strategies:
+        if name != "recompute":
+            entry = side(name)
+            entry["map"] = align_tokens(results[name].tokens or [], results["recompute"].tokens or [])
+            data["strategies"][name] = entry
+    return data
+
+
+@router.get("/runs/{run_id}/report.html")
+def report(request: Request, run_id: int, session: SessionDep, asked: ViewDep, download: str = "") -> Response:
+    """The standalone report: decision table, answers, the heatmaps of the view the link names (and
+    any strategy, with its script), the notes map and exactly what was run. `download=1` saves it."""
+    run = get_or_404(session, Run, run_id, "run")
+    context = run_context(session, run)
+    view = checked_view(run, context, asked)
+    css, script, script_hash = _report_assets()
+    panels = heatmap_panels(session, run.id, view) if view else None
+    data = report_data(session, run, context["attention_strategies"]) if view else None
+    page = templates.get_template("report.html").render(
+        **context, view=view, panels=panels, css=css, script=script,
+        data_json=_json_for_html(data) if data else "", generated=datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        seq_ramp=[hex_colour(c) for c in seq_stops()], div_ramp=[hex_colour(c) for c in div_stops()],
+    )
+    policy = (f"default-src 'none'; script-src {script_hash}; style-src 'unsafe-inline'; img-src data:; "
+              "base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
+    headers = {"Content-Security-Policy": policy, **(_download(f"run-{run_id}-report.html") if download else {})}
+    return HTMLResponse(_unlinked(page), headers=headers)

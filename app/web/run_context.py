@@ -1,0 +1,97 @@
+"""What the run page shows, gathered once for the page and for everything that shows the same
+run elsewhere (the exports, the standalone report, the presentation): the decision rows, answers,
+attention strategies, notes map; and the attention view a URL names (`?strategy=&layer=&head=&agg=
+&query=`), checked against the run (422 naming the parameter when it cannot be shown)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Annotated, Any
+
+from fastapi import Depends, HTTPException, Query
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from app.services.errors import Unprocessable
+from app.web.heatmap_view import ViewParams, view_params
+from app.web.run_view import (
+    agreement_summary,
+    answer_of,
+    decision_rows,
+    default_strategy,
+    measured_ttft,
+    notes_map_pieces,
+    run_note,
+    snapshot_pieces,
+    top_spans,
+    word_diff,
+)
+from data.models import Notebook, Run
+from worker.engine.vocabulary import METRICS
+
+
+@dataclass(frozen=True)
+class AskedView:
+    strategy: str | None = None
+    layer: int | None = None
+    head: int | None = None
+    agg: str | None = None
+    query: int | None = None
+
+
+def asked_view(
+    strategy: str | None = None, layer: int | None = Query(default=None, ge=0),
+    head: int | None = Query(default=None, ge=0), agg: str | None = None,
+    query: int | None = Query(default=None, ge=0, description="question/answer token number, from 0"),
+) -> AskedView:
+    return AskedView(strategy, layer, head, agg, query)
+
+
+ViewDep = Annotated[AskedView, Depends(asked_view)]
+
+
+def checked_view(run: Run, context: dict[str, Any], asked: AskedView) -> ViewParams | None:
+    """The view `asked` names, or the run's default; None when the run has no attention."""
+    try:
+        return view_params(run, context["attention_strategies"], context["default_strategy"], asked.strategy,
+                           asked.layer, asked.head, asked.agg, asked.query)
+    except Unprocessable as exc:
+        raise HTTPException(status_code=422, detail=f"This run cannot show that view: {exc.message}.") from None
+
+
+def run_context(session: Session, run: Run) -> dict[str, Any]:
+    """What the run page shows (the exports and the report show the same)."""
+    rows = decision_rows(run)
+    agree, compared = agreement_summary(rows)
+    by_name = {r.strategy: r for r in run.results}
+    reference = by_name.get("recompute")
+    answers = []
+    for row in rows:
+        if row.result is None:
+            continue
+        text = answer_of(row.result)
+        diff = word_diff(answer_of(reference), text) if reference is not None and not row.is_reference else [("equal", text)]
+        answers.append({"row": row, "diff": diff, "same": all(op == "equal" for op, _ in diff)})
+    with_attention = [r.strategy for r in run.results if r.attention_shape]
+    notes_map = run.attribution
+    return dict(
+        run=run, rows=rows, agree=agree, compared=compared, answers=answers,
+        snapshot=run.snapshot, pieces=snapshot_pieces(run.snapshot),
+        notebook=session.get(Notebook, run.notebook_id) if run.notebook_id else None,
+        attention_strategies=with_attention, attention_shape=_shape(run),
+        default_strategy=default_strategy(rows, with_attention), note=run_note(rows, run.snapshot),
+        ttft_measured=measured_ttft(run), metric_help={m.name: m.help for m in METRICS},
+        notes_map=notes_map, map_pieces=notes_map_pieces(run.snapshot, notes_map) if notes_map else [],
+        top_spans=top_spans(notes_map) if notes_map else [],
+        previous_run_id=session.scalar(select(func.max(Run.id)).where(
+            Run.notebook_id == run.notebook_id, Run.id < run.id)) if run.notebook_id else None,
+    )
+
+
+def _shape(run: Run) -> list[int] | None:
+    for r in run.results:
+        if r.attention_shape:
+            return [int(n) for n in r.attention_shape]
+    return None
+
+

@@ -1,0 +1,157 @@
+"""Pictures of a run as standalone SVG: the attention heatmap of a view (recompute, the strategy
+and their difference, side by side, as on the run page) and the notes map (the document with each
+span of notes coloured by the share of the decision gap it closes). The browser turns either into
+a PNG (`static/js/exports.js`); the SVG is the one drawing.
+
+Text is laid out in a monospace font on a fixed grid (the server cannot measure proportional
+text), wrapped at a fixed number of characters per line, newlines kept.
+"""
+
+from __future__ import annotations
+
+import html
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from app.web.heatmap_view import Cell, HeatmapPanels, div_stops, hex_colour, seq_stops
+from app.web.run_view import MapPiece
+
+CHAR_W, LINE_H, FONT = 7.2, 18, 12  # px: DejaVu Sans Mono 12px advances 7.2px
+PAD = 12
+FONT_FAMILY = "DejaVu Sans Mono, Menlo, Consolas, monospace"
+OUTLINE = ' stroke="#1d2330" stroke-width="1.5"'
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
+
+
+def xml_text(text: str) -> str:
+    return html.escape(_CONTROL.sub("", text.replace("\t", "    ")), quote=True)
+
+
+@dataclass(frozen=True)
+class Stretch:
+    """A stretch of text drawn with one background; `extra` holds SVG attributes of its box."""
+
+    text: str
+    bg: str | None = None
+    fg: str | None = None
+    title: str = ""
+    underline: str = ""  # solid | dotted
+    hatched: bool = False
+    outline: bool = False
+    bold: bool = False
+    strike: bool = False
+
+
+@dataclass(frozen=True)
+class Placed:
+    run: Stretch
+    text: str
+    line: int
+    col: int
+
+
+def layout(runs: Iterable[Stretch], width: int) -> tuple[list[Placed], int]:
+    """Place each run's characters on a `width`-character grid; a run that crosses a line end is
+    cut in pieces; '\\n' starts a new line. Returns the pieces and the number of lines."""
+    placed: list[Placed] = []
+    line = col = 0
+    for run in runs:
+        for k, part in enumerate(run.text.split("\n")):
+            if k:
+                line, col = line + 1, 0
+            while part:
+                room = width - col
+                if room <= 0 or (len(part) <= width and len(part) > room and col > 0):  # wrap before a token that fits a line
+                    line, col = line + 1, 0
+                    continue
+                piece, part = part[:room], part[room:]
+                placed.append(Placed(run, piece, line, col))
+                col += len(piece)
+    return placed, line + 1
+
+
+def _draw(placed: list[Placed], x0: float, y0: float) -> list[str]:
+    out = []
+    for p in placed:
+        x, y, w = x0 + p.col * CHAR_W, y0 + p.line * LINE_H, len(p.text) * CHAR_W
+        r = p.run
+        tip = f"<title>{xml_text(r.title)}</title>" if r.title else ""
+        if r.bg:
+            stroke = OUTLINE if r.outline else ""
+            out.append(f'<rect x="{x:.1f}" y="{y:.1f}" width="{w:.1f}" height="{LINE_H - 2}" fill="{r.bg}"{stroke}>{tip}</rect>')
+        if r.hatched:
+            out.append(f'<rect x="{x:.1f}" y="{y:.1f}" width="{w:.1f}" height="{LINE_H - 2}" fill="url(#hatch)"/>')
+        if r.underline:
+            dash = ' stroke-dasharray="2 2"' if r.underline == "dotted" else ""
+            out.append(f'<line x1="{x:.1f}" x2="{x + w:.1f}" y1="{y + LINE_H - 3:.1f}" y2="{y + LINE_H - 3:.1f}" '
+                       f'stroke="{r.fg or "#1d2330"}" stroke-width="1.5"{dash}/>')
+        if p.text.strip():
+            style = (' font-weight="700"' if r.bold else "") + (' text-decoration="line-through"' if r.strike else "")
+            out.append(f'<text x="{x:.1f}" y="{y + LINE_H - 6:.1f}" fill="{r.fg or "#1d2330"}"{style}>{xml_text(p.text)}</text>')
+    return out
+
+
+def _svg(width: float, height: float, body: list[str], title: str) -> str:
+    return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{width:.0f}" height="{height:.0f}" '
+            f'viewBox="0 0 {width:.0f} {height:.0f}" font-family="{FONT_FAMILY}" font-size="{FONT}" xml:space="preserve" style="white-space:pre">'
+            f"<title>{xml_text(title)}</title>"
+            '<defs><pattern id="hatch" width="4" height="4" patternUnits="userSpaceOnUse" patternTransform="rotate(45)">'
+            '<rect width="1" height="4" fill="rgba(0,0,0,.18)"/></pattern></defs>'
+            f'<rect width="100%" height="100%" fill="#ffffff"/>{"".join(body)}</svg>')
+
+
+def _ramp_bar(x: float, y: float, stops: list[str], ident: str, label: str) -> list[str]:
+    gradient = "".join(f'<stop offset="{i / (len(stops) - 1):.2f}" stop-color="{c}"/>' for i, c in enumerate(stops))
+    return [f'<defs><linearGradient id="{ident}">{gradient}</linearGradient></defs>',
+            f'<rect x="{x}" y="{y}" width="120" height="10" fill="url(#{ident})" stroke="#c4c9d3"/>',
+            f'<text x="{x + 128}" y="{y + 9}" fill="#4d5566">{xml_text(label)}</text>']
+
+
+def _cells(cells: list[Cell], diff: bool = False) -> list[Stretch]:
+    return [Stretch(c.text, c.bg, c.fg or None, c.title, underline={"pos": "solid", "neg": "dotted"}.get(c.sign, "") if diff else "",
+                 hatched=c.unmatched, outline=c.query) for c in cells]
+
+
+def heatmap_svg(panels: HeatmapPanels, heading: str, width_chars: int = 56) -> str:
+    """Three panels side by side: recompute, the strategy, the difference (strategy − recompute)."""
+    names = ["recompute", panels.params.strategy, "difference"]
+    columns = [_cells(panels.ref), _cells(panels.res), _cells(panels.diff, diff=True)]
+    panel_w = width_chars * CHAR_W + 2 * PAD
+    top = 84
+    body = [f'<text x="{PAD}" y="22" font-size="14" font-weight="700" fill="#1d2330">{xml_text(heading)}</text>',
+            f'<text x="{PAD}" y="42" fill="#4d5566">{xml_text(panels.params.label)}</text>']
+    body += _ramp_bar(PAD, 52, [hex_colour(c) for c in seq_stops()], "seq", f"attention 0 … {panels.vmax:.4f}")
+    body += _ramp_bar(PAD + 3 * panel_w / 2, 52, [hex_colour(c) for c in div_stops()], "div",
+                      f"strategy − recompute ±{panels.dmax:.4f}")
+    lines = 0
+    for k, (name, runs) in enumerate(zip(names, columns)):
+        placed, n = layout(runs, width_chars)
+        lines = max(lines, n)
+        x0 = k * panel_w + PAD
+        body.append(f'<text x="{x0}" y="{top - 6}" font-weight="700" fill="#1d2330">{xml_text(name)}</text>')
+        body += _draw(placed, x0, top)
+    return _svg(3 * panel_w, top + lines * LINE_H + PAD, body, heading)
+
+
+def notes_map_svg(pieces: list[MapPiece], heading: str, summary: str, width_chars: int = 100) -> str:
+    """The document with each span of notes coloured by the share of the gap it closes (orange:
+    towards recompute; purple, dotted: away from it), the changed field outlined as old → new."""
+    runs: list[Stretch] = []
+    for p in pieces:
+        if p.field is not None:
+            runs += [Stretch(p.text, "#fff1c2", title="the changed field", outline=True, strike=True),
+                     Stretch(" → ", "#fff1c2"), Stretch(p.field.new, "#ffe08a", "#5a3d00", bold=True)]
+        elif p.share is not None:
+            colour = hex_colour(p.colour) if p.colour else None
+            runs.append(Stretch(p.text, colour, p.text_colour or None,
+                             f"patching these notes closes {100 * p.share:.1f}% of the gap",
+                             underline="dotted" if p.share < 0 else ""))
+        else:
+            runs.append(Stretch(p.text))
+    placed, lines = layout(runs, width_chars)
+    top = 60
+    body = [f'<text x="{PAD}" y="22" font-size="14" font-weight="700" fill="#1d2330">{xml_text(heading)}</text>',
+            f'<text x="{PAD}" y="42" fill="#4d5566">{xml_text(summary)}</text>']
+    body += _draw(placed, PAD, top)
+    return _svg(width_chars * CHAR_W + 2 * PAD, top + lines * LINE_H + PAD, body, heading)
