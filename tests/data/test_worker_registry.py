@@ -1,0 +1,87 @@
+"""The live-worker registry and the watchdog rules built on it, on a real migrated SQLite database:
+a dead worker's runs fail at once, a queued run whose message is gone (a live worker of its model
+idle for longer than the grace) fails, a queued run with no worker at all waits, a duplicate
+worker name is noticed, and health names the models without a live worker."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+from sqlalchemy.orm import Session
+
+from data import workers
+from data.models import Run
+from data.queue import queue_for
+from data.watchdog import MESSAGE_LOST, QUEUED_GRACE_S, WORKER_LOST, reap_lost_messages, reap_runs_of_dead_workers
+from tests.data.test_watchdog import SNAPSHOT
+
+MODEL = SNAPSHOT.model
+
+
+@pytest.fixture
+def session(isolated, tmp_path: Path):
+    isolated(KVNOTES_MODELS=MODEL, KVNOTES_DEFAULT_MODEL=MODEL)
+    from data.db import get_sessionmaker
+    from data.migrate import upgrade_to_head
+
+    upgrade_to_head()
+    with get_sessionmaker()() as s:
+        yield s
+
+
+def _worker(session: Session, name: str, beat_s_ago: float, idle_s: float | None, now: datetime) -> None:
+    workers.register(session, name, [queue_for(MODEL)], "host", 1000 + len(name))
+    row = session.get(workers.Worker, name)
+    row.beat_at = now - timedelta(seconds=beat_s_ago)
+    row.idle_since = None if idle_s is None else now - timedelta(seconds=idle_s)
+    session.commit()
+
+
+def _run(session: Session, status: str, worker: str | None, age_s: float, now: datetime) -> int:
+    run = Run(snapshot=SNAPSHOT, strategies=["recompute"], status=status, worker=worker,
+              created_at=now - timedelta(seconds=age_s), started_at=now - timedelta(seconds=age_s),
+              heartbeat_at=now - timedelta(seconds=1), timings={})
+    session.add(run)
+    session.commit()
+    return run.id
+
+
+def test_a_dead_workers_runs_fail_at_once_a_live_ones_do_not(session: Session) -> None:
+    now = datetime.now(UTC)
+    _worker(session, "alive@h", beat_s_ago=2, idle_s=None, now=now)
+    _worker(session, "silent@h", beat_s_ago=60, idle_s=None, now=now)
+    alive = _run(session, "running", "alive@h", 30, now)
+    silent = _run(session, "running", "silent@h", 30, now)  # its own heartbeat is fresh: only the registry knows
+    assert reap_runs_of_dead_workers(session, now) == [silent]
+    session.commit()
+    assert (session.get(Run, silent).status, session.get(Run, silent).error) == ("failed", WORKER_LOST)
+    assert session.get(Run, alive).status == "running"
+    workers.mark_stopped(session, "alive@h")  # what serve does the moment it sees its worker die
+    assert reap_runs_of_dead_workers(session, now) == [alive]
+
+
+def test_a_queued_run_whose_message_is_gone_fails_but_one_waiting_for_a_worker_does_not(session: Session) -> None:
+    now = datetime.now(UTC)
+    old = _run(session, "queued", None, QUEUED_GRACE_S + 60, now)
+    fresh = _run(session, "queued", None, 5, now)
+    assert reap_lost_messages(session, now) == []  # no worker at all: the message still waits in the queue
+    _worker(session, "busy@h", beat_s_ago=1, idle_s=None, now=now)
+    assert reap_lost_messages(session, now) == []  # a busy worker will take it next
+    _worker(session, "idle@h", beat_s_ago=1, idle_s=QUEUED_GRACE_S + 30, now=now)
+    assert reap_lost_messages(session, now) == [old]
+    session.commit()
+    assert (session.get(Run, old).status, session.get(Run, old).error) == ("failed", MESSAGE_LOST)
+    assert session.get(Run, fresh).status == "queued"
+
+
+def test_a_duplicate_name_is_noticed_and_health_names_models_without_a_worker(session: Session) -> None:
+    from data.health import health
+
+    now = datetime.now(UTC)
+    assert health(session)["workers"] == f"no live worker for {MODEL}"
+    _worker(session, "kvnotes-x@h", beat_s_ago=1, idle_s=5, now=now)
+    report = health(session)
+    assert report["workers"] == "ok" and report["database"] == "ok"
+    assert workers.register(session, "kvnotes-x@h", [queue_for(MODEL)], "host", 4242) is False
