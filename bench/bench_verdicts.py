@@ -117,8 +117,8 @@ def notes_map_cost(eng, example: Path, repeats: int = 3) -> str:
 
 
 def examples_table(eng, directory: Path) -> str:
-    out = ["| example | question | recompute | stale | erratum | field_erratum | in_place | what it shows |",
-           "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    out = ["| example | question | recompute | stale | erratum | field_erratum | in_place |",
+           "| --- | --- | --- | --- | --- | --- | --- |"]
     for path in sorted(directory.glob("*.json")):
         ex = json.loads(path.read_text())
         document = ex["document"]
@@ -129,9 +129,10 @@ def examples_table(eng, directory: Path) -> str:
         question = Question(ex["question"], tuple(ex.get("choices") or ()), bool(ex.get("cot")), max_new_tokens=16)
         r = eng.run(RunRequest(document, question, fields=fields, placements=placements,
                                strategies=("recompute", "stale", "erratum", "field_erratum", "in_place"))).strategies
-        cell = {n: f"{r[n].decision[:28]!r}{'' if n == 'recompute' else (' ✓' if r[n].decision_matches_recompute else ' ✗')}" for n in r}
+        cell = {n: f"{r[n].decision[:40]!r}" + ("" if n == "recompute" else
+                   f" {'✓' if r[n].decision_matches_recompute else '✗'} F1 {r[n].answer_f1:.2f}") for n in r}
         out.append(f"| `{path.stem}` | {ex['question']} | {cell['recompute']} | {cell['stale']} | {cell['erratum']} | "
-                   f"{cell['field_erratum']} | {cell['in_place']} | {ex.get('description', '')[:60]}… |")
+                   f"{cell['field_erratum']} | {cell['in_place']} |")
     return "\n".join(out)
 
 
