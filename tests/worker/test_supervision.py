@@ -1,7 +1,8 @@
 """`kvnotes serve` as an operator meets it, as real processes: a refused start on a public address
 without a secret key or a user; and on loopback, a worker killed with SIGKILL is replaced within
 30 s under a new name (health answering 503 in between, naming the model), a run afterwards
-succeeds, and a `serve` killed with SIGKILL takes its worker with it."""
+succeeds even with the KV store's index deleted, and a `serve` killed with SIGKILL takes its
+worker with it."""
 
 from __future__ import annotations
 
@@ -137,6 +138,7 @@ def test_a_killed_worker_is_replaced_and_a_killed_serve_leaves_no_worker(tmp_pat
         replaced_after = time.monotonic() - t_kill
         new_name, new_pid = _worker_row(env)
         assert new_name != name and new_pid != pid and replaced_after < 30
+        (Path(env["KVNOTES_DATA"]) / "kv" / "index.sqlite").unlink(missing_ok=True)  # the KV store is only a cache
         nb = _post(base + "/api/notebooks", {"title": "t", "model": MODEL, "text": DOC})[1]["id"]
         field = {"start": DOC.index("active"), "end": DOC.index("active") + 6, "new_value": "banned", "label": "status"}
         assert _post(f"{base}/api/notebooks/{nb}/fields", field)[0] == 201
