@@ -1,16 +1,20 @@
-"""Benchmark of the kvnotes engine: edit strategies, composition, memory, agreement with recompute.
+"""Benchmark of the kvnotes engine: edit strategies by document length and field position, their
+floors, composition, memory, agreement with recompute.
 
     .venv/bin/python bench/bench_engine.py [--model smollm2-135m] [--sizes 512,1024,2048,4096] \
-        [--device cpu] [--repeats 3] [--out docs/benchmarks.md] [--plot docs/bench_latency.png]
+        [--positions top,10%,50%,90%] [--device cpu] [--repeats 3] [--out docs/benchmarks.md]
 
 Every latency comes from the engine itself (`Engine.edit` / `Engine.compose`): each strategy is timed
 in the same process, after a warm-up, from cached notes (and compiled skills) to the decision; the
-old document is prefilled ONCE outside timing and each edit call is repeated `--repeats` times; the
-median per strategy is reported. Speed-ups are against `recompute` measured in the same calls.
+old document is prefilled ONCE outside timing and each edit call is repeated `--repeats` times.
+A speed-up is recompute's time over the strategy's time IN THE SAME CALL, then the median over the
+calls (so a burst of load on a shared machine moves both sides of one ratio).
 
-Documents are deterministic (fixed seeds): a record with several fields at the top, then many lines
-of policy and log text that never mention the edited value. The question reads the field back with
-two choices (old value, new value).
+Documents are deterministic (`documents.py`): a record with several fields, then many lines of
+policy and log text that never mention the edited value; the edited field sits in the record head
+("top") or is moved to 10%, 50% or 90% of the document. The question reads the field back with two
+choices. Floors (`floor.py`): each strategy's FLOPs at the measured matmul rate plus one read of
+the notes at the measured read bandwidth.
 
 `--out FILE` writes the results between `<!-- bench:DEVICE:begin -->` and `<!-- bench:DEVICE:end -->`
 markers (DEVICE = cpu or cuda), so hand-written prose around them survives a re-run; a file without
@@ -22,19 +26,17 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import random
 import re
 import resource
 import statistics
 import sys
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+for _path in (ROOT, ROOT / "bench"):
+    if str(_path) not in sys.path:
+        sys.path.insert(0, str(_path))
 os.environ.setdefault("KVNOTES_DATA", str(ROOT / "var" / "test-data"))
 # OpenMP threads that spin-wait at every barrier collapse when another process holds one of the cores:
 # on this shared 2-core machine a 28-token forward took 5.5 s with 2 spinning threads against 0.26 s
@@ -42,144 +44,30 @@ os.environ.setdefault("KVNOTES_DATA", str(ROOT / "var" / "test-data"))
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import torch  # noqa: E402
+from agreement import run_agreement  # noqa: E402
+from documents import (  # noqa: E402
+    AGREEMENT_CASES,
+    CONTEXT_SEED,
+    POSITIONS,
+    SKILL_HEAD,
+    SKILL_SEED,
+    build,
+    shipment,
+    text_of_tokens,
+)
+from floor import EditShape, Machine, floor_ms, measure_machine, shape_of, strategy_flops  # noqa: E402
+from plots import latency as plot_latency  # noqa: E402
+from plots import speedup_by_position  # noqa: E402
 
 from worker.engine import STRATEGIES, Field, Question, load  # noqa: E402
-from worker.engine.edit import Editor, extend  # noqa: E402
+from worker.engine.edit import Editor, common_prefix, diff_blocks, extend  # noqa: E402
 from worker.engine.notes import cache_from_layers  # noqa: E402
+from worker.engine.offsets import apply_fields  # noqa: E402
 from worker.engine.readout import _forward, _score_choices  # noqa: E402
+from worker.engine.vocabulary import render_erratum  # noqa: E402
 
-# --------------------------------------------------------------------------------------------------
-# deterministic documents
+FAST = ("prefix_reuse", "stale", "in_place", "erratum", "field_erratum", "selective")
 
-_SUBJECTS = ["The dispatcher", "The night shift", "Customer care", "The audit team", "The warehouse lead",
-             "Quality control", "The billing desk", "The compliance officer", "Operations", "The duty manager"]
-_VERBS = ["confirmed", "logged", "reviewed", "escalated", "closed", "re-checked", "archived", "flagged",
-          "acknowledged", "updated"]
-_OBJECTS = ["the pallet count", "the seal numbers", "the customs declaration", "the temperature readings",
-            "the driver's timesheet", "the insurance certificate", "the loading photos", "the weight ticket",
-            "the signed delivery note", "the hazard checklist", "the invoice draft", "the route plan"]
-_TAILS = ["without remarks.", "after a short delay.", "and attached the scan.", "as required by the manual.",
-          "with one minor discrepancy, since resolved.", "and notified the account owner.",
-          "before the cut-off time.", "and filed the copy in the archive."]
-_POLICIES = [
-    "Policy {n}: every change to a record must be countersigned by a second employee within one working day.",
-    "Policy {n}: documents older than seven years are archived and may only be read with written approval.",
-    "Policy {n}: a discrepancy above two percent of the declared weight must be reported to the supervisor.",
-    "Policy {n}: customer data is shared only with carriers that hold a valid data processing agreement.",
-    "Policy {n}: temperature-sensitive goods are checked at every hand-over and the reading is logged.",
-    "Policy {n}: an incident is closed only after the root cause and the corrective action are recorded.",
-    "Policy {n}: invoices are issued within three days of delivery and paid within thirty days.",
-    "Policy {n}: staff working alone at night must check in with the duty manager every two hours.",
-]
-
-
-def filler(seed: int) -> Iterator[str]:
-    """An endless, deterministic stream of log and policy lines that name no record value."""
-    rng = random.Random(seed)
-    n = 0
-    while True:
-        n += 1
-        if n % 5 == 0:
-            yield rng.choice(_POLICIES).format(n=n // 5)
-        else:
-            day, hh, mm = 1 + (n // 24) % 28, (6 + n) % 24, rng.randrange(60)
-            yield (f"2026-03-{day:02d} {hh:02d}:{mm:02d} {rng.choice(_SUBJECTS)} {rng.choice(_VERBS)} "
-                   f"{rng.choice(_OBJECTS)} {rng.choice(_TAILS)}")
-
-
-@dataclass(frozen=True)
-class Case:
-    """A record-style document, one field to change, and a read-back question with two choices."""
-
-    name: str
-    title: str
-    fields: tuple[tuple[str, str], ...]  # (label, value) lines at the top, in order
-    edit_label: str
-    new_value: str
-    question: str
-    choices: tuple[str, str]
-    tokens: int
-    seed: int
-
-
-def build(eng, case: Case) -> tuple[str, Field, Question]:
-    """The document (about `case.tokens` document tokens, frame included), the field and the question."""
-    head = [case.title] + [f"{k}: {v}" for k, v in case.fields] + ["", "Operations log and policy notes:"]
-    lines = list(head)
-    stream = filler(case.seed)
-    # grow in chunks, then trim to the last line that keeps us at or under the target
-    while True:
-        text = "\n".join(lines) + "\n"
-        n = len(eng.tokenize_document(text)[0])
-        if n >= case.tokens:
-            break
-        per_line = 22
-        for _ in range(max(1, (case.tokens - n) // per_line // 2)):
-            lines.append(next(stream))
-    while len(lines) > len(head) + 1 and len(eng.tokenize_document("\n".join(lines[:-1]) + "\n")[0]) >= case.tokens:
-        lines.pop()
-    text = "\n".join(lines) + "\n"
-    old_value = dict(case.fields)[case.edit_label]
-    start = text.index(f"{case.edit_label}: {old_value}") + len(case.edit_label) + 2
-    field = Field(start, start + len(old_value), case.new_value, case.edit_label)
-    return text, field, Question(case.question, choices=case.choices)
-
-
-SHIPMENT = (("record_id", "SR-20417"), ("customer", "Halvorsen Marine AS"), ("destination", "Oslo"),
-            ("carrier", "NordFreight"), ("priority", "standard"), ("status", "in transit"))
-
-
-def shipment(tokens: int) -> Case:
-    return Case("shipment", "SHIPMENT RECORD", SHIPMENT, "destination", "Madrid",
-                "What is the destination of this shipment?", ("Oslo", "Madrid"), tokens, seed=7)
-
-
-# Agreement cases: fixed a priori (documents, fields, questions, choice order) and NOT tuned afterwards.
-# Choice order alternates between (old, new) and (new, old) because this model leans to the first option.
-AGREEMENT_CASES = [
-    shipment(512),
-    Case("account", "ACCOUNT RECORD", (("account_id", "AC-88213"), ("owner", "Dana Whitfield"),
-         ("plan", "business"), ("status", "active"), ("region", "EU-North"), ("opened", "2019-04-02")),
-         "status", "suspended", "What is the status of this account?", ("active", "suspended"), 1024, seed=11),
-    Case("booking", "HOTEL BOOKING", (("booking_ref", "HB-5521"), ("guest", "Marta Kowalski"),
-         ("room_type", "single"), ("nights", "3"), ("breakfast", "included"), ("arrival", "2026-05-14")),
-         "room_type", "double", "What room type is booked?", ("double", "single"), 512, seed=23),
-    Case("ticket", "SUPPORT TICKET", (("ticket_id", "T-30990"), ("reporter", "Sam Okafor"),
-         ("product", "billing portal"), ("priority", "low"), ("assignee", "second line"), ("sla", "5 days")),
-         "priority", "urgent", "What is the priority of this ticket?", ("urgent", "low"), 1024, seed=31),
-    Case("patient", "PATIENT INTAKE", (("patient_id", "P-1187"), ("name", "Ivo Brandt"), ("age", "54"),
-         ("allergy", "penicillin"), ("ward", "cardiology"), ("admitted", "2026-02-09")),
-         "allergy", "latex", "What is the patient allergic to?", ("penicillin", "latex"), 512, seed=43),
-    Case("invoice", "INVOICE", (("invoice_no", "INV-77120"), ("supplier", "Keller Tools GmbH"),
-         ("currency", "EUR"), ("amount", "12,480.00"), ("due", "2026-04-30"), ("terms", "net 30")),
-         "currency", "USD", "In which currency is this invoice?", ("USD", "EUR"), 1024, seed=53),
-    Case("employee", "EMPLOYEE FILE", (("employee_id", "E-4410"), ("name", "Leila Haddad"),
-         ("department", "Finance"), ("grade", "B2"), ("manager", "Tom Reyes"), ("start_date", "2021-09-01")),
-         "department", "Marketing", "Which department does this employee work in?", ("Finance", "Marketing"),
-         768, seed=67),
-    Case("flight", "FLIGHT MANIFEST", (("flight", "NX 418"), ("aircraft", "A320"), ("origin", "Berlin"),
-         ("crew", "6"), ("passengers", "152"), ("departure", "07:40")),
-         "origin", "Lisbon", "From which city does this flight depart?", ("Lisbon", "Berlin"), 768, seed=79),
-]
-
-SKILL_SEED, CONTEXT_SEED = 101, 202
-SKILL_HEAD = ("Returns handling procedure. Follow these rules when a customer asks to return goods. "
-              "A return is accepted within 30 days of delivery when the goods are unused. The refund goes "
-              "to the original payment method. Damaged goods are photographed before they are accepted.\n")
-
-
-def text_of_tokens(eng, head: str, seed: int, tokens: int, framed: bool) -> str:
-    lines, stream = [head], filler(seed)
-    count = (lambda t: len(eng.tokenize_document(t)[0])) if framed else (lambda t: len(eng.encode(t)))
-    while count("\n".join(lines) + "\n") < tokens:
-        lines.append(next(stream))
-    if len(lines) > 2:
-        lines.pop()
-    return "\n".join(lines) + "\n"
-
-
-# --------------------------------------------------------------------------------------------------
-# measuring
 
 def sync(device: str) -> None:
     if device.startswith("cuda"):
@@ -203,33 +91,89 @@ def median_ms(reports, name: str) -> float:
     return statistics.median(r.strategies[name].latency_ms for r in reports)
 
 
+def speedups(reports) -> dict[str, float]:
+    """Per strategy: the median over calls of recompute's time over its time in the same call."""
+    names = reports[0].strategies
+    return {n: statistics.median(r.strategies["recompute"].latency_ms / r.strategies[n].latency_ms for r in reports)
+            for n in names}
+
+
 def fmt_kl(x: float) -> str:
     if x == 0:
         return "0"
     return f"{x:.2e}" if x < 1e-3 else f"{x:.3f}"
 
 
-def edit_table(size: int, notes, reports) -> tuple[str, dict[str, float]]:
+def edit_table(reports, position: str) -> str:
     first = reports[0]
-    rec_ms = median_ms(reports, "recompute")
     rec_tokens = first.strategies["recompute"].tokens_computed
-    lat = {name: median_ms(reports, name) for name in first.strategies}
+    ratio = speedups(reports)
     rows = [
-        f"**{first.document_tokens} document tokens** (recompute decision: "
-        f"`{first.strategies['recompute'].decision}`; median of {len(reports)} runs)\n",
-        "| strategy | latency ms (median) | runs ms | speed-up | tokens computed | % of recompute | KL to recompute "
-        "| top-1 | decision | matches |",
+        f"**{first.document_tokens} document tokens, field at {position}** (recompute decision: "
+        f"`{first.strategies['recompute'].decision}`; {len(reports)} calls)\n",
+        "| strategy | latency ms (median) | speed-up per call | speed-up (median) | tokens computed | % of recompute "
+        "| KL to recompute | top-1 | decision | matches |",
         "|---|---:|---|---:|---:|---:|---:|:-:|---|:-:|",
     ]
     for name, r in first.strategies.items():
-        runs = ", ".join(f"{rep.strategies[name].latency_ms:.0f}" for rep in reports)
+        per_call = ", ".join(f"{rep.strategies['recompute'].latency_ms / rep.strategies[name].latency_ms:.1f}"
+                             for rep in reports)
         extra = f" ({r.detail})" if name in ("auto", "selective") and r.detail else ""
         rows.append(
-            f"| {name}{extra} | {lat[name]:.1f} | {runs} | {rec_ms / lat[name]:.1f}× | {r.tokens_computed} | "
-            f"{100 * r.tokens_computed / rec_tokens:.1f}% | {fmt_kl(r.kl_to_recompute)} | "
+            f"| {name}{extra} | {median_ms(reports, name):.1f} | {per_call} | {ratio[name]:.1f}× | {r.tokens_computed} | "
+            f"{100 * r.tokens_computed / rec_tokens:.1f}% | {fmt_kl(max(x.strategies[name].kl_to_recompute for x in reports))} | "
             f"{'yes' if r.top1_agrees else 'no'} | {r.decision} | {'yes' if r.decision_matches_recompute else '**no**'} |"
         )
-    return "\n".join(rows) + "\n", lat
+    return "\n".join(rows) + "\n"
+
+
+def speedup_table(results: dict[tuple[str, int], list], positions: list[str], sizes: list[int]) -> str:
+    """Median speed-up per strategy, one row per (position, size): the field-position axis."""
+    names = [n for n in STRATEGIES if n != "recompute"]
+    rows = ["| field | document tokens | " + " | ".join(names) + " | prefix_reuse KL | selective KL |",
+            "|---|---:|" + "---:|" * (len(names) + 2)]
+    for pos in positions:
+        for size in sizes:
+            reports = results.get((pos, size))
+            if not reports:
+                continue
+            ratio = speedups(reports)
+            kl = {n: max(r.strategies[n].kl_to_recompute for r in reports) for n in ("prefix_reuse", "selective")}
+            rows.append(f"| {pos} | {reports[0].document_tokens} | " + " | ".join(f"{ratio[n]:.1f}×" for n in names)
+                        + f" | {fmt_kl(kl['prefix_reuse'])} | {fmt_kl(kl['selective'])} |")
+    return "\n".join(rows) + "\n"
+
+
+def edit_shape(eng, notes, field: Field, question: Question, report) -> EditShape:
+    """The token counts the floors need, from the same edit the engine ran."""
+    new_ids = eng.tokenize_document(apply_fields(notes.text, [field]))[0]
+    prefix = common_prefix(notes.token_ids, new_ids)
+    changed = sum(b.j2 - b.j1 for b in diff_blocks(notes.token_ids, new_ids) if not b.reuse)
+    choices = [eng.tokenizer(eng.frame.choice_text(c), add_special_tokens=False)["input_ids"] for c in question.choices]
+    erratum = eng.encode(render_erratum(field.label, notes.text[field.start:field.end], field.new_value))
+    selected = report.strategies["selective"].tokens_computed - changed
+    return EditShape(old=notes.n_tokens, new=len(new_ids), prefix=prefix, changed=changed,
+                     downstream=len(new_ids) - prefix - changed, erratum=len(erratum),
+                     question=len(eng.encode(eng.frame.suffix(question))), branches=sum(len(c) - 1 for c in choices),
+                     choices=len(choices), selected=selected)
+
+
+def floor_table(eng, machine, cases: list[tuple]) -> str:
+    """Per checked case (notes, field, question, reports): each strategy's floor and how close it came."""
+    shape = shape_of(eng.model)
+    rows = ["| document tokens, field | strategy | measured ms (median) | floor ms | measured / floor "
+            "| speed-up measured | speed-up its floor allows |",
+            "|---|---|---:|---:|---:|---:|---:|"]
+    for notes, field, question, position, reports in cases:
+        e = edit_shape(eng, notes, field, question, reports[0])
+        flops = strategy_flops(shape, e)
+        floors = {n: floor_ms(machine, f, notes.n_tokens * shape.kv_bytes_per_token) for n, f in flops.items()}
+        ratio = speedups(reports)
+        for name in ("recompute", *FAST):
+            ms = median_ms(reports, name)
+            rows.append(f"| {notes.n_tokens}, {position} | {name} | {ms:.0f} | {floors[name]:.0f} | "
+                        f"{ms / floors[name]:.2f} | {ratio[name]:.1f}× | {floors['recompute'] / floors[name]:.1f}× |")
+    return "\n".join(rows) + "\n"
 
 
 @torch.inference_mode()
@@ -237,11 +181,10 @@ def breakdown(eng, notes, field: Field, question: Question, device: str, repeats
     """Where the time of recompute and erratum goes: the surgery, then the readout — one forward
     holding any appended (pending) erratum tokens, the question and every choice (the engine's
     fast path), against the same readout done as three separate forwards (for comparison)."""
-    from worker.engine.offsets import apply_fields as _apply_fields
     from worker.engine.readout import decide
     from worker.engine.vocabulary import render_erratum
 
-    new_text = _apply_fields(notes.text, [field])
+    new_text = apply_fields(notes.text, [field])
     new_ids, new_offsets, new_segments = eng.tokenize_document(new_text)
     editor = Editor(eng.model, eng.rope, notes, new_ids, new_segments, new_offsets)
     err_ids = eng.encode(render_erratum(field.label, notes.text[field.start:field.end], field.new_value))
@@ -260,12 +203,12 @@ def breakdown(eng, notes, field: Field, question: Question, device: str, repeats
             s = fn()
             sync(device)
             t1 = time.perf_counter()
-            decide(eng.model, eng.tokenizer, eng.frame, cache_from_layers(s.layers), suffix_ids, question,
+            decide(eng.model, eng.tokenizer, eng.frame, cache_from_layers(s.layers, eng.model), suffix_ids, question,
                    pending=s.pending)
             sync(device)
             t2 = time.perf_counter()
             layers = extend(eng.model, s.layers, s.pending) if s.pending else s.layers
-            cache = cache_from_layers(layers)
+            cache = cache_from_layers(layers, eng.model)
             logits = _forward(eng.model, suffix_ids, cache)
             _score_choices(eng.model, eng.tokenizer, eng.frame, logits, cache, question.choices)
             sync(device)
@@ -303,80 +246,6 @@ def run_compose(eng, repeats: int, size: int) -> tuple[str, dict]:
     return "\n".join(rows) + "\n", summary
 
 
-def run_agreement(eng) -> str:
-    names = [s for s in STRATEGIES if s != "recompute"]
-    match = {s: 0 for s in names}
-    kls = {s: [] for s in names}
-    per_case = ["| case | tokens | field | choices | recompute old → new | " + " | ".join(names) + " |",
-                "|---|---:|---|---|---|" + "|".join([":-:"] * len(names)) + "|"]
-    flips = 0
-    for case in AGREEMENT_CASES:
-        doc, field, question = build(eng, case)
-        notes = eng.prefill(doc)
-        old_q = Question(question.text, question.choices)
-        # recompute's decision on the OLD document: does the edit flip it at all?
-        base = eng.edit(notes, [Field(field.start, field.end, doc[field.start:field.end], field.label)], old_q,
-                        strategies=["recompute"]).strategies["recompute"].decision
-        rep = eng.edit(notes, [field], question, strategies=list(STRATEGIES))
-        rec = rep.strategies["recompute"].decision
-        flips += base.strip().lower() != rec.strip().lower()
-        cells = []
-        for s in names:
-            r = rep.strategies[s]
-            match[s] += r.decision_matches_recompute
-            kls[s].append(r.kl_to_recompute)
-            cells.append(("✓" if r.decision_matches_recompute else "✗") + f" {r.decision}")
-        per_case.append(f"| {case.name} | {rep.document_tokens} | {case.edit_label}: "
-                        f"{doc[field.start:field.end]} → {field.new_value} | {', '.join(case.choices)} | "
-                        f"{base} → {rec} | " + " | ".join(cells) + " |")
-    n = len(AGREEMENT_CASES)
-    summary = ["| strategy | decisions matching recompute | mean KL to recompute | median KL |",
-               "|---|---:|---:|---:|"]
-    for s in names:
-        summary.append(f"| {s} | {match[s]}/{n} | {fmt_kl(statistics.mean(kls[s]))} | "
-                       f"{fmt_kl(statistics.median(kls[s]))} |")
-    return (f"Recompute's decision flipped with the edit in **{flips}/{n}** cases (a strategy that keeps the "
-            f"old notes can only 'match' where recompute did not flip).\n\n" + "\n".join(summary) + "\n\n"
-            "Per case (✓ = same decision as recompute on the edited document):\n\n" + "\n".join(per_case) + "\n")
-
-
-def plot(path: Path, sizes: list[int], lat: dict[int, dict[str, float]], device: str) -> str:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return "(matplotlib not installed: no plot written)"
-    fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4.2))
-    names = list(next(iter(lat.values())).keys())
-    for i, name in enumerate(names):  # one fixed colour per strategy in both panels
-        colour = f"C{i}"
-        ys = [lat[s][name] for s in sizes]
-        a1.plot(sizes, ys, marker="o", label=name, color=colour)
-        if name != "recompute":
-            a2.plot(sizes, [lat[s]["recompute"] / lat[s][name] for s in sizes], marker="o", label=name, color=colour)
-    for ax in (a1, a2):
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
-        ax.set_xticks(sizes)
-        ax.set_xticklabels([str(s) for s in sizes])
-        ax.set_xlabel("document tokens (target)")
-        ax.grid(True, which="both", alpha=0.3)
-    a1.set_ylabel("latency to decision, ms (median)")
-    a1.set_title(f"Edit latency per strategy ({device})")
-    a2.set_ylabel("speed-up over recompute (×)")
-    a2.set_title("Speed-up over recompute, same run")
-    a2.axhline(20, color="grey", linestyle="--", linewidth=1)
-    a2.text(sizes[0], 21, "20× target (erratum @2,048)", fontsize=8, color="grey")
-    a1.legend(fontsize=8)
-    a2.legend(fontsize=8)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    return f"![latency]({path.name})"
-
-
 def write_block(out: Path, device: str, body: str) -> None:
     begin, end = f"<!-- bench:{device}:begin -->", f"<!-- bench:{device}:end -->"
     block = f"{begin}\n{body.rstrip()}\n{end}"
@@ -393,15 +262,17 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model", default="smollm2-135m")
     p.add_argument("--sizes", default="512,1024,2048,4096")
+    p.add_argument("--positions", default=",".join(POSITIONS), help="where the field sits: top,10%%,50%%,90%%")
+    p.add_argument("--detail-position", default="50%", help="position whose full tables and floors are printed")
     p.add_argument("--device", default="cpu")
     p.add_argument("--threads", type=int, default=2, help="torch.set_num_threads (CPU)")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--compose-size", type=int, default=1024)
     p.add_argument("--skip", default="", help="comma-separated sections to skip: edit,breakdown,compose,agreement")
     p.add_argument("--out", default=None, help="markdown file to write the results block into")
-    p.add_argument("--plot", default=None, help="PNG path (default: docs/bench_latency[_DEVICE].png next to --out)")
     args = p.parse_args(argv)
     sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
+    positions = [s.strip() for s in args.positions.split(",") if s.strip()]
     skip = set(s.strip() for s in args.skip.split(",") if s.strip())
     device_kind = "cuda" if args.device.startswith("cuda") else "cpu"
     torch.set_num_threads(args.threads)
@@ -418,52 +289,88 @@ def main(argv=None) -> int:
         out.append(s)
 
     hw = (torch.cuda.get_device_name(0) if device_kind == "cuda" else
-          f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores")
+          f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores (shared with two other engineers' work)")
+    mlp = (eng.model.config.hidden_size, getattr(eng.model.config, "intermediate_size", 1536))
+    samples = [measure_machine(*mlp)]  # re-measured after every edit case: floors use the best seen
+    machine = samples[0]
     emit(f"### Run ({device_kind})\n")
     emit(f"- machine: {hw}; device `{args.device}`, dtype `{eng.model.dtype}`; torch {torch.__version__}, "
-         f"torch threads {torch.get_num_threads()}, OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY')}; Python {platform.python_version()}")
+         f"torch threads {torch.get_num_threads()}, OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY')}; "
+         f"Python {platform.python_version()}")
+    emit(f"- measured at start: matmul {machine.gflops:.0f} GFLOP/s (fp32, 2048×{eng.model.config.hidden_size} · "
+         f"{eng.model.config.hidden_size}×{getattr(eng.model.config, 'intermediate_size', 1536)}), "
+         f"read {machine.read_gbs:.1f} GB/s (sum over 256 MiB)")
     emit(f"- model `{args.model}` ({sum(p.numel() for p in eng.model.parameters()) / 1e6:.1f} M parameters, "
-         f"{eng.model.config.num_hidden_layers} layers, {eng.model.config.num_key_value_heads} KV heads)")
+         f"{eng.model.config.num_hidden_layers} layers, {eng.model.config.num_key_value_heads} KV heads), "
+         f"attention `{eng.model.config._attn_implementation}`")
     emit(f"- command: `.venv/bin/python bench/bench_engine.py {' '.join(argv if argv is not None else sys.argv[1:])}`")
     emit(f"- load average (1 / 5 / 15 min) at start: {load_before}")
     emit(f"- date: {time.strftime('%Y-%m-%d %H:%M %Z')}")
     emit()
 
-    lat: dict[int, dict[str, float]] = {}
+    results: dict[tuple[str, int], list] = {}
+    kept: dict[tuple[str, int], tuple] = {}
     mem_rows = []
+    docs = Path(args.out).parent if args.out else ROOT / "docs"
+    suffix = "" if device_kind == "cpu" else f"_{device_kind}"
     if "edit" not in skip:
         emit("#### 1. Edit: `destination: Oslo → Madrid`, question with choices (Oslo, Madrid)\n")
-        emit("Document: a shipment record (six fields) then log and policy lines; the field is on line 4. "
-             "Latency = the engine's own timing, cached notes → decision (the question and the choice "
-             "scoring are included for every strategy, recompute included). `auto` is the sum of every "
-             "probe it ran.\n")
-        keep = None
+        emit("Document: a shipment record then log and policy lines; the edited line sits in the record head "
+             "(top, line 4) or is moved to 10%, 50% or 90% of the document. Latency = the engine's own timing, "
+             "cached notes → decision (question and choice scoring included for every strategy, recompute "
+             "included); speed-up = recompute's time over the strategy's in the same call, median over calls. "
+             "KL: the largest over the calls. `auto` is the sum of every probe it ran.\n")
+        for pos in positions:
+            for size in sizes:
+                doc, field, question = build(eng, shipment(size), pos)
+                notes, reports = run_edit(eng, doc, field, question, args.repeats)
+                results[(pos, size)] = reports
+                kept[(pos, size)] = (notes, field, question)
+                if pos == positions[0]:
+                    mem_rows.append((notes.n_tokens, notes.nbytes()))
+                samples.append(measure_machine(*mlp))
+                print(f"  edit {pos} {size}: done ({time.time() - t_start:.0f} s)", file=sys.stderr, flush=True)
+        machine = Machine(max(m.gflops for m in samples), max(m.read_gbs for m in samples))
+        emit("Speed-up over recompute by field position:\n")
+        emit(speedup_table(results, positions, sizes))
+        detail = args.detail_position if args.detail_position in positions else positions[0]
         for size in sizes:
-            doc, field, question = build(eng, shipment(size))
-            notes, reports = run_edit(eng, doc, field, question, args.repeats)
-            table, lat[size] = edit_table(size, notes, reports)
-            emit(table)
-            mem_rows.append((notes.n_tokens, notes.nbytes()))
-            if size == 2048 or keep is None:
-                keep = (size, notes, field, question)
-        if "breakdown" not in skip and keep is not None:
-            size, notes, field, question = keep
-            emit(f"#### Where the time goes ({notes.n_tokens} tokens, engine pieces called directly, median of 3)\n")
+            if size >= 2048 and (detail, size) in results:
+                emit(edit_table(results[(detail, size)], detail))
+        cases = [(*kept[(pos, size)], pos, results[(pos, size)]) for pos in positions for size in sizes
+                 if size >= 2048 and pos in (detail, "top")]
+        if cases:
+            emit("#### Floors: FLOPs at the measured matmul rate + one read of the notes\n")
+            emit(f"Rates: the best of {len(samples)} measurements taken between the cases (matmul "
+                 f"{machine.gflops:.0f} GFLOP/s, read {machine.read_gbs:.1f} GB/s): a floor is what the "
+                 "strategy's work would take at the machine's best pace. Measured / floor above 1 is overhead "
+                 "(or a busier machine than at its best moment).\n")
+            emit(floor_table(eng, machine, cases))
+        speed = {key: speedups(reps) for key, reps in results.items()}
+        emit(speedup_by_position(docs / f"bench_speedup_positions{suffix}.png", speed, args.device))
+        emit()
+        lat = {size: {n: median_ms(results[(detail, size)], n) for n in STRATEGIES} for size in sizes
+               if (detail, size) in results}
+        if lat:
+            emit(plot_latency(docs / f"bench_latency{suffix}.png", sorted(lat), lat, args.device,
+                              f"Edit latency per strategy, field at {detail}"))
+            emit()
+        if "breakdown" not in skip and (detail, 2048) in kept:
+            notes, field, question = kept[(detail, 2048)]
+            emit(f"#### Where the time goes ({notes.n_tokens} tokens, field at {detail}, engine pieces called "
+                 "directly, median of 3)\n")
             emit(breakdown(eng, notes, field, question, args.device))
     if "compose" not in skip:
         emit(f"#### 2. Compose: a ~{args.compose_size}-token skill spliced into a ~{args.compose_size}-token context\n")
         table, _ = run_compose(eng, args.repeats, args.compose_size)
         emit(table)
-    # memory
     emit("#### 3. Memory\n")
     if mem_rows:
         emit("| notes tokens | notes bytes | bytes per 1,000 tokens |\n|---:|---:|---:|")
         for n, b in mem_rows:
             emit(f"| {n} | {b / 2**20:.1f} MiB | {b / n * 1000 / 2**20:.2f} MiB |")
         emit()
-    kv_per_token = 2 * eng.model.config.num_hidden_layers * eng.model.config.num_key_value_heads * \
-        (getattr(eng.model.config, "head_dim", None) or eng.model.config.hidden_size // eng.model.config.num_attention_heads) * \
-        torch.tensor([], dtype=eng.model.dtype).element_size()
+    kv_per_token = shape_of(eng.model).kv_bytes_per_token
     emit(f"Notes are the full K/V: 2 × layers × KV heads × head_dim × bytes = {kv_per_token:,} bytes per token "
          f"in `{eng.model.dtype}` ({kv_per_token * 1000 / 2**20:.2f} MiB per 1,000 tokens); measured with "
          "`Notes.nbytes()`, scaled to 1,000 tokens.")
@@ -480,12 +387,6 @@ def main(argv=None) -> int:
              "read-back question with two choices; choice order alternates old/new to offset the model's "
              "first-option bias). Not tuned afterwards.\n")
         emit(run_agreement(eng))
-    if lat:
-        out_path = Path(args.out) if args.out else ROOT / "docs" / "benchmarks.md"
-        png = Path(args.plot) if args.plot else out_path.parent / (
-            "bench_latency.png" if device_kind == "cpu" else f"bench_latency_{device_kind}.png")
-        emit(plot(png, sizes, lat, args.device))
-        emit()
     emit(f"- load average at end: {loadavg()}; wall time {time.time() - t_start:.0f} s")
     if args.out:
         write_block(Path(args.out), device_kind, "\n".join(out))
