@@ -23,7 +23,7 @@ from app.services.runs import question_for, start_run
 from app.web.document_view import hover_tokens, paragraph_starts
 from app.web.forms import lines, parse_int, validate
 from app.web.notebook_context import latest_tokens, notebook_context, regions
-from app.web.paging import PAGE_PARAM
+from app.web.paging import page_param
 from app.web.templating import render
 from data.models import Erratum, Field, Notebook, Placement, Skill
 from data.queue import QueueUnavailable
@@ -38,7 +38,7 @@ def _notebook(session: SessionDep, notebook_id: int) -> Notebook:
 
 
 @router.get("/notebooks/{notebook_id}")
-def notebook_page(request: Request, notebook_id: int, session: SessionDep, history: int = PAGE_PARAM) -> Response:
+def notebook_page(request: Request, notebook_id: int, session: SessionDep, history: int = page_param()) -> Response:
     notebook = _notebook(session, notebook_id)
     context = notebook_context(session, notebook, history)
     context["run"] = context["recent_runs"][0] if context["recent_runs"] else None

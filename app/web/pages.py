@@ -30,7 +30,7 @@ from app.web import (
 from app.web.examples import ExampleError, list_examples, load_example, opened_examples
 from app.web.forms import validate
 from app.web.home_view import notebook_cards
-from app.web.paging import PAGE_PARAM, paginate
+from app.web.paging import page_param, paginate
 from app.web.templating import render
 from data.models import Run
 from data.queue import QueueUnavailable
@@ -63,7 +63,7 @@ def _index(request: Request, session: SessionDep, status: int = 200, page: int =
 
 
 @router.get("/")
-def index(request: Request, session: SessionDep, page: int = PAGE_PARAM, deleted: str | None = None,
+def index(request: Request, session: SessionDep, page: int = page_param(), deleted: str | None = None,
           runs: int | None = Query(default=None, ge=0)) -> Response:
     """The notebooks, a page at a time; after a delete, says what went (`deleted`, `runs`)."""
     return _index(request, session, page=page, deleted=deleted[:200] if deleted else None, deleted_runs=runs or 0)
@@ -143,6 +143,6 @@ def create_from_example(request: Request, slug: str, session: SessionDep, princi
 
 
 @router.get("/runs")
-def runs_page(request: Request, session: SessionDep, page: int = PAGE_PARAM) -> Response:
+def runs_page(request: Request, session: SessionDep, page: int = page_param()) -> Response:
     pager, runs = paginate(session, select(Run).order_by(Run.id.desc()), page, RUNS_PER_PAGE, "/runs")
     return render(request, "runs.html", recent_runs=runs, page=pager, nav="runs")

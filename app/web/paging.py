@@ -11,7 +11,10 @@ from fastapi import Query
 from sqlalchemy import Select, func, select
 from sqlalchemy.orm import Session
 
-PAGE_PARAM = Query(default=1, ge=1, le=10**9, description="page number, from 1")
+
+def page_param():
+    """A page-number query parameter (a fresh one per route: FastAPI binds it to its name)."""
+    return Query(default=1, ge=1, le=10**9, description="page number, from 1")
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from app.schemas import SkillCreate
 from app.services import skills as actions
 from app.services.errors import Unprocessable
 from app.web.forms import validate
-from app.web.paging import PAGE_PARAM, paginate
+from app.web.paging import page_param, paginate
 from app.web.templating import render
 from data.models import Skill
 from data.queue import QueueUnavailable
@@ -36,7 +36,7 @@ def _skills_page(request: Request, session: SessionDep, status: int = 200, page:
 
 
 @router.get("/skills")
-def skills_page(request: Request, session: SessionDep, page: int = PAGE_PARAM) -> Response:
+def skills_page(request: Request, session: SessionDep, page: int = page_param()) -> Response:
     return _skills_page(request, session, page=page)
 
 

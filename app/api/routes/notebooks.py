@@ -1,4 +1,4 @@
-"""Notebooks: create, list, read, update, delete; and the notebook's current question."""
+"""Notebooks: create, list, read, update (rename), duplicate, delete; and the notebook's current question."""
 
 from __future__ import annotations
 
@@ -57,12 +57,22 @@ def update_notebook(notebook_id: int, body: NotebookPatch, session: SessionDep) 
     if body.text is not None:
         actions.change_document(session, notebook, body.text)
     if body.title is not None:
-        notebook.title = body.title
+        actions.rename_notebook(notebook, body.title)
     if body.model is not None:
         notebook.model = body.model
     actions.touch(notebook)
     session.commit()
     return notebook_out(notebook)
+
+
+@router.post("/notebooks/{notebook_id}/duplicate", response_model=NotebookOut, status_code=status.HTTP_201_CREATED,
+             responses=errors(404))
+def duplicate_notebook(notebook_id: int, session: SessionDep, principal: PrincipalDep) -> NotebookOut:
+    """A copy with the same document, fields, errata, skill placements and question; no runs."""
+    copy = actions.duplicate_notebook(session, get_or_404(session, Notebook, notebook_id, "notebook"),
+                                      created_by=principal.name)
+    session.commit()
+    return notebook_out(copy)
 
 
 @router.delete("/notebooks/{notebook_id}", status_code=status.HTTP_204_NO_CONTENT, responses=errors(404))

@@ -1,5 +1,5 @@
-"""Runs: start one (snapshot + enqueue, or 503 and nothing saved), watch it, cancel it, and read
-its results and the decision's attention maps."""
+"""Runs: start one (snapshot + enqueue, or 503 and nothing saved), run a snapshot again, watch it,
+cancel it, and read its results and the decision's attention maps."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from app.api.deps import PrincipalDep, SessionDep, errors, get_or_404
 from app.schemas import AttentionOut, RunCreate, RunOut, RunSummary, StrategyResultOut
 from app.services.attention import NoAttention, attention_vector, results_with_attention
 from app.services.runs import cancel_run as cancel_run_service
-from app.services.runs import question_for, start_run
+from app.services.runs import question_for, rerun_snapshot, start_run
 from data.models import Notebook, Run
 from data.queue import QueueUnavailable
 from data.watchdog import reap_for_reader
@@ -63,9 +63,27 @@ def create_run(notebook_id: int, body: RunCreate, session: SessionDep, principal
 
 
 @router.get("/notebooks/{notebook_id}/runs", response_model=list[RunSummary], responses=errors(404))
-def list_runs(notebook_id: int, session: SessionDep) -> list[Run]:
+def list_runs(
+    notebook_id: int, session: SessionDep,
+    limit: int = Query(default=100, ge=1, le=1000, description="at most this many, newest first"),
+    offset: int = Query(default=0, ge=0, le=2**62, description="skip this many"),
+) -> list[Run]:
     get_or_404(session, Notebook, notebook_id, "notebook")
-    return list(session.scalars(select(Run).where(Run.notebook_id == notebook_id).order_by(Run.id.desc())))
+    query = select(Run).where(Run.notebook_id == notebook_id).order_by(Run.id.desc()).limit(limit).offset(offset)
+    return list(session.scalars(query))
+
+
+@router.post("/runs/{run_id}/rerun", response_model=RunOut, status_code=status.HTTP_201_CREATED,
+             responses=errors(404, 429, 503))
+def rerun(run_id: int, session: SessionDep, principal: PrincipalDep) -> RunOut:
+    """A new run of exactly this run's snapshot (not the notebook as it is now); 503 and nothing
+    saved when the broker cannot take it."""
+    run = get_or_404(session, Run, run_id, "run")
+    try:
+        again = rerun_snapshot(session, run, principal.name)
+    except QueueUnavailable as exc:
+        raise HTTPException(status_code=503, detail=exc.reason) from exc
+    return run_out(again)
 
 
 @router.get("/runs/{run_id}", response_model=RunOut, responses=errors(404))
