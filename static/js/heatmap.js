@@ -187,9 +187,11 @@
   function decisionUrl(strategy) { return "/api/runs/" + runId + "/attention?strategy=" + encodeURIComponent(strategy) + "&agg=mean"; }
 
   // --- the most-attended tokens, and how each changed ---------------------------------------------
-  function topIndices(n) { // strategy-side indices of the tokens the decision attends to most (the sink aside)
+  var NOTES = { document: true, erratum: true, skill: true }; // the notes, not the frame or the question
+  function topIndices(n) { // strategy-side indices of the notes the query attends to most
     var c = current, order = [];
     for (var i = 1; i < c.res.values.length; i++) {
+      if (!NOTES[c.res.tokens[i].segment]) continue;
       var r = c.map[i] >= 0 ? c.ref.values[c.map[i]] : 0;
       order.push([Math.max(c.res.values[i], r), i]);
     }
