@@ -128,3 +128,31 @@ def test_split_attention_function_equals_sdpa_within_1e_5(alias, cached, new):
     assert float((got - expected).abs().max()) <= 1e-5
     got_masked, _ = split_attention_forward(module, q, k, v, sees, scaling=module.scaling)
     assert float((got_masked - expected).abs().max()) <= 1e-5
+
+
+@pytest.mark.parametrize("alias", ["tiny-llama", "tiny-phi", "tiny-gemma3"])
+def test_split_attention_equals_sdpa_under_a_selective_recompute_mask(alias):
+    """CacheBlend-style: 300 scattered tokens recomputed, each seeing the cached keys before its own
+    position except the other selected ones, and the selected ones before it (fresh); the first
+    sees no cached key at all. The cached part is cut into row groups; the answer must not move."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    from worker.engine.split_attention import split_attention_forward
+
+    eng = load(alias)
+    module = _first_attention(eng.model)
+    cfg = eng.model.config
+    heads, d = cfg.num_attention_heads, cfg.hidden_size // cfg.num_attention_heads
+    kv = getattr(cfg, "num_key_value_heads", None) or heads
+    total = 1200
+    sel = torch.cat([torch.tensor([0]), torch.randperm(total - 1, generator=torch.Generator().manual_seed(3))[:299] + 1]).sort().values
+    is_sel = torch.zeros(total, dtype=torch.bool)
+    is_sel[sel] = True
+    sees = torch.cat([(torch.arange(total)[None, :] < sel[:, None]) & ~is_sel[None, :], sel[None, :] <= sel[:, None]], 1)
+    gen = torch.Generator().manual_seed(11)
+    q = torch.randn(1, heads, len(sel), d, generator=gen) * 2
+    k = torch.randn(1, kv, total + len(sel), d, generator=gen) * 2
+    v = torch.randn(1, kv, total + len(sel), d, generator=gen)
+    expected, _ = sdpa_attention_forward(module, q, k, v, sees[None, None], scaling=module.scaling)
+    got, _ = split_attention_forward(module, q, k, v, sees[None, None], scaling=module.scaling)
+    assert float((got - expected).abs().max()) <= 1e-5

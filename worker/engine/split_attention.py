@@ -28,6 +28,7 @@ returns the log-sum-exp); on other devices the two parts are joined and SDPA doe
 from __future__ import annotations
 
 import threading
+from dataclasses import dataclass
 
 import torch
 from transformers import AttentionInterface
@@ -147,74 +148,134 @@ def _take_notes(module, key: torch.Tensor) -> NotesLayer | None:
 
 # ---- the two parts ------------------------------------------------------------------------------
 
-def _bias(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor | None:
-    """An additive bias [B|1, 1, L, S] from a bool or additive mask; None when nothing is masked."""
-    if mask.dtype == torch.bool:
-        if bool(mask.all()):
-            return None
-        return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, float("-inf"))
-    if not bool((mask != 0).any()):
-        return None
-    return mask.to(dtype)
+ROW_GROUPS = 8  # a masked cached part is cut into this many row groups, each reading keys up to its last visible one
 
 
-def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None, causal: bool,
-            scale: float | None) -> tuple[torch.Tensor, torch.Tensor]:
+@dataclass
+class _Piece:
+    """Queries [start, end) against the cached keys [0, keys): the bias already repeated for the
+    folded query heads [B|1, 1, rep·(end − start), keys], and the rows that see no cached key."""
+
+    start: int
+    end: int
+    keys: int
+    bias: torch.Tensor | None = None
+    blind: torch.Tensor | None = None  # [B|1, 1, rep·(end − start)] bool
+
+
+@dataclass
+class _Cut:
+    """A forward's mask cut at the notes: the cached part as row pieces, and the new block's bias."""
+
+    pieces: list[_Piece]
+    new_bias: torch.Tensor | None = None
+    new_blind: torch.Tensor | None = None
+
+
+def _visible(mask: torch.Tensor) -> torch.Tensor:
+    return mask if mask.dtype == torch.bool else mask > torch.finfo(mask.dtype).min / 2
+
+
+def _bias_of(sees: torch.Tensor, dtype: torch.dtype, rep: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """(additive bias, blind rows) of a visibility mask [B|1, 1, M, S], repeated `rep` times along
+    the rows for folded heads; (None, None) when everything is visible."""
+    if bool(sees.all()):
+        return None, None
+    bias = torch.zeros(sees.shape, dtype=dtype, device=sees.device).masked_fill_(~sees, float("-inf"))
+    blind = ~sees.any(dim=-1)
+    if rep > 1:
+        bias, blind = bias.repeat(1, 1, rep, 1), blind.repeat(1, 1, rep)
+    return bias, (blind if bool(blind.any()) else None)
+
+
+def _plan(mask: torch.Tensor | None, p: int, n: int, dtype: torch.dtype, rep: int) -> _Cut:
+    """How to attend under `mask` [B|1, 1, L, P+T] (None: every cached key, the new block causally).
+    A masked cached part is cut into row groups that each read keys only up to the last one any of
+    their rows sees (the selected tokens of CacheBlend-style recompute see keys before their own
+    position: the groups skip most of the masked half)."""
+    if mask is None:
+        return _Cut([_Piece(0, n, p)])
+    sees_c, sees_n = _visible(mask[..., :p]), _visible(mask[..., p:])
+    new_bias, new_blind = _bias_of(sees_n, dtype, 1)
+    if bool(sees_c.all()):
+        return _Cut([_Piece(0, n, p)], new_bias, new_blind)
+    last = torch.where(sees_c, torch.arange(p, device=mask.device), -1).amax(dim=-1).amax(dim=0)[0]  # [L]
+    groups = max(1, min(ROW_GROUPS, n // 32))
+    bounds = [round(i * n / groups) for i in range(groups + 1)]
+    pieces = []
+    for start, end in zip(bounds, bounds[1:]):
+        keys = int(last[start:end].max()) + 1
+        bias, blind = _bias_of(sees_c[..., start:end, :keys], dtype, rep) if keys else (None, None)
+        pieces.append(_Piece(start, end, keys, bias, blind))
+    return _Cut(pieces, new_bias, new_blind)
+
+
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None,
+            blind: torch.Tensor | None, causal: bool, scale: float | None) -> tuple[torch.Tensor, torch.Tensor]:
     """q [B, h, M, d] against k, v [B, h, S, d] (same heads) → out [B, h, M, d], lse [B, h, M]
-    (float32; −inf for a row that sees no key)."""
+    (float32; −inf for a `blind` row, which sees no key)."""
     out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
         q, k, v, 0.0, causal, attn_mask=bias, scale=scale)
     lse = lse.float()
-    if bias is not None:
-        blind = torch.isneginf(bias).all(dim=-1)  # [B|1, 1|h, M]
-        if bool(blind.any()):
-            lse = lse.masked_fill(blind.expand_as(lse), float("-inf"))
-            out = out.masked_fill(blind.expand_as(lse)[..., None], 0.0)
+    if blind is not None:
+        lse = lse.masked_fill(blind.expand_as(lse), float("-inf"))
+        out = out.masked_fill(blind.expand_as(lse)[..., None], 0.0)
     return out, lse
 
 
-def _cached_part(q, k, v, bias, scale):
+def _cached_part(q, k, v, pieces: list[_Piece], scale):
     """Every query against the cached K/V, query heads folded by group: q [B, H, L, d],
-    k/v [B, kv, P, d], bias None or [B|1, 1, L, P] → out [B, H, L, d], lse [B, H, L]."""
-    b, h, n, d = q.shape
+    k/v [B, kv, P, d] → out [B, H, L, d], lse [B, H, L]."""
+    b, h, _, d = q.shape
     kv = k.shape[1]
     rep = h // kv
-    folded = q.reshape(b, kv, rep * n, d)  # row r·L + l of group g = head g·rep + r, query l
-    if bias is not None and rep > 1:
-        bias = bias.repeat(1, 1, rep, 1)  # [B|1, 1, rep·L, P]
-    out, lse = _attend(folded, k, v, bias, False, scale)
-    return out.reshape(b, h, n, d), lse.reshape(b, h, n)
+    outs, lses = [], []
+    for piece in pieces:
+        n = piece.end - piece.start
+        if piece.keys == 0:
+            outs.append(q.new_zeros(b, h, n, d))
+            lses.append(torch.full((b, h, n), float("-inf"), device=q.device))
+            continue
+        rows = q[:, :, piece.start:piece.end] if len(pieces) > 1 else q
+        folded = rows.reshape(b, kv, rep * n, d)  # row r·n + l of group g = head g·rep + r, query l
+        out, lse = _attend(folded, k[:, :, :piece.keys], v[:, :, :piece.keys], piece.bias, piece.blind, False, scale)
+        outs.append(out.reshape(b, h, n, d))
+        lses.append(lse.reshape(b, h, n))
+    if len(outs) == 1:
+        return outs[0], lses[0]
+    return torch.cat(outs, dim=2), torch.cat(lses, dim=2)
 
 
-def _new_part(q, k, v, bias, scale):
+def _new_part(q, k, v, bias, blind, scale):
     """Queries (the last L of the new block) against the new block's K/V [B, kv, T, d]: causal,
     aligned to the last key, unless `bias` [B|1, 1, L, T] says otherwise."""
     n, t = q.shape[2], k.shape[2]
     rep = q.shape[1] // k.shape[1]
     k, v = repeat_kv(k, rep), repeat_kv(v, rep)  # the new block only: small
     if bias is None and n == t:
-        return _attend(q, k, v, None, n > 1, scale)
+        return _attend(q, k, v, None, blind, n > 1, scale)
     if bias is None and n > 1:
         sees = torch.ones(n, t, dtype=torch.bool, device=q.device).tril(t - n)
         bias = torch.zeros(n, t, dtype=q.dtype, device=q.device).masked_fill_(~sees, float("-inf"))[None, None]
-    return _attend(q, k, v, bias, False, scale)
+    return _attend(q, k, v, bias, blind, False, scale)
 
 
-_memo: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]] = {}
+_memo: dict[tuple, tuple[torch.Tensor, _Cut]] = {}
 
 
-def _split_biases(mask: torch.Tensor, p: int, dtype: torch.dtype):
-    """The mask [B|1, 1, L, P+T] cut at the notes: (cached bias, new bias), each None when it masks
-    nothing. One mask serves every layer of a forward, so the cut is remembered by identity."""
-    key = (id(mask), p)
+def _cut(mask: torch.Tensor | None, p: int, n: int, dtype: torch.dtype, rep: int) -> _Cut:
+    """`_plan`, remembered by the mask's identity: one mask serves every layer of a forward."""
+    if mask is None:
+        return _Cut([_Piece(0, n, p)])
+    key = (id(mask), p, n, dtype, rep)
     hit = _memo.get(key)
     if hit is not None and hit[0] is mask:
-        return hit[1], hit[2]
+        return hit[1]
     if len(_memo) > 8:
         _memo.clear()
-    cached, new = _bias(mask[..., :p], dtype), _bias(mask[..., p:], dtype)
-    _memo[key] = (mask, cached, new)
-    return cached, new
+    cut = _plan(mask, p, n, dtype, rep)
+    _memo[key] = (mask, cut)
+    return cut
 
 
 def split_attention_forward(module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -237,11 +298,9 @@ def split_attention_forward(module, query: torch.Tensor, key: torch.Tensor, valu
             key, value = torch.cat([k_c, k_n], dim=2), torch.cat([v_c, v_n], dim=2)
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
                                       scaling=scaling, is_causal=is_causal, **kwargs)
-    bias_c = bias_n = None
-    if attention_mask is not None:
-        bias_c, bias_n = _split_biases(attention_mask, p, query.dtype)
-    out_c, lse_c = _cached_part(query, k_c, v_c, bias_c, scaling)
-    out_n, lse_n = _new_part(query, k_n, v_n, bias_n, scaling)
+    cut = _cut(attention_mask, p, query.shape[2], query.dtype, query.shape[1] // k_c.shape[1])
+    out_c, lse_c = _cached_part(query, k_c, v_c, cut.pieces, scaling)
+    out_n, lse_n = _new_part(query, k_n, v_n, cut.new_bias, cut.new_blind, scaling)
     lse = torch.logaddexp(lse_c, lse_n)
     w_c, w_n = torch.exp(lse_c - lse)[..., None], torch.exp(lse_n - lse)[..., None]  # [B, H, L, 1]
     out = out_c.float() * w_c + out_n.float() * w_n
