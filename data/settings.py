@@ -50,6 +50,9 @@ class Settings(BaseSettings):
 
     # How long the web process waits for the broker before answering 503.
     broker_connect_timeout_s: float = Field(default=3.0, validation_alias="KVNOTES_BROKER_TIMEOUT")
+    # How often a worker polls a broker that cannot push (the embedded SQLAlchemy broker; kombu's
+    # default is once a second, which a run then waits half of on average). Redis pushes.
+    broker_poll_interval_s: float = Field(default=0.05, gt=0, le=5, validation_alias="KVNOTES_BROKER_POLL_INTERVAL")
 
     # The worker: the torch device it loads models on ("" = CUDA when available, else the CPU), how
     # long one task may run, and (Redis only) after how long an unacknowledged message is delivered

@@ -12,6 +12,11 @@ The solo pool does not enforce Celery's time limits (they are set for other pool
 introspection); `worker.run_rows` stops a run that passes `task_time_limit_s` at its next progress
 point.
 
+The embedded SQLAlchemy broker cannot push: its worker polls it, once a second by kombu's default,
+which a run then waits half of on average. `_BrokerPolling` sets the consumer's transport to poll
+every `broker_poll_interval_s` instead (kombu's SQLAlchemy transport hands every transport option to
+`create_engine`, so it cannot go through `broker_transport_options`). Redis pushes and ignores it.
+
 Queues are per model, `model.<alias>`; the web side (`data.queue`) sends each task to the queue of
 the run's model, and `kvnotes worker --model M` consumes `model.M`. The tasks live in
 `worker.tasks`, which Celery imports by name (`include`); this module imports no task.
@@ -19,12 +24,23 @@ the run's model, and `kvnotes worker --model M` consumes `model.M`. The tasks li
 
 from __future__ import annotations
 
-from celery import Celery
+from celery import Celery, bootsteps
 
 from data.queue import celery_config
 from data.settings import get_settings
 
 __all__ = ["app", "make_celery"]
+
+
+class _BrokerPolling(bootsteps.StartStopStep):
+    """Poll a polled broker every `broker_poll_interval_s` (see the module doc)."""
+
+    requires = {"celery.worker.consumer.connection:Connection"}
+
+    def start(self, consumer) -> None:
+        transport = consumer.connection.transport
+        if hasattr(transport, "polling_interval") and not transport.implements.asynchronous:
+            transport.polling_interval = get_settings().broker_poll_interval_s
 
 
 def make_celery() -> Celery:
@@ -49,6 +65,7 @@ def make_celery() -> Celery:
         result_expires=24 * 3600,
         task_track_started=False,  # the runs table is the source of truth for progress
     )
+    celery.steps["consumer"].add(_BrokerPolling)
     return celery
 
 
