@@ -172,7 +172,9 @@ def main() -> int:
                 break
             except httpx.HTTPError:
                 time.sleep(0.2)
+        load_before = os.getloadavg()[0]
         samples, errors = asyncio.run(drive(base, args.users, args.seconds, pages(counts["notebooks"], counts["runs"])))
+        load_after = os.getloadavg()[0]
     finally:
         server.terminate()
         server.wait(timeout=30)
@@ -180,7 +182,8 @@ def main() -> int:
     machine = f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"
     head = (f"{args.users} users, {args.seconds:.0f} s, think time 0.5–1.5 s, {counts['notebooks']:,} notebooks, "
             f"{counts['runs']:,} runs, {counts['skills']} skills; {total} requests ({total / args.seconds:.1f}/s); "
-            f"one uvicorn process and the load generator on one machine ({machine}), {datetime.now(UTC):%Y-%m-%d}")
+            f"one uvicorn process and the load generator on one machine ({machine}; 1-minute load average "
+            f"{load_before:.1f} before, {load_after:.1f} after), {datetime.now(UTC):%Y-%m-%d %H:%M} UTC")
     lines = [head, "", *table(samples, errors)]
     print("\n".join(lines))
     if args.out:

@@ -19,14 +19,15 @@ import hashlib
 import hmac
 import re
 import secrets
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from argon2 import PasswordHasher
 from argon2.exceptions import InvalidHashError, VerificationError
-from sqlalchemy import CheckConstraint, DateTime, ForeignKey, String, func, select
+from sqlalchemy import CheckConstraint, DateTime, ForeignKey, String, func, select, update
+from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Mapped, Session, mapped_column, relationship
 
-from data.models import Base, utcnow
+from data.models import Base, as_utc, utcnow
 from data.signing import BadSignature, serializer
 
 ROLES = ("editor", "viewer")
@@ -35,6 +36,7 @@ NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}$")
 MIN_PASSWORD_CHARS = 8
 MAX_PASSWORD_CHARS = 1024
 TOKEN_PREFIX = "kvn_"
+TOKEN_USE_RESOLUTION = timedelta(hours=1)  # how finely `last_used_at` follows a token's use
 
 _hasher = PasswordHasher()
 _DUMMY_HASH = _hasher.hash("kvnotes: compare against something when the user does not exist")
@@ -195,13 +197,22 @@ def revoke_token(session: Session, which: str) -> int:
 
 
 def user_for_token(session: Session, token: str) -> User | None:
-    """The user a Bearer token belongs to, or None."""
+    """The user a Bearer token belongs to, or None. Notes the token's use at most once an hour
+    (best effort: a database that cannot be written must not refuse the token)."""
     if not token.startswith(TOKEN_PREFIX) or len(token) > 200:
         return None
     row = session.scalar(select(ApiToken).where(ApiToken.token_sha256 == _sha256(token)))
     if row is None or not hmac.compare_digest(row.token_sha256, _sha256(token)):
         return None
-    return row.user
+    user = row.user
+    last = as_utc(row.last_used_at)
+    if last is None or utcnow() - last > TOKEN_USE_RESOLUTION:
+        try:  # its own short transaction: the request's session is left as it was
+            with session.get_bind().begin() as connection:
+                connection.execute(update(ApiToken).where(ApiToken.id == row.id).values(last_used_at=utcnow()))
+        except SQLAlchemyError:
+            pass  # a database that cannot be written: the request goes on
+    return user
 
 
 # ---- share links -------------------------------------------------------------------------------------

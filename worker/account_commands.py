@@ -94,10 +94,12 @@ def cmd_tokens_list(args: argparse.Namespace) -> None:
     from data.accounts import list_tokens
 
     def rows(session):
-        return [(t.id, t.user.name, t.hint, t.label, t.created_at) for t in list_tokens(session, args.name)]
+        return [(t.id, t.user.name, t.hint, t.label, t.created_at, t.last_used_at)
+                for t in list_tokens(session, args.name)]
 
-    for ident, name, hint, label, created in _run(rows):
-        print(f"{ident}\t{name}\t{hint}…\t{label}\t{created:%Y-%m-%d}")
+    for ident, name, hint, label, created, used in _run(rows):
+        last = f"used {used:%Y-%m-%d %H:00}" if used else "never used"
+        print(f"{ident}\t{name}\t{hint}…\t{label}\t{created:%Y-%m-%d}\t{last}")
 
 
 def cmd_tokens_revoke(args: argparse.Namespace) -> None:

@@ -58,10 +58,11 @@ def test_tokens_and_roles(make_client) -> None:
     assert r.status_code == 403 and "viewer" in r.json()["detail"]
     r = client.post("/api/skills", json={"name": "s", "text": "Be brief."}, headers=_bearer(tokens["alice"]))
     assert r.json()["created_by"] == "alice"
-    from data.accounts import revoke_token
+    from data.accounts import list_tokens, revoke_token
     from data.db import get_sessionmaker
 
     with get_sessionmaker()() as session:
+        assert {t.user.name: t.last_used_at is not None for t in list_tokens(session)} == {"alice": True, "vera": True}
         revoke_token(session, "alice")
         session.commit()
     assert client.get("/api/notebooks", headers=_bearer(tokens["alice"])).status_code == 401
