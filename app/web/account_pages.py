@@ -2,7 +2,8 @@
 
 `/login` checks a name and password (argon2, `data.accounts.authenticate`) and starts a signed
 session cookie; `/logout` ends it. `/share/<token>` remembers a valid share link in a signed
-cookie and opens its run: the visitor reads that run and its report, nothing else.
+cookie and opens its run: the visitor reads that run and its report, nothing else. The run page's
+"Read-only link" button makes one (`POST /runs/{id}/share`) and can revoke it.
 """
 
 from __future__ import annotations
@@ -12,10 +13,11 @@ from typing import Annotated
 from fastapi import APIRouter, Form, Request
 from fastapi.responses import RedirectResponse, Response
 
-from app.api.deps import SessionDep
+from app.api.deps import PrincipalDep, SessionDep, get_or_404
 from app.security.cookies import end_session, remember_share, start_session
 from app.web.templating import render
-from data.accounts import authenticate, resolve_share
+from data.accounts import ShareLink, authenticate, create_share, resolve_share, revoke_share
+from data.models import Run
 
 router = APIRouter()
 
@@ -61,3 +63,19 @@ def open_share(request: Request, token: str, session: SessionDep) -> Response:
     response = RedirectResponse(f"/runs/{link.run_id}", status_code=303)
     remember_share(response, request, token)
     return response
+
+
+@router.post("/runs/{run_id}/share")
+def make_share(request: Request, run_id: int, session: SessionDep, principal: PrincipalDep) -> Response:
+    run = get_or_404(session, Run, run_id, "run")
+    link, token = create_share(session, run.id, principal.name)
+    session.commit()
+    return render(request, "_share_link.html", link=link, run=run, url=f"{request.base_url}share/{token}")
+
+
+@router.post("/shares/{share_id}/revoke")
+def revoke_share_page(request: Request, share_id: int, session: SessionDep) -> Response:
+    link = get_or_404(session, ShareLink, share_id, "share link")
+    revoke_share(session, link)
+    session.commit()
+    return render(request, "_share_link.html", link=link, run=session.get(Run, link.run_id), url="(revoked)")

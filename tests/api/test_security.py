@@ -127,6 +127,15 @@ def test_share_links_show_one_run_until_revoked(make_client) -> None:
     assert visitor.get(share["url"][:-3] + "abc").status_code == 404  # a forged signature
     assert client.delete(f"/api/shares/{share['id']}", headers=alice).status_code == 204
     assert visitor.get(f"/runs/{runs[0]}", follow_redirects=False).status_code == 303  # revoked: sign in
+    # the run page's button: a link made and revoked from the page (an editor's session)
+    client.post("/login", data={"name": "alice", "password": "alice-password"})
+    fragment = client.post(f"/runs/{runs[1]}/share", headers={"HX-Request": "true", "Sec-Fetch-Site": "same-origin"}).text
+    url = re.search(r'value="http://127.0.0.1/(share/[^"]+)"', fragment).group(1)
+    assert visitor.get("/" + url, follow_redirects=False).headers["location"] == f"/runs/{runs[1]}"
+    assert visitor.get(f"/runs/{runs[1]}").status_code == 200
+    share_id = re.search(r'/shares/(\d+)/revoke', fragment).group(1)
+    client.post(f"/shares/{share_id}/revoke", headers={"Sec-Fetch-Site": "same-origin"})
+    assert visitor.get(f"/runs/{runs[1]}", follow_redirects=False).status_code == 303
 
 
 def test_cross_site_requests_foreign_hosts_and_security_headers(make_client) -> None:
