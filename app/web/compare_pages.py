@@ -34,13 +34,13 @@ def _run_ids(values: list[str]) -> list[int]:
                                                     "(or tick them in a notebook's history)")
     if len(ids) > MAX_RUNS:
         raise HTTPException(status_code=422, detail=f"runs: at most {MAX_RUNS} runs side by side; got {len(ids)}")
-    return ids
+    return sorted(ids)  # in the order they ran: before, then after
 
 
 @router.get("/compare")
 def compare(request: Request, session: SessionDep, runs: list[str] = Query(default=[]), strategy: str | None = None) -> Response:
-    """`runs` as `A,B` (or repeated, as the history's checkboxes send it); `strategy`: whose attention
-    to draw (any strategy every run kept attention for; recompute by default)."""
+    """`runs` as `A,B` (or repeated, as the history's checkboxes send it), shown in the order they
+    ran; `strategy`: whose attention to draw (any strategy every run kept attention for; recompute by default)."""
     picked = [get_or_404(session, Run, ident, "run") for ident in _run_ids(runs)]
     columns = run_columns(session, picked)
     shared = common_attention(picked)

@@ -30,8 +30,11 @@ RGB = tuple[int, int, int]
 
 @lru_cache(maxsize=1)
 def palette() -> dict[str, RGB]:
-    """Every `--name: #rrggbb;` colour variable of the stylesheet."""
-    found = re.findall(r"--([\w-]+):\s*#([0-9a-fA-F]{6})\s*;", STYLESHEET.read_text(encoding="utf-8"))
+    """Every `--name: #rrggbb;` colour variable of the stylesheet's `:root` (the light page's; the
+    presentation's dark theme redefines some further down)."""
+    css = STYLESHEET.read_text(encoding="utf-8")
+    root = css[css.index(":root {") : css.index("}", css.index(":root {"))]
+    found = re.findall(r"--([\w-]+):\s*#([0-9a-fA-F]{6})\s*;", root)
     return {name: (int(h[0:2], 16), int(h[2:4], 16), int(h[4:6], 16)) for name, h in found}
 
 

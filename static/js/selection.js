@@ -139,28 +139,16 @@
     if (event.target.id === "document") { placeCaretAtStart(event.target); drawCaret(); }
   });
   document.addEventListener("focusout", function (event) { if (event.target.id === "document" && caret) caret.hidden = true; });
-  // after a field is made by "find text", focus goes back to its form for the next one
-  document.addEventListener("htmx:afterSettle", function () {
-    var done = document.querySelector("#find-field .flash-msg");
-    if (done && !done.dataset.seen) { done.dataset.seen = "1"; var input = document.getElementById("find-text"); if (input) input.focus(); }
+  // after a field is made by "find text", focus goes back to its (fresh) form for the next one, once
+  // htmx has swapped the regions out of band (the form that sent it is gone by then)
+  var findPending = false;
+  document.addEventListener("htmx:beforeRequest", function (event) {
+    findPending = !!(event.detail && event.detail.elt && event.detail.elt.id === "find-form");
   });
-  document.addEventListener("click", function (event) {
-    if (event.target.matches("#selection-form [data-cancel]")) closeForm();
-    var show = event.target.closest("[data-show-field]");
-    if (show) {
-      var chip = document.getElementById("chip-" + show.dataset.showField);
-      if (chip) { chip.scrollIntoView({ block: "center", behavior: "smooth" }); chip.classList.remove("flash"); void chip.offsetWidth; chip.classList.add("flash"); }
-    }
-  });
-  // after a successful submit the server swaps in a fresh, hidden form (data-done)
-  document.addEventListener("htmx:afterSwap", function (event) {
-    var form = document.getElementById("selection-form");
-    if (form && form.dataset.done) { form.hidden = true; window.getSelection().removeAllRanges(); }
-    if (form && !form.hidden && lastPos && !form.style.top) { form.style.top = lastPos.top; form.style.left = lastPos.left; }
-    if (form && !form.hidden && event.target === form) {
-      var bad = form.querySelector("[aria-invalid=true]") || form.querySelector("[name=label]");
-      if (bad) bad.focus();
-    }
+  document.addEventListener("htmx:oobAfterSwap", function () {
+    if (!findPending || !document.querySelector("#find-field .flash-msg")) return;
+    findPending = false;
+    setTimeout(function () { var input = document.getElementById("find-text"); if (input) input.focus(); }, 50);
   });
   // make the document focusable so keyboard users can select text in it
   function focusable() {
