@@ -10,7 +10,9 @@ What it does, all on this machine (loopback only, bounded in time):
 3. `--users` users, each looping for `--seconds`: pick a read page (the notebooks list and its later
    pages, a notebook, the runs list, a run, the skills library, the JSON notebook and list), GET it,
    think 0.5–1.5 s (a person reading), like locust's `between(0.5, 1.5)`;
-4. a table of p50 / p95 / p99 latency and errors per page and in all, printed and written to `--out`.
+4. a table of p50 / p95 / p99 latency and errors per page and in all, printed and written to `--out`,
+   with the server's own time (its `Server-Timing` header: from the request's arrival to its answer's
+   start), which tells the app's cost from the wait for a core on a busy machine.
 
 The load generator (asyncio + httpx) shares the machine's cores with the server, so the figures are
 an upper bound on what the server alone would show; the machine is named in the output.
@@ -109,7 +111,8 @@ def pages(notebooks: int, runs: int) -> dict[str, callable]:
     }
 
 
-async def user(client: httpx.AsyncClient, routes: dict, until: float, samples: dict, errors: dict) -> None:
+async def user(client: httpx.AsyncClient, routes: dict, until: float, samples: dict, errors: dict,
+               server: dict) -> None:
     names = list(routes)
     while time.monotonic() < until:
         name = random.choice(names)
@@ -117,6 +120,9 @@ async def user(client: httpx.AsyncClient, routes: dict, until: float, samples: d
         try:
             r = await client.get(routes[name]())
             ok = r.status_code == 200
+            timing = r.headers.get("server-timing", "")
+            if timing.startswith("app;dur="):
+                server.setdefault(name, []).append(float(timing.removeprefix("app;dur=")))
         except httpx.HTTPError:
             ok = False
         samples.setdefault(name, []).append((time.perf_counter() - t0) * 1000)
@@ -129,23 +135,28 @@ def percentile(values: list[float], q: float) -> float:
     return statistics.quantiles(values, n=100, method="inclusive")[q - 1] if len(values) > 1 else values[0]
 
 
-async def drive(base: str, users: int, seconds: float, routes: dict) -> tuple[dict, dict]:
+async def drive(base: str, users: int, seconds: float, routes: dict) -> tuple[dict, dict, dict]:
     samples: dict[str, list[float]] = {}
+    server: dict[str, list[float]] = {}
     errors: dict[str, int] = {}
     limits = httpx.Limits(max_connections=users, max_keepalive_connections=users)
     async with httpx.AsyncClient(base_url=base, limits=limits, timeout=30) as client:
         until = time.monotonic() + seconds
-        await asyncio.gather(*(user(client, routes, until, samples, errors) for _ in range(users)))
-    return samples, errors
+        await asyncio.gather(*(user(client, routes, until, samples, errors, server) for _ in range(users)))
+    return samples, errors, server
 
 
-def table(samples: dict, errors: dict) -> list[str]:
-    rows = ["| page | requests | errors | p50 ms | p95 ms | p99 ms |", "| --- | ---: | ---: | ---: | ---: | ---: |"]
+def table(samples: dict, errors: dict, server: dict) -> list[str]:
+    rows = ["| page | requests | errors | p50 ms | p95 ms | p99 ms | server p50 / p95 / p99 ms |",
+            "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
     everything = [v for values in samples.values() for v in values]
+    in_server = [v for values in server.values() for v in values]
     for name, values in [*sorted(samples.items()), ("all", everything)]:
         errs = sum(errors.values()) if name == "all" else errors.get(name, 0)
+        own = in_server if name == "all" else server.get(name, [0.0])
         rows.append(f"| `{name}` | {len(values)} | {errs} | {percentile(values, 50):.0f} | "
-                    f"{percentile(values, 95):.0f} | {percentile(values, 99):.0f} |")
+                    f"{percentile(values, 95):.0f} | {percentile(values, 99):.0f} | "
+                    f"{percentile(own, 50):.0f} / {percentile(own, 95):.0f} / {percentile(own, 99):.0f} |")
     return rows
 
 
@@ -173,7 +184,8 @@ def main() -> int:
             except httpx.HTTPError:
                 time.sleep(0.2)
         load_before = os.getloadavg()[0]
-        samples, errors = asyncio.run(drive(base, args.users, args.seconds, pages(counts["notebooks"], counts["runs"])))
+        samples, errors, server_ms = asyncio.run(
+            drive(base, args.users, args.seconds, pages(counts["notebooks"], counts["runs"])))
         load_after = os.getloadavg()[0]
     finally:
         server.terminate()
@@ -184,7 +196,7 @@ def main() -> int:
             f"{counts['runs']:,} runs, {counts['skills']} skills; {total} requests ({total / args.seconds:.1f}/s); "
             f"one uvicorn process and the load generator on one machine ({machine}; 1-minute load average "
             f"{load_before:.1f} before, {load_after:.1f} after), {datetime.now(UTC):%Y-%m-%d %H:%M} UTC")
-    lines = [head, "", *table(samples, errors)]
+    lines = [head, "", *table(samples, errors, server_ms)]
     print("\n".join(lines))
     if args.out:
         args.out.write_text("\n".join(lines) + "\n", encoding="utf-8")

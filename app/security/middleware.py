@@ -11,13 +11,15 @@
 3. Request bodies above `max_request_bytes` get 413 before they are read.
 4. Security headers on every answer: a Content-Security-Policy with no inline script (scripts
    come from /static only), `frame-ancestors 'none'`, nosniff, a same-origin Referrer-Policy,
-   and HSTS when served over https. A route that sets one of these headers itself keeps its own
+   and HSTS when served over https. `Server-Timing: app;dur=<ms>` says how long the app took to
+   start its answer (what bench/load_pages.py reads to tell server time from a busy machine's queue). A route that sets one of these headers itself keeps its own
    (the standalone run report sends a stricter CSP that allows only its own inline script, by hash).
 """
 
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -104,12 +106,15 @@ class SecurityMiddleware:
         settings = get_settings()
         headers = Headers(scope=scope)
         secure = settings.https or scope.get("scheme") == "https"
+        started = time.perf_counter()
 
         async def send_with_headers(message: Message) -> None:
             if message["type"] == "http.response.start":
+                took = f"app;dur={(time.perf_counter() - started) * 1000:.1f}".encode()
                 own = {bytes(name).lower() for name, _ in message.get("headers", [])}  # a route's own policy wins
                 extra = [h for h in HEADERS if h[0] not in own]
-                message["headers"] = [*message.get("headers", []), *extra, *([HSTS] if secure else [])]
+                message["headers"] = [*message.get("headers", []), *extra, *([HSTS] if secure else []),
+                                      (b"server-timing", took)]
             await send(message)
 
         host = headers.get("host", "")
