@@ -85,6 +85,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
         supervisor.start()
     print(f"kvnotes: open http://{args.host}:{args.port}/  "
           f"({'no worker' if supervisor is None else f'worker {supervisor.name}'}, models {', '.join(models)})")
+    settings = get_settings()
+    if not settings.loopback_bind or settings.auth == "required":
+        print(f"kvnotes: sign-in required; answering the host names {', '.join(settings.allowed_hosts)} "
+              "(KVNOTES_ALLOWED_HOSTS)")
     # uvicorn shuts down gracefully on SIGINT/SIGTERM, then re-raises the signal to the handler that
     # was there before it: make SIGTERM's an exception (like SIGINT's), so `finally` stops the worker.
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
