@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 
 from tests.api.test_api import _broker_messages, _notebook
+from tests.data.test_migrations import postgres_url  # noqa: F401  (a fixture)
 
 BIG = 2**63
 
@@ -102,3 +103,14 @@ def test_run_caps_answer_429_and_save_nothing(make_client, tmp_path: Path) -> No
     assert r.status_code == 201  # 3 in all
     r = client.post(f"/api/notebooks/{nb}/runs", json={"question": "Log in?"})
     assert r.status_code == 429 and "KVNOTES_MAX_ACTIVE_RUNS)" in r.json()["detail"]
+
+
+def test_run_caps_on_postgresql(make_client, postgres_url: str) -> None:  # noqa: F811
+    """The same cap with PostgreSQL's advisory lock serializing run creation."""
+    client = make_client(DATABASE_URL=postgres_url, KVNOTES_MAX_ACTIVE_RUNS_PER_USER="2")
+    nb = _notebook(client)["id"]
+    codes = [client.post(f"/api/notebooks/{nb}/runs", json={"question": "Log in?"}).status_code for _ in range(3)]
+    assert codes == [201, 201, 429]
+    from data.db import reset_engines
+
+    reset_engines()  # let the scratch database be dropped
