@@ -76,7 +76,7 @@ class Settings(BaseSettings):
     max_active_runs_per_user: int = Field(default=8, ge=1, validation_alias="KVNOTES_MAX_ACTIVE_RUNS_PER_USER")
     max_active_runs: int = Field(default=64, ge=1, validation_alias="KVNOTES_MAX_ACTIVE_RUNS")
     # A worker whose beat is older than this is dead (health says so; its runs are failed).
-    worker_stale_s: float = Field(default=15.0, gt=0, validation_alias="KVNOTES_WORKER_STALE_S")
+    worker_stale_s: float = Field(default=30.0, gt=0, validation_alias="KVNOTES_WORKER_STALE_S")
     # Set by `kvnotes serve` for the worker it starts: the worker dies with this process.
     supervisor_pid: int = Field(default=0, ge=0, validation_alias="KVNOTES_SUPERVISOR_PID")
 
