@@ -92,6 +92,8 @@ def notes_map_cost(eng, example: Path, repeats: int = 3) -> str:
     editor = Editor(eng.model, eng.rope, old, ids, segments, offsets)
     prompt = eng.encode(eng.frame.suffix(question))
     full_s, map_s = [], []
+    notes_map(eng.model, eng.tokenizer, editor, editor.recompute().layers, editor.in_place().layers,
+              editor.stale().layers, prompt)  # warm-up: the first forward of each batch shape is slow
     for _ in range(repeats):
         t0 = time.perf_counter()
         full = editor.recompute().layers
