@@ -14,7 +14,13 @@ from sqlalchemy.orm import Session
 from data import workers
 from data.models import Run
 from data.queue import queue_for
-from data.watchdog import MESSAGE_LOST, QUEUED_GRACE_S, WORKER_LOST, reap_lost_messages, reap_runs_of_dead_workers
+from data.watchdog import (
+    MESSAGE_LOST,
+    QUEUED_GRACE_S,
+    WORKER_LOST,
+    reap_lost_messages,
+    reap_runs_of_dead_workers,
+)
 from tests.data.test_watchdog import SNAPSHOT
 
 MODEL = SNAPSHOT.model
