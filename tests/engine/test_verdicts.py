@@ -121,4 +121,4 @@ def test_batched_first_token_logits_equal_one_cache_at_a_time(alias):
     for i, (start, end) in enumerate(bounds):
         for (pk, pv), (ak, av), (bk, bv) in zip(_patched(a, b, bounds), a, b):
             assert torch.equal(pk[i, :, start:end], bk[0, :, start:end]) and torch.equal(pv[i, :, :start], av[0, :, :start])
-            assert torch.equal(pk[i, :, end:], ak[0, :, end:])
+            assert torch.equal(pk[i, :, end:], ak[0, :, end:]) and torch.equal(pv[i, :, start:end], bv[0, :, start:end])
