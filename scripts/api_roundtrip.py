@@ -71,10 +71,16 @@ def main() -> None:
         print(f"{name:<14} {r['decision']:<8} {r['kl_to_recompute']:>8.4f} {r['tokens_computed']:>7} {r['latency_ms']:>8.1f}")
     if not args.direct:
         return
+    import tempfile
+
     from data.settings import get_settings
     from worker.engine import Field, Question, RunRequest, load
+    from worker.engine.store import KVStore
 
-    eng = load(args.model, device="cpu", data_dir=get_settings().data_dir)
+    # like the worker, the direct engine has a KV store: after the warm-up both read the document's
+    # notes from a store instead of prefilling them
+    store = KVStore(Path(tempfile.mkdtemp(prefix="kvnotes-direct-")))
+    eng = load(args.model, device="cpu", store=store, data_dir=get_settings().data_dir)
     fields = (Field(start, start + len(f["find"]), f["new_value"], f["label"]),)
     request = RunRequest(ex["document"], Question(ex["question"], tuple(ex["choices"])), fields=fields,
                          strategies=STRATEGIES, attention=True)
