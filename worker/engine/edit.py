@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from difflib import SequenceMatcher
 
-from worker.engine.forward import cut, extend, join
+from worker.engine.forward import cut, extend, fresh, join_all
 from worker.engine.notes import KV, Notes
 from worker.engine.rope import RopeLayout, shift_keys
 from worker.engine.selective import (
@@ -114,32 +114,44 @@ class Editor:
         o = self.old
         return Surgery(o.layers, list(o.token_ids), list(o.segments), list(o.offsets), 0)
 
+    def _reused(self, b: Block) -> list[KV]:
+        """An equal block's old K/V, keys re-rotated to its new positions."""
+        return shift(cut(self.old.layers, b.i1, b.i1 + b.j2 - b.j1), self.rope, b.j1 - b.i1)
+
     def in_place(self) -> Surgery:
-        layers: list[KV] = []
+        pieces: list[list[KV]] = []
         computed = 0
         for b in self.blocks:
             if b.reuse:
-                n = b.j2 - b.j1
-                layers = join(layers, shift(cut(self.old.layers, b.i1, b.i1 + n), self.rope, b.j1 - b.i1))
+                pieces.append(self._reused(b))
             else:
-                layers = extend(self.model, layers, self.new_ids[b.j1:b.j2])
+                before = join_all(pieces)
+                pieces = [before, fresh(self.model, before, self.new_ids[b.j1:b.j2])] if before else \
+                    [extend(self.model, None, self.new_ids[b.j1:b.j2])]
                 computed += b.j2 - b.j1
-        return self._surgery(layers, computed)
+        return self._surgery(join_all(pieces), computed)
 
     def selective(self, fraction: float) -> Surgery:
-        base = self.in_place()
-        changed = [b for b in self.blocks if not b.reuse]
+        """The changed tokens and the top `fraction` of downstream tokens, all recomputed in one
+        pass over the reused notes (the changed tokens' own old K/V are never read: selected
+        positions see each other's fresh K/V only)."""
+        changed = [j for b in self.blocks if not b.reuse for j in range(b.j1, b.j2)]
         if not changed or fraction <= 0:
-            return Surgery(**{**base.__dict__, "detail": f"fraction {fraction:.0%}, nothing downstream"})
-        start = changed[0].j1
+            return Surgery(**{**self.in_place().__dict__, "detail": f"fraction {fraction:.0%}, nothing downstream"})
+        start = changed[0]
         downstream = [j for b in self.blocks if b.reuse and b.j1 >= start for j in range(b.j1, b.j2)]
-        moved = movement(self.model, base.layers, self.new_ids, start)  # [T_new - start]
+        base = join_all([self._reused(b) if b.reuse else self._placeholder(b) for b in self.blocks])
+        moved = movement(self.model, base, self.new_ids, start)  # [T_new - start]
         ranked = top_fraction(moved, downstream, start, fraction)
-        layers = recompute_selected(self.model, base.layers, self.new_ids, ranked)
-        computed = base.tokens_computed + len(ranked)
+        layers = recompute_selected(self.model, base, self.new_ids, sorted(changed + ranked))
         detail = (f"{len(ranked)} of {len(downstream)} downstream tokens ({fraction:.0%}), "
                   f"ranked by layer-{SELECTION_LAYERS - 1} K/V movement")
-        return self._surgery(layers, computed, detail)
+        return self._surgery(layers, len(changed) + len(ranked), detail)
+
+    def _placeholder(self, b: Block) -> list[KV]:
+        """Zeros where a changed block goes: recomputed before anything reads it."""
+        return [(k.new_zeros(*k.shape[:2], b.j2 - b.j1, k.shape[3]), v.new_zeros(*v.shape[:2], b.j2 - b.j1, v.shape[3]))
+                for k, v in self.old.layers]
 
     def erratum(self, erratum_ids: list[int]) -> Surgery:
         o = self.old

@@ -35,6 +35,14 @@ def extend(model, layers: list[KV] | None, ids: list[int]) -> list[KV]:
     return layers_of(cache)
 
 
+@torch.inference_mode()
+def fresh(model, layers: list[KV], ids: list[int]) -> list[KV]:
+    """Only the K/V of `ids` run after the cached `layers` (nothing of the notes is copied)."""
+    cache = cache_from_layers(layers, model)
+    model(input_ids=torch.tensor([ids], device=model.device), cache=cache, use_cache=True, logits_to_keep=1)
+    return [(layer.tail_keys, layer.tail_values) for layer in cache.layers]
+
+
 def cut(layers: list[KV], start: int, end: int) -> list[KV]:
     return [(k[:, :, start:end], v[:, :, start:end]) for k, v in layers]
 
