@@ -112,16 +112,18 @@
     if (box.children[q]) box.children[q].classList.add("query");
   }
 
-  function fillQueries(ref) { // the question and answer tokens of recompute, once
+  function fillQueries(ref) { // the question and answer tokens of recompute, once; then show the query
     var select = document.getElementById("hm-query");
-    if (select.options.length > 1 || ref.query_start === null) return;
+    if (select.options.length <= 1 && ref.query_start !== null) addQueryOptions(select, ref);
+    select.value = state.query === null ? "" : String(state.query);
+  }
+  function addQueryOptions(select, ref) {
     for (var i = ref.query_start; i < ref.tokens.length; i++) {
       var t = ref.tokens[i], o = document.createElement("option");
       o.value = i - ref.query_start;
       o.textContent = (t.segment === "answer" ? "answer: " : "question: ") + JSON.stringify(t.text) + (i === ref.decision ? " (the decision)" : "");
       select.appendChild(o);
     }
-    select.value = state.query === null ? "" : String(state.query);
   }
 
   // --- the URL is the view: rewritten in place, and carried by the export links ------------------

@@ -133,7 +133,8 @@ def page(chromium):
 
 
 def status_is(page, text: str) -> None:
-    expect(page.locator("#hm-status")).to_contain_text(text, timeout=10_000)
+    """The view `text` has finished loading (while loading the status reads "loading <text>…")."""
+    expect(page.locator("#hm-status")).to_have_text(re.compile("^" + re.escape(text)), timeout=10_000)
 
 
 def test_permalink_round_trip(site, page) -> None:
