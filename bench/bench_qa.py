@@ -75,8 +75,9 @@ def load_examples(path: Path, limit: int, passages: int) -> list[Example]:
     out = []
     for item in data[:limit]:
         ctxs = item["ctxs"][:passages] if passages else item["ctxs"]
+        passages = tuple(f"{c.get('title', '')}\n\n{c.get('text', '')}\n\n" for c in ctxs)
         out.append(Example(normalize_question(item["question"]), tuple(item["answers"]),
-                           tuple(f"{c.get('title', '')}\n\n{c['text']}\n\n" for c in ctxs)))
+                           tuple(p for p in passages if p.strip())))  # a blank passage cannot be a skill
     return out
 
 
