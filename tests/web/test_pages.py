@@ -232,7 +232,9 @@ def test_unreachable_broker_shows_the_reason_and_keeps_the_question(make_client)
     assert session().query(Run).count() == 0
 
 
-def test_finished_run_page_decision_table_answers_and_heatmap(client) -> None:
+def finished(client, **kw):
+    """A notebook with a field and a choice question, and a finished run of it written as a worker
+    writes one: (notebook id, notebook, run)."""
     from tests.web.finished_run import finished_run
 
     nb = new_notebook(client)
@@ -241,7 +243,11 @@ def test_finished_run_page_decision_table_answers_and_heatmap(client) -> None:
     notebook = s.get(Notebook, nb)
     notebook.questions.append(Question(text="What is the status?", choices=["active", "suspended"]))
     s.commit()
-    run = finished_run(s, notebook)
+    return nb, notebook, finished_run(s, notebook, **kw)
+
+
+def test_finished_run_page_decision_table_answers_and_heatmap(client) -> None:
+    nb, notebook, run = finished(client)
     page = client.get(f"/runs/{run.id}")
     assert page.status_code == 200
     html = page.text
@@ -266,15 +272,7 @@ def test_finished_run_page_decision_table_answers_and_heatmap(client) -> None:
 
 
 def test_notes_map_is_drawn_over_the_document_with_the_fields_share(client) -> None:
-    from tests.web.finished_run import finished_run
-
-    nb = new_notebook(client)
-    add_field(client, nb)
-    s = session()
-    notebook = s.get(Notebook, nb)
-    notebook.questions.append(Question(text="What is the status?", choices=["active", "suspended"]))
-    s.commit()
-    run = finished_run(s, notebook, notes_map=True)
+    nb, notebook, run = finished(client, notes_map=True)
     html = client.get(f"/runs/{run.id}").text
     assert "Refreshing the field's own notes closed <strong>94%</strong>" in html
     assert "the opposite of the paper's large models" in html
@@ -287,15 +285,7 @@ def test_notes_map_is_drawn_over_the_document_with_the_fields_share(client) -> N
 
 
 def test_attention_from_any_question_or_answer_token(client) -> None:
-    from tests.web.finished_run import finished_run
-
-    nb = new_notebook(client)
-    add_field(client, nb)
-    s = session()
-    notebook = s.get(Notebook, nb)
-    notebook.questions.append(Question(text="What is the status?", choices=["active", "suspended"]))
-    s.commit()
-    run = finished_run(s, notebook)
+    nb, notebook, run = finished(client)
     url = f"/api/runs/{run.id}/attention"
     decision = client.get(url, params={"strategy": "stale"}).json()
     n = decision["shape"][2]
