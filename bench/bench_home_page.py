@@ -17,7 +17,6 @@ import os
 import platform
 import random
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -30,7 +29,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
-from load_pages import _free_port, seed  # noqa: E402
+from load_pages import seed, served_app  # noqa: E402
 
 
 def percentile(values: list[float], q: int) -> float:
@@ -59,19 +58,9 @@ def main() -> int:
     t0 = time.perf_counter()
     counts = seed(data, args.notebooks)
     print(f"seeded {counts} in {time.perf_counter() - t0:.1f} s under {data}")
-    port = _free_port()
-    server = subprocess.Popen([sys.executable, "-m", "uvicorn", "app.main:app", "--host", "127.0.0.1", "--port",
-                               str(port), "--log-level", "warning"], env={**os.environ, "PYTHONPATH": str(REPO)}, cwd=REPO)
-    base = f"http://127.0.0.1:{port}"
     pages = -(-counts["notebooks"] // 24)
     rows = []
-    try:
-        for _ in range(100):
-            try:
-                httpx.get(base + "/api/notebooks?limit=1", timeout=1)
-                break
-            except httpx.HTTPError:
-                time.sleep(0.2)
+    with served_app() as base:
         load = os.getloadavg()[0]
         with httpx.Client(base_url=base, timeout=30) as client:
             for name, path in (("/", lambda: "/"), ("/?page=N (random)", lambda: f"/?page={random.randint(2, pages)}"),
@@ -79,9 +68,6 @@ def main() -> int:
                 times, size = measure(client, path, args.requests)
                 rows.append(f"| `{name}` | {args.requests} | {percentile(times, 50):.1f} | {percentile(times, 95):.1f} | "
                             f"{max(times):.1f} | {size / 1024:.0f} KB |")
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
     machine = f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"
     print(f"one user, requests one after another; {counts['notebooks']:,} notebooks ({pages} pages of 24), "
           f"{counts['runs']:,} runs; uvicorn and client on one machine ({machine}; 1-minute load average {load:.1f}), "

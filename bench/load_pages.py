@@ -32,6 +32,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -48,6 +50,28 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+@contextmanager
+def served_app() -> Iterator[str]:
+    """uvicorn serving app.main:app with this process's environment on a free loopback port; yields
+    its base URL once it answers, stops it after."""
+    port = _free_port()
+    server = subprocess.Popen([sys.executable, "-m", "uvicorn", "app.main:app", "--host", "127.0.0.1", "--port",
+                               str(port), "--log-level", "warning"], env={**os.environ, "PYTHONPATH": str(REPO)},
+                              cwd=REPO)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(100):
+            try:
+                httpx.get(base + "/api/notebooks?limit=1", timeout=1)
+                break
+            except httpx.HTTPError:
+                time.sleep(0.2)
+        yield base
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
 
 
 def seed(data: Path, notebooks: int) -> dict[str, int]:
@@ -171,25 +195,11 @@ def main() -> int:
     t0 = time.perf_counter()
     counts = seed(data, args.notebooks)
     print(f"seeded {counts} in {time.perf_counter() - t0:.1f} s under {data}")
-    port = _free_port()
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    server = subprocess.Popen([sys.executable, "-m", "uvicorn", "app.main:app", "--host", "127.0.0.1", "--port",
-                               str(port), "--log-level", "warning"], env=env, cwd=REPO)
-    try:
-        base = f"http://127.0.0.1:{port}"
-        for _ in range(100):
-            try:
-                httpx.get(base + "/api/notebooks?limit=1", timeout=1)
-                break
-            except httpx.HTTPError:
-                time.sleep(0.2)
+    with served_app() as base:
         load_before = os.getloadavg()[0]
         samples, errors, server_ms = asyncio.run(
             drive(base, args.users, args.seconds, pages(counts["notebooks"], counts["runs"])))
         load_after = os.getloadavg()[0]
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
     total = sum(len(v) for v in samples.values())
     machine = f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"
     head = (f"{args.users} users, {args.seconds:.0f} s, think time 0.5–1.5 s, {counts['notebooks']:,} notebooks, "

@@ -8,6 +8,7 @@ the served app). Converted real models live in `<repo>/var/test-data` so later r
 from __future__ import annotations
 
 import os
+import subprocess
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -60,6 +61,20 @@ def applied(env: dict[str, str]) -> Iterator[dict[str, str]]:
         os.environ.clear()
         os.environ.update(saved)
         reset_caches()
+
+
+@contextmanager
+def tmpfs(path: Path, size: str) -> Iterator[Path]:
+    """A real, small tmpfs mounted at `path` (root only; the test is skipped elsewhere): a disk that
+    fills up."""
+    path.mkdir(parents=True, exist_ok=True)
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], capture_output=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode().strip()}")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=False)
 
 
 @pytest.fixture

@@ -4,14 +4,13 @@ shows in /api/health as "not writable"; when the fault goes, writes work again w
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import create_engine, text
 
-from tests.conftest import applied, kvnotes_env
+from tests.conftest import applied, kvnotes_env, tmpfs
 from tests.data.test_migrations import PG_ADMIN_URL, postgres_url  # noqa: F401  (a fixture)
 
 DOC = "Customer record. status: active. Only active customers may log in."
@@ -54,15 +53,9 @@ def test_a_read_only_sqlite_database(tmp_path: Path) -> None:
 
 @pytest.fixture
 def tiny_disk(tmp_path: Path):
-    mount = tmp_path / "disk"
-    mount.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mount)], capture_output=True)
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode().strip()}")
-    try:
+    """A 4 MiB tmpfs (root only): a real disk that fills up."""
+    with tmpfs(tmp_path / "disk", "4m") as mount:
         yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=False)
 
 
 def test_a_full_disk(tiny_disk: Path) -> None:

@@ -5,12 +5,12 @@ each failure is logged once, and every damaged block a lookup meets is healed at
 from __future__ import annotations
 
 import logging
-import subprocess
 from pathlib import Path
 
 import pytest
 import torch
 
+from tests.conftest import tmpfs
 from tests.engine.test_store import MODEL, assert_same, block_files, cut, notes
 from worker.engine.store import KVStore
 
@@ -71,15 +71,8 @@ def test_every_damaged_block_met_is_healed_in_one_lookup(tmp_path: Path) -> None
 @pytest.fixture
 def tiny_disk(tmp_path: Path):
     """A 2 MiB tmpfs (root only): a real disk that fills up."""
-    mount = tmp_path / "disk"
-    mount.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mount)], capture_output=True)
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode().strip()}")
-    try:
+    with tmpfs(tmp_path / "disk", "2m") as mount:
         yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=False)
 
 
 def test_a_full_disk_skips_writes_logs_once_and_keeps_serving(tiny_disk: Path, caplog) -> None:
