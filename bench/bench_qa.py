@@ -30,7 +30,6 @@ import re
 import statistics
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -41,6 +40,7 @@ os.environ.setdefault("KVNOTES_DATA", str(ROOT / "var" / "test-data"))
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # see bench_engine.py: shared CPUs, before torch loads
 
 import torch  # noqa: E402
+from qa_data import DataError, Example, load_examples  # noqa: E402
 from qa_stats import first_line, gold_f1, summarize  # noqa: E402
 
 from worker.engine import Question, load  # noqa: E402
@@ -54,31 +54,6 @@ STRATEGIES = ("splice", "seam", "selective", "epic", "prefix_reuse")
 LABELS = {"recompute": "recompute (full prefill)", "splice": "splice (full reuse)",
           "seam": "splice + seam K = 4", "selective": "selective 15% (CacheBlend)",
           "epic": "EPIC-style, first 16 of every passage", "prefix_reuse": "prefix_reuse (first passage exact)"}
-
-
-@dataclass(frozen=True)
-class Example:
-    question: str
-    answers: tuple[str, ...]
-    passages: tuple[str, ...]
-
-
-def normalize_question(question: str) -> str:
-    """CacheBlend's: lower-case first letter, ending in '?'."""
-    q = question.strip()
-    q = q[:1].lower() + q[1:]
-    return q if q.endswith("?") else q + "?"
-
-
-def load_examples(path: Path, limit: int, passages: int) -> list[Example]:
-    data = json.loads(path.read_text(encoding="utf-8"))
-    out = []
-    for item in data[:limit]:
-        ctxs = item["ctxs"][:passages] if passages else item["ctxs"]
-        passages = tuple(f"{c.get('title', '')}\n\n{c.get('text', '')}\n\n" for c in ctxs)
-        out.append(Example(normalize_question(item["question"]), tuple(item["answers"]),
-                           tuple(p for p in passages if p.strip())))  # a blank passage cannot be a skill
-    return out
 
 
 def run_example(eng, example: Example) -> tuple[dict[str, dict[str, float]], dict]:
@@ -131,9 +106,11 @@ def write_block(out: Path, body: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--data", required=True, type=Path, help="MuSiQue JSON (CacheBlend's format)")
-    p.add_argument("--limit", type=int, default=20, help="how many examples, from the first")
-    p.add_argument("--passages", type=int, default=0, help="passages per example (0 = all)")
+    p.add_argument("--data", required=True, type=Path,
+                   help="MuSiQue examples: CacheBlend's JSON list, or MuSiQue's own JSON lines (see qa_data)")
+    p.add_argument("--limit", type=int, default=20, help="how many examples")
+    p.add_argument("--start", type=int, default=0, help="skip the file's first N examples")
+    p.add_argument("--passages", type=int, default=0, help="the first K passages of each example (0 = all)")
     p.add_argument("--model", default="smollm2-135m")
     p.add_argument("--json", action="store_true", help="print only the summary as JSON")
     p.add_argument("--threads", type=int, default=2, help="torch.set_num_threads (CPU)")
@@ -143,11 +120,15 @@ def main(argv: list[str] | None = None) -> int:
     if not args.data.exists():
         print(f"bench_qa: no data file {args.data}", file=sys.stderr)
         return 2
+    try:
+        examples = load_examples(args.data, args.limit, args.passages, args.start)
+    except DataError as exc:
+        print(f"bench_qa: {exc}", file=sys.stderr)
+        return 2
     torch.set_num_threads(args.threads)
     from data.settings import get_settings
 
     eng = load(args.model, data_dir=get_settings().data_dir)
-    examples = load_examples(args.data, args.limit, args.passages)
     log = (lambda *a: None) if args.json else (lambda *a: print(*a, file=sys.stderr, flush=True))
     records, tokens, t_start = [], [], time.time()
     details = args.details.open("w", encoding="utf-8") if args.details else None
