@@ -21,15 +21,15 @@ K/V moved, and the top fraction is recomputed in ALL layers — never a full rec
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from difflib import SequenceMatcher
 
-from worker.engine.forward import cut, extend, fresh, join_all
+from worker.engine.forward import Deferred, cut, extend, fill, fresh, join_all
 from worker.engine.notes import KV, Notes
 from worker.engine.rope import RopeLayout, shift_keys
 from worker.engine.selective import (
     SELECTION_LAYERS,
-    has_sliding_window,  # noqa: F401 (the readout asks it from here)
+    has_sliding_window,
     movement,
     recompute_selected,
     top_fraction,
@@ -40,7 +40,9 @@ from worker.engine.selective import (
 class Surgery:
     """A strategy's cache: per-layer K/V for `token_ids` minus the trailing `pending` tokens, which
     the strategy appends and the readout computes in the same forward as the question (an erratum).
-    `tokens_computed` counts every token the strategy runs through the model, pending ones included."""
+    With `deferred`, the K/V at those positions are not computed yet either: the readout computes
+    them in that same forward, and `completed` writes them in. `tokens_computed` counts every token
+    the strategy runs through the model, pending and deferred ones included."""
 
     layers: list[KV]
     token_ids: list[int]
@@ -49,6 +51,16 @@ class Surgery:
     tokens_computed: int
     detail: str = ""
     pending: list[int] = field(default_factory=list)
+    deferred: Deferred | None = None
+
+    def completed(self, deferred_kv: list[KV] | None) -> Surgery:
+        """This surgery with the deferred K/V (from the readout that computed them) written into its
+        notes (in place: a deferring strategy's notes are its own copy)."""
+        if self.deferred is None:
+            return self
+        if deferred_kv is None:
+            raise ValueError("a surgery with deferred tokens needs the readout's K/V for them")
+        return replace(self, layers=fill(self.layers, self.deferred, deferred_kv), deferred=None)
 
 
 def shift(layers: list[KV], rope: RopeLayout | None, delta: int) -> list[KV]:
@@ -118,7 +130,28 @@ class Editor:
         """An equal block's old K/V, keys re-rotated to its new positions."""
         return shift(cut(self.old.layers, b.i1, b.i1 + b.j2 - b.j1), self.rope, b.j1 - b.i1)
 
-    def in_place(self) -> Surgery:
+    def _changed(self) -> list[int]:
+        return [j for b in self.blocks if not b.reuse for j in range(b.j1, b.j2)]
+
+    def _can_defer(self) -> bool:
+        return not has_sliding_window(self.model)
+
+    def _base(self) -> list[KV]:
+        """Reused blocks re-rotated to their new positions, zeros where changed blocks go."""
+        return join_all([self._reused(b) if b.reuse else self._placeholder(b) for b in self.blocks])
+
+    def _deferring(self, base: list[KV], positions: list[int], detail: str = "") -> Surgery:
+        """`base` with `positions` left for the readout to compute."""
+        surgery = self._surgery(base, len(positions), detail)
+        surgery.deferred = Deferred(tuple(positions), tuple(self.new_ids[j] for j in positions))
+        return surgery
+
+    def in_place(self, defer: bool = False) -> Surgery:
+        """With `defer` (and a model without sliding windows) the changed tokens are left to the
+        readout's forward (`Surgery.deferred`): the same K/V, one pass over the weights fewer."""
+        changed = self._changed()
+        if defer and changed and self._can_defer():
+            return self._deferring(self._base(), changed)
         pieces: list[list[KV]] = []
         computed = 0
         for b in self.blocks:
@@ -131,22 +164,24 @@ class Editor:
                 computed += b.j2 - b.j1
         return self._surgery(join_all(pieces), computed)
 
-    def selective(self, fraction: float) -> Surgery:
+    def selective(self, fraction: float, defer: bool = False) -> Surgery:
         """The changed tokens and the top `fraction` of downstream tokens, all recomputed in one
         pass over the reused notes (the changed tokens' own old K/V are never read: selected
-        positions see each other's fresh K/V only)."""
-        changed = [j for b in self.blocks if not b.reuse for j in range(b.j1, b.j2)]
+        positions see each other's fresh K/V only). With `defer`, that pass is the readout's."""
+        changed = self._changed()
         if not changed or fraction <= 0:
-            return Surgery(**{**self.in_place().__dict__, "detail": f"fraction {fraction:.0%}, nothing downstream"})
+            return replace(self.in_place(defer), detail=f"fraction {fraction:.0%}, nothing downstream")
         start = changed[0]
         downstream = [j for b in self.blocks if b.reuse and b.j1 >= start for j in range(b.j1, b.j2)]
-        base = join_all([self._reused(b) if b.reuse else self._placeholder(b) for b in self.blocks])
+        base = self._base()
         moved = movement(self.model, base, self.new_ids, start)  # [T_new - start]
         ranked = top_fraction(moved, downstream, start, fraction)
-        layers = recompute_selected(self.model, base, self.new_ids, sorted(changed + ranked))
         detail = (f"{len(ranked)} of {len(downstream)} downstream tokens ({fraction:.0%}), "
                   f"ranked by layer-{SELECTION_LAYERS - 1} K/V movement")
-        return self._surgery(layers, len(changed) + len(ranked), detail)
+        chosen = sorted(changed + ranked)
+        if defer and self._can_defer():
+            return self._deferring(base, chosen, detail)
+        return self._surgery(recompute_selected(self.model, base, self.new_ids, chosen), len(chosen), detail)
 
     def _placeholder(self, b: Block) -> list[KV]:
         """Zeros where a changed block goes: recomputed before anything reads it."""
@@ -158,8 +193,8 @@ class Editor:
         return Surgery(o.layers, o.token_ids + erratum_ids, o.segments + ["erratum"] * len(erratum_ids),
                        o.offsets + [(-1, -1)] * len(erratum_ids), len(erratum_ids), pending=list(erratum_ids))
 
-    def field_erratum(self, erratum_ids: list[int]) -> Surgery:
-        base = self.in_place()
+    def field_erratum(self, erratum_ids: list[int], defer: bool = False) -> Surgery:
+        base = self.in_place(defer)
         return Surgery(base.layers, base.token_ids + erratum_ids, base.segments + ["erratum"] * len(erratum_ids),
                        base.offsets + [(-1, -1)] * len(erratum_ids), base.tokens_computed + len(erratum_ids),
-                       pending=list(erratum_ids))
+                       pending=list(erratum_ids), deferred=base.deferred)

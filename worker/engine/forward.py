@@ -6,6 +6,8 @@ them (positions continue from their length) and returns the whole, notes first.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from worker.engine.notes import KV, cache_from_layers, layers_of
@@ -62,3 +64,33 @@ def join_all(parts: list[list[KV]]) -> list[KV]:
         return parts[0] if parts else []
     return [(torch.cat([p[i][0] for p in parts], 2), torch.cat([p[i][1] for p in parts], 2))
             for i in range(len(parts[0]))]
+
+
+@dataclass(frozen=True)
+class Deferred:
+    """Cached positions whose K/V a strategy leaves for the readout to compute in ITS forward (the
+    changed tokens of an in-place edit, CacheBlend's selected tokens): the readout's forward then
+    carries them beside the question, so the strategy costs no pass of its own over the weights.
+    `positions` are sorted and index the strategy's notes, which hold stale K/V or zeros there;
+    `ids` are the tokens at those positions. Each deferred row attends, with its real position, to
+    the notes before it that are not deferred and to the deferred rows up to itself; every row after
+    them (erratum, question, choices) attends to the notes minus the deferred positions, and to every
+    deferred row: exactly what it would see had the notes been completed first."""
+
+    positions: tuple[int, ...]
+    ids: tuple[int, ...]
+
+    def __post_init__(self):
+        if len(self.positions) != len(self.ids) or list(self.positions) != sorted(set(self.positions)):
+            raise ValueError("deferred positions must be distinct, sorted and one per token id")
+
+
+@torch.inference_mode()
+def fill(layers: list[KV], deferred: Deferred, fresh: list[KV]) -> list[KV]:
+    """Write `fresh` ([1, kv, n_deferred, d] per layer) into `layers` at the deferred positions, in
+    place (the strategy built `layers` for itself: nothing else holds them), and return them."""
+    index = torch.tensor(deferred.positions, device=layers[0][0].device)
+    for (k, v), (fk, fv) in zip(layers, fresh):
+        k.index_copy_(2, index, fk)
+        v.index_copy_(2, index, fv)
+    return layers

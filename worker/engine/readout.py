@@ -19,8 +19,9 @@ from dataclasses import dataclass
 
 import torch
 
-from worker.engine.edit import has_sliding_window
-from worker.engine.notes import cache_from_layers, layers_of
+from worker.engine.forward import Deferred, fill
+from worker.engine.notes import KV, cache_from_layers, layers_of
+from worker.engine.selective import has_sliding_window
 from worker.engine.types import Question
 
 _DOC_MARK = "\x00KVNOTES-DOCUMENT\x00"
@@ -77,6 +78,7 @@ class Readout:
     text: str
     answer_ids: list[int]
     first_token_at: float
+    deferred_kv: list[KV] | None = None
 
 
 def _stop_ids(tokenizer) -> set[int]:
@@ -132,30 +134,48 @@ def _score_choices(model, tokenizer, frame: Frame, logits: torch.Tensor, cache, 
     return {c: float(p) for c, p in zip(choices, probs)}
 
 
+def _mask(past: int, deferred: Deferred | None, owner: list[int]) -> torch.Tensor:
+    """[1, 1, L, past + L] visibility of a forward's rows after `past` cached tokens. `owner` per
+    row: -2 a deferred row, -1 the shared prefix, n >= 0 the n-th branch (see `_branches`)."""
+    length = len(owner)
+    own = torch.tensor(owner)
+    causal = torch.ones(length, length, dtype=torch.bool).tril()
+    sees = (own[:, None] == own[None, :]) | (own[None, :] == -1)  # own branch, or the shared prefix
+    new = causal & sees
+    cached = torch.ones(length, past, dtype=torch.bool)
+    if deferred is not None:
+        pos, n_def = torch.tensor(deferred.positions), len(deferred.positions)
+        cached[:, pos] = False  # nobody reads the stale K/V at a deferred position
+        cached[:n_def] &= torch.arange(past)[None, :] < pos[:, None]  # a deferred row: the notes before it
+        new[n_def:, :n_def] = True  # every later row sees every deferred one (tril covers deferred rows)
+    return torch.cat([cached, new], dim=1)[None, None]
+
+
 @torch.inference_mode()
-def _branches(model, base, prefix: list[int], sequences: list[list[int]]) -> tuple[torch.Tensor | None, list[float]]:
-    """One forward after the cached `base`: a shared `prefix`, then every sequence side by side
-    after it, each seeing the cache, the prefix and only its own earlier tokens (a block mask and
-    restarted positions). Returns the logits [vocab] after the prefix (None without one) and, per
-    sequence, log p(seq[1:] | cache, prefix, seq[0])."""
+def _branches(model, base, prefix: list[int], sequences: list[list[int]], deferred: Deferred | None = None):
+    """One forward after the cached `base`: the `deferred` rows at their own positions (if any),
+    then a shared `prefix`, then every sequence side by side after it, each seeing the cache, the
+    deferred rows, the prefix and only its own earlier tokens (a block mask and restarted positions).
+    Returns the logits [vocab] after the prefix (None without one); per sequence,
+    log p(seq[1:] | cache, prefix, seq[0]); and the forward's cache (its tails: deferred rows first)."""
     past = base[0][0].shape[2] if base else 0
+    n_def = len(deferred.positions) if deferred else 0
     n_prefix = len(prefix)
-    inputs, positions, owner = list(prefix), [past + j for j in range(n_prefix)], [-1] * n_prefix
+    inputs = (list(deferred.ids) if deferred else []) + list(prefix)
+    positions = (list(deferred.positions) if deferred else []) + [past + j for j in range(n_prefix)]
+    owner = [-2] * n_def + [-1] * n_prefix
     for n, seq in enumerate(sequences):
         inputs += seq[:-1]
         positions += [past + n_prefix + j for j in range(len(seq) - 1)]
         owner += [n] * (len(seq) - 1)
     length = len(inputs)
-    own = torch.tensor(owner)
-    causal = torch.ones(length, length, dtype=torch.bool).tril()
-    sees = (own[:, None] == own[None, :]) | (own[None, :] == -1)  # own branch, or the shared prefix
-    mask = torch.cat([torch.ones(length, past, dtype=torch.bool), causal & sees], dim=1)[None, None]
-    keep = ([n_prefix - 1] if n_prefix else []) + list(range(n_prefix, length))
+    keep = ([n_def + n_prefix - 1] if n_prefix else []) + list(range(n_def + n_prefix, length))
+    cache = cache_from_layers(base, model) if base else None
     out = model(
         input_ids=torch.tensor([inputs], device=model.device),
         position_ids=torch.tensor([positions], device=model.device),
-        attention_mask=mask.to(model.device),
-        cache=cache_from_layers(base, model) if base else None,
+        attention_mask=_mask(past, deferred, owner).to(model.device),
+        cache=cache,
         use_cache=True,
         logits_to_keep=torch.tensor(keep, device=model.device),
     )
@@ -167,7 +187,15 @@ def _branches(model, base, prefix: list[int], sequences: list[list[int]]) -> tup
         m = len(seq) - 1
         totals.append(float(sum(logp[offset + j, seq[j + 1]] for j in range(m))))
         offset += m
-    return head, totals
+    return head, totals, cache
+
+
+def _deferred_kv(cache, deferred: Deferred | None) -> list[KV] | None:
+    """The deferred rows' fresh K/V per layer, read from a `_branches` forward's cache."""
+    if deferred is None:
+        return None
+    n = len(deferred.positions)
+    return [(layer.tail_keys[:, :, :n], layer.tail_values[:, :, :n]) for layer in cache.layers]
 
 
 def _continuation_logp(model, base, sequences: list[list[int]]) -> list[float]:
@@ -179,28 +207,51 @@ def _choice_ids(tokenizer, frame: Frame, choices) -> list[list[int]]:
     return [tokenizer(frame.choice_text(c), add_special_tokens=False)["input_ids"] for c in choices]
 
 
-def _one_pass_readout(model, tokenizer, frame: Frame, cache, prompt: list[int], question: Question) -> Readout:
-    """Prompt and every choice in ONE forward: the fast path for a decision over choices."""
+def _one_pass_readout(model, tokenizer, frame: Frame, base: list[KV], prompt: list[int], question: Question,
+                      deferred: Deferred | None) -> Readout:
+    """Deferred rows, prompt and every choice in ONE forward: the fast path for a decision over choices."""
     encoded = _choice_ids(tokenizer, frame, question.choices)
-    logits, rest = _branches(model, layers_of(cache), prompt, encoded)
+    logits, rest, cache = _branches(model, base, prompt, encoded, deferred)
     first_token_at = time.perf_counter()
     first = torch.log_softmax(logits, dim=-1)
     scores = torch.tensor([float(first[ids[0]]) + r for ids, r in zip(encoded, rest)])
     probs = {c: float(p) for c, p in zip(question.choices, torch.softmax(scores, dim=0))}
     decision = max(probs, key=probs.get)
     return Readout(logits=logits, decision=decision, choice_probs=probs, text="",
-                   answer_ids=encoded[question.choices.index(decision)], first_token_at=first_token_at)
+                   answer_ids=encoded[question.choices.index(decision)], first_token_at=first_token_at,
+                   deferred_kv=_deferred_kv(cache, deferred))
+
+
+def _prompt_forward(model, base: list[KV], prompt: list[int], deferred: Deferred) -> tuple[torch.Tensor, object, list[KV]]:
+    """The deferred rows and the prompt in one forward; (logits [vocab] after the prompt, a cache of
+    the completed notes + the prompt to keep generating from, the deferred rows' K/V)."""
+    logits, _, cache = _branches(model, base, prompt, [], deferred)
+    fresh = _deferred_kv(cache, deferred)
+    n = len(deferred.positions)
+    tails = [(layer.tail_keys[:, :, n:], layer.tail_values[:, :, n:]) for layer in cache.layers]
+    after = cache_from_layers(fill(base, deferred, fresh), model)  # the strategy's own notes, completed in place
+    for layer, (k, v) in zip(after.layers, tails):
+        layer.tail_keys, layer.tail_values = k, v
+    return logits, after, fresh
 
 
 def decide(model, tokenizer, frame: Frame, cache, suffix_ids: list[int], question: Question,
-           pending: list[int] = ()) -> Readout:
+           pending: list[int] = (), deferred: Deferred | None = None) -> Readout:
     """Ask `question` after the notes in `cache` (mutated) and take the decision. `pending` are
-    tokens a strategy appends (an erratum): they go through the model in the same forward as the
-    question, so appending costs no extra pass over the weights."""
+    tokens a strategy appends (an erratum), `deferred` cached positions it left to recompute
+    (`worker.engine.forward.Deferred`): both go through the model in the same forward as the
+    question, so neither costs an extra pass over the weights. With `deferred`, the readout's
+    `deferred_kv` completes the notes (`fill`)."""
     prompt = list(pending) + list(suffix_ids)
+    if deferred is not None and has_sliding_window(model):
+        raise ValueError("a sliding-window model cannot defer tokens to the readout (one mask cannot carry its windows)")
     if question.choices and not question.cot and not has_sliding_window(model):
-        return _one_pass_readout(model, tokenizer, frame, cache, prompt, question)
-    logits = _forward(model, prompt, cache)
+        return _one_pass_readout(model, tokenizer, frame, layers_of(cache), prompt, question, deferred)
+    fresh = None
+    if deferred is not None:
+        logits, cache, fresh = _prompt_forward(model, layers_of(cache), prompt, deferred)
+    else:
+        logits = _forward(model, prompt, cache)
     first_token_at = time.perf_counter()
     reasoning: list[int] = []
     if question.cot:
@@ -214,12 +265,12 @@ def decide(model, tokenizer, frame: Frame, cache, suffix_ids: list[int], questio
         decision = max(probs, key=probs.get)
         chosen = _choice_ids(tokenizer, frame, [decision])[0]
         return Readout(logits=logits, decision=decision, choice_probs=probs, text=text,
-                       answer_ids=reasoning + chosen, first_token_at=first_token_at)
+                       answer_ids=reasoning + chosen, first_token_at=first_token_at, deferred_kv=fresh)
     generated = _greedy(model, tokenizer, logits, cache_from_layers(layers_of(cache), model), question.max_new_tokens)
     answer = tokenizer.decode(generated, skip_special_tokens=True).strip()
     full = f"{text.rstrip()} {answer}" if question.cot else answer
     return Readout(logits=logits, decision=answer.split("\n")[0].strip(), choice_probs={}, text=full,
-                   answer_ids=reasoning + generated, first_token_at=first_token_at)
+                   answer_ids=reasoning + generated, first_token_at=first_token_at, deferred_kv=fresh)
 
 
 @torch.inference_mode()

@@ -198,10 +198,10 @@ def _measure(engine: Engine, request: RunRequest, plan: _Plan, strategies: list[
         "recompute": editor.recompute,
         "prefix_reuse": editor.prefix_reuse,
         "stale": editor.stale,
-        "in_place": editor.in_place,
+        "in_place": lambda: editor.in_place(defer=True),
         "erratum": lambda: editor.erratum(erratum_ids),
-        "field_erratum": lambda: editor.field_erratum(erratum_ids),
-        "selective": lambda: editor.selective(request.selective_fraction),
+        "field_erratum": lambda: editor.field_erratum(erratum_ids, defer=True),
+        "selective": lambda: editor.selective(request.selective_fraction, defer=True),
     }
     needed = strategies + (["field_erratum", *AUTO_CANDIDATES] if "auto" in strategies else [])
     needed = [s for s in dict.fromkeys(needed) if s != "auto"]
@@ -211,7 +211,8 @@ def _measure(engine: Engine, request: RunRequest, plan: _Plan, strategies: list[
         t0 = time.perf_counter()
         surgery = surgeries[name]()
         readout = decide(engine.model, engine.tokenizer, engine.frame, cache_from_layers(surgery.layers, engine.model),
-                         plan.suffix_ids, request.question, pending=surgery.pending)
+                         plan.suffix_ids, request.question, pending=surgery.pending, deferred=surgery.deferred)
+        surgery = surgery.completed(readout.deferred_kv)  # writes the deferred K/V into the strategy's notes
         ms, ttft = (time.perf_counter() - t0) * 1000, (readout.first_token_at - t0) * 1000
         if name != "recompute":  # every other strategy starts from the composed notes: the splice is its cost too
             ms, ttft = ms + plan.splice_ms, ttft + plan.splice_ms
