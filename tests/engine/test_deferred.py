@@ -117,3 +117,25 @@ def test_deferred_rows_see_only_the_notes_before_them_and_the_question_sees_none
     assert new[2:].tolist() == [[True, True, True, False, False], [True, True, True, True, False],
                                 [True, True, True, True, True]]
     assert torch.equal(_mask(3, None, [-1, 0])[0, 0], torch.tensor([[1, 1, 1, 1, 0], [1, 1, 1, 1, 1]]).bool())
+
+
+@pytest.mark.parametrize("alias", ["tiny-llama", "tiny-qwen3"])
+def test_composed_strategies_that_defer_score_as_those_that_compute_first(alias, monkeypatch):
+    import worker.engine.blend as blend
+
+    eng = load(alias)
+    skills = ["Rule one: the door opens only for active accounts.", "Rule two: suspended accounts are refused."]
+    names = ["seam", "epic", "selective"]
+    for question in (CHOICES, FREE):
+        deferred = eng.compose(TEXT, skills, question, strategies=names)
+        monkeypatch.setattr(blend, "has_sliding_window", lambda model: True)  # forces a forward of their own
+        first = eng.compose(TEXT, skills, question, strategies=names)
+        monkeypatch.undo()
+        for name in names:
+            a, b = deferred.strategies[name], first.strategies[name]
+            assert a.tokens_computed == b.tokens_computed > 0
+            assert a.decision == b.decision and a.top1_agrees == b.top1_agrees
+            assert abs(a.kl_to_recompute - b.kl_to_recompute) <= 1e-5 + 1e-3 * b.kl_to_recompute
+            assert a.recompute_answer_nll == pytest.approx(b.recompute_answer_nll, abs=1e-4)
+            for c in question.choices:
+                assert abs(a.choice_probs[c] - b.choice_probs[c]) < 1e-5

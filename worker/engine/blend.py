@@ -19,6 +19,8 @@ prepared outside the timings, as the skills themselves are compiled outside them
 Timing as in `worker.engine.run`: each strategy is timed in this process after a warm-up, from the
 context's notes and the compiled skills to its answer: the splice (re-rotation and the copy), its
 own recompute, and the readout; `ttft_ms` ends when the first answer token's logits are ready.
+`seam`, `epic` and `selective` leave their tokens to the readout's forward (`forward.Deferred`) on
+models without sliding windows: the same K/V, one pass over the weights fewer.
 """
 
 from __future__ import annotations
@@ -29,11 +31,11 @@ from dataclasses import dataclass
 
 from worker.engine.compose import Layout, lay_out, splice_all
 from worker.engine.edit import Surgery
-from worker.engine.forward import cut, extend
+from worker.engine.forward import Deferred, cut, extend
 from worker.engine.notes import KV, Notes, cache_from_layers
 from worker.engine.readout import answer_nll, decide
 from worker.engine.run import Engine, Outcome, _attention, result_of
-from worker.engine.selective import movement, recompute_selected, top_fraction
+from worker.engine.selective import has_sliding_window, movement, recompute_selected, top_fraction
 from worker.engine.types import EngineError, ProgressFn, Question, Report
 from worker.engine.vocabulary import unknown_compose_strategies, with_recompute
 
@@ -51,6 +53,17 @@ class Blend:
     seam_tokens: int = 4
     epic_tokens: int = 16
     selective_fraction: float = 0.15
+
+
+@dataclass(frozen=True)
+class Way:
+    """One strategy's notes for a blend, before the readout: `deferred` tokens (if any) are computed
+    in the readout's own forward."""
+
+    layers: list[KV]
+    computed: int
+    detail: str = ""
+    deferred: Deferred | None = None
 
 
 def _first_tokens(layout: Layout, k: int) -> list[int]:
@@ -75,37 +88,42 @@ class _Strategies:
         b = self.blend
         return splice_all(self.model, b.context, list(b.skills), self.layout, list(b.seams) or None).layers
 
-    def recompute(self) -> tuple[list[KV], int, str]:
-        return extend(self.model, None, self.ids), len(self.ids), ""
+    def recompute(self) -> Way:
+        return Way(extend(self.model, None, self.ids), len(self.ids))
 
-    def splice(self) -> tuple[list[KV], int, str]:
+    def splice(self) -> Way:
         seams = self.blend.seams or (0,) * len(self.blend.skills)
         repaired = sum(min(seams[i], e - s) for i, (s, e) in zip(self.layout.order, self.layout.spans))
-        return self._spliced(), repaired, ""
+        return Way(self._spliced(), repaired)
 
-    def _first_of_every_skill(self, k: int, what: str) -> tuple[list[KV], int, str]:
-        chosen = _first_tokens(self.layout, k)
-        layers = recompute_selected(self.model, self._spliced(), self.ids, chosen)
-        return layers, len(chosen), f"the first {k} tokens of every skill ({what})"
+    def _recomputed(self, spliced: list[KV], chosen: list[int], detail: str) -> Way:
+        """`spliced` with the `chosen` tokens recomputed: left to the readout's forward (deferred)
+        where one mask can carry the model's attention, else in a forward of their own."""
+        if not chosen or has_sliding_window(self.model):
+            return Way(recompute_selected(self.model, spliced, self.ids, chosen), len(chosen), detail)
+        return Way(spliced, len(chosen), detail, Deferred(tuple(chosen), tuple(self.ids[j] for j in chosen)))
 
-    def seam(self) -> tuple[list[KV], int, str]:
+    def _first_of_every_skill(self, k: int, what: str) -> Way:
+        return self._recomputed(self._spliced(), _first_tokens(self.layout, k), f"the first {k} tokens of every skill ({what})")
+
+    def seam(self) -> Way:
         return self._first_of_every_skill(self.blend.seam_tokens, "seam repair")
 
-    def epic(self) -> tuple[list[KV], int, str]:
+    def epic(self) -> Way:
         return self._first_of_every_skill(self.blend.epic_tokens, "EPIC")
 
-    def selective(self) -> tuple[list[KV], int, str]:
+    def selective(self) -> Way:
         start = self.layout.first_skill[0]
         spliced = self._spliced()
         candidates = list(range(start, len(self.ids)))
         fraction = self.blend.selective_fraction
         chosen = top_fraction(movement(self.model, spliced, self.ids, start), candidates, start, fraction)
         detail = f"{len(chosen)} of {len(candidates)} reused tokens ({fraction:.0%}), ranked by layer-1 K/V movement"
-        return recompute_selected(self.model, spliced, self.ids, chosen), len(chosen), detail
+        return self._recomputed(spliced, chosen, detail)
 
-    def prefix_reuse(self) -> tuple[list[KV], int, str]:
+    def prefix_reuse(self) -> Way:
         end = self.layout.first_skill[1]
-        return extend(self.model, self.exact, self.ids[end:]), len(self.ids) - end, ""
+        return Way(extend(self.model, self.exact, self.ids[end:]), len(self.ids) - end)
 
 
 def compose_run(engine: Engine, blend: Blend, strategies: tuple[str, ...] | list[str] = ("splice",),
@@ -129,13 +147,14 @@ def compose_run(engine: Engine, blend: Blend, strategies: tuple[str, ...] | list
     outcomes: dict[str, Outcome] = {}
     for i, name in enumerate(names):
         report_progress(f"compose: {name}", 0.05 + 0.8 * i / len(names))
-        surgery_of: Callable[[], tuple[list[KV], int, str]] = getattr(ways, name)
+        way_of: Callable[[], Way] = getattr(ways, name)
         t0 = time.perf_counter()
-        layers, computed, detail = surgery_of()
-        readout = decide(engine.model, engine.tokenizer, frame, cache_from_layers(layers, engine.model),
-                         suffix_ids, blend.question)
+        way = way_of()
+        readout = decide(engine.model, engine.tokenizer, frame, cache_from_layers(way.layers, engine.model),
+                         suffix_ids, blend.question, deferred=way.deferred)
+        surgery = Surgery(way.layers, list(ways.ids), list(layout.segments), list(layout.offsets), way.computed,
+                          way.detail, deferred=way.deferred).completed(readout.deferred_kv)
         ms, ttft = (time.perf_counter() - t0) * 1000, (readout.first_token_at - t0) * 1000
-        surgery = Surgery(layers, list(ways.ids), list(layout.segments), list(layout.offsets), computed, detail)
         outcomes[name] = Outcome(surgery, readout, ms, ttft)
     report_progress("compare", 0.85)
     ref = outcomes["recompute"]
