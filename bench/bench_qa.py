@@ -75,7 +75,7 @@ def run_example(eng, example: Example) -> tuple[dict[str, dict[str, float]], dic
 
 
 def markdown(summary: dict, meta: dict) -> str:
-    rows = [f"**{summary['examples']} MuSiQue examples, {meta['passages']} passages each "
+    rows = [f"**{summary['examples']} MuSiQue examples (from #{meta['start'] + 1} of `{meta['data']}`), {meta['passages']} passages each "
             f"(median {meta['median_tokens']} prompt tokens)**; `{meta['model']}`; 95% bootstrap intervals "
             f"over examples in brackets.\n",
             "| strategy | F1 vs gold (mean) | F1 vs recompute (mean) | first token agrees | KL of the first "
@@ -93,8 +93,8 @@ def markdown(summary: dict, meta: dict) -> str:
     return "\n".join(rows) + "\n"
 
 
-def write_block(out: Path, body: str) -> None:
-    begin, end = "<!-- bench:qa:begin -->", "<!-- bench:qa:end -->"
+def write_block(out: Path, body: str, name: str = "qa") -> None:
+    begin, end = f"<!-- bench:{name}:begin -->", f"<!-- bench:{name}:end -->"
     block = f"{begin}\n{body.rstrip()}\n{end}"
     text = out.read_text(encoding="utf-8") if out.exists() else ""
     if begin in text and end in text:
@@ -116,6 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=2, help="torch.set_num_threads (CPU)")
     p.add_argument("--details", type=Path, default=None, help="write each example's answers as JSON lines")
     p.add_argument("--out", type=Path, default=None, help="markdown file to write the table block into")
+    p.add_argument("--block", default="qa", help="the block's name in --out (between <!-- bench:NAME:begin/end -->)")
     args = p.parse_args(argv)
     if not args.data.exists():
         print(f"bench_qa: no data file {args.data}", file=sys.stderr)
@@ -147,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         print(json.dumps(summary))
         return 0
-    meta = {"passages": args.passages or "all", "median_tokens": int(statistics.median(tokens)) if tokens else 0,
+    meta = {"passages": args.passages or "all", "start": args.start, "data": args.data.name, "median_tokens": int(statistics.median(tokens)) if tokens else 0,
             "model": args.model}
     body = markdown(summary, meta)
     hw = f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch threads {torch.get_num_threads()}"
@@ -156,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
              f"{time.strftime('%Y-%m-%d %H:%M %Z')}; wall time {time.time() - t_start:.0f} s\n")
     print(body)
     if args.out:
-        write_block(args.out, body)
+        write_block(args.out, body, args.block)
     return 0
 
 

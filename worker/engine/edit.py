@@ -17,6 +17,14 @@ recompute:
 `selective` ranks downstream tokens by CacheBlend's rule (`worker.engine.selective`): decoder layer 0
 is re-run over the tokens after the first change, each reused token is scored by how far its layer-1
 K/V moved, and the top fraction is recomputed in ALL layers — never a full recompute to find them.
+
+`in_place`, `field_erratum` and `selective` can leave the tokens they recompute to the readout
+(`defer=True`, what `run` asks for): their notes then hold zeros or stale K/V at those positions,
+`Surgery.deferred` names them, and the readout computes them in the same forward as the question,
+under a mask that gives every row exactly what it would have seen had they been computed first
+(`worker.engine.forward.Deferred`). On a CPU a forward costs a fixed pass over the weights whatever
+its length (about 155 ms for smollm2-135m on our 2-core VMs), so this removes one such pass.
+Sliding-window models compute first (one custom mask cannot carry their windows).
 """
 
 from __future__ import annotations

@@ -10,6 +10,8 @@ The chosen tokens are then recomputed in ONE forward (`recompute_in_one_pass`): 
 layer, the reused K/V of unselected tokens before it and the fresh K/V of selected tokens before it
 (a custom mask over the cache + the new block, real positions); the fresh K/V are written over the
 stale ones. Sliding-window models, whose windows one custom mask cannot carry, recompute run by run.
+The edit and compose strategies skip even that forward where they can: the chosen tokens go through
+the readout's forward beside the question (`worker.engine.forward.Deferred`, the same mask).
 """
 
 from __future__ import annotations
