@@ -139,3 +139,13 @@ def test_composed_strategies_that_defer_score_as_those_that_compute_first(alias,
             assert a.recompute_answer_nll == pytest.approx(b.recompute_answer_nll, abs=1e-4)
             for c in question.choices:
                 assert abs(a.choice_probs[c] - b.choice_probs[c]) < 1e-5
+
+
+def test_completing_a_deferred_surgery_never_writes_into_the_old_notes():
+    eng = load("tiny-llama")
+    for old, new in (("active", "suspended"), (TEXT, "A completely different record.")):  # a field; the whole text
+        editor = editor_for(eng, old, new)
+        before = [(k.clone(), v.clone()) for k, v in editor.old.layers]
+        for surgery in (editor.in_place(defer=True), editor.selective(0.5, defer=True)):
+            ask(eng, surgery, CHOICES)
+        assert all(torch.equal(k, k0) and torch.equal(v, v0) for (k, v), (k0, v0) in zip(editor.old.layers, before))
