@@ -110,7 +110,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="MuSiQue examples: CacheBlend's JSON list, or MuSiQue's own JSON lines (see qa_data)")
     p.add_argument("--limit", type=int, default=20, help="how many examples")
     p.add_argument("--start", type=int, default=0, help="skip the file's first N examples")
-    p.add_argument("--passages", type=int, default=0, help="the first K passages of each example (0 = all)")
+    p.add_argument("--passages", type=int, default=10,
+                   help="passages per example (CacheBlend's 10; MuSiQue's own files have 20, its supporting ones are kept; 0 = all)")
     p.add_argument("--model", default="smollm2-135m")
     p.add_argument("--json", action="store_true", help="print only the summary as JSON")
     p.add_argument("--threads", type=int, default=2, help="torch.set_num_threads (CPU)")

@@ -7,7 +7,9 @@ Plain Python (no torch): the tests import it directly.
   object per line (or a JSON list of them), `{"question": str, "answer": str, "answer_aliases":
   [str], "paragraphs": [{"idx": int, "title": str, "paragraph_text": str}], "answerable": bool}`.
   The gold answers are the answer and its aliases; unanswerable examples (the "full" release) are
-  skipped, since F1 against an answer the passages do not support measures nothing here.
+  skipped, since F1 against an answer the passages do not support measures nothing here. MuSiQue
+  gives 20 paragraphs; cut to K (CacheBlend's 10), the supporting ones are always kept, the others
+  fill up in order, and the kept ones stay in their original order.
 
 Each passage becomes `"{title}\\n\\n{text}\\n\\n"` (CacheBlend's chunk); blank ones are dropped, since a
 skill needs text. A malformed example is an error naming the file, the example and the field.
@@ -89,10 +91,17 @@ def parse_example(item: dict, passages: int, where: str) -> Example | None:
         raise DataError(f"{where}: the gold answers must be a non-empty list of strings")
     if not isinstance(chunks, list):
         raise DataError(f"{where}: the passages must be a list")
-    texts = []
-    for i, chunk in enumerate(chunks[:passages] if passages else chunks):
+    for i, chunk in enumerate(chunks):
         if not isinstance(chunk, dict):
             raise DataError(f"{where}: passage {i} is not an object")
+    if passages and len(chunks) > passages:
+        if body == "paragraph_text":  # keep every supporting paragraph
+            ranked = sorted(range(len(chunks)), key=lambda i: not chunks[i].get("is_supporting"))
+            chunks = [chunks[i] for i in sorted(ranked[:passages])]
+        else:
+            chunks = chunks[:passages]
+    texts = []
+    for chunk in chunks:
         title, content = chunk.get("title") or "", chunk.get(body) or ""
         if f"{title}{content}".strip():
             texts.append(f"{title}\n\n{content}\n\n")

@@ -21,10 +21,11 @@ def cacheblend(question: str, answers: list[str], n: int) -> dict:
             "ctxs": [{"title": f"T{i}", "text": f"passage {i} of {question}"} for i in range(n)]}
 
 
-def musique(question: str, answer: str, aliases: list[str], n: int, answerable: bool = True) -> dict:
+def musique(question: str, answer: str, aliases: list[str], n: int, answerable: bool = True,
+            supporting: tuple[int, ...] = (0,)) -> dict:
     return {"id": question, "question": question, "answer": answer, "answer_aliases": aliases,
             "answerable": answerable,
-            "paragraphs": [{"idx": i, "title": f"P{i}", "paragraph_text": f"text {i}", "is_supporting": i == 0}
+            "paragraphs": [{"idx": i, "title": f"P{i}", "paragraph_text": f"text {i}", "is_supporting": i in supporting}
                            for i in range(n)]}
 
 
@@ -48,6 +49,15 @@ def test_musique_jsonl_uses_answer_and_aliases_and_skips_unanswerable(tmp_path):
     assert [e.answers for e in examples] == [("Oslo", "Christiania"), ("1901",)]
     assert [len(e.passages) for e in examples] == [10, 10]
     assert examples[0].passages[3] == "P3\n\ntext 3\n\n"
+
+
+def test_cutting_musique_paragraphs_keeps_the_supporting_ones_in_their_order(tmp_path):
+    path = tmp_path / "m.jsonl"
+    path.write_text(json.dumps(musique("Who?", "Ada", [], 20, supporting=(15, 18))) + "\n")
+    (example,) = load_examples(path, limit=1, passages=10)
+    assert [p.split("\n")[0] for p in example.passages] == [f"P{i}" for i in (*range(8), 15, 18)]
+    (whole,) = load_examples(path, limit=1, passages=0)
+    assert len(whole.passages) == 20
 
 
 def test_start_skips_examples_and_blank_passages_are_dropped(tmp_path):
