@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import re
 import resource
 import statistics
 import sys
@@ -45,6 +44,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import torch  # noqa: E402
 from agreement import run_agreement  # noqa: E402
+from blocks import write_block  # noqa: E402
 from documents import (  # noqa: E402
     AGREEMENT_CASES,
     CONTEXT_SEED,
@@ -246,18 +246,6 @@ def run_compose(eng, repeats: int, size: int) -> tuple[str, dict]:
     return "\n".join(rows) + "\n", summary
 
 
-def write_block(out: Path, device: str, body: str) -> None:
-    begin, end = f"<!-- bench:{device}:begin -->", f"<!-- bench:{device}:end -->"
-    block = f"{begin}\n{body.rstrip()}\n{end}"
-    text = out.read_text(encoding="utf-8") if out.exists() else ""
-    if begin in text and end in text:
-        text = re.sub(re.escape(begin) + r".*?" + re.escape(end), lambda m: block, text, flags=re.S)
-    else:
-        text = (text.rstrip() + "\n\n" if text else "") + block + "\n"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(text, encoding="utf-8")
-
-
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model", default="smollm2-135m")
@@ -270,6 +258,8 @@ def main(argv=None) -> int:
     p.add_argument("--compose-size", type=int, default=1024)
     p.add_argument("--skip", default="", help="comma-separated sections to skip: edit,breakdown,compose,agreement")
     p.add_argument("--out", default=None, help="markdown file to write the results block into")
+    p.add_argument("--block", default=None,
+                   help="the block's name in --out and the plots' suffix (default: the device kind, cpu or cuda)")
     args = p.parse_args(argv)
     sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
     positions = [s.strip() for s in args.positions.split(",") if s.strip()]
@@ -312,7 +302,8 @@ def main(argv=None) -> int:
     kept: dict[tuple[str, int], tuple] = {}
     mem_rows = []
     docs = Path(args.out).parent if args.out else ROOT / "docs"
-    suffix = "" if device_kind == "cpu" else f"_{device_kind}"
+    block = args.block or device_kind
+    suffix = "" if block == "cpu" else f"_{block}"
     if "edit" not in skip:
         emit("#### 1. Edit: `destination: Oslo → Madrid`, question with choices (Oslo, Madrid)\n")
         emit("Document: a shipment record then log and policy lines; the edited line sits in the record head "
@@ -389,7 +380,7 @@ def main(argv=None) -> int:
         emit(run_agreement(eng))
     emit(f"- load average at end: {loadavg()}; wall time {time.time() - t_start:.0f} s")
     if args.out:
-        write_block(Path(args.out), device_kind, "\n".join(out))
+        write_block(Path(args.out), block, "\n".join(out))
         print(f"\nwrote {args.out}", file=sys.stderr)
     return 0
 

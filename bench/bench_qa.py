@@ -26,7 +26,6 @@ import argparse
 import json
 import os
 import platform
-import re
 import statistics
 import sys
 import time
@@ -40,6 +39,7 @@ os.environ.setdefault("KVNOTES_DATA", str(ROOT / "var" / "test-data"))
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # see bench_engine.py: shared CPUs, before torch loads
 
 import torch  # noqa: E402
+from blocks import write_block  # noqa: E402
 from qa_data import DataError, Example, load_examples  # noqa: E402
 from qa_stats import first_line, gold_f1, summarize  # noqa: E402
 
@@ -91,17 +91,6 @@ def markdown(summary: dict, meta: dict) -> str:
                     f"{cell(row, 'f1_vs_recompute', '.3f')} | {cell(row, 'first_token_agrees', '.2f')} | "
                     f"{cell(row, 'kl_median', '.3g')} | {cell(row, 'ttft_speedup_median', '.2f')}× |")
     return "\n".join(rows) + "\n"
-
-
-def write_block(out: Path, body: str, name: str = "qa") -> None:
-    begin, end = f"<!-- bench:{name}:begin -->", f"<!-- bench:{name}:end -->"
-    block = f"{begin}\n{body.rstrip()}\n{end}"
-    text = out.read_text(encoding="utf-8") if out.exists() else ""
-    if begin in text and end in text:
-        text = re.sub(re.escape(begin) + r".*?" + re.escape(end), lambda m: block, text, flags=re.S)
-    else:
-        text = (text.rstrip() + "\n\n" if text else "") + block + "\n"
-    out.write_text(text, encoding="utf-8")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -158,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
              f"{time.strftime('%Y-%m-%d %H:%M %Z')}; wall time {time.time() - t_start:.0f} s\n")
     print(body)
     if args.out:
-        write_block(args.out, body, args.block)
+        write_block(args.out, args.block, body)
     return 0
 
 
