@@ -279,7 +279,7 @@ def main(argv=None) -> int:
         out.append(s)
 
     hw = (torch.cuda.get_device_name(0) if device_kind == "cuda" else
-          f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores (shared with two other engineers' work)")
+          f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores")
     mlp = (eng.model.config.hidden_size, getattr(eng.model.config, "intermediate_size", 1536))
     samples = [measure_machine(*mlp)]  # re-measured after every edit case: floors use the best seen
     machine = samples[0]
