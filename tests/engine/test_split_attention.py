@@ -156,26 +156,3 @@ def test_split_attention_equals_sdpa_under_a_selective_recompute_mask(alias):
     expected, _ = sdpa_attention_forward(module, q, k, v, sees[None, None], scaling=module.scaling)
     got, _ = split_attention_forward(module, q, k, v, sees[None, None], scaling=module.scaling)
     assert float((got - expected).abs().max()) <= 1e-5
-
-
-@pytest.mark.parametrize("alias", ["tiny-llama", "tiny-qwen3", "tiny-phi", "tiny-moe"])
-def test_a_long_causal_prompt_before_branches_equals_sdpa_and_skips_the_bias(alias):
-    """A readout after many appended tokens (prefix_reuse's recomputed tail, then the question and two
-    choice branches): the 120 causal rows go through the causal kernel, the branch rows with the
-    bias; together equal to SDPA."""
-    from worker.engine.split_attention import _plan
-
-    eng = load(alias)
-    layers = eng.prefill(TEXT).layers
-    past = layers[0][0].shape[2]
-    prompt, a, b = list(range(40, 160)), [200, 201, 202], [210, 211]
-    inputs = prompt + a + b
-    owner = torch.tensor([-1] * len(prompt) + [0] * 3 + [1] * 2)
-    n = len(inputs)
-    sees = (owner[:, None] == owner[None, :]) | (owner[None, :] == -1)
-    mask = torch.cat([torch.ones(n, past, dtype=torch.bool), torch.ones(n, n, dtype=torch.bool).tril() & sees], 1)
-    positions = [past + j for j in range(120)] + [past + 120 + j for j in range(3)] + [past + 120 + j for j in range(2)]
-    assert _plan(mask[None, None], past, n, torch.float32, 1).causal_rows == 120 + 3  # branch a follows the prompt: causal too
-    reference, split, split_concatenating = _sdpa_and_split(eng.model, layers, inputs, mask[None, None], positions)
-    assert _max_diff(split, reference) <= TOL
-    assert _max_diff(split_concatenating, reference) <= TOL

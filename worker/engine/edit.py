@@ -125,14 +125,8 @@ class Editor:
     def recompute(self) -> Surgery:
         return self._surgery(extend(self.model, None, self.new_ids), len(self.new_ids))
 
-    def prefix_reuse(self, defer: bool = False) -> Surgery:
-        """With `defer`, the tokens after the shared prefix are left to the readout as pending tokens
-        (appended, like an erratum): the prefill of the tail and the question share one forward."""
+    def prefix_reuse(self) -> Surgery:
         p = min(common_prefix(self.old.token_ids, self.new_ids), len(self.new_ids))
-        if defer and p < len(self.new_ids):
-            surgery = self._surgery(cut(self.old.layers, 0, p), len(self.new_ids) - p)
-            surgery.pending = list(self.new_ids[p:])
-            return surgery
         layers = extend(self.model, cut(self.old.layers, 0, p), self.new_ids[p:])
         return self._surgery(layers, len(self.new_ids) - p)
 

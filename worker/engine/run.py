@@ -196,7 +196,7 @@ def _measure(engine: Engine, request: RunRequest, plan: _Plan, strategies: list[
     editor, erratum_ids = plan.editor, plan.erratum_ids
     surgeries: dict[str, Callable[[], Surgery]] = {
         "recompute": editor.recompute,
-        "prefix_reuse": lambda: editor.prefix_reuse(defer=True),
+        "prefix_reuse": editor.prefix_reuse,
         "stale": editor.stale,
         "in_place": lambda: editor.in_place(defer=True),
         "erratum": lambda: editor.erratum(erratum_ids),

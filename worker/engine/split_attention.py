@@ -170,7 +170,6 @@ class _Cut:
     pieces: list[_Piece]
     new_bias: torch.Tensor | None = None
     new_blind: torch.Tensor | None = None
-    causal_rows: int = 0  # the new block's first rows whose mask is plain causal (attended without the bias)
 
 
 def _visible(mask: torch.Tensor) -> torch.Tensor:
@@ -198,9 +197,8 @@ def _plan(mask: torch.Tensor | None, p: int, n: int, dtype: torch.dtype, rep: in
         return _Cut([_Piece(0, n, p)])
     sees_c, sees_n = _visible(mask[..., :p]), _visible(mask[..., p:])
     new_bias, new_blind = _bias_of(sees_n, dtype, 1)
-    causal_rows = _causal_rows(sees_n) if new_bias is not None else 0
     if bool(sees_c.all()):
-        return _Cut([_Piece(0, n, p)], new_bias, new_blind, causal_rows)
+        return _Cut([_Piece(0, n, p)], new_bias, new_blind)
     last = torch.where(sees_c, torch.arange(p, device=mask.device), -1).amax(dim=-1).amax(dim=0)[0]  # [L]
     groups = max(1, min(ROW_GROUPS, n // 32))
     bounds = [round(i * n / groups) for i in range(groups + 1)]
@@ -209,23 +207,7 @@ def _plan(mask: torch.Tensor | None, p: int, n: int, dtype: torch.dtype, rep: in
         keys = int(last[start:end].max()) + 1
         bias, blind = _bias_of(sees_c[..., start:end, :keys], dtype, rep) if keys else (None, None)
         pieces.append(_Piece(start, end, keys, bias, blind))
-    return _Cut(pieces, new_bias, new_blind, causal_rows)
-
-
-CAUSAL_ROWS_MIN = 64  # below this, the rows are attended with the bias like the rest
-
-
-def _causal_rows(sees: torch.Tensor) -> int:
-    """How many leading rows of a square visibility mask [B|1, 1, L, L] are exactly causal (row i
-    sees keys 0..i): a readout's long prompt before its choice branches, or tokens a strategy
-    appends before the question. 0 when fewer than CAUSAL_ROWS_MIN or the mask is not square."""
-    n, t = sees.shape[-2:]
-    if n != t or n < CAUSAL_ROWS_MIN:
-        return 0
-    causal = torch.ones(n, t, dtype=torch.bool, device=sees.device).tril()
-    ok = (sees == causal).all(dim=-1).flatten(0, -2).all(dim=0)  # [L]
-    m = int(ok.int().cumprod(0).sum())
-    return m if m >= CAUSAL_ROWS_MIN else 0
+    return _Cut(pieces, new_bias, new_blind)
 
 
 def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None,
@@ -264,23 +246,14 @@ def _cached_part(q, k, v, pieces: list[_Piece], scale):
     return torch.cat(outs, dim=2), torch.cat(lses, dim=2)
 
 
-def _new_part(q, k, v, bias, blind, scale, causal_rows: int = 0):
+def _new_part(q, k, v, bias, blind, scale):
     """Queries (the last L of the new block) against the new block's K/V [B, kv, T, d]: causal,
-    aligned to the last key, unless `bias` [B|1, 1, L, T] says otherwise. The first `causal_rows`
-    rows, whose bias is plain causal, go through the causal kernel, which skips the masked half."""
+    aligned to the last key, unless `bias` [B|1, 1, L, T] says otherwise."""
     n, t = q.shape[2], k.shape[2]
     rep = q.shape[1] // k.shape[1]
     k, v = repeat_kv(k, rep), repeat_kv(v, rep)  # the new block only: small
     if bias is None and n == t:
         return _attend(q, k, v, None, blind, n > 1, scale)
-    if causal_rows and n == t:
-        m = causal_rows
-        if m == n:
-            return _attend(q, k, v, None, None, True, scale)
-        out_a, lse_a = _attend(q[:, :, :m], k[:, :, :m], v[:, :, :m], None, None, True, scale)
-        out_b, lse_b = _attend(q[:, :, m:], k, v, bias[..., m:, :], None if blind is None else blind[..., m:],
-                               False, scale)
-        return torch.cat([out_a, out_b], dim=2), torch.cat([lse_a, lse_b], dim=2)
     if bias is None and n > 1:
         sees = torch.ones(n, t, dtype=torch.bool, device=q.device).tril(t - n)
         bias = torch.zeros(n, t, dtype=q.dtype, device=q.device).masked_fill_(~sees, float("-inf"))[None, None]
@@ -327,7 +300,7 @@ def split_attention_forward(module, query: torch.Tensor, key: torch.Tensor, valu
                                       scaling=scaling, is_causal=is_causal, **kwargs)
     cut = _cut(attention_mask, p, query.shape[2], query.dtype, query.shape[1] // k_c.shape[1])
     out_c, lse_c = _cached_part(query, k_c, v_c, cut.pieces, scaling)
-    out_n, lse_n = _new_part(query, k_n, v_n, cut.new_bias, cut.new_blind, scaling, cut.causal_rows)
+    out_n, lse_n = _new_part(query, k_n, v_n, cut.new_bias, cut.new_blind, scaling)
     lse = torch.logaddexp(lse_c, lse_n)
     w_c, w_n = torch.exp(lse_c - lse)[..., None], torch.exp(lse_n - lse)[..., None]  # [B, H, L, 1]
     out = out_c.float() * w_c + out_n.float() * w_n
