@@ -28,7 +28,7 @@ from pydantic import (
 
 from data.contracts import NotesMap, RunSnapshot, StrategyMetrics, TokenRecord, unix_newlines
 from data.settings import get_settings
-from worker.engine.vocabulary import STRATEGIES, unknown_strategies, with_recompute
+from vocabulary import STRATEGIES, unknown_strategies, with_recompute
 
 _s = get_settings()
 MAX_DB_ID = 2**63 - 1
@@ -246,7 +246,7 @@ class RunCreate(BaseModel):
 
 
 class StrategyResultOut(StrategyMetrics):
-    """One strategy's metrics (`worker.engine.vocabulary.METRICS`) and the shape of its attention."""
+    """One strategy's metrics (`vocabulary.METRICS`) and the shape of its attention."""
 
     model_config = ConfigDict(from_attributes=True)
 

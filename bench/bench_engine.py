@@ -64,7 +64,7 @@ from worker.engine.edit import Editor, common_prefix, diff_blocks, extend  # noq
 from worker.engine.notes import cache_from_layers  # noqa: E402
 from worker.engine.offsets import apply_fields  # noqa: E402
 from worker.engine.readout import _forward, _score_choices  # noqa: E402
-from worker.engine.vocabulary import render_erratum  # noqa: E402
+from vocabulary import render_erratum  # noqa: E402
 
 FAST = ("prefix_reuse", "stale", "in_place", "erratum", "field_erratum", "selective")
 
@@ -182,7 +182,7 @@ def breakdown(eng, notes, field: Field, question: Question, device: str, repeats
     holding any appended (pending) erratum tokens, the question and every choice (the engine's
     fast path), against the same readout done as three separate forwards (for comparison)."""
     from worker.engine.readout import decide
-    from worker.engine.vocabulary import render_erratum
+    from vocabulary import render_erratum
 
     new_text = apply_fields(notes.text, [field])
     new_ids, new_offsets, new_segments = eng.tokenize_document(new_text)

@@ -12,7 +12,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, create_model
 
-from worker.engine.vocabulary import METRICS
+from vocabulary import METRICS
 
 
 def unix_newlines(text: str) -> str:
@@ -115,6 +115,6 @@ def _metric_fields() -> dict[str, Any]:
 StrategyMetrics = create_model(
     "StrategyMetrics",
     __base__=BaseModel,
-    __doc__="One strategy's decision and fidelity against recompute (`worker.engine.vocabulary.METRICS`).",
+    __doc__="One strategy's decision and fidelity against recompute (`vocabulary.METRICS`).",
     **_metric_fields(),
 )

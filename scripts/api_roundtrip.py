@@ -24,7 +24,7 @@ from pathlib import Path
 
 import httpx
 
-from worker.engine.vocabulary import STRATEGIES
+from vocabulary import STRATEGIES
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "shipment-log.json"
 

@@ -2,7 +2,7 @@
 
 Layers, bottom to top — every import points down:
 
-    vocabulary  worker/engine/vocabulary.py   the shared words; imports nothing but the stdlib
+    vocabulary  vocabulary/   the shared words; imports nothing but the stdlib
     engine      worker/engine/                torch + transformers; never the web, database or queue
     data        data/                         settings, ORM models, contracts, queue client
     web         app/                          FastAPI pages and API; never torch or the worker's tasks
@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-PACKAGES = ("app", "data", "worker")
+PACKAGES = ("app", "data", "vocabulary", "worker")
 MAX_LINES = 400
 LONG_FILE_REASON = "Longer than 400 lines because"
 
@@ -41,7 +41,7 @@ RULES: dict[str, tuple[set[str], set[str]]] = {
 
 
 def layer_of(module: str) -> str | None:
-    if module == "worker.engine.vocabulary":
+    if module == "vocabulary" or module.startswith("vocabulary."):
         return "vocabulary"
     if module == "worker.engine" or module.startswith("worker.engine."):
         return "engine"
@@ -182,8 +182,18 @@ def test_the_engine_loads_no_celery_database_web_or_data_layer():
 
 
 def test_the_shared_vocabulary_loads_nothing_heavy():
-    assert loaded_by("worker.engine.vocabulary", {"torch", "transformers", "numpy", "sqlalchemy", "pydantic"},
+    assert loaded_by("vocabulary", {"torch", "transformers", "numpy", "sqlalchemy", "pydantic"},
                      WORKER_MODULES) == []
+
+
+def test_importing_the_data_or_web_layer_sets_no_environment_variable():
+    """Thread settings belong to the worker's and the CLI's entry points, not to an import."""
+    code = ("import os; os.environ.pop('OMP_WAIT_POLICY', None); import data.contracts, app.main; "
+            "print(os.environ.get('OMP_WAIT_POLICY'))")
+    env = {k: v for k, v in __import__("os").environ.items() if k != "OMP_WAIT_POLICY"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120,
+                         cwd=REPO, env=env)
+    assert out.stdout.split() == ["None"]
 
 
 def test_the_data_layer_loads_no_torch_or_web():
@@ -198,7 +208,7 @@ def test_the_metric_list_is_the_vocabulary_everywhere():
     from app.schemas import StrategyResultOut
     from data.models import RunResult
     from worker.engine.types import StrategyResult
-    from worker.engine.vocabulary import METRIC_NAMES
+    from vocabulary import METRIC_NAMES
 
     assert tuple(f.name for f in dataclass_fields(StrategyResult)) == METRIC_NAMES
     assert set(METRIC_NAMES) <= set(RunResult.__table__.columns.keys())

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -193,7 +194,15 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def quiet_idle_threads() -> None:
+    """Idle OpenMP threads sleep instead of spinning: on a shared 2-core machine, spinning threads of
+    two processes made a 28-token forward take 5.5 s instead of 0.27 s (docs/benchmarks.md). It must
+    be set before torch loads; child processes (the supervised Celery worker) inherit it."""
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+
 def main(argv: list[str] | None = None) -> int:
+    quiet_idle_threads()
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     args = build_parser().parse_args(argv)
     from worker.account_commands import CommandError

@@ -21,7 +21,7 @@ from worker.engine import (
     StrategyResult,
 )
 from worker.engine.types import Attention, Attribution
-from worker.engine.vocabulary import METRIC_NAMES
+from vocabulary import METRIC_NAMES
 from worker.run_rows import session
 
 

@@ -12,7 +12,7 @@ from data.accounts import LOCAL_USER
 from data.models import Erratum, Field, Notebook, Placement, Question, Run, Skill, utcnow
 from data.queue import revoke
 from data.settings import get_settings
-from worker.engine.vocabulary import render_erratum
+from vocabulary import render_erratum
 
 
 def touch(notebook: Notebook) -> None:

@@ -27,7 +27,7 @@ from app.web.run_view import (
     word_diff,
 )
 from data.models import Notebook, Run
-from worker.engine.vocabulary import METRICS
+from vocabulary import METRICS
 
 
 @dataclass(frozen=True)

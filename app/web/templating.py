@@ -19,7 +19,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from data.db import get_sessionmaker
 from data.models import as_utc
 from data.workers import models_without_worker
-from worker.engine.vocabulary import DEFAULT_STRATEGIES, STRATEGIES, STRATEGY_HELP
+from vocabulary import DEFAULT_STRATEGIES, STRATEGIES, STRATEGY_HELP
 
 ROOT = Path(__file__).resolve().parents[2]
 TEMPLATES_DIR = ROOT / "templates"

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
-from worker.engine.vocabulary import STRATEGIES as ALL_STRATEGIES
+from vocabulary import STRATEGIES as ALL_STRATEGIES
 
 DOC = "Customer record. status: active. age: 34. Only active customers may log in."
 STRATEGIES = list(ALL_STRATEGIES)

@@ -12,7 +12,7 @@ from worker.engine.attribution import _first_token_logits, _patched, _stack
 from worker.engine.compare import normalize_answer, same_answer, token_f1
 from worker.engine.notes import cache_from_layers
 from worker.engine.readout import answer_nll
-from worker.engine.vocabulary import render_erratum
+from vocabulary import render_erratum
 
 TEXT = ("Account record\nstatus: active\nregion: north\nplan: basic\n"
         "Only accounts whose status is active may log in. Support answers within a day.\n")

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from worker.engine.vocabulary import METRIC_NAMES
+from vocabulary import METRIC_NAMES
 
 DOC = "Account record.\nstatus: active\nowner: Ada\nOnly active accounts may log in.\n"
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import applied, kvnotes_env
-from worker.engine.vocabulary import STRATEGIES
+from vocabulary import STRATEGIES
 
 pytestmark = pytest.mark.slow
 

@@ -6,7 +6,7 @@
     report = eng.edit(notes, fields=[Field(start, end, "new value", "label")],
                       question=Question("…?", choices=("approve", "deny")))
 
-The names below are loaded on first use (PEP 562), so `import worker.engine.vocabulary` — the
+The names below are loaded on first use (PEP 562), so `import vocabulary` — the
 torch-free words the web app shares with the engine — does not load torch.
 """
 
@@ -21,7 +21,7 @@ _EXPORTS = {
     "load": "worker.engine.engine",
     "Notes": "worker.engine.notes",
     "NotPortableError": "worker.engine.rope",
-    "STRATEGIES": "worker.engine.vocabulary",
+    "STRATEGIES": "vocabulary",
     "Attention": "worker.engine.types",
     "EngineError": "worker.engine.types",
     "Field": "worker.engine.types",
@@ -45,7 +45,7 @@ if TYPE_CHECKING:
     from worker.engine.rope import NotPortableError
     from worker.engine.run import RunRequest
     from worker.engine.types import Attention, EngineError, Field, Question, Report, StrategyResult, TokenView
-    from worker.engine.vocabulary import STRATEGIES
+    from vocabulary import STRATEGIES
 
 
 def __getattr__(name: str) -> Any:

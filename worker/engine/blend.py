@@ -37,7 +37,7 @@ from worker.engine.readout import answer_nll, decide
 from worker.engine.run import Engine, Outcome, _attention, result_of
 from worker.engine.selective import has_sliding_window, movement, recompute_selected, top_fraction
 from worker.engine.types import EngineError, ProgressFn, Question, Report
-from worker.engine.vocabulary import unknown_compose_strategies, with_recompute
+from vocabulary import unknown_compose_strategies, with_recompute
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,7 @@ from worker.engine.run import run as run_request
 from worker.engine.split_attention import install as install_split_attention
 from worker.engine.store import KVStore
 from worker.engine.types import EngineError, Field, ProgressFn, Question, Report
-from worker.engine.vocabulary import DEFAULT_TEMPLATE, STRATEGIES
+from vocabulary import DEFAULT_TEMPLATE, STRATEGIES
 
 log = logging.getLogger(__name__)
 

@@ -33,7 +33,7 @@ from worker.engine.types import (
     StrategyResult,
     TokenView,
 )
-from worker.engine.vocabulary import (
+from vocabulary import (
     AUTO_CANDIDATES,
     DEFAULT_TEMPLATE,
     STRATEGIES,

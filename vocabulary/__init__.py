@@ -3,7 +3,7 @@ the metrics a strategy is judged by.
 
 Plain Python that imports nothing, so the web app (which never loads torch) and the engine read one
 definition. It lives in the engine because these are the engine's concepts; `worker/engine/__init__`
-loads its torch-backed modules lazily, so `import worker.engine.vocabulary` costs nothing.
+loads its torch-backed modules lazily, so `import vocabulary` costs nothing.
 """
 
 from __future__ import annotations
