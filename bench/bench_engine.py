@@ -59,12 +59,12 @@ from floor import EditShape, Machine, floor_ms, measure_machine, shape_of, strat
 from plots import latency as plot_latency  # noqa: E402
 from plots import speedup_by_position  # noqa: E402
 
+from vocabulary import render_erratum  # noqa: E402
 from worker.engine import STRATEGIES, Field, Question, load  # noqa: E402
 from worker.engine.edit import Editor, common_prefix, diff_blocks, extend  # noqa: E402
 from worker.engine.notes import cache_from_layers  # noqa: E402
 from worker.engine.offsets import apply_fields  # noqa: E402
 from worker.engine.readout import _forward, _score_choices  # noqa: E402
-from vocabulary import render_erratum  # noqa: E402
 
 FAST = ("prefix_reuse", "stale", "in_place", "erratum", "field_erratum", "selective")
 
@@ -181,8 +181,8 @@ def breakdown(eng, notes, field: Field, question: Question, device: str, repeats
     """Where the time of recompute and erratum goes: the surgery, then the readout — one forward
     holding any appended (pending) erratum tokens, the question and every choice (the engine's
     fast path), against the same readout done as three separate forwards (for comparison)."""
-    from worker.engine.readout import decide
     from vocabulary import render_erratum
+    from worker.engine.readout import decide
 
     new_text = apply_fields(notes.text, [field])
     new_ids, new_offsets, new_segments = eng.tokenize_document(new_text)

@@ -24,10 +24,10 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 from data.settings import get_settings  # noqa: E402
+from vocabulary import STRATEGIES  # noqa: E402
 from worker.engine import Field, Placement, Question, RunRequest, load  # noqa: E402
 from worker.engine.attribution import notes_map  # noqa: E402
 from worker.engine.edit import Editor  # noqa: E402
-from vocabulary import STRATEGIES  # noqa: E402
 
 FIELDS = [  # label, old value, new value
     ("status", "active", "suspended"), ("city", "Lisbon", "Warsaw"), ("plan", "basic", "premium"),

@@ -207,8 +207,8 @@ def test_the_metric_list_is_the_vocabulary_everywhere():
     """`METRICS` is the one list: the engine's result, the database columns and the API carry it."""
     from app.schemas import StrategyResultOut
     from data.models import RunResult
-    from worker.engine.types import StrategyResult
     from vocabulary import METRIC_NAMES
+    from worker.engine.types import StrategyResult
 
     assert tuple(f.name for f in dataclass_fields(StrategyResult)) == METRIC_NAMES
     assert set(METRIC_NAMES) <= set(RunResult.__table__.columns.keys())

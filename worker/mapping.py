@@ -9,6 +9,7 @@ import numpy as np
 from data.contracts import NotesMap, NotesSpan, RunSnapshot, SnapshotPlacement, TokenRecord
 from data.models import RunResult, Skill
 from data.settings import get_settings
+from vocabulary import METRIC_NAMES
 from worker.engine import (
     Engine,
     EngineError,
@@ -21,7 +22,6 @@ from worker.engine import (
     StrategyResult,
 )
 from worker.engine.types import Attention, Attribution
-from vocabulary import METRIC_NAMES
 from worker.run_rows import session
 
 

@@ -9,11 +9,11 @@ import pytest
 import torch
 from transformers import DynamicCache
 
+from vocabulary import METRIC_NAMES, STRATEGIES
 from worker.engine import EngineError, Field, NotPortableError, Question, load
 from worker.engine.compose import splice
 from worker.engine.edit import Editor, diff_blocks
 from worker.engine.rope import LayerRope, RopeLayout, shift_keys
-from vocabulary import METRIC_NAMES, STRATEGIES
 
 PORTABLE = ["tiny-llama", "tiny-qwen3", "tiny-mistral", "tiny-gemma3", "tiny-phi", "tiny-llama3",
             "tiny-yarn", "tiny-moe"]

@@ -7,12 +7,12 @@ from __future__ import annotations
 import pytest
 import torch
 
+from vocabulary import render_erratum
 from worker.engine import Field, Question, RunRequest, load
 from worker.engine.attribution import _first_token_logits, _patched, _stack
 from worker.engine.compare import normalize_answer, same_answer, token_f1
 from worker.engine.notes import cache_from_layers
 from worker.engine.readout import answer_nll
-from vocabulary import render_erratum
 
 TEXT = ("Account record\nstatus: active\nregion: north\nplan: basic\n"
         "Only accounts whose status is active may log in. Support answers within a day.\n")

@@ -39,13 +39,13 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
+    from vocabulary import STRATEGIES
     from worker.engine.compose import Placement
     from worker.engine.engine import Engine, load
     from worker.engine.notes import Notes
     from worker.engine.rope import NotPortableError
     from worker.engine.run import RunRequest
     from worker.engine.types import Attention, EngineError, Field, Question, Report, StrategyResult, TokenView
-    from vocabulary import STRATEGIES
 
 
 def __getattr__(name: str) -> Any:

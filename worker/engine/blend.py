@@ -29,6 +29,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from vocabulary import unknown_compose_strategies, with_recompute
 from worker.engine.compose import Layout, lay_out, splice_all
 from worker.engine.edit import Surgery
 from worker.engine.forward import Deferred, cut, extend
@@ -37,7 +38,6 @@ from worker.engine.readout import answer_nll, decide
 from worker.engine.run import Engine, Outcome, _attention, result_of
 from worker.engine.selective import has_sliding_window, movement, recompute_selected, top_fraction
 from worker.engine.types import EngineError, ProgressFn, Question, Report
-from vocabulary import unknown_compose_strategies, with_recompute
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 
+from vocabulary import DEFAULT_TEMPLATE, STRATEGIES
 from worker.engine.blend import Blend, compose_run
 from worker.engine.compose import Placement, lay_out, splice_all, token_boundary
 from worker.engine.edit import extend
@@ -31,7 +32,6 @@ from worker.engine.run import run as run_request
 from worker.engine.split_attention import install as install_split_attention
 from worker.engine.store import KVStore
 from worker.engine.types import EngineError, Field, ProgressFn, Question, Report
-from vocabulary import DEFAULT_TEMPLATE, STRATEGIES
 
 log = logging.getLogger(__name__)
 

@@ -13,6 +13,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from vocabulary import (
+    AUTO_CANDIDATES,
+    DEFAULT_TEMPLATE,
+    STRATEGIES,
+    render_erratum,
+    unknown_strategies,
+    with_recompute,
+)
 from worker.engine.attention import capture_attention
 from worker.engine.attribution import notes_map
 from worker.engine.compare import fidelity, same_answer, token_f1
@@ -32,14 +40,6 @@ from worker.engine.types import (
     Report,
     StrategyResult,
     TokenView,
-)
-from vocabulary import (
-    AUTO_CANDIDATES,
-    DEFAULT_TEMPLATE,
-    STRATEGIES,
-    render_erratum,
-    unknown_strategies,
-    with_recompute,
 )
 
 
