@@ -1,0 +1,21 @@
+"""Reserved slot in the migration chain: the registry's per-strategy results (helper A). Filled by the change that needs it.
+
+Revision ID: 0005
+Revises: 0004
+Create Date: 2026-12-01
+"""
+
+from collections.abc import Sequence
+
+revision: str = "0005"
+down_revision: str | None = "0004"
+branch_labels: str | Sequence[str] | None = None
+depends_on: str | Sequence[str] | None = None
+
+
+def upgrade() -> None:
+    pass
+
+
+def downgrade() -> None:
+    pass
