@@ -4,7 +4,11 @@ span of notes coloured by the share of the decision gap it closes). The browser 
 a PNG (`static/js/exports.js`); the SVG is the one drawing.
 
 Text is laid out in a monospace font on a fixed grid (the server cannot measure proportional
-text), wrapped at a fixed number of characters per line, newlines kept.
+text), wrapped at a fixed number of characters per line, newlines kept. Each token is one
+`<text class="token" data-segment=…>` whose text is the token's own, spaces and newlines included,
+so the document's tokens read back as the document. Renderers collapse whitespace in SVG text, so
+every run of characters is a `<tspan>` placed on the grid by itself (`x`, and `textLength` so a
+fallback font cannot drift off the grid): the picture keeps its spaces whatever the renderer does.
 """
 
 from __future__ import annotations
@@ -21,11 +25,12 @@ CHAR_W, LINE_H, FONT = 7.2, 18, 12  # px: DejaVu Sans Mono 12px advances 7.2px
 PAD = 12
 FONT_FAMILY = "DejaVu Sans Mono, Menlo, Consolas, monospace"
 OUTLINE = ' stroke="#1d2330" stroke-width="1.5"'
-_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
+_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")  # XML 1.0 has no place for these
+_CHUNKS = re.compile(r"\s+|\S+")
 
 
 def xml_text(text: str) -> str:
-    return html.escape(_CONTROL.sub("", text.replace("\t", "    ")), quote=True)
+    return html.escape(_CONTROL.sub("", text), quote=True).replace("\r", "&#13;")  # kept through XML's newline rule
 
 
 @dataclass(frozen=True)
@@ -41,6 +46,7 @@ class Stretch:
     outline: bool = False
     bold: bool = False
     strike: bool = False
+    segment: str = ""  # a token's segment (document, question, …); "" for text that is not a token
 
 
 @dataclass(frozen=True)
@@ -53,12 +59,14 @@ class Placed:
 
 def layout(runs: Iterable[Stretch], width: int) -> tuple[list[Placed], int]:
     """Place each run's characters on a `width`-character grid; a run that crosses a line end is
-    cut in pieces; '\\n' starts a new line. Returns the pieces and the number of lines."""
+    cut in pieces; '\\n' ends its piece (kept in its text) and starts a new line. Returns the pieces
+    and the number of lines."""
     placed: list[Placed] = []
     line = col = 0
     for run in runs:
         for k, part in enumerate(run.text.split("\n")):
             if k:
+                placed.append(Placed(run, "\n", line, col))
                 line, col = line + 1, 0
             while part:
                 room = width - col
@@ -71,11 +79,24 @@ def layout(runs: Iterable[Stretch], width: int) -> tuple[list[Placed], int]:
     return placed, line + 1
 
 
+def _tspans(text: str, x: float, y: float) -> str:
+    """`text` as tspans, each run of spaces or of other characters placed on the grid by itself."""
+    out, col = [], 0
+    for chunk in _CHUNKS.findall(text):
+        fit = "" if chunk.isspace() else f' textLength="{len(chunk) * CHAR_W:.1f}" lengthAdjust="spacingAndGlyphs"'
+        out.append(f'<tspan x="{x + col * CHAR_W:.1f}" y="{y:.1f}"{fit}>{xml_text(chunk)}</tspan>')
+        col += len(chunk)
+    return "".join(out)
+
+
 def _draw(placed: list[Placed], x0: float, y0: float) -> list[str]:
     out = []
     for p in placed:
         x, y, w = x0 + p.col * CHAR_W, y0 + p.line * LINE_H, len(p.text) * CHAR_W
         r = p.run
+        if p.text == "\n":  # the line's end: kept as text, drawn as nothing
+            out.append(_text(r, "\n", x, y))
+            continue
         tip = f"<title>{xml_text(r.title)}</title>" if r.title else ""
         if r.bg:
             stroke = OUTLINE if r.outline else ""
@@ -86,15 +107,20 @@ def _draw(placed: list[Placed], x0: float, y0: float) -> list[str]:
             dash = ' stroke-dasharray="2 2"' if r.underline == "dotted" else ""
             out.append(f'<line x1="{x:.1f}" x2="{x + w:.1f}" y1="{y + LINE_H - 3:.1f}" y2="{y + LINE_H - 3:.1f}" '
                        f'stroke="{r.fg or "#1d2330"}" stroke-width="1.5"{dash}/>')
-        if p.text.strip():
-            style = (' font-weight="700"' if r.bold else "") + (' text-decoration="line-through"' if r.strike else "")
-            out.append(f'<text x="{x:.1f}" y="{y + LINE_H - 6:.1f}" fill="{r.fg or "#1d2330"}"{style}>{xml_text(p.text)}</text>')
+        out.append(_text(r, p.text, x, y))
     return out
+
+
+def _text(r: Stretch, text: str, x: float, y: float) -> str:
+    """One piece of a stretch as a <text>: a token's carries its class and segment."""
+    style = (' font-weight="700"' if r.bold else "") + (' text-decoration="line-through"' if r.strike else "")
+    token = f' class="token" data-segment="{xml_text(r.segment)}"' if r.segment else ""
+    return f'<text{token} fill="{r.fg or "#1d2330"}"{style}>{_tspans(text, x, y + LINE_H - 6)}</text>'
 
 
 def _svg(width: float, height: float, body: list[str], title: str) -> str:
     return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{width:.0f}" height="{height:.0f}" '
-            f'viewBox="0 0 {width:.0f} {height:.0f}" font-family="{FONT_FAMILY}" font-size="{FONT}" xml:space="preserve" style="white-space:pre">'
+            f'viewBox="0 0 {width:.0f} {height:.0f}" font-family="{FONT_FAMILY}" font-size="{FONT}">'
             f"<title>{xml_text(title)}</title>"
             '<defs><pattern id="hatch" width="4" height="4" patternUnits="userSpaceOnUse" patternTransform="rotate(45)">'
             '<rect width="1" height="4" fill="rgba(0,0,0,.18)"/></pattern></defs>'
@@ -110,7 +136,7 @@ def _ramp_bar(x: float, y: float, stops: list[str], ident: str, label: str) -> l
 
 def _cells(cells: list[Cell], diff: bool = False) -> list[Stretch]:
     return [Stretch(c.text, c.bg, c.fg or None, c.title, underline={"pos": "solid", "neg": "dotted"}.get(c.sign, "") if diff else "",
-                 hatched=c.unmatched, outline=c.query) for c in cells]
+                    hatched=c.unmatched, outline=c.query, segment=c.segment) for c in cells]
 
 
 def heatmap_svg(panels: HeatmapPanels, heading: str, width_chars: int = 56) -> str:
@@ -129,8 +155,9 @@ def heatmap_svg(panels: HeatmapPanels, heading: str, width_chars: int = 56) -> s
         placed, n = layout(runs, width_chars)
         lines = max(lines, n)
         x0 = k * panel_w + PAD
-        body.append(f'<text x="{x0}" y="{top - 6}" font-weight="700" fill="#1d2330">{xml_text(name)}</text>')
-        body += _draw(placed, x0, top)
+        body.append(f'<g class="panel" data-panel="{xml_text(name)}">'
+                    f'<text x="{x0}" y="{top - 6}" font-weight="700" fill="#1d2330">{xml_text(name)}</text>')
+        body += [*_draw(placed, x0, top), "</g>"]
     return _svg(3 * panel_w, top + lines * LINE_H + PAD, body, heading)
 
 
