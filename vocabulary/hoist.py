@@ -40,6 +40,18 @@ class FieldSpan(Protocol):
 
 
 @dataclass(frozen=True)
+class Piece:
+    """A run [start, end) of the hoisted text copied from [source_start, source_end) of the
+    document; `whole`: a field's new value, which stands for the whole field."""
+
+    start: int
+    end: int
+    source_start: int
+    source_end: int
+    whole: bool = False
+
+
+@dataclass(frozen=True)
 class Hoisted:
     """A hoisted document.
 
@@ -47,12 +59,25 @@ class Hoisted:
     tail_start: where the tail begins in `text` (everything before it is the kept body).
     prefix_end: where the first moved line began in the original document: text[:prefix_end] equals
         document[:prefix_end], the part a layout change leaves untouched.
-    moved: the [start, end) character spans of the original document's lines that moved."""
+    moved: the [start, end) character spans of the original document's lines that moved.
+    pieces: where each run of `text` came from (`source` reads them)."""
 
     text: str
     tail_start: int
     prefix_end: int
     moved: tuple[tuple[int, int], ...]
+    pieces: tuple[Piece, ...] = ()
+
+    def source(self, start: int, end: int) -> tuple[int, int]:
+        """A span of `text` → the span of the original document it came from: text inside a new value
+        maps to its whole field, a supplied newline to (-1, -1)."""
+        for piece in self.pieces:
+            if piece.start <= start < piece.end:
+                if piece.whole:
+                    return piece.source_start, piece.source_end
+                at = piece.source_start + start - piece.start
+                return at, at + end - start
+        return -1, -1
 
     @property
     def tail(self) -> str:
@@ -71,12 +96,21 @@ def hoist(document: str, fields: Sequence[FieldSpan],
     ordered = _checked(document, fields)
     moved = _line_spans(document, ordered)
     if not moved:
-        return Hoisted(document, len(document), len(document), ())
-    body = "".join(document[a:b] for a, b in _kept_spans(document, moved))
+        return Hoisted(document, len(document), len(document), (), (Piece(0, len(document), 0, len(document)),))
+    runs = [(document[a:b], a, b, False) for a, b in _kept_spans(document, moved)]
+    body = "".join(run[0] for run in runs)
     if body and not body.endswith("\n"):
-        body += "\n"
-    tail = "".join(_line_text(document, span, ordered, values) for span in moved)
-    return Hoisted(body + tail, len(body), moved[0][0], tuple(moved))
+        runs.append(("\n", -1, -1, False))
+    body_length = sum(len(run[0]) for run in runs)
+    for span in moved:
+        runs += _line_runs(document, span, ordered, values)
+    text, pieces, at = [], [], 0
+    for chunk, a, b, whole in runs:
+        if chunk and a >= 0:
+            pieces.append(Piece(at, at + len(chunk), a, b, whole))
+        text.append(chunk)
+        at += len(chunk)
+    return Hoisted("".join(text), body_length, moved[0][0], tuple(moved), tuple(pieces))
 
 
 def _checked(document: str, fields: Sequence[FieldSpan]) -> list[FieldSpan]:
@@ -117,16 +151,17 @@ def _kept_spans(document: str, moved: Sequence[tuple[int, int]]) -> list[tuple[i
     return kept
 
 
-def _line_text(document: str, span: tuple[int, int], fields: Sequence[FieldSpan],
-               values: str) -> str:
-    """One moved line with its fields' values in place (new ones, or the document's own)."""
+def _line_runs(document: str, span: tuple[int, int], fields: Sequence[FieldSpan],
+               values: str) -> list[tuple[str, int, int, bool]]:
+    """One moved line as runs (text, source start, source end, whole), its fields' values in place
+    (new ones, or the document's own)."""
     a, b = span
     if values == "old":
-        return document[a:b]
-    parts, at = [], a
+        return [(document[a:b], a, b, False)]
+    runs, at = [], a
     for f in fields:
         if a <= f.start and f.end <= b:
-            parts += [document[at:f.start], f.new_value]
+            runs += [(document[at:f.start], at, f.start, False), (f.new_value, f.start, f.end, True)]
             at = f.end
-    parts.append(document[at:b])
-    return "".join(parts)
+    runs.append((document[at:b], at, b, False))
+    return runs

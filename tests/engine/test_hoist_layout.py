@@ -49,3 +49,11 @@ def test_overlapping_or_out_of_range_fields_are_refused_by_name():
         hoist(DOC, [Span(0, 5, "a"), Span(3, 8, "b")])
     with pytest.raises(ValueError, match="outside the document"):
         hoist(DOC, [Span(30, 40, "a")])
+
+
+def test_every_hoisted_character_maps_back_to_where_it_came_from():
+    h = hoist(DOC, [_field(DOC, "active", "suspended")])
+    tail = h.tail_start
+    assert h.source(0, 4) == (15, 19)  # "name" of the kept body
+    assert h.source(tail, tail + 6) == (0, 6)  # "status" of the moved line
+    assert h.source(tail + 8, tail + 9) == (8, 14)  # inside the new value: the whole field
