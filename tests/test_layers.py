@@ -4,6 +4,7 @@ Layers, bottom to top — every import points down:
 
     vocabulary  vocabulary/   the shared words; imports nothing but the stdlib
     engine      worker/engine/                torch + transformers; never the web, database or queue
+    serving     serving/                      the vLLM replay: httpx + vocabulary; never torch, data or app
     data        data/                         settings, ORM models, contracts, queue client
     web         app/                          FastAPI pages and API; never torch or the worker's tasks
     worker      worker/ (tasks, Celery app)   the engine and the data layer; never FastAPI or app
@@ -24,7 +25,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-PACKAGES = ("app", "data", "vocabulary", "worker")
+PACKAGES = ("app", "data", "serving", "vocabulary", "worker")
 MAX_LINES = 400
 LONG_FILE_REASON = "Longer than 400 lines because"
 
@@ -33,10 +34,12 @@ RULES: dict[str, tuple[set[str], set[str]]] = {
     "vocabulary": ({"vocabulary"}, set()),  # plus: stdlib only, checked below
     "engine": ({"engine", "vocabulary"}, {"celery", "kombu", "sqlalchemy", "alembic", "fastapi", "starlette",
                                           "uvicorn", "pydantic", "pydantic_settings"}),
+    "serving": ({"serving", "vocabulary"}, {"torch", "transformers", "safetensors", "celery", "kombu", "sqlalchemy",
+                                            "alembic", "fastapi", "starlette", "uvicorn"}),
     "data": ({"data", "vocabulary"}, {"torch", "transformers", "fastapi", "starlette", "uvicorn"}),
-    "web": ({"web", "data", "vocabulary"}, {"torch", "transformers", "safetensors"}),
-    "worker": ({"worker", "engine", "data", "vocabulary"}, {"fastapi", "starlette", "uvicorn"}),
-    "commands": ({"commands", "worker", "engine", "data", "vocabulary"}, {"fastapi", "starlette"}),
+    "web": ({"web", "data", "serving", "vocabulary"}, {"torch", "transformers", "safetensors"}),
+    "worker": ({"worker", "engine", "data", "serving", "vocabulary"}, {"fastapi", "starlette", "uvicorn"}),
+    "commands": ({"commands", "worker", "engine", "data", "serving", "vocabulary"}, {"fastapi", "starlette"}),
 }
 
 
@@ -48,7 +51,7 @@ def layer_of(module: str) -> str | None:
     if module in ("worker.cli", "worker.serve"):
         return "commands"
     top = module.split(".")[0]
-    return {"data": "data", "app": "web", "worker": "worker"}.get(top)
+    return {"data": "data", "serving": "serving", "app": "web", "worker": "worker"}.get(top)
 
 
 def module_name(path: Path) -> str:
@@ -194,6 +197,11 @@ def test_importing_the_data_or_web_layer_sets_no_environment_variable():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120,
                          cwd=REPO, env=env)
     assert out.stdout.split() == ["None"]
+
+
+def test_the_serving_replay_loads_no_torch_database_or_web():
+    forbidden = {"torch", "transformers", "sqlalchemy", "celery", "fastapi", "starlette", "app", "data"}
+    assert loaded_by("serving", forbidden, WORKER_MODULES) == []
 
 
 def test_the_data_layer_loads_no_torch_or_web():

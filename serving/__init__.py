@@ -1,0 +1,19 @@
+"""The serving replay: the same field edits sent to a real OpenAI-compatible server (vLLM) as
+in-place rewrites, errata and hoisted fields, with the server's own prefix-cache hits, TTFT and
+throughput measured per variant.
+
+kvnotes drives the user's serving engine; it never re-implements one. Torch-free (httpx and the
+shared vocabulary only), so the web app, the worker and the command line call the same code:
+
+    from serving import ReplaySpec, replay
+    result = replay(ReplaySpec(document, start, end, "destination", ("Madrid", "Rome"), question),
+                    url="http://127.0.0.1:8100/v1", model="smollm2-135m")
+    result.to_dict()  # {"variants": {"in_place": {...}, "erratum": {...}, "hoist": {...}}, ...}
+"""
+
+from serving.replay import ReplayResult, VariantResult, replay
+from serving.server import ReplayError, Server, ServerInfo
+from serving.streams import VARIANTS, PlannedRequest, ReplaySpec, arrivals, plan_variant
+
+__all__ = ["VARIANTS", "PlannedRequest", "ReplayError", "ReplayResult", "ReplaySpec", "Server", "ServerInfo",
+           "VariantResult", "arrivals", "plan_variant", "replay"]
