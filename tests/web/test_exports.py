@@ -53,3 +53,13 @@ def test_every_run_of_characters_sits_on_the_grid_by_itself(client) -> None:
     group = next(g for g in root.iter(f"{SVG}g") if g.get("data-panel") == "recompute")
     xs = {s.text: float(s.get("x")) for s in group.iter(f"{SVG}tspan") if s.text in ("You", "are")}
     assert xs["are"] - xs["You"] == pytest.approx(4 * 7.2, abs=0.06)  # "You" + one space
+
+
+def test_data_json_link_carries_the_view_on_screen(client) -> None:
+    _, run = finished(client)
+    page = client.get(f"/runs/{run}?strategy=stale&layer=1&head=2&agg=max").text
+    link = f'href="/runs/{run}/export.json?strategy=stale&amp;layer=1&amp;head=2&amp;agg=max"'
+    assert link in page and f'data-view-link="/runs/{run}/export.json"' in page  # heatmap.js rewrites it
+    data = client.get(f"/runs/{run}/export.json?strategy=stale&layer=1&head=2&agg=max").json()
+    assert data["permalink"] == f"/runs/{run}?strategy=stale&layer=1&head=2&agg=max"
+    assert data["view"]["strategy"] == "stale" and data["view"]["layer"] == 1 and data["view"]["head"] == 2
