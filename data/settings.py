@@ -45,6 +45,11 @@ class Settings(BaseSettings):
     max_erratum_chars: int = Field(default=5_000, validation_alias="KVNOTES_MAX_ERRATUM_CHARS")
     max_title_chars: int = Field(default=200, validation_alias="KVNOTES_MAX_TITLE_CHARS")
 
+    # The serving replay (docs/serving.md): an OpenAI-compatible vLLM server and the model it serves
+    # ("" = the one model it serves), the defaults of `kvnotes replay` and the notebook's Serving panel.
+    vllm_url: str = Field(default="", validation_alias="KVNOTES_VLLM_URL")
+    vllm_model: str = Field(default="", validation_alias="KVNOTES_VLLM_MODEL")
+
     # A run whose worker has sent no heartbeat for this long is marked failed (the watchdog).
     heartbeat_max_age_s: float = Field(default=120.0, validation_alias="KVNOTES_HEARTBEAT_MAX_AGE")
 
