@@ -26,6 +26,7 @@ from app.web.run_view import (
     top_spans,
     word_diff,
 )
+from app.web.verdict_view import headline
 from data.models import Notebook, Run
 from vocabulary import METRICS
 
@@ -76,6 +77,7 @@ def run_context(session: Session, run: Run) -> dict[str, Any]:
     notes_map = run.attribution
     return dict(
         run=run, rows=rows, agree=agree, compared=compared, answers=answers,
+        headline=headline(rows, bool(run.snapshot.fields)),
         snapshot=run.snapshot, pieces=snapshot_pieces(run.snapshot),
         notebook=session.get(Notebook, run.notebook_id) if run.notebook_id else None,
         attention_strategies=with_attention, attention_shape=_shape(run),

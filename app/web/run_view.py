@@ -1,6 +1,7 @@
 """What the run page shows, computed from a run's rows: the decision diff table (one row per
-strategy against recompute), word-level differences of generated answers, the snapshot drawn
-with its fields, and the token alignment the attention difference needs.
+strategy against recompute, each with whether it follows the edit: `app.web.verdict_view`),
+word-level differences of generated answers, the snapshot drawn with its fields, and the token
+alignment the attention difference needs.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from dataclasses import dataclass
 
 from app.services.attention import align_tokens, head_differences  # noqa: F401 (the run page's names for them)
 from app.web.heatmap_view import text_on
+from app.web.verdict_view import Mark, Timing, followed, groups, mark, timing, verdict_applies
 from data.contracts import NotesMap, NotesSpan, RunSnapshot, SnapshotField
 from data.models import Run, RunResult
 
@@ -20,32 +22,55 @@ class DecisionRow:
     strategy: str
     result: RunResult | None
     is_reference: bool
-    agrees: bool
+    agrees: bool  # names the value recompute names (when it names one), else the same decision
     tokens_pct: float | None  # tokens computed as % of recompute's
     speedup: float | None  # recompute's time to first token / this strategy's (latency for older runs)
+    followed: str | None = None  # edit_followed: new | old | both | neither; None: answers name no value
+    mark: Mark | None = None  # what the decision cell leads with
+    timing: Timing | None = None  # set when the speed-up is too short to time, with why
 
 
 EXACT_KL = 1e-6  # below this a strategy's first-token distribution is recompute's: nothing to see
 
 
 def decision_rows(run: Run) -> list[DecisionRow]:
+    """One row per strategy, recompute first. `run` may lack a snapshot (the home page's summary):
+    then no edit verdict is drawn and rows agree on the decision alone."""
     by_name = {r.strategy: r for r in run.results}
     ref = by_name.get("recompute")
+    snapshot = getattr(run, "snapshot", None)
+    judged = verdict_applies(snapshot)
+    ref_followed = followed(ref, snapshot) if judged and ref is not None else None
     order = ["recompute", *[s for s in run.strategies if s != "recompute"]]
     order += [s for s in by_name if s not in order]
     rows = []
     for name in order:
         r = by_name.get(name)
+        mine = followed(r, snapshot) if judged and r is not None else None
+        agrees = _agrees(name, r, mine, ref_followed)
         pct = speed = None
         if r is not None and ref is not None:
             if ref.tokens_computed:
                 pct = 100.0 * r.tokens_computed / ref.tokens_computed
-            mine, theirs = _first_token_ms(r), _first_token_ms(ref)
-            if mine:
-                speed = theirs / mine
-        agrees = True if name == "recompute" else bool(r and r.decision_matches_recompute)
-        rows.append(DecisionRow(name, r, name == "recompute", agrees, pct, speed))
+            mine_ms, theirs = _first_token_ms(r), _first_token_ms(ref)
+            if mine_ms:
+                speed = theirs / mine_ms
+        tip = timing(r, ref) if r is not None and ref is not None and name != "recompute" else None
+        rows.append(DecisionRow(name, r, name == "recompute", agrees, pct, speed, mine,
+                                mark(name == "recompute", agrees, mine, ref_followed), tip))
     return rows
+
+
+def _agrees(name: str, result: RunResult | None, mine: str | None, reference: str | None) -> bool:
+    """Recompute agrees with itself; when recompute's answer names a value, a strategy agrees when
+    it names the same side (whatever its wording); otherwise when its decision is recompute's."""
+    if name == "recompute":
+        return True
+    if result is None:
+        return False
+    if reference in ("new", "old", "both"):
+        return mine == reference
+    return bool(result.decision_matches_recompute)
 
 
 def _first_token_ms(result: RunResult) -> float:
@@ -79,26 +104,46 @@ def default_strategy(rows: list[DecisionRow], with_attention: list[str]) -> str 
 
 
 def run_note(rows: list[DecisionRow], snapshot: RunSnapshot) -> str:
-    """What this run can and cannot tell apart, in one or two sentences computed from its rows."""
+    """What this run can and cannot tell apart, in one or two sentences computed from its rows;
+    when answers can name the field's value, it leads with who follows the edit."""
     by_name = {r.strategy: r for r in rows if r.result is not None}
     ref, stale = by_name.get("recompute"), by_name.get("stale")
     if ref is None:
         return ""
     others = [r for r in rows if not r.is_reference and r.result is not None]
-    follow = [r.strategy for r in others if r.agrees]
-    keep = [r.strategy for r in others if not r.agrees]
     kind = "answer" if not snapshot.question.choices else "choice"
     if not snapshot.fields:
+        follow = [r.strategy for r in others if r.agrees]
         return (f"No field changed: this run compares composing notes against recompute. "
                 f"{len(follow)} of {len(others)} strategies give recompute's {kind}.")
+    moved = (f"The edit moved recompute's {kind} from “{stale.result.decision}” (stale notes) to "
+             f"“{ref.result.decision}”. " if stale is not None and not stale.agrees else "")
+    if ref.followed is not None:
+        return _verdict_note(rows, ref.followed, kind, moved)
     if stale is not None and stale.agrees:
         return (f"The edit did not change recompute's {kind}: the stale notes give it too, so no strategy can "
                 "be told apart on the decision. Look at KL, the NLL of recompute's answer and attention.")
-    moved = (f"The edit moved recompute's {kind} from “{stale.result.decision}” (stale notes) to "
-             f"“{ref.result.decision}”. " if stale is not None else "")
+    follow = [r.strategy for r in others if r.agrees]
+    keep = [r.strategy for r in others if not r.agrees]
     follows = f"Following it: {', '.join(follow)}." if follow else "No strategy follows it."
     kept = f" Not following: {', '.join(keep)}." if keep else ""
     return moved + follows + kept
+
+
+def _verdict_note(rows: list[DecisionRow], reference: str, kind: str, moved: str) -> str:
+    """The note when answers can name the field's value: the groups first, then what recompute did."""
+    lead = groups(rows)
+    lead = f"{lead[0].upper()}{lead[1:]}. " if lead else ""
+    if reference == "new":
+        return lead + (moved or f"Recompute's {kind} names the new value. ")
+    if reference == "old":
+        return lead + (f"Recompute's {kind} still names the old value: the edit did not change it, so the "
+                       "decision cannot tell the strategies apart. Read KL and the NLL of recompute's answer.")
+    if reference == "both":
+        return lead + f"Recompute's {kind} names both the old and the new value."
+    return lead + (f"Recompute's own {kind} names neither the old nor the new value: this model does not read "
+                   "the field back here, so the decision cannot tell the strategies apart. Read KL and the NLL "
+                   "of recompute's answer instead.")
 
 
 WORD = re.compile(r"\s+|[^\s]+")

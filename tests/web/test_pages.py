@@ -251,14 +251,14 @@ def test_finished_run_page_decision_table_answers_and_heatmap(client) -> None:
     page = client.get(f"/runs/{run.id}")
     assert page.status_code == 200
     html = page.text
-    assert "1 of 2</strong> strategies agree" in html
+    assert "1 of 2</strong> strategies follow the edit, as recompute does" in html
     assert html.count('class="disagrees"') == 1  # stale decides differently
     assert "188.0×" in html  # on time to first token: 470 ms / 2.5 ms (not latency's 160×)
     assert "Time to first token</th>" in html and "What each column measures" in html
     assert "the speed-up is recompute's time to first token divided by this one" in html  # the legend says so
     # the note is computed from this run: stale keeps the old choice, so the edit moved recompute's
     assert "The edit moved recompute&#39;s choice from “active” (stale notes) to “suspended”" in html
-    assert "Following it: field_erratum. Not following: stale." in html
+    assert "Follows the edit: field_erratum · keeps the old value: stale." in html
     assert '<option value="stale" selected>' in html  # the heatmap opens on the strategy that differs
     assert 'id="attention"' in html and 'data-layers="4" data-heads="6"' in html
     assert "hx-trigger" not in html  # a finished run does not poll

@@ -1,0 +1,113 @@
+"""The run page's verdicts know the edit: each strategy is judged by whether its answer names the
+field's new value (as recompute's does), the headline counts what that makes count, a run whose
+recompute names neither value says so in plain words, and speed-ups too short to time say so."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace as NS
+
+import pytest
+
+from app.web.run_view import decision_rows, run_note
+from app.web.verdict_view import headline, timing
+from data.contracts import RunSnapshot, SnapshotField, SnapshotQuestion
+from data.models import RunResult
+
+DOC = "Account record\nstatus: active\nOnly accounts whose status is active may log in.\n"
+START = DOC.index("active")
+
+
+def snapshot(choices: tuple[str, ...] = (), old: str = "active", new: str = "suspended") -> RunSnapshot:
+    field = SnapshotField(start=START, end=START + 6, old=old, new=new, label="status")
+    return RunSnapshot(model="m", document=DOC, fields=[field], errata=[], placements=[],
+                       question=SnapshotQuestion(text="What is the status?", choices=list(choices), cot=False),
+                       strategies=[])
+
+
+def result(strategy: str, decision: str, same: bool, ttft: float = 40.0, spread=None) -> RunResult:
+    row = RunResult(strategy=strategy, decision=decision, decision_matches_recompute=same, tokens_computed=10,
+                    ttft_ms=ttft, latency_ms=ttft + 1)
+    row.ttft_spread_ms = spread  # a plain attribute on runs stored before the column existed
+    return row
+
+
+def run_of(answers: dict[str, str], **kw) -> NS:
+    reference = answers["recompute"]
+    results = [result(name, text, text == reference, ttft=600.0 if name == "recompute" else 40.0)
+               for name, text in answers.items()]
+    return NS(results=results, strategies=list(answers), snapshot=snapshot(**kw))
+
+
+ACCESS = {  # the access-policy run a newcomer saw marked wrong
+    "recompute": "The account status is suspended.",
+    "stale": "The account status is active.",
+    "in_place": "Suspended.",
+    "erratum": "The account status is active.",
+    "field_erratum": "The status is suspended now.",
+}
+
+
+def test_a_strategy_that_follows_the_edit_in_other_words_is_not_a_different_decision():
+    run = run_of(ACCESS)
+    rows = {r.strategy: r for r in decision_rows(run)}
+    assert {name: r.followed for name, r in rows.items()} == {
+        "recompute": "new", "stale": "old", "in_place": "new", "erratum": "old", "field_erratum": "new"}
+    assert rows["field_erratum"].agrees and rows["in_place"].agrees  # their wording differs from recompute's
+    assert rows["field_erratum"].mark.text == "✓ follows the edit"
+    assert rows["stale"].mark.text == "✗ keeps the old value" and not rows["stale"].agrees
+    assert rows["recompute"].mark.text == "the reference · follows the edit"
+    top = headline(list(rows.values()), True)
+    assert (top.count, top.text) == ("2 of 4", "strategies follow the edit, as recompute does")
+    note = run_note(list(rows.values()), run.snapshot)
+    assert note.startswith("Follows the edit: in_place, field_erratum · keeps the old value: stale, erratum. ")
+    assert "The edit moved recompute's answer from “The account status is active.” (stale notes)" in note
+
+
+def test_when_the_edit_did_not_change_recomputes_answer_the_headline_does_not_count_agreement():
+    run = run_of({"recompute": "Oslo", "stale": "Oslo.", "in_place": "It goes to Oslo", "erratum": "Madrid"},
+                 old="Oslo", new="Madrid")
+    rows = decision_rows(run)
+    top = headline(rows, True)
+    assert top.count == "" and top.text == "the edit did not change recompute's answer: it keeps the old value"
+    assert "of 3" not in top.text
+    assert [r.agrees for r in rows] == [True, True, True, False]  # erratum names the new value, recompute not
+    assert "Recompute's answer still names the old value" in run_note(rows, run.snapshot)
+
+
+def test_when_recompute_names_neither_value_the_page_says_so_in_plain_words():
+    run = run_of({"recompute": "I do not know.", "stale": "I don't know", "field_erratum": "Suspended"})
+    rows = decision_rows(run)
+    assert [r.followed for r in rows] == ["neither", "neither", "new"]
+    top = headline(rows, True)
+    assert top.count == "" and "names neither value: read KL and NLL" in top.text
+    note = run_note(rows, run.snapshot)
+    assert "this model does not read the field back here" in note and "Read KL and the NLL" in note
+    # the strategy naming the new value is not called a "different decision"
+    assert rows[2].mark.text == "names the new value (recompute's answer names neither)"
+
+
+def test_a_yes_no_choice_is_judged_on_the_decision_not_on_named_values():
+    run = run_of({"recompute": "no", "stale": "yes", "field_erratum": "no"}, choices=("yes", "no"))
+    rows = decision_rows(run)
+    assert [r.followed for r in rows] == [None, None, None]
+    assert [r.mark.text for r in rows[1:]] == ["✗ different decision", "✓ same decision"]
+    assert (headline(rows, True).count, headline(rows, True).text) == ("1 of 2", "strategies give recompute's decision")
+
+
+def test_a_page_without_a_snapshot_still_has_rows():  # the home page's summary passes results only
+    rows = decision_rows(NS(results=[result("recompute", "a", True), result("stale", "b", False)], strategies=[]))
+    assert [(r.followed, r.agrees) for r in rows] == [(None, True), (None, False)]
+
+
+@pytest.mark.parametrize(("ref_ms", "ref_spread", "ms", "spread", "too_short"), [
+    (600.0, [550.0, 650.0], 40.0, [35.0, 45.0], False),     # 12×–19×: stands
+    (600.0, [300.0, 900.0], 400.0, [250.0, 700.0], True),   # 0.4×–3.6×: crosses 1×
+    (200.0, [190.0, 210.0], 20.0, [19.0, 21.0], True),      # recompute under 250 ms
+    (600.0, None, 500.0, None, False),                      # stored before spreads: the 250 ms rule only
+    (240.0, None, 20.0, None, True),
+])
+def test_too_short_to_time(ref_ms, ref_spread, ms, spread, too_short):
+    tip = timing(result("in_place", "x", True, ms, spread), result("recompute", "x", True, ref_ms, ref_spread))
+    assert (tip is not None) == too_short
+    if tip is not None:
+        assert f"recompute {ref_ms:.1f} ms" in tip.tip and f"this strategy {ms:.1f} ms" in tip.tip
