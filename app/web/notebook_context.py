@@ -13,6 +13,7 @@ from sqlalchemy.orm import Session
 
 from app.web.document_view import build_document_view, tokens_for_document
 from app.web.paging import paginate
+from app.web.run_context import run_context
 from app.web.templating import approx_tokens, render
 from data.contracts import TokenRecord
 from data.models import Notebook, Run, Skill
@@ -32,6 +33,15 @@ def latest_tokens(session: Session, notebook: Notebook) -> tuple[Run | None, lis
 
 
 HISTORY_PER_PAGE = 10
+
+
+def decision_summary(session: Session, run: Run | None) -> dict[str, Any] | None:
+    """What the notebook shows under its latest run once it succeeded, without a click: the run
+    page's headline and one line per strategy (its verdict, its answer, its speed-up)."""
+    if run is None or run.status != "succeeded" or not run.results:
+        return None
+    context = run_context(session, run)
+    return {"run_id": run.id, "headline": context["headline"], "rows": [r for r in context["rows"] if r.result]}
 
 
 def notebook_context(session: Session, notebook: Notebook, history_number: int = 1, **extra: Any) -> dict[str, Any]:

@@ -22,7 +22,7 @@ from app.services.errors import RunLimitReached, Unprocessable
 from app.services.runs import question_for, start_run
 from app.web.document_view import hover_tokens, paragraph_starts
 from app.web.forms import lines, parse_int, validate
-from app.web.notebook_context import latest_tokens, notebook_context, regions
+from app.web.notebook_context import decision_summary, latest_tokens, notebook_context, regions
 from app.web.paging import page_param
 from app.web.templating import render
 from data.models import Erratum, Field, Notebook, Placement, Skill
@@ -42,6 +42,7 @@ def notebook_page(request: Request, notebook_id: int, session: SessionDep, histo
     notebook = _notebook(session, notebook_id)
     context = notebook_context(session, notebook, history)
     context["run"] = context["recent_runs"][0] if context["recent_runs"] else None
+    context["summary"] = decision_summary(session, context["run"])
     context["compact"] = True
     return render(request, "notebook.html", **context)
 

@@ -12,6 +12,7 @@ from sqlalchemy import select
 from app.api.deps import SessionDep, get_or_404
 from app.services.attention import NoAttention, compare_heads, results_with_attention
 from app.services.runs import cancel_run
+from app.web.notebook_context import decision_summary
 from app.web.run_context import ViewDep, checked_view, run_context
 from app.web.templating import render
 from data.models import Run
@@ -33,13 +34,15 @@ def run_page(request: Request, run_id: int, session: SessionDep, asked: ViewDep)
 def run_progress(request: Request, run_id: int, session: SessionDep, compact: str = "") -> Response:
     """The live fragment. While the run is live it carries `hx-trigger="every 1s"`; once finished
     it does not, and a finished run on its own page is answered with 286 (htmx: stop polling)
-    plus HX-Refresh so the page shows the results."""
+    plus HX-Refresh so the page shows the results. On the run page each answer also swaps the
+    header's status badge (one state); on the notebook a succeeded run brings its decision summary."""
     reap_for_reader(session)
     run = get_or_404(session, Run, run_id, "run")
-    extra = {}
+    extra: dict = {"polled": True}
     if run.is_finished and compact and run.notebook_id:  # the notebook's runs table, refreshed once
         query = select(Run).where(Run.notebook_id == run.notebook_id).order_by(Run.id.desc()).limit(10)
         extra["notebook_runs"] = list(session.scalars(query))
+        extra["summary"] = decision_summary(session, run)  # the decision summary, without a click
     response = render(request, "_run_progress.html", run=run, compact=bool(compact), **extra)
     if run.is_finished and not compact and request.headers.get("HX-Request") == "true":
         response.status_code = 286
