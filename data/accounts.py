@@ -2,8 +2,11 @@
 read-only share links of runs. The command line (`kvnotes users|tokens`) and the web app both use
 these functions; neither hashes or compares a secret anywhere else.
 
-- Passwords: argon2id (argon2-cffi's `PasswordHasher`, its default parameters), rehashed on sign-in
-  when those parameters change.
+- Passwords: argon2id (argon2-cffi's `PasswordHasher`, its default parameters: 64 MiB each),
+  rehashed on sign-in when those parameters change. At most `HASH_SLOTS` hashes run at once and at
+  most `HASH_WAITERS` more wait for a slot; beyond that `HashingBusy` answers at once (503), so a
+  crowd of sign-ins can neither fill the memory nor hold every request thread.
+  Changing a password ends the user's other sessions (`data.sign_in`).
 - API tokens: `kvn_` + 43 random URL-safe characters. Only the SHA-256 of a token is stored (a
   high-entropy token needs no slow hash), so a leaked database holds no usable token.
 - Share links: a row per link (revocable) whose id and random nonce are signed with the secret key
@@ -19,6 +22,9 @@ import hashlib
 import hmac
 import re
 import secrets
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import datetime, timedelta
 
 from argon2 import PasswordHasher
@@ -28,6 +34,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Mapped, Session, mapped_column, relationship
 
 from data.models import Base, as_utc, utcnow
+from data.sign_in import end_other_sessions
 from data.signing import BadSignature, serializer
 
 ROLES = ("editor", "viewer")
@@ -38,12 +45,43 @@ MAX_PASSWORD_CHARS = 1024
 TOKEN_PREFIX = "kvn_"
 TOKEN_USE_RESOLUTION = timedelta(hours=1)  # how finely `last_used_at` follows a token's use
 
+HASH_SLOTS = 2  # argon2 hashes at once
+HASH_WAITERS = 8  # sign-ins that may wait for a slot; more are refused at once
+
 _hasher = PasswordHasher()
 _DUMMY_HASH = _hasher.hash("kvnotes: compare against something when the user does not exist")
+_admitted = threading.BoundedSemaphore(HASH_SLOTS + HASH_WAITERS)
+_hashing = threading.BoundedSemaphore(HASH_SLOTS)
 
 
 class AccountError(ValueError):
     """A request the accounts cannot honour; the message names the field and the rule."""
+
+
+class HashingBusy(RuntimeError):
+    """Too many sign-ins at once: every password-hash slot and waiting place is taken."""
+
+    retry_after_s = 1
+
+    def __init__(self) -> None:
+        super().__init__("too many sign-ins at once; try again in a second")
+
+
+@contextmanager
+def hash_slot() -> Iterator[None]:
+    """Hold one of the `HASH_SLOTS` (waiting, if one of the `HASH_WAITERS` places is free)."""
+    if not _admitted.acquire(blocking=False):
+        raise HashingBusy
+    try:
+        with _hashing:
+            yield
+    finally:
+        _admitted.release()
+
+
+def hash_password(password: str) -> str:
+    with hash_slot():
+        return _hasher.hash(password)
 
 
 class User(Base):
@@ -113,7 +151,7 @@ def add_user(session: Session, name: str, password: str, role: str = "editor") -
         raise AccountError(f"role: one of {', '.join(ROLES)}; got {role!r}")
     if find_user(session, name) is not None:
         raise AccountError(f"name: a user named {name!r} exists already")
-    user = User(name=name, password_hash=_hasher.hash(password), role=role)
+    user = User(name=name, password_hash=hash_password(password), role=role)
     session.add(user)
     session.flush()
     return user
@@ -135,6 +173,18 @@ def remove_user(session: Session, name: str) -> None:
     session.delete(user)
 
 
+def set_password(session: Session, name: str, password: str, keep_session: str | None = None) -> int:
+    """Give user `name` a new password and end their sessions but `keep_session` (the secret of the
+    session that changed it, if any); returns how many sessions ended. The caller commits."""
+    user = find_user(session, name)
+    if user is None:
+        raise AccountError(f"name: no user named {name!r}")
+    check_password(password)
+    user.password_hash = hash_password(password)
+    session.flush()
+    return end_other_sessions(session, user.id, keep_session)
+
+
 def count_users(session: Session) -> int:
     return session.scalar(select(func.count(User.id))) or 0
 
@@ -144,13 +194,14 @@ def authenticate(session: Session, name: str, password: str) -> User | None:
     time does not tell whether the name exists)."""
     user = find_user(session, name) if NAME_PATTERN.match(name or "") else None
     try:
-        _hasher.verify(user.password_hash if user else _DUMMY_HASH, password[:MAX_PASSWORD_CHARS])
+        with hash_slot():
+            _hasher.verify(user.password_hash if user else _DUMMY_HASH, password[:MAX_PASSWORD_CHARS])
     except (VerificationError, InvalidHashError):
         return None
     if user is None:
         return None
     if _hasher.check_needs_rehash(user.password_hash):
-        user.password_hash = _hasher.hash(password)
+        user.password_hash = hash_password(password)
     return user
 
 
@@ -257,7 +308,7 @@ def list_shares(session: Session, run_id: int) -> list[ShareLink]:
 
 __all__ = [
     "ROLES", "LOCAL_USER", "AccountError", "User", "ApiToken", "ShareLink", "add_user", "find_user",
-    "list_users", "remove_user", "count_users", "authenticate", "create_token", "list_tokens",
+    "list_users", "remove_user", "set_password", "count_users", "authenticate", "HashingBusy", "hash_slot", "create_token", "list_tokens",
     "revoke_token", "user_for_token", "create_share", "share_token", "resolve_share", "revoke_share",
     "list_shares",
 ]

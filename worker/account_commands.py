@@ -1,6 +1,7 @@
 """`kvnotes users …` and `kvnotes tokens …`: the accounts of a kvnotes on a shared server.
 
     kvnotes users add NAME [--role editor|viewer] [--password-stdin]
+    kvnotes users passwd NAME [--password-stdin]   (ends every session of that user)
     kvnotes users list
     kvnotes users remove NAME
     kvnotes tokens create NAME [--label TEXT]     (prints the token alone on stdout)
@@ -65,6 +66,14 @@ def cmd_users_add(args: argparse.Namespace) -> None:
     print(f"kvnotes: user {args.name} added ({args.role})", file=sys.stderr)
 
 
+def cmd_users_passwd(args: argparse.Namespace) -> None:
+    from data.accounts import set_password
+
+    password = _password(args)
+    ended = _run(lambda s: set_password(s, args.name, password))
+    print(f"kvnotes: password of {args.name} changed; {ended} session(s) signed out", file=sys.stderr)
+
+
 def cmd_users_list(_args: argparse.Namespace) -> None:
     from data.accounts import list_users
 
@@ -118,6 +127,10 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--role", choices=("editor", "viewer"), default="editor")
     p.add_argument("--password-stdin", action="store_true", help="read the password from the first line of stdin")
     p.set_defaults(func=cmd_users_add)
+    p = sub.add_parser("passwd", help="change a user's password and sign out every session of theirs")
+    p.add_argument("name")
+    p.add_argument("--password-stdin", action="store_true", help="read the password from the first line of stdin")
+    p.set_defaults(func=cmd_users_passwd)
     sub.add_parser("list", help="list users").set_defaults(func=cmd_users_list)
     p = sub.add_parser("remove", help="remove a user and their tokens")
     p.add_argument("name")

@@ -7,6 +7,8 @@ a 500 in the same two faces. Every message is one line a person can act on.
   is never echoed back) and text that is not valid Unicode is escaped, never a 500.
 - 503: the database could not be written (read-only, full disk, gone): a plain message, no SQL;
   the request's session was rolled back, so nothing of it is saved.
+- 503 busy: no database connection came free in time (the request limiter, `app.api.capacity`,
+  normally answers this before a request waits for the pool).
 - 409: two requests changed the same rows at once (e.g. two deletes in one notebook).
 - 413 / 429 / sign-in: the request body limit, the run caps, and pages that need a signed-in user.
 """
@@ -21,11 +23,12 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.orm.exc import StaleDataError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from app.api.capacity import BUSY, RETRY_AFTER_S
 from app.security.guard import SignInRequired, login_url
-from app.security.middleware import BodyTooLarge
 from app.services.errors import RunLimitReached, Unprocessable
 from app.web.errors import error_page, validation_message
 from data.health import plain_database_error
@@ -106,12 +109,12 @@ async def _database(request: Request, exc: Exception) -> Response:
                   {"Retry-After": "30"})
 
 
+async def _pool_timeout(request: Request, _exc: Exception) -> Response:
+    return answer(request, 503, BUSY, {"Retry-After": str(RETRY_AFTER_S)})
+
+
 async def _stale(request: Request, _exc: Exception) -> Response:
     return answer(request, 409, "another request changed or deleted this at the same time; reload and try again")
-
-
-async def _too_large(request: Request, exc: Exception) -> Response:
-    return answer(request, 413, str(exc))
 
 
 async def _run_limit(request: Request, exc: Exception) -> Response:
@@ -132,7 +135,7 @@ def install(app: FastAPI) -> None:
     app.add_exception_handler(RequestValidationError, _validation)
     app.add_exception_handler(Unprocessable, _unprocessable)
     app.add_exception_handler(DBAPIError, _database)
+    app.add_exception_handler(PoolTimeout, _pool_timeout)
     app.add_exception_handler(StaleDataError, _stale)
-    app.add_exception_handler(BodyTooLarge, _too_large)
     app.add_exception_handler(RunLimitReached, _run_limit)
     app.add_exception_handler(SignInRequired, _sign_in)

@@ -2,13 +2,13 @@
 
 Both are signed with the secret key (`data.signing`) and sent HttpOnly, SameSite=Lax, and Secure
 when the app is served over https (`KVNOTES_HTTPS=1`, or the request came in as https). A session
-names the user, a fingerprint of their password hash (changing the password ends every session)
-and the session's CSRF token; it expires after `KVNOTES_SESSION_MAX_AGE` seconds.
+cookie names the user, the secret of its `user_sessions` row (`data.sign_in`: signing out or
+changing the password deletes the row, so the cookie stops working on the server, wherever it was
+saved) and the session's CSRF token; it expires after `KVNOTES_SESSION_MAX_AGE` seconds.
 """
 
 from __future__ import annotations
 
-import hashlib
 import secrets
 from dataclasses import dataclass
 
@@ -28,12 +28,8 @@ _SHARE_SALT = "kvnotes.share-cookie"
 class SessionData:
     user_id: int
     name: str
-    fingerprint: str
+    secret: str  # names the session's row (data.sign_in)
     csrf: str
-
-
-def password_fingerprint(password_hash: str) -> str:
-    return hashlib.sha256(password_hash.encode()).hexdigest()[:16]
 
 
 def _secure(request: Request) -> bool:
@@ -45,15 +41,13 @@ def _set(response: Response, request: Request, name: str, value: str, max_age: i
                         secure=_secure(request))
 
 
-def start_session(response: Response, request: Request, user_id: int, name: str, password_hash: str) -> None:
-    """Sign the user in: a fresh session (and CSRF token) in the cookie."""
-    value = timed_serializer(_SESSION_SALT).dumps(
-        {"u": user_id, "n": name, "f": password_fingerprint(password_hash), "c": secrets.token_urlsafe(24)}
-    )
+def set_session_cookie(response: Response, request: Request, user_id: int, name: str, secret: str) -> None:
+    """The cookie of a session just started (`data.sign_in.start_session`), with a fresh CSRF token."""
+    value = timed_serializer(_SESSION_SALT).dumps({"u": user_id, "n": name, "s": secret, "c": secrets.token_urlsafe(24)})
     _set(response, request, SESSION_COOKIE, value, get_settings().session_max_age_s)
 
 
-def end_session(response: Response, request: Request) -> None:
+def clear_session_cookie(response: Response, request: Request) -> None:
     response.delete_cookie(SESSION_COOKIE, path="/", httponly=True, samesite="lax", secure=_secure(request))
 
 
@@ -63,7 +57,7 @@ def read_session(request: Request) -> SessionData | None:
         return None
     try:
         data = timed_serializer(_SESSION_SALT).loads(raw, max_age=get_settings().session_max_age_s)
-        return SessionData(int(data["u"]), str(data["n"]), str(data["f"]), str(data["c"]))
+        return SessionData(int(data["u"]), str(data["n"]), str(data["s"]), str(data["c"]))
     except (BadSignature, KeyError, TypeError, ValueError):
         return None
 

@@ -66,9 +66,9 @@ def authorize(request: Request, session: SessionDep) -> Principal | None:
     """Resolve the principal (kept in `request.state.principal`) and apply the rules above."""
     try:
         principal = resolve(request, session)
-    except BadToken:
-        raise HTTPException(status_code=401, detail="the API token is wrong or revoked (kvnotes tokens create NAME)",
-                            headers={"WWW-Authenticate": 'Bearer error="invalid_token"'}) from None
+    except BadToken as exc:
+        raise HTTPException(status_code=401, headers={"WWW-Authenticate": 'Bearer error="invalid_token"'},
+                            detail=str(exc) or "the API token is wrong or revoked (kvnotes tokens create NAME)") from None
     request.state.principal = principal
     path = request.url.path
     if _is_public(path):

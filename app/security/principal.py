@@ -10,14 +10,16 @@ X-Forwarded-For client on, so a remote client is not loopback either way).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 from fastapi import Request
 from sqlalchemy.orm import Session
 
-from app.security.cookies import password_fingerprint, read_session, read_shares
+from app.security.cookies import read_session, read_shares
 from data.accounts import LOCAL_USER, User, resolve_share, user_for_token
 from data.settings import get_settings, is_loopback
+from data.sign_in import live_session
 
 
 @dataclass(frozen=True)
@@ -41,7 +43,17 @@ class Principal:
 
 
 class BadToken(Exception):
-    """A Bearer token was sent and matches no live token."""
+    """A Bearer token was sent and matches no live token (or is not a token at all)."""
+
+
+class MalformedAuthorization(BadToken):
+    """`Authorization: Bearer …` whose value is not a token (empty, spaces, non-ASCII)."""
+
+    def __init__(self) -> None:
+        super().__init__("the Authorization header is malformed: send `Authorization: Bearer <token>`")
+
+
+_BEARER = re.compile(r"bearer +([A-Za-z0-9\-._~+/]+=*) *", re.IGNORECASE)  # RFC 6750's token68
 
 
 def sign_in_required(request: Request) -> bool:
@@ -50,10 +62,20 @@ def sign_in_required(request: Request) -> bool:
     return settings.auth == "required" or not settings.loopback_bind or not is_loopback(client)
 
 
+def parse_bearer(header: str | None) -> str | None:
+    """The token of `Authorization: Bearer <token>`; None without the header or for another scheme
+    (a proxy's Basic). Raises `MalformedAuthorization` for a Bearer header that carries no token:
+    such a request is refused, never treated as if it had no header (and its cookie used)."""
+    if not header or not header[:6].lower() == "bearer":
+        return None
+    match = _BEARER.fullmatch(header)
+    if match is None:
+        raise MalformedAuthorization
+    return match.group(1)
+
+
 def bearer_token(request: Request) -> str | None:
-    header = request.headers.get("authorization", "")
-    scheme, _, value = header.partition(" ")
-    return value.strip() if scheme.lower() == "bearer" and value.strip() else None
+    return parse_bearer(request.headers.get("authorization"))
 
 
 def resolve(request: Request, session: Session) -> Principal | None:
@@ -68,7 +90,7 @@ def resolve(request: Request, session: Session) -> Principal | None:
     data = read_session(request)
     if data is not None:
         user = session.get(User, data.user_id)
-        if user is not None and user.name == data.name and password_fingerprint(user.password_hash) == data.fingerprint:
+        if user is not None and user.name == data.name and live_session(session, user.id, data.secret):
             return Principal(user.name, user.role, "session", csrf=data.csrf)
     if not sign_in_required(request):
         return Principal(LOCAL_USER, "editor", "local")

@@ -1,7 +1,9 @@
 """Signing in and out, and opening a read-only share link.
 
-`/login` checks a name and password (argon2, `data.accounts.authenticate`) and starts a signed
-session cookie; `/logout` ends it. `/share/<token>` remembers a valid share link in a signed
+`/login` checks a name and password (argon2, `data.accounts.authenticate`), within the limit on
+failed sign-ins (`data.sign_in`: 429 with Retry-After and the same words on the page), and starts
+a session (a row, and a signed cookie naming it); `/logout` ends that session on the server.
+`/account/password` changes the signed-in user's password and ends their other sessions. `/share/<token>` remembers a valid share link in a signed
 cookie and opens its run: the visitor reads that run and its report, nothing else. The run page's
 "Read-only link" button makes one (`POST /runs/{id}/share`) and can revoke it.
 """
@@ -10,14 +12,25 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Form, Request
+from fastapi import APIRouter, Form, HTTPException, Request
 from fastapi.responses import RedirectResponse, Response
 
 from app.api.deps import PrincipalDep, SessionDep, get_or_404
-from app.security.cookies import end_session, remember_share, start_session
+from app.security.cookies import clear_session_cookie, read_session, remember_share, set_session_cookie
 from app.web.templating import render
-from data.accounts import ShareLink, authenticate, create_share, resolve_share, revoke_share
+from data import sign_in
+from data.accounts import (
+    AccountError,
+    HashingBusy,
+    ShareLink,
+    authenticate,
+    create_share,
+    resolve_share,
+    revoke_share,
+    set_password,
+)
 from data.models import Run
+from data.settings import get_settings
 
 router = APIRouter()
 
@@ -34,24 +47,96 @@ def login_page(request: Request, next: str = "/") -> Response:
     return render(request, "login.html", values={"name": "", "next": _local_path(next)}, errors={}, nav="")
 
 
+def _client(request: Request) -> str | None:
+    return request.client.host if request.client else None
+
+
+def _login_form(request: Request, status: int, message: str, name: str, next_path: str,
+                retry_after_s: int | None = None) -> Response:
+    response = render(request, "login.html", status, values={"name": name[:64], "next": _local_path(next_path)},
+                      errors={"form": message}, nav="")
+    if retry_after_s is not None:
+        response.headers["Retry-After"] = str(retry_after_s)
+    return response
+
+
 @router.post("/login")
 def login(request: Request, session: SessionDep, name: Annotated[str, Form()] = "",
           password: Annotated[str, Form()] = "", next: Annotated[str, Form()] = "/") -> Response:
-    user = authenticate(session, name.strip(), password)
+    name = name.strip()
+    try:
+        sign_in.check_sign_in_allowed(session, name, _client(request))
+        user = authenticate(session, name, password)
+    except sign_in.SignInLocked as exc:
+        session.commit()  # the refused attempt counts
+        return _login_form(request, 429, str(exc), name, next, exc.retry_after_s)
+    except HashingBusy as exc:
+        return _login_form(request, 503, str(exc), name, next, exc.retry_after_s)
     if user is None:
-        return render(request, "login.html", 401, values={"name": name[:64], "next": _local_path(next)},
-                      errors={"form": "wrong name or password"}, nav="")
-    session.commit()  # a rehashed password, if argon2's parameters changed
+        sign_in.note_failure(session, name, _client(request))
+        session.commit()
+        return _login_form(request, 401, "wrong name or password", name, next)
+    sign_in.note_success(session, name)
+    secret = sign_in.start_session(session, user.id, get_settings().session_max_age_s)
+    session.commit()  # the session, and a rehashed password if argon2's parameters changed
     response = RedirectResponse(_local_path(next), status_code=303)
-    start_session(response, request, user.id, user.name, user.password_hash)
+    set_session_cookie(response, request, user.id, user.name, secret)
     return response
 
 
 @router.post("/logout")
-def logout(request: Request) -> Response:
+def logout(request: Request, session: SessionDep) -> Response:
+    data = read_session(request)
+    if data is not None:
+        sign_in.end_session(session, data.secret)
+        session.commit()
     response = RedirectResponse("/login", status_code=303)
-    end_session(response, request)
+    clear_session_cookie(response, request)
     return response
+
+
+def _password_page(request: Request, status: int = 200, errors: dict[str, str] | None = None,
+                   done: str = "") -> Response:
+    return render(request, "password.html", status, errors=errors or {}, done=done, nav="")
+
+
+def _session_user(request: Request, principal: PrincipalDep) -> str:
+    """The name of the user signed in by a session cookie (only they have a password to change here)."""
+    if principal.via != "session" or read_session(request) is None:
+        raise HTTPException(status_code=404, detail="no account is signed in here: nobody signs in on the "
+                            "embedded default (kvnotes users passwd NAME changes any user's password)")
+    return principal.name
+
+
+@router.get("/account/password")
+def password_page(request: Request, principal: PrincipalDep) -> Response:
+    _session_user(request, principal)
+    return _password_page(request)
+
+
+@router.post("/account/password")
+def change_password(request: Request, session: SessionDep, principal: PrincipalDep,
+                    current: Annotated[str, Form()] = "", new: Annotated[str, Form()] = "",
+                    again: Annotated[str, Form()] = "") -> Response:
+    name = _session_user(request, principal)
+    if new != again:
+        return _password_page(request, 422, {"again": "the two new passwords differ"})
+    try:
+        sign_in.check_sign_in_allowed(session, name, _client(request))
+        if authenticate(session, name, current) is None:
+            sign_in.note_failure(session, name, _client(request))
+            session.commit()
+            return _password_page(request, 401, {"current": "wrong password"})
+        ended = set_password(session, name, new, keep_session=read_session(request).secret)
+    except sign_in.SignInLocked as exc:
+        session.commit()
+        return _password_page(request, 429, {"form": str(exc)})
+    except HashingBusy as exc:
+        return _password_page(request, 503, {"form": str(exc)})
+    except AccountError as exc:
+        return _password_page(request, 422, {"new": str(exc).removeprefix("password: ")})
+    session.commit()
+    return _password_page(request, done=f"Password changed; {ended} other session(s) signed out.")
 
 
 @router.get("/share/{token}")
