@@ -16,6 +16,7 @@ from fastapi import APIRouter, Depends, FastAPI
 from fastapi.staticfiles import StaticFiles
 
 from app.api import handlers
+from app.api.capacity import CapacityLimit
 from app.api.routes import errata, fields, health, notebooks, placements, runs, shares, skills
 from app.security.guard import authorize
 from app.security.middleware import SecurityMiddleware
@@ -42,6 +43,7 @@ def create_app() -> FastAPI:
         api.include_router(module.router)
     app.include_router(api)
     handlers.install(app)
+    app.add_middleware(CapacityLimit)  # inside the security checks: a refused request takes no slot
     app.add_middleware(SecurityMiddleware)
     app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
     if _has_module("app.web.pages"):

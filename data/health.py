@@ -17,6 +17,7 @@ from sqlalchemy.orm import Mapped, Session, mapped_column
 from data.models import Base, utcnow
 from data.queue import broker_status
 from data.settings import get_settings
+from data.watchdog import unserved_queued_models
 from data.workers import models_without_worker
 
 
@@ -49,15 +50,18 @@ def database_status(session: Session) -> str:
 
 
 def workers_status(session: Session) -> str:
-    """'ok' when every offered model has a live worker; else which have none."""
+    """'ok' when every offered model has a live worker and no run waits for a model nobody serves;
+    else which models lack one."""
     try:
         missing = models_without_worker(session, get_settings().models)
+        unserved = unserved_queued_models(session)
     except SQLAlchemyError as exc:
         session.rollback()
         return f"unknown (database: {plain_database_error(exc)})"
-    if missing:
-        return f"no live worker for {', '.join(missing)}"
-    return "ok"
+    problems = [f"no live worker for {', '.join(missing)}"] if missing else []
+    if unserved:
+        problems.append(f"runs queued for {', '.join(unserved)}, which no worker serves (KVNOTES_MODELS)")
+    return "; ".join(problems) or "ok"
 
 
 def health(session: Session) -> dict[str, str]:

@@ -13,7 +13,9 @@ cross the web ↔ worker boundary hold typed values (`data.contracts`), never lo
 
 from __future__ import annotations
 
+import uuid
 from datetime import UTC, datetime
+from enum import StrEnum
 from typing import Any
 
 from pydantic import TypeAdapter
@@ -38,8 +40,23 @@ from sqlalchemy.types import TypeDecorator
 
 from data.contracts import NotesMap, RunSnapshot, TokenRecord
 
-RUN_STATUSES = ("queued", "running", "succeeded", "failed", "cancelled")
-RUN_FINISHED = ("succeeded", "failed", "cancelled")
+
+class RunStatus(StrEnum):
+    """Where a run is; stored as these strings (the `runs.status` check constraint lists them)."""
+
+    QUEUED = "queued"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+RUN_STATUSES = tuple(status.value for status in RunStatus)
+RUN_ACTIVE = (RunStatus.QUEUED, RunStatus.RUNNING)
+RUN_FINISHED = (RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLED)
+# Ids are never reused (SQLite AUTOINCREMENT; PostgreSQL sequences never go back): an old address
+# either shows what it showed or says it was deleted, never another user's notebook or run.
+NEVER_REUSE_IDS = {"sqlite_autoincrement": True}
 SKILL_STATUSES = ("draft", "compiling", "compiled", "failed")
 ERRATUM_SOURCES = ("generated", "custom")
 
@@ -54,6 +71,11 @@ NAMING_CONVENTION = {
 
 def utcnow() -> datetime:
     return datetime.now(UTC)
+
+
+def new_task_id() -> str:
+    """A fresh queue-message token (a Celery task id)."""
+    return str(uuid.uuid4())
 
 
 def as_utc(moment: datetime | None) -> datetime | None:
@@ -99,7 +121,7 @@ class Notebook(Base):
     example again offers this notebook); the (updated_at, id) index serves the paginated home page."""
 
     __tablename__ = "notebooks"
-    __table_args__ = (Index("ix_notebooks_updated_at_id", "updated_at", "id"),)
+    __table_args__ = (Index("ix_notebooks_updated_at_id", "updated_at", "id"), NEVER_REUSE_IDS)
 
     id: Mapped[int] = mapped_column(primary_key=True)
     title: Mapped[str] = mapped_column(String(200))
@@ -136,7 +158,7 @@ class Field(Base):
     """A character span [start, end) of the document, its old value and the value it now holds."""
 
     __tablename__ = "fields"
-    __table_args__ = (CheckConstraint('start >= 0 AND start < "end"', name="span"),)
+    __table_args__ = (CheckConstraint('start >= 0 AND start < "end"', name="span"), NEVER_REUSE_IDS)
 
     id: Mapped[int] = mapped_column(primary_key=True)
     notebook_id: Mapped[int] = mapped_column(ForeignKey("notebooks.id", ondelete="CASCADE"), index=True)
@@ -155,7 +177,7 @@ class Erratum(Base):
     A generated erratum edited by hand becomes `custom` and is no longer re-rendered."""
 
     __tablename__ = "errata"
-    __table_args__ = (CheckConstraint(_one_of("source", ERRATUM_SOURCES), name="source"),)
+    __table_args__ = (CheckConstraint(_one_of("source", ERRATUM_SOURCES), name="source"), NEVER_REUSE_IDS)
 
     id: Mapped[int] = mapped_column(primary_key=True)
     notebook_id: Mapped[int] = mapped_column(ForeignKey("notebooks.id", ondelete="CASCADE"), index=True)
@@ -172,7 +194,7 @@ class Skill(Base):
     """A text compiled once into notes (KV) that can be spliced into any notebook."""
 
     __tablename__ = "skills"
-    __table_args__ = (CheckConstraint(_one_of("status", SKILL_STATUSES), name="status"),)
+    __table_args__ = (CheckConstraint(_one_of("status", SKILL_STATUSES), name="status"), NEVER_REUSE_IDS)
 
     id: Mapped[int] = mapped_column(primary_key=True)
     name: Mapped[str] = mapped_column(String(200))
@@ -194,6 +216,7 @@ class Placement(Base):
     """A skill spliced into a notebook at a character offset of the document (NULL: at the end)."""
 
     __tablename__ = "placements"
+    __table_args__ = NEVER_REUSE_IDS
 
     id: Mapped[int] = mapped_column(primary_key=True)
     notebook_id: Mapped[int] = mapped_column(ForeignKey("notebooks.id", ondelete="CASCADE"), index=True)
@@ -213,6 +236,7 @@ class Question(Base):
     """The readout asked after the document; a notebook's current question is its latest."""
 
     __tablename__ = "questions"
+    __table_args__ = NEVER_REUSE_IDS
 
     id: Mapped[int] = mapped_column(primary_key=True)
     notebook_id: Mapped[int] = mapped_column(ForeignKey("notebooks.id", ondelete="CASCADE"), index=True)
@@ -229,7 +253,7 @@ class Run(Base):
     the web and read by the worker); deleting the notebook deletes the run."""
 
     __tablename__ = "runs"
-    __table_args__ = (CheckConstraint(_one_of("status", RUN_STATUSES), name="status"),)
+    __table_args__ = (CheckConstraint(_one_of("status", RUN_STATUSES), name="status"), NEVER_REUSE_IDS)
 
     id: Mapped[int] = mapped_column(primary_key=True)
     notebook_id: Mapped[int | None] = mapped_column(
@@ -238,12 +262,14 @@ class Run(Base):
     kind: Mapped[str] = mapped_column(String(16), default="edit")
     snapshot: Mapped[RunSnapshot] = mapped_column(Typed(RunSnapshot))
     strategies: Mapped[list[str]] = mapped_column(JSON)
-    status: Mapped[str] = mapped_column(String(16), default="queued", index=True)
+    status: Mapped[str] = mapped_column(String(16), default=RunStatus.QUEUED.value, index=True)
     stage: Mapped[str] = mapped_column(String(64), default="queued")
     progress: Mapped[float] = mapped_column(Float, default=0.0)
     error: Mapped[str | None] = mapped_column(Text)
     worker: Mapped[str | None] = mapped_column(String(200))
-    task_id: Mapped[str | None] = mapped_column(String(64))
+    # the token its queue message carries (the Celery task id, set before the row is committed): a
+    # message whose token is not its run's is never run (`worker.run_rows.claim`)
+    task_id: Mapped[str | None] = mapped_column(String(64), default=new_task_id)
     created_by: Mapped[str | None] = mapped_column(String(64), index=True)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
@@ -279,7 +305,7 @@ class RunResult(Base):
     generated text, and the decision's attention over the cached tokens."""
 
     __tablename__ = "run_results"
-    __table_args__ = (UniqueConstraint("run_id", "strategy"),)
+    __table_args__ = (UniqueConstraint("run_id", "strategy"), NEVER_REUSE_IDS)
 
     id: Mapped[int] = mapped_column(primary_key=True)
     run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), index=True)

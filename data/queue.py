@@ -1,8 +1,11 @@
 """The web process's Celery *client*: it enqueues work by task name and never imports the worker.
 
 Tasks go to one queue per model (`model.<alias>`), so a worker that holds a model only receives
-work for it. The broker carries ids only; everything else is in the database. Enqueueing fails
-fast: if the broker cannot be reached within `broker_connect_timeout_s`, `QueueUnavailable` is
+work for it. The broker carries ids only; everything else is in the database. A run's message is
+sent only once its row is committed, under the run's own token (`runs.task_id`, the Celery task id):
+a worker runs a message only for the run that holds its token (`worker.run_rows.claim`), so a
+message whose run was deleted, or never saved, is dropped at once and never starts another run.
+Enqueueing fails fast: if the broker cannot be reached within `broker_connect_timeout_s`, `QueueUnavailable` is
 raised with the reason (routes answer 503 and save nothing), instead of Celery's default of
 retrying the publish for as long as it takes.
 """
@@ -24,8 +27,7 @@ log = logging.getLogger(__name__)
 
 TASK_RUN = "kvnotes.run"
 TASK_COMPILE_SKILL = "kvnotes.compile_skill"
-TASK_PREFILL = "kvnotes.prefill"
-TASK_NAMES = (TASK_RUN, TASK_COMPILE_SKILL, TASK_PREFILL)
+TASK_NAMES = (TASK_RUN, TASK_COMPILE_SKILL)
 
 
 class QueueUnavailable(RuntimeError):
@@ -85,10 +87,10 @@ def get_celery() -> Celery:
     return client
 
 
-def _send(name: str, kwargs: dict[str, Any], queue: str) -> str:
+def _send(name: str, kwargs: dict[str, Any], queue: str, task_id: str | None = None) -> str:
     settings = get_settings()
     client = get_celery()
-    task_id = str(uuid.uuid4())
+    task_id = task_id or str(uuid.uuid4())
     try:
         with client.connection_for_write() as connection:
             connection.ensure_connection(
@@ -106,18 +108,16 @@ def _send(name: str, kwargs: dict[str, Any], queue: str) -> str:
 
 
 def enqueue_run(run: Run) -> str:
-    """Send `kvnotes.run(run_id=...)` to the run's model queue; returns the Celery task id."""
-    return _send(TASK_RUN, {"run_id": run.id}, queue_for(run.model))
+    """Send `kvnotes.run(run_id=...)` to the run's model queue under the run's token (`run.task_id`,
+    which must already be committed with the row); returns the Celery task id (the token)."""
+    if not run.task_id:
+        raise ValueError(f"run {run.id} has no token (task_id): commit it with one before sending")
+    return _send(TASK_RUN, {"run_id": run.id}, queue_for(run.model), run.task_id)
 
 
 def enqueue_compile(skill: Skill) -> str:
     """Send `kvnotes.compile_skill(skill_id=...)` to the skill's model queue."""
     return _send(TASK_COMPILE_SKILL, {"skill_id": skill.id}, queue_for(skill.model))
-
-
-def enqueue_prefill(notebook_id: int, model: str) -> str:
-    """Send `kvnotes.prefill(notebook_id=...)`: warm the KV store with a notebook's notes."""
-    return _send(TASK_PREFILL, {"notebook_id": notebook_id}, queue_for(model))
 
 
 def revoke(task_id: str) -> bool:

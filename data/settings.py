@@ -86,6 +86,12 @@ class Settings(BaseSettings):
     supervisor_pid: int = Field(default=0, ge=0, validation_alias="KVNOTES_SUPERVISOR_PID")
 
     @field_validator("data_dir")
+    # Capacity of one web process: database connections, which is also how many requests it serves
+    # at once; how many more may wait for one, and for how long. Beyond that: 503 with Retry-After at
+    # once (never a 500 after a 30 s pool timeout). /api/health has connections of its own.
+    db_pool_size: int = Field(default=8, ge=1, le=200, validation_alias="KVNOTES_DB_POOL_SIZE")
+    request_queue: int = Field(default=256, ge=0, validation_alias="KVNOTES_REQUEST_QUEUE")
+    request_wait_s: float = Field(default=15.0, gt=0, validation_alias="KVNOTES_REQUEST_WAIT_S")
     @classmethod
     def _absolute(cls, value: Path) -> Path:
         return value.expanduser().resolve()

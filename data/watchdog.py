@@ -7,7 +7,8 @@ own hostname at start, where every run still `running` under its name is from it
 With the worker registry (`data.workers`) it does not wait for the heartbeat age: a run held by a
 worker that stopped or stopped beating is failed at once, and a run still `queued` while a live
 worker of its model has sat idle for `QUEUED_GRACE_S` lost its message (a worker took it and died
-before starting it) and is failed too. `watch` does all of this; workers call it every few seconds.
+before starting it) and is failed too, as is a run queued for a model that this installation does not
+serve (`KVNOTES_MODELS`) and no live worker holds: it would wait forever. `watch` does all of this; workers call it every few seconds.
 
 Pure database work on the caller's session (the caller commits); no torch, no worker tasks.
 """
@@ -20,7 +21,7 @@ from sqlalchemy import or_, select
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
-from data.models import Run, as_utc
+from data.models import Run, RunStatus, as_utc
 from data.queue import queue_for
 from data.settings import get_settings
 from data.workers import dead_worker_names, live_workers
@@ -41,7 +42,7 @@ def reap_stale_runs(session: Session, now: datetime, max_age: float, worker: str
             (a worker starting up calls this: it runs nothing yet).
     """
     now = as_utc(now) or datetime.now(UTC)
-    query = select(Run).where(Run.status == "running")
+    query = select(Run).where(Run.status == RunStatus.RUNNING)
     if worker is not None:
         query = query.where(Run.worker == worker)
     else:
@@ -64,7 +65,7 @@ def reap_stale_runs(session: Session, now: datetime, max_age: float, worker: str
 
 
 def _fail(run: Run, now: datetime, message: str) -> None:
-    run.status, run.error, run.stage, run.finished_at = "failed", message, "failed", now
+    run.status, run.error, run.stage, run.finished_at = RunStatus.FAILED, message, "failed", now
 
 
 def reap_runs_of_dead_workers(session: Session, now: datetime) -> list[int]:
@@ -73,7 +74,7 @@ def reap_runs_of_dead_workers(session: Session, now: datetime) -> list[int]:
     if not dead:
         return []
     reaped = []
-    for run in session.scalars(select(Run).where(Run.status == "running", Run.worker.in_(dead))):
+    for run in session.scalars(select(Run).where(Run.status == RunStatus.RUNNING, Run.worker.in_(dead))):
         _fail(run, now, WORKER_LOST)
         reaped.append(run.id)
     session.flush()
@@ -88,7 +89,7 @@ def reap_lost_messages(session: Session, now: datetime, grace_s: float = QUEUED_
         return []
     cutoff = now - timedelta(seconds=grace_s)
     reaped = []
-    for run in session.scalars(select(Run).where(Run.status == "queued", Run.created_at < cutoff)):
+    for run in session.scalars(select(Run).where(Run.status == RunStatus.QUEUED, Run.created_at < cutoff)):
         created = as_utc(run.created_at)
         if created is not None and created < cutoff and queue_for(run.model) in idle_queues:
             _fail(run, now, MESSAGE_LOST)
@@ -97,11 +98,40 @@ def reap_lost_messages(session: Session, now: datetime, grace_s: float = QUEUED_
     return reaped
 
 
+def unserved_queued_models(session: Session, now: datetime | None = None) -> list[str]:
+    """Models of queued runs that this installation does not offer (`KVNOTES_MODELS`) and no live
+    worker serves: those runs would wait forever."""
+    offered = set(get_settings().models)
+    queued = {snap.model for snap in session.scalars(select(Run.snapshot).where(Run.status == RunStatus.QUEUED))}
+    served = {q for w in live_workers(session, now) for q in w.queues}
+    return sorted(model for model in queued if model not in offered and queue_for(model) not in served)
+
+
+def reap_unserved(session: Session, now: datetime) -> list[int]:
+    """Queued runs of a model nobody serves (see `unserved_queued_models`): failed with the reason."""
+    unserved = unserved_queued_models(session, now)
+    if not unserved:
+        return []
+    reaped = []
+    for run in session.scalars(select(Run).where(Run.status == RunStatus.QUEUED)):
+        if run.model in unserved:
+            _fail(run, now, unserved_message(run.model))
+            reaped.append(run.id)
+    session.flush()
+    return reaped
+
+
+def unserved_message(model: str) -> str:
+    served = ", ".join(get_settings().models)
+    return f"no worker serves the model {model} here (KVNOTES_MODELS: {served}); run it on a served model"
+
+
 def watch(session: Session, now: datetime | None = None) -> list[int]:
     """Every rule above, on the caller's session (the caller commits); the ids of runs failed."""
     now = now or datetime.now(UTC)
     return (reap_stale_runs(session, now, get_settings().heartbeat_max_age_s)
-            + reap_runs_of_dead_workers(session, now) + reap_lost_messages(session, now))
+            + reap_runs_of_dead_workers(session, now) + reap_lost_messages(session, now)
+            + reap_unserved(session, now))
 
 
 def reap_for_reader(session: Session) -> None:

@@ -22,7 +22,7 @@ from sqlalchemy.orm import Session
 
 from data.contracts import NotesMap, RunSnapshot
 from data.db import get_sessionmaker
-from data.models import Run, RunResult, as_utc
+from data.models import Run, RunResult, RunStatus, as_utc
 from data.settings import get_settings
 from data.watchdog import MESSAGE_LOST, WORKER_LOST, reap_stale_runs
 from data.workers import dead_worker_names
@@ -82,6 +82,8 @@ def reap_own_runs(hostname: str) -> list[int]:
 def claim(run_id: int, hostname: str, task_id: str) -> RunSnapshot | None:
     """Mark the run `running` under this worker and return its snapshot, or None to skip it.
 
+    A message is for one run only: a run that does not exist (deleted, or never saved) or holds
+    another token than `task_id` (ids reused before 0006, a stray message) is skipped at once.
     Restarts (deleting partial results) a run a dead worker left `running` or the watchdog
     failed; skips a run that finished or was cancelled. A run `running` under another worker that
     the registry does not (yet) know to be dead raises `OwnerMaybeAlive`: the task asks again
@@ -89,15 +91,20 @@ def claim(run_id: int, hostname: str, task_id: str) -> RunSnapshot | None:
     with session() as s:
         run = s.get(Run, run_id, with_for_update=True)
         if run is None:
+            log.warning("run %s does not exist (deleted, or never saved): message %s dropped", run_id, task_id)
+            return None
+        if run.task_id and task_id and run.task_id != task_id:
+            log.warning("message %s is not run %s's (its token is %s): dropped", task_id, run_id, run.task_id)
             return None
         heartbeat = run.heartbeat_at or run.started_at
         age_s = ms_since(heartbeat, now()) / 1000 if heartbeat else float("inf")
         dead_owner = (run.worker == hostname or age_s > get_settings().heartbeat_max_age_s
                       or run.worker in dead_worker_names(s))
-        if run.status == "running" and not dead_owner:
+        if run.status == RunStatus.RUNNING and not dead_owner:
             raise OwnerMaybeAlive(f"run {run_id} is running under {run.worker}")
-        restart = (run.status == "running" and dead_owner) or (run.status == "failed" and run.error in LOST)
-        if run.status != "queued" and not restart:
+        restart = ((run.status == RunStatus.RUNNING and dead_owner)
+                   or (run.status == RunStatus.FAILED and run.error in LOST))
+        if run.status != RunStatus.QUEUED and not restart:
             log.info("run %s is %s (worker %s): not running it again", run_id, run.status, run.worker)
             return None
         if restart:
@@ -105,7 +112,7 @@ def claim(run_id: int, hostname: str, task_id: str) -> RunSnapshot | None:
             s.execute(delete(RunResult).where(RunResult.run_id == run_id))
             run.attribution = None
         started = now()
-        run.status, run.stage, run.progress, run.error = "running", "starting", 0.0, None
+        run.status, run.stage, run.progress, run.error = RunStatus.RUNNING, "starting", 0.0, None
         run.worker, run.task_id = hostname, task_id or run.task_id
         run.started_at, run.heartbeat_at, run.finished_at = started, started, None
         run.timings = {"queue_wait_ms": round(ms_since(run.created_at, started), 1)}
@@ -119,7 +126,7 @@ def _write_if_ours(run_id: int, hostname: str, **values: Any) -> bool:
     with session() as s:
         result = s.execute(
             update(Run)
-            .where(Run.id == run_id, Run.status == "running", Run.worker == hostname)
+            .where(Run.id == run_id, Run.status == RunStatus.RUNNING, Run.worker == hostname)
             .values(heartbeat_at=now(), **values)
         )
         s.commit()
@@ -173,7 +180,8 @@ class RunReporter:
 
 def fail(run_id: int, hostname: str, message: str) -> bool:
     """Mark the run failed with `message`, only if it is still ours and running."""
-    return _write_if_ours(run_id, hostname, status="failed", stage="failed", error=message, finished_at=now())
+    return _write_if_ours(run_id, hostname, status=RunStatus.FAILED, stage="failed", error=message,
+                          finished_at=now())
 
 
 def succeed(run_id: int, hostname: str, rows: list[RunResult], timings: dict[str, float],
@@ -182,11 +190,11 @@ def succeed(run_id: int, hostname: str, rows: list[RunResult], timings: dict[str
     run was cancelled."""
     with session() as s:
         run = s.get(Run, run_id, with_for_update=True)
-        if run is None or run.status != "running" or run.worker != hostname:
+        if run is None or run.status != RunStatus.RUNNING or run.worker != hostname:
             return False
         s.execute(delete(RunResult).where(RunResult.run_id == run_id))
         s.add_all(rows)
-        run.status, run.stage, run.progress, run.error = "succeeded", "done", 1.0, None
+        run.status, run.stage, run.progress, run.error = RunStatus.SUCCEEDED, "done", 1.0, None
         run.finished_at = run.heartbeat_at = now()
         run.timings = {**(run.timings or {}), **timings}
         run.attribution = attribution
@@ -199,7 +207,7 @@ def stopped(run_id: int) -> None:
     it. A run that was taken from us otherwise (reaped, restarted elsewhere) is left alone."""
     with session() as s:
         run = s.get(Run, run_id)
-        if run is not None and run.status == "cancelled":
+        if run is not None and run.status == RunStatus.CANCELLED:
             s.execute(delete(RunResult).where(RunResult.run_id == run_id))
             run.stage, run.finished_at = "cancelled", run.finished_at or now()
         s.commit()

@@ -1,5 +1,5 @@
 """The Celery tasks, thin glue between the queue, the database and the engine: `kvnotes.run`,
-`kvnotes.compile_skill`, `kvnotes.prefill`, and what a worker does when it starts.
+`kvnotes.compile_skill`, and what a worker does when it starts.
 
 Each task reads what to do from the database (the broker carries only ids), claims the row, calls
 the engine, and writes the outcome back (`worker.run_rows`). Failures always end as a `failed` row
@@ -16,14 +16,14 @@ from celery.signals import worker_ready
 from sqlalchemy import update
 from sqlalchemy.exc import DBAPIError
 
-from data.models import Notebook, Run, Skill
+from data.models import Skill
 from data.queue import queue_for
 from data.settings import get_settings
 from worker import presence, run_rows
 from worker.celery_app import app
 from worker.engine import EngineError
 from worker.mapping import notes_map_record, result_rows, run_request
-from worker.runtime import describe_failure, get_engine, get_store
+from worker.runtime import describe_failure, get_engine
 
 log = logging.getLogger(__name__)
 CLAIM_RETRIES = 12  # about 10 minutes of a database that cannot be written, then the watchdog's turn
@@ -34,12 +34,11 @@ OWNER_RETRIES = 15  # past the heartbeat age (120 s), after which the owner coun
 
 @app.task(name="kvnotes.run", bind=True)
 def run(self, run_id: int) -> dict[str, Any]:
-    """Run a run: every strategy of its snapshot, compared against recompute, results stored."""
+    """Run a run: every strategy of its snapshot, compared against recompute, results stored. The
+    message runs only the run that holds its token (the task id); any other message is dropped at
+    once (its run was deleted, or never saved)."""
     hostname = self.request.hostname or "unknown"
     try:
-        if not run_rows.wait_for(Run, run_id):
-            log.error("run %s does not exist", run_id)
-            return {"run_id": run_id, "status": "missing"}
         snapshot = run_rows.claim(run_id, hostname, self.request.id)
     except DBAPIError as exc:
         # The database cannot be written (read-only, full): the run stays queued and this message
@@ -115,28 +114,6 @@ def compile_skill(self, skill_id: int) -> dict[str, Any]:
         message = describe_failure(exc, device, stage)
         _set_skill(skill_id, status="failed", error=message)
         return {"skill_id": skill_id, "status": "failed", "error": message}
-
-
-@app.task(name="kvnotes.prefill", bind=True)
-def prefill(self, notebook_id: int) -> dict[str, Any]:
-    """Warm the KV store with a notebook's document, so its next run starts from stored blocks."""
-    if not run_rows.wait_for(Notebook, notebook_id):
-        return {"notebook_id": notebook_id, "status": "missing"}
-    with run_rows.session() as s:
-        notebook = s.get(Notebook, notebook_id)
-        document, model = notebook.document, notebook.model
-    t0 = time.perf_counter()
-    try:
-        notes = get_engine(model).prefill(document)
-    except EngineError as exc:
-        return {"notebook_id": notebook_id, "status": "failed", "error": str(exc)}
-    return {
-        "notebook_id": notebook_id,
-        "status": "done",
-        "tokens": notes.n_tokens,
-        "ms": round((time.perf_counter() - t0) * 1000, 1),
-        "store": get_store().stats(),
-    }
 
 
 @worker_ready.connect

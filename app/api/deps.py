@@ -10,7 +10,7 @@ from sqlalchemy.orm import Session
 
 from app.security.principal import Principal
 from data.accounts import LOCAL_USER
-from data.db import get_session
+from data.db import get_session, highest_issued_id
 
 SessionDep = Annotated[Session, Depends(get_session)]
 MAX_DB_ID = 2**63 - 1
@@ -27,9 +27,14 @@ T = TypeVar("T")
 
 
 def get_or_404(session: Session, model: type[T], ident: int, name: str) -> T:
-    """The row `ident` of `model`, or a 404 that names what was missing."""
+    """The row `ident` of `model`, or a 404 that names what was missing, and says so when it was
+    deleted (ids are never reused: an id at or below the highest one issued and missing is gone)."""
     row = session.get(model, ident) if abs(ident) <= MAX_DB_ID else None
     if row is None:
+        table = getattr(model, "__tablename__", "")
+        if 0 < ident <= MAX_DB_ID and ident <= highest_issued_id(session, table):
+            raise HTTPException(status_code=404, detail=f"{name} {ident} was deleted; this address will "
+                                                        f"never show anything else")
         raise HTTPException(status_code=404, detail=f"{name} {ident} not found")
     return row
 

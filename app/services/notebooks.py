@@ -9,7 +9,7 @@ from sqlalchemy.orm import Session
 
 from app.services.errors import Unprocessable
 from data.accounts import LOCAL_USER
-from data.models import Erratum, Field, Notebook, Placement, Question, Run, Skill, utcnow
+from data.models import RUN_ACTIVE, Erratum, Field, Notebook, Placement, Question, Run, Skill, utcnow
 from data.queue import revoke
 from data.settings import get_settings
 from vocabulary import render_erratum
@@ -19,9 +19,20 @@ def touch(notebook: Notebook) -> None:
     notebook.updated_at = utcnow()
 
 
+def check_served(model: str, field: str = "model") -> None:
+    """Refuse a model that no worker of this installation serves (not in `KVNOTES_MODELS`): its runs
+    would wait in the queue forever."""
+    served = get_settings().models
+    if model not in served:
+        raise Unprocessable(field, f"model {model!r} is not served here; choose one of {', '.join(served)} "
+                                   "(KVNOTES_MODELS)")
+
+
 def create_notebook(session: Session, title: str, model: str, document: str,
                     created_by: str = LOCAL_USER) -> Notebook:
-    """A new notebook (flushed, so it has its id; the caller commits)."""
+    """A new notebook (flushed, so it has its id; the caller commits). Raises `Unprocessable` for a
+    model that is not served."""
+    check_served(model)
     notebook = Notebook(title=title, model=model, document=document, created_by=created_by)
     session.add(notebook)
     session.flush()
@@ -84,7 +95,7 @@ def find_span(document: str, text: str, occurrence: int = 1) -> tuple[int, int]:
 def delete_notebook(session: Session, notebook: Notebook) -> None:
     """Delete the notebook with everything on it, its runs included (a deleted document must not
     stay readable in their snapshots); commits, then asks workers to drop its unfinished runs."""
-    unfinished = select(Run.task_id).where(Run.notebook_id == notebook.id, Run.status.in_(("queued", "running")))
+    unfinished = select(Run.task_id).where(Run.notebook_id == notebook.id, Run.status.in_(RUN_ACTIVE))
     task_ids = [t for t in session.scalars(unfinished) if t]
     session.delete(notebook)
     session.commit()

@@ -1,21 +1,28 @@
-"""Runs: the snapshot of exactly what a run runs on, and creating a run (row first, then the
-message; committed only once the broker has taken it), the question a run asks, and cancelling."""
+"""Runs: the snapshot of exactly what a run runs on, and creating a run (the row, with its message
+token, committed first; then the message; if the broker refuses it, the row and a question asked
+with it are deleted again, so nothing is saved and no message exists without its run), the question
+a run asks, and cancelling."""
 
 from __future__ import annotations
 
-from sqlalchemy import func, select, text
+import logging
+
+from sqlalchemy import func, inspect, select, text
+from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
 from app.schemas import RunCreate
 from app.services.errors import RunLimitReached, Unprocessable
-from app.services.notebooks import set_question
+from app.services.notebooks import check_served, set_question
 from data.accounts import LOCAL_USER
 from data.contracts import RunSnapshot, SnapshotField, SnapshotPlacement, SnapshotQuestion
-from data.models import Notebook, Question, Run, utcnow
-from data.queue import enqueue_run, revoke
+from data.models import RUN_ACTIVE, Notebook, Question, Run, RunStatus, utcnow
+from data.queue import QueueUnavailable, enqueue_run, revoke
 from data.settings import get_settings
+from data.workers import models_without_worker
 
-ACTIVE = ("queued", "running")
+log = logging.getLogger(__name__)
+ACTIVE = RUN_ACTIVE
 
 
 def build_snapshot(notebook: Notebook, question: Question, strategies: list[str],
@@ -64,10 +71,11 @@ def check_run_caps(session: Session, created_by: str) -> None:
 
 def start_run(session: Session, notebook: Notebook, question: Question, strategies: list[str],
               attribution: bool = False, created_by: str = LOCAL_USER) -> Run:
-    """Create the run row, enqueue it, and commit only after the broker took the message.
-    Raises `RunLimitReached` or `QueueUnavailable` (after rolling back: nothing is saved)."""
-    snapshot = build_snapshot(notebook, question, strategies, attribution)
-    return _enqueue(session, notebook.id, snapshot, created_by)
+    """Create and commit the run row, then send its message. Raises `RunLimitReached` (rolled back)
+    or `QueueUnavailable` (the run and a question new with it deleted again: nothing is saved)."""
+    new_question = question if inspect(question).transient or inspect(question).pending else None
+    snapshot = build_snapshot(notebook, question, strategies, attribution)  # (may flush the question)
+    return _enqueue(session, notebook.id, snapshot, created_by, new_question)
 
 
 def rerun_snapshot(session: Session, run: Run, created_by: str = LOCAL_USER) -> Run:
@@ -76,13 +84,15 @@ def rerun_snapshot(session: Session, run: Run, created_by: str = LOCAL_USER) -> 
     return _enqueue(session, run.notebook_id, run.snapshot, created_by)
 
 
-def _enqueue(session: Session, notebook_id: int | None, snapshot: RunSnapshot, created_by: str) -> Run:
+def _enqueue(session: Session, notebook_id: int | None, snapshot: RunSnapshot, created_by: str,
+             new_question: Question | None = None) -> Run:
+    check_served(snapshot.model, "model")
     run = Run(
         notebook_id=notebook_id,
         kind="edit",
         snapshot=snapshot,
         strategies=list(snapshot.strategies),
-        status="queued",
+        status=RunStatus.QUEUED,
         stage="queued",
         progress=0.0,
         timings={},
@@ -92,12 +102,28 @@ def _enqueue(session: Session, notebook_id: int | None, snapshot: RunSnapshot, c
     session.flush()
     try:
         check_run_caps(session, created_by)
-        run.task_id = enqueue_run(run)
+        session.commit()  # the row (and its token) first: a worker never sees a message before its run
     except Exception:
         session.rollback()
         raise
-    session.commit()
+    try:
+        enqueue_run(run)
+    except QueueUnavailable:
+        _unsave(session, run, new_question)
+        raise
     return run
+
+
+def _unsave(session: Session, run: Run, question: Question | None) -> None:
+    """The broker refused the message: delete the run (and the question asked with it) again."""
+    try:
+        session.delete(run)
+        if question is not None:
+            session.delete(question)
+        session.commit()
+    except SQLAlchemyError as exc:  # the row stays `queued` without a message: the watchdog fails it
+        session.rollback()
+        log.error("run %s could not be queued nor deleted: %s", run.id, type(exc).__name__)
 
 
 def question_for(notebook: Notebook, body: RunCreate) -> Question:
@@ -119,8 +145,20 @@ def cancel_run(session: Session, run: Run) -> bool:
     False (and nothing changed) when it already finished."""
     if run.is_finished:
         return False
-    run.status, run.stage, run.finished_at = "cancelled", "cancelled", utcnow()
+    run.status, run.stage, run.finished_at = RunStatus.CANCELLED, "cancelled", utcnow()
     session.commit()
     if run.task_id:
         revoke(run.task_id)
     return True
+
+
+def waits_without_worker(session: Session, run: Run) -> bool:
+    """True when `run` is queued and no live worker serves its model (its page says so). Best
+    effort: a database that cannot be read says nothing."""
+    if run.status != RunStatus.QUEUED:
+        return False
+    try:
+        return bool(models_without_worker(session, [run.model]))
+    except SQLAlchemyError:
+        session.rollback()
+        return False
