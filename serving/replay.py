@@ -1,9 +1,11 @@
 """Running a replay: every variant's stream against one server, one variant after another, and what
 it measured.
 
-Per variant: the warm request (the prompt before the edits, unmeasured), then the requests at their
-Poisson arrival times through a pool of `concurrency` connections (a request that arrives while all
-are busy waits for one; its TTFT counts from when it is sent). Measured per request: TTFT, prompt
+Per variant: the server's prefix cache emptied where it allows (`/reset_prefix_cache`, so no
+earlier replay's prompts count as hits), the warm request (the prompt before the edits, unmeasured),
+then the requests at their Poisson arrival times through a pool of `concurrency` connections (a
+request that arrives while all are busy waits for one; its TTFT counts from when it is sent).
+Measured per request: TTFT, prompt
 tokens and the prefix-cache tokens the server reports (`usage.prompt_tokens_details.cached_tokens`);
 the hit rate is cached / prompt tokens over the variant, checked against the change of vLLM's
 `/metrics` counters across it. Before anything is sent, every prompt is tokenized by the server and
@@ -18,51 +20,14 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
 
 from serving.server import Completion, Counters, ReplayError, Server
 from serving.streams import PlannedRequest, ReplaySpec, plan_variant
+from vocabulary.replay import ReplayResult, VariantResult
 from vocabulary.verdicts import edit_followed
 
 # on_progress(done, total, variant): requests finished so far over all variants.
 Progress = Callable[[int, int, str], None]
-
-
-@dataclass
-class VariantResult:
-    """What one variant measured. The first seven fields are the `--json` contract; the lists hold
-    one entry per request, in request order."""
-
-    requests: int
-    prefix_hit_rate: float
-    ttft_p50_ms: float
-    ttft_p90_ms: float
-    throughput_rps: float
-    prompt_tokens: int  # per request, mean
-    agreement: float  # share of answers that name the current value (edit_followed == "new")
-    cached_tokens: int = 0  # over the variant
-    metrics_hit_rate: float | None = None  # the same rate from /metrics deltas (None: no counters)
-    estimated_prefix_share: float = 0.0  # kvnotes's estimate: common prefix with the warm prompt
-    ttft_ms: list[float] = field(default_factory=list)
-    hit_rates: list[float] = field(default_factory=list)
-    answers: list[str] = field(default_factory=list)
-    values: list[str] = field(default_factory=list)
-
-
-@dataclass
-class ReplayResult:
-    """A finished replay: the server, the load and each variant's result."""
-
-    url: str
-    model: str
-    rate: float
-    concurrency: int
-    max_model_len: int
-    load_average: float
-    variants: dict[str, VariantResult]
-
-    def to_dict(self) -> dict:
-        return asdict(self)
 
 
 def replay(spec: ReplaySpec, url: str, model: str | None = None,
@@ -87,7 +52,8 @@ def replay(spec: ReplaySpec, url: str, model: str | None = None,
                             round(os.getloadavg()[0], 2), results)
 
 
-def _checked_lengths(server: Server, spec: ReplaySpec, plans: dict, max_model_len: int) -> dict[str, list[int]]:
+def _checked_lengths(server: Server, spec: ReplaySpec, plans: dict,
+                     max_model_len: int) -> dict[str, list[int]]:
     """Every prompt's token ids (warm prompts too), after checking each fits the server."""
     ids: dict[str, list[int]] = {}
     for variant, (warm, planned) in plans.items():
@@ -95,8 +61,8 @@ def _checked_lengths(server: Server, spec: ReplaySpec, plans: dict, max_model_le
             if content not in ids:
                 ids[content] = server.prompt_tokens(content)
             if max_model_len and len(ids[content]) + spec.max_tokens > max_model_len:
-                raise ReplayError(f"{variant} {what}: the prompt is {len(ids[content])} tokens and the answer "
-                                  f"up to {spec.max_tokens}, beyond the server's max_model_len of "
+                raise ReplayError(f"{variant} {what}: the prompt is {len(ids[content])} tokens and the "
+                                  f"answer up to {spec.max_tokens}, beyond the server's max_model_len of "
                                   f"{max_model_len}; shorten the document or raise --max-model-len")
     return ids
 
@@ -104,6 +70,7 @@ def _checked_lengths(server: Server, spec: ReplaySpec, plans: dict, max_model_le
 def _run_variant(server: Server, spec: ReplaySpec, warm: str, planned: list[PlannedRequest],
                  ids: dict[str, list[int]], progress: Callable[[int], None] | None) -> VariantResult:
     variant = planned[0].variant
+    cache_reset = server.reset_cache()
     try:
         server.complete(warm, spec.max_tokens, spec.choices)
     except ReplayError as exc:
@@ -113,7 +80,9 @@ def _run_variant(server: Server, spec: ReplaySpec, warm: str, planned: list[Plan
     completions = _stream_all(server, spec, planned, progress)
     elapsed = time.perf_counter() - started
     after = server.counters()
-    return _summarise(spec, planned, completions, elapsed, _delta(before, after), ids[warm], ids)
+    result = _summarise(spec, planned, completions, elapsed, _delta(before, after), ids[warm], ids)
+    result.cache_reset = cache_reset
+    return result
 
 
 def _stream_all(server: Server, spec: ReplaySpec, planned: list[PlannedRequest],

@@ -112,6 +112,15 @@ class Server:
                               f"(the replay needs vLLM's /tokenize): {response.text[:200]}")
         return list(response.json()["tokens"])
 
+    def reset_cache(self) -> bool:
+        """Empty the server's prefix cache (vLLM's development endpoint, which scripts/vllm.sh enables
+        on a loopback bind); False when the server does not offer it."""
+        try:
+            response = self._client.post("/reset_prefix_cache")
+        except httpx.HTTPError as exc:
+            raise ReplayError(f"cannot reach the server at {self.url}: {_reason(exc)}") from None
+        return response.status_code == 200
+
     def counters(self) -> Counters | None:
         """The prefix-cache counters summed over engines, or None when `/metrics` has none."""
         try:

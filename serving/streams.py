@@ -24,14 +24,7 @@ from dataclasses import dataclass
 
 from vocabulary import render_erratum
 from vocabulary.hoist import hoist
-
-VARIANTS = ("in_place", "erratum", "hoist")
-
-VARIANT_HELP = {
-    "in_place": "the field rewritten in the prompt (recompute's prompt): the cache breaks at the field",
-    "erratum": "the original prompt plus an appended erratum: the cache keeps everything before it",
-    "hoist": "the field's line moved after the document: the cache keeps the document",
-}
+from vocabulary.replay import VARIANTS
 
 
 @dataclass(frozen=True)
@@ -160,3 +153,13 @@ def plan_variant(spec: ReplaySpec, variant: str) -> tuple[str, list[PlannedReque
         value = spec.values[i % len(spec.values)]
         planned.append(PlannedRequest(variant, i, value, at, variant_document(spec, variant, value) + ask))
     return warm, planned
+
+
+def field_label(document: str, start: int) -> str:
+    """The field's name for the erratum: the key of a `key: value` line the field is the value of
+    ("destination: Oslo" → "destination"), else "the value"."""
+    line_start = document.rfind("\n", 0, start) + 1
+    head = document[line_start:start].rstrip()
+    if head.endswith(":") and 0 < len(head) <= 60:
+        return head[:-1].strip() or "the value"
+    return "the value"

@@ -191,6 +191,9 @@ def build_parser() -> argparse.ArgumentParser:
         from worker.account_commands import add_commands as add_account_commands
 
         add_account_commands(sub)
+    from worker.replay_command import add_command as add_replay_command
+
+    add_replay_command(sub)
     return parser
 
 

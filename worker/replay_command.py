@@ -1,0 +1,102 @@
+"""`kvnotes replay`: the serving replay against a running vLLM server, from the command line.
+
+    kvnotes replay --url http://127.0.0.1:8100/v1 --document log.txt --field Oslo \\
+        --values Madrid,Rome,Lisbon --question "Where does it go?" [--choices Oslo,Madrid,...] \\
+        [--label destination] [--requests N] [--rate R] [--concurrency C] \\
+        [--variants in_place,erratum,hoist] [--json]
+
+`--url` and `--model` default to `KVNOTES_VLLM_URL` and `KVNOTES_VLLM_MODEL`. Bad input and a replay
+that fails (server unreachable, model not served, prompt too long, a request that died) exit with
+status 2 and one line on stderr naming the problem.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from serving import VARIANTS, ReplayError, ReplaySpec, replay
+from serving.streams import field_label
+
+
+def _csv(text: str | None) -> tuple[str, ...]:
+    return tuple(part.strip() for part in (text or "").split(",") if part.strip())
+
+
+def spec_from_args(args: argparse.Namespace, document: str) -> ReplaySpec:
+    """The replay the arguments describe; ReplayError when the field is not in the document."""
+    start = document.find(args.field)
+    if not args.field or start < 0:
+        raise ReplayError(f"--field: {args.field!r} is not in the document")
+    end = start + len(args.field)
+    choices = _csv(args.choices)
+    if args.choices is not None and len(choices) < 2:
+        raise ReplayError("--choices needs at least two comma-separated choices")
+    return ReplaySpec(document, start, end, args.label or field_label(document, start), _csv(args.values),
+                      args.question, choices, requests=args.requests, rate=args.rate,
+                      concurrency=args.concurrency, variants=_csv(args.variants), max_tokens=args.max_tokens,
+                      seed=args.seed)
+
+
+def _print_table(data: dict) -> None:
+    print(f"{data['model']} at {data['url']}: rate {data['rate']}/s, concurrency {data['concurrency']}, "
+          f"load average {data['load_average']}")
+    print(f"{'variant':<10} {'requests':>8} {'hit rate':>8} {'estimate':>8} {'TTFT p50':>10} {'p90 ms':>10} "
+          f"{'req/s':>7} {'tokens':>7} {'agree':>6}")
+    for name, v in data["variants"].items():
+        print(f"{name:<10} {v['requests']:>8} {v['prefix_hit_rate']:>8.1%} "
+              f"{v['estimated_prefix_share']:>8.1%} {v['ttft_p50_ms']:>10.1f} {v['ttft_p90_ms']:>10.1f} "
+              f"{v['throughput_rps']:>7.3f} {v['prompt_tokens']:>7} {v['agreement']:>6.0%}")
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    from data.settings import get_settings
+
+    settings = get_settings()
+    url, model = args.url or settings.vllm_url, args.model or settings.vllm_model or None
+    try:
+        if not url:
+            raise ReplayError("--url is needed (or KVNOTES_VLLM_URL): the vLLM server, e.g. from "
+                              "scripts/vllm.sh")
+        path = Path(args.document)
+        if not path.is_file():
+            raise ReplayError(f"document file not found: {args.document}")
+        result = replay(spec_from_args(args, path.read_text(encoding="utf-8")), url, model,
+                        on_progress=None if args.json else _progress)
+    except ReplayError as exc:
+        print(f"kvnotes: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(result.to_dict(), indent=2))
+    else:
+        _print_table(result.to_dict())
+    return 0
+
+
+def _progress(done: int, total: int, variant: str) -> None:
+    print(f"\r{variant}: {done}/{total} requests", end="\n" if done == total else "", file=sys.stderr,
+          flush=True)
+
+
+def add_command(sub) -> None:
+    """Register `kvnotes replay` on the launcher's subparsers."""
+    p = sub.add_parser("replay", help="replay field edits on a vLLM server: in place, erratum, hoist")
+    p.add_argument("--url", default="", help="the server, e.g. http://127.0.0.1:8100/v1 (KVNOTES_VLLM_URL)")
+    p.add_argument("--model", default="", help="the served model name (default: the one it serves)")
+    p.add_argument("--document", required=True, help="a UTF-8 text file")
+    p.add_argument("--field", required=True, help="the field's text in the document (its first occurrence)")
+    p.add_argument("--label", default="", help="the field's name in the erratum (default: the word before "
+                                                 "a colon on its line, else 'the value')")
+    p.add_argument("--values", required=True, help="comma-separated values the field takes, one per request")
+    p.add_argument("--question", required=True)
+    p.add_argument("--choices", default=None, help="comma-separated; answers are constrained to one of them")
+    p.add_argument("--requests", type=int, default=0, help="per variant (default: one per value)")
+    p.add_argument("--rate", type=float, default=1.0, help="Poisson arrival rate, requests per second")
+    p.add_argument("--concurrency", type=int, default=4, help="requests in flight at most")
+    p.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated: {', '.join(VARIANTS)}")
+    p.add_argument("--max-tokens", type=int, default=16, help="answer tokens per request")
+    p.add_argument("--seed", type=int, default=0, help="of the arrival times")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.set_defaults(func=cmd_replay)
