@@ -273,6 +273,9 @@ class RunOut(BaseModel):
     snapshot: RunSnapshot
     results: dict[str, StrategyResultOut]
     attribution: NotesMap | None = None
+    # the decision's attention by region, mean over layers and heads: {strategy: {region: share}}
+    # (`vocabulary.regions.REGIONS`, each summing to 1); filled by GET /runs/{id} only
+    attention_regions: dict[str, dict[str, float]] = {}
 
 
 class RunSummary(_Out):

@@ -3,6 +3,10 @@ head, or aggregated; or any question/answer token as the query), and how far eac
 from recompute's. Used by the JSON API (`/api/runs/{id}/attention`), the run page's layer × head
 grid, and the exports, report, presentation and comparison, so every face draws the same numbers.
 
+Attention by region (the paper's figure): the decision's attention summed over the sink, the
+document before the field, the fields, the downstream notes, errata, skills and the question
+(`vocabulary.regions` says which token is where), mean over layers and heads and per layer.
+
 Impossible requests raise `Unprocessable` (422 naming the parameter); missing maps `NoAttention`
 (404). Attention is stored as float16 `[layers, heads, T]`, the per-query maps as `[Q, T]`.
 """
@@ -20,6 +24,7 @@ from sqlalchemy.orm import Session, undefer
 from app.services.errors import Unprocessable
 from data.contracts import TokenRecord
 from data.models import RunResult
+from vocabulary.regions import REGIONS, Span, token_regions
 
 
 class NoAttention(LookupError):
@@ -133,3 +138,71 @@ def compare_heads(result: RunResult | None, reference: RunResult | None, strateg
     if w.shape[:2] != r.shape[:2] or len(mapping) != w.shape[2]:
         raise Unprocessable("strategy", "the attention shapes of the two strategies do not line up")
     return HeadComparison(mapping, head_differences(w, r, mapping))
+
+
+# ---- attention by region (the paper's figure) ---------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RegionShares:
+    """Where one strategy's decision looked, by region: `mean` over layers and heads, and
+    `per_layer` (each layer's mean over heads). Every dict holds `REGIONS`, summing to 1."""
+
+    strategy: str
+    mean: dict[str, float]
+    per_layer: list[dict[str, float]]
+
+
+def _weights(result: RunResult) -> np.ndarray:
+    shape = [int(n) for n in result.attention_shape or []]
+    return np.frombuffer(result.attention, dtype=np.float16).reshape(shape).astype(np.float32)  # [L, H, T]
+
+
+def region_shares(result: RunResult, fields: Iterable[tuple[int, int]]) -> RegionShares:
+    """`result`'s decision attention summed over the regions of its tokens, normalised to 1 (the
+    stored float16 rows sum to 1 within rounding)."""
+    if result.attention is None or not result.attention_shape or not result.tokens:
+        raise NoAttention(f"no attention for strategy {result.strategy}")
+    labels = token_regions([Span(t.start, t.end, t.segment) for t in result.tokens], list(fields))
+    index = np.array([REGIONS.index(label) for label in labels])
+    per_layer = _weights(result).mean(axis=1)  # [L, T]
+    if per_layer.shape[1] != len(index):
+        raise Unprocessable("strategy", f"{result.strategy}'s attention covers {per_layer.shape[1]} tokens, "
+                                        f"its token list {len(index)}")
+    sums = np.zeros((per_layer.shape[0], len(REGIONS)))  # [L, regions]
+    np.add.at(sums.T, index, per_layer.T)
+    mean = sums.sum(0) / max(float(sums.sum()), 1e-12)
+    layers = sums / np.maximum(sums.sum(1, keepdims=True), 1e-12)
+    return RegionShares(result.strategy, _named(mean), [_named(row) for row in layers])
+
+
+def _named(shares: np.ndarray) -> dict[str, float]:
+    return {region: round(float(share), 5) for region, share in zip(REGIONS, shares)}
+
+
+def attention_regions(results: dict[str, RunResult], fields: Iterable[tuple[int, int]]) -> dict[str, RegionShares]:
+    """Every strategy's regions (recompute first) for the results that kept attention."""
+    spans = list(fields)
+    order = sorted(results, key=lambda name: name != "recompute")
+    return {name: region_shares(results[name], spans) for name in order
+            if results[name].attention is not None and results[name].tokens}
+
+
+@dataclass(frozen=True)
+class MovedHead:
+    layer: int
+    head: int
+    moved: float  # total variation against recompute's same head, 0..1
+
+
+def heads_moved_most(comparison: HeadComparison, n: int = 3) -> list[MovedHead]:
+    """The `n` heads whose decision attention moved furthest from recompute's."""
+    diff = comparison.head_diff
+    order = np.argsort(diff, axis=None)[::-1][:n]
+    return [MovedHead(int(i // diff.shape[1]), int(i % diff.shape[1]), float(diff.flat[i])) for i in order]
+
+
+def run_attention_regions(session: Session, run_id: int, fields: Iterable[tuple[int, int]]) -> dict[str, RegionShares]:
+    """The run's attention by region for every strategy that kept attention (the API's and the
+    run page's `attention_regions`); {} for a run without attention."""
+    return attention_regions(results_with_attention(session, run_id), fields)

@@ -23,6 +23,7 @@ from app.services.errors import Unprocessable
 from app.web.templating import ROOT
 from data.contracts import TokenRecord
 from data.models import Run, RunResult
+from vocabulary.regions import SINK_TOKENS
 
 STYLESHEET = ROOT / "static" / "css" / "kvnotes.css"
 RGB = tuple[int, int, int]
@@ -246,8 +247,19 @@ def heatmap_panels(session: Session, run_id: int, params: ViewParams,
                          ref.tokens, res.tokens, rv, sv, mapping)
 
 
+WORDY = re.compile(r"[^\W_]")  # a word has a letter or a digit (heatmap.js: WORDY)
+
+
+def is_word(i: int, token: TokenRecord) -> bool:
+    """Whether the most-attended list shows this token by default: not the sink (the first 4
+    tokens), not whitespace or punctuation alone."""
+    return i >= SINK_TOKENS and bool(WORDY.search(token.text))
+
+
 def _top(tokens: list[TokenRecord], rv: np.ndarray, sv: np.ndarray, mapping: list[int], n: int = 10) -> list[TopToken]:
-    """The tokens the view attends to most in either cache (the sink aside), as heatmap.js ranks them."""
-    order = sorted(range(1, len(tokens)), key=lambda i: -max(float(sv[i]), float(rv[mapping[i]]) if mapping[i] >= 0 else 0.0))
+    """The words the view attends to most in either cache (the sink, whitespace and punctuation
+    aside), as heatmap.js ranks them by default."""
+    candidates = [i for i in range(1, len(tokens)) if is_word(i, tokens[i])]
+    order = sorted(candidates, key=lambda i: -max(float(sv[i]), float(rv[mapping[i]]) if mapping[i] >= 0 else 0.0))
     return [TopToken(k + 1, i, mapping[i], tokens[i].text, tokens[i].segment, float(rv[mapping[i]]) if mapping[i] >= 0 else None,
                      float(sv[i])) for k, i in enumerate(order[:n])]

@@ -14,6 +14,7 @@ from sqlalchemy.orm import Session
 
 from app.services.errors import Unprocessable
 from app.web.heatmap_view import ViewParams, view_params
+from app.web.regions_view import regions_panel
 from app.web.run_view import (
     agreement_summary,
     answer_of,
@@ -58,6 +59,11 @@ def checked_view(run: Run, context: dict[str, Any], asked: AskedView) -> ViewPar
                            asked.layer, asked.head, asked.agg, asked.query)
     except Unprocessable as exc:
         raise HTTPException(status_code=422, detail=f"This run cannot show that view: {exc.message}.") from None
+
+
+def run_page_context(session: Session, run: Run) -> dict[str, Any]:
+    """The run page's context: `run_context` and the attention by region panel."""
+    return {**run_context(session, run), "regions": regions_panel(session, run) if run.results else None}
 
 
 def run_context(session: Session, run: Run) -> dict[str, Any]:

@@ -13,7 +13,7 @@ from app.api.deps import SessionDep, get_or_404
 from app.services.attention import NoAttention, compare_heads, results_with_attention
 from app.services.runs import cancel_run
 from app.web.notebook_context import decision_summary
-from app.web.run_context import ViewDep, checked_view, run_context
+from app.web.run_context import ViewDep, checked_view, run_page_context
 from app.web.templating import render
 from data.models import Run
 from data.watchdog import reap_for_reader
@@ -26,7 +26,7 @@ def run_page(request: Request, run_id: int, session: SessionDep, asked: ViewDep)
     """The run, opened on the attention view its URL names (a permalink: `strategy`, `layer`,
     `head`, `agg`, `query`); the page keeps the URL in step as the view changes."""
     run = get_or_404(session, Run, run_id, "run")
-    context = run_context(session, run)
+    context = run_page_context(session, run)
     return render(request, "run.html", **context, view=checked_view(run, context, asked), nav="runs")
 
 

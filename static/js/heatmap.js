@@ -190,10 +190,14 @@
 
   // --- the most-attended tokens, and how each changed ---------------------------------------------
   var NOTES = { document: true, erratum: true, skill: true }; // the notes, not the frame or the question
+  var SINK = 4, WORDY = /[\p{L}\p{N}]/u; // the first 4 tokens are the sink; a word has a letter or digit
+  var allTokens = root.querySelector("#hm-top-all");
   function topIndices(n) { // strategy-side indices of the notes the query attends to most
-    var c = current, order = [];
+    var c = current, order = [], words = !(allTokens && allTokens.checked);
     for (var i = 1; i < c.res.values.length; i++) {
       if (!NOTES[c.res.tokens[i].segment]) continue;
+      if (words && (i < SINK || !WORDY.test(c.res.tokens[i].text))) continue; // sink, whitespace, punctuation
+
       var r = c.map[i] >= 0 ? c.ref.values[c.map[i]] : 0;
       order.push([Math.max(c.res.values[i], r), i]);
     }
@@ -213,6 +217,7 @@
       body.appendChild(tr);
     });
   }
+  if (allTokens) allTokens.addEventListener("change", function () { if (current) { drawTop(); drawOverview(); } });
   root.querySelector("#hm-top").addEventListener("click", function (e) {
     var tr = e.target.closest("tr[data-i]"); if (tr) jumpTo(+tr.dataset.i);
   });

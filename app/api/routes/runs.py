@@ -10,7 +10,12 @@ from sqlalchemy import select
 
 from app.api.deps import PrincipalDep, SessionDep, errors, get_or_404
 from app.schemas import AttentionOut, RunCreate, RunOut, RunSummary, StrategyResultOut
-from app.services.attention import NoAttention, attention_vector, results_with_attention
+from app.services.attention import (
+    NoAttention,
+    attention_vector,
+    results_with_attention,
+    run_attention_regions,
+)
 from app.services.runs import cancel_run as cancel_run_service
 from app.services.runs import question_for, rerun_snapshot, start_run
 from data.models import Notebook, Run
@@ -20,7 +25,7 @@ from data.watchdog import reap_for_reader
 router = APIRouter(tags=["runs"])
 
 
-def run_out(run: Run) -> RunOut:
+def run_out(run: Run, attention_regions: dict[str, dict[str, float]] | None = None) -> RunOut:
     return RunOut(
         id=run.id,
         notebook_id=run.notebook_id,
@@ -41,6 +46,7 @@ def run_out(run: Run) -> RunOut:
         snapshot=run.snapshot,
         results={r.strategy: StrategyResultOut.model_validate(r) for r in run.results},
         attribution=run.attribution,
+        attention_regions=attention_regions or {},
     )
 
 
@@ -88,8 +94,12 @@ def rerun(run_id: int, session: SessionDep, principal: PrincipalDep) -> RunOut:
 
 @router.get("/runs/{run_id}", response_model=RunOut, responses=errors(404))
 def read_run(run_id: int, session: SessionDep) -> RunOut:
+    """The run, its results and the decision's attention by region (`attention_regions`)."""
     reap_for_reader(session)
-    return run_out(get_or_404(session, Run, run_id, "run"))
+    run = get_or_404(session, Run, run_id, "run")
+    fields = [(f.start, f.end) for f in run.snapshot.fields]
+    regions = run_attention_regions(session, run_id, fields)
+    return run_out(run, {name: shares.mean for name, shares in regions.items()})
 
 
 @router.post("/runs/{run_id}/cancel", response_model=RunOut, responses=errors(404, 409))

@@ -1,0 +1,100 @@
+"""Attention by region as the run page draws it: a table of each strategy's shares beside the
+paper's reading, a small per-layer plot per strategy (server-rendered SVG: one stacked column per
+layer), and the heads whose attention moved most against recompute.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sqlalchemy.orm import Session
+
+from app.services.attention import (
+    MovedHead,
+    NoAttention,
+    RegionShares,
+    attention_regions,
+    compare_heads,
+    heads_moved_most,
+    results_with_attention,
+)
+from app.services.errors import Unprocessable
+from data.models import Run
+from vocabulary.regions import PAPER_READING, REGION_HELP, REGIONS
+
+REGION_LABELS = {"sink": "sink", "before_field": "before the field", "field": "field",
+                 "after_field": "downstream notes", "errata": "errata", "skills": "skills", "question": "question"}
+# One colour per region (Okabe–Ito-like, distinct in greyscale order too).
+REGION_COLOURS = {"sink": "#9aa0ab", "before_field": "#a6cee3", "field": "#d9a400", "after_field": "#1f78b4",
+                  "errata": "#cc79a7", "skills": "#33a02c", "question": "#5e3c99"}
+
+COLUMN_W, PLOT_H = 7, 64  # one layer's column width and the plot's height, in px
+
+
+@dataclass(frozen=True)
+class Bar:
+    """One region's slice of one layer's column in the per-layer plot."""
+
+    x: int
+    y: float
+    height: float
+    colour: str
+    title: str
+
+
+@dataclass(frozen=True)
+class RegionPlot:
+    """A strategy's per-layer plot: `width` × `height` px of stacked bars."""
+
+    strategy: str
+    width: int
+    height: int
+    bars: list[Bar]
+
+
+@dataclass(frozen=True)
+class RegionsPanel:
+    regions: tuple[str, ...]
+    labels: dict[str, str]
+    help: dict[str, str]
+    colours: dict[str, str]
+    shares: dict[str, RegionShares]  # recompute first
+    paper: dict[str, float]
+    plots: list[RegionPlot]
+    moved: dict[str, list[MovedHead]]  # per strategy other than recompute
+
+
+def per_layer_plot(shares: RegionShares) -> RegionPlot:
+    """Each layer a column of its region shares stacked from the bottom, in `REGIONS` order."""
+    bars = []
+    for layer, row in enumerate(shares.per_layer):
+        bottom = float(PLOT_H)
+        for region in REGIONS:
+            height = row[region] * PLOT_H
+            if height <= 0:
+                continue
+            bottom -= height
+            bars.append(Bar(layer * COLUMN_W, round(bottom, 2), round(height, 2), REGION_COLOURS[region],
+                            f"layer {layer}: {REGION_LABELS[region]} {100 * row[region]:.1f}%"))
+    return RegionPlot(shares.strategy, len(shares.per_layer) * COLUMN_W, PLOT_H, bars)
+
+
+def regions_panel(session: Session, run: Run) -> RegionsPanel | None:
+    """What the run page's "by region" panel draws; None for a run without attention."""
+    results = results_with_attention(session, run.id)
+    try:
+        shares = attention_regions(results, [(f.start, f.end) for f in run.snapshot.fields])
+    except Unprocessable:  # attention and tokens that do not line up: the heatmap says why
+        return None
+    if not shares:
+        return None
+    moved = {}
+    for name in shares:
+        if name == "recompute":
+            continue
+        try:
+            moved[name] = heads_moved_most(compare_heads(results.get(name), results.get("recompute"), name))
+        except (NoAttention, Unprocessable):
+            continue
+    return RegionsPanel(REGIONS, REGION_LABELS, REGION_HELP, REGION_COLOURS, shares, PAPER_READING,
+                        [per_layer_plot(s) for s in shares.values()], moved)
