@@ -4,7 +4,8 @@ A worker registers when it starts (`workers.name` is its Celery node name, uniqu
 the model queues it consumes, `model.<alias>` as `data.queue.queue_for` names them), beats
 every few seconds, says when it takes and finishes a task, and marks itself stopped on a clean
 shutdown; `kvnotes serve` marks its worker stopped the moment it sees it die. A worker whose beat is
-older than `worker_stale_s` is dead. The web app reads this table for `/api/health` ("a live worker
+older than `worker_stale_s` is dead, and so is one on this machine whose process is gone (a `kill -9`
+of `serve` takes its worker with it: its last beat must not count for the next `serve`). The web app reads this table for `/api/health` ("a live worker
 per offered model") and to tell a person that their run waits for a model nobody serves; the
 watchdog (`data.watchdog`) uses it to fail the runs of dead workers at once, and to find queued runs
 whose message is gone (a live worker of their model has sat idle since long after they were queued).
@@ -12,6 +13,8 @@ whose message is gone (a live worker of their model has sat idle since long afte
 
 from __future__ import annotations
 
+import os
+import socket
 from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import JSON, DateTime, Integer, String, delete, select, update
@@ -40,12 +43,28 @@ class Worker(Base):
 
     def is_live(self, now: datetime, stale_s: float) -> bool:
         beat = as_utc(self.beat_at)
-        return self.stopped_at is None and beat is not None and (now - beat).total_seconds() < stale_s
+        recent = self.stopped_at is None and beat is not None and (now - beat).total_seconds() < stale_s
+        return recent and not self.process_gone()
+
+    def process_gone(self) -> bool:
+        """True when the worker ran on this machine and its process no longer exists."""
+        return self.host == socket.gethostname()[:200] and self.pid > 0 and not pid_alive(self.pid)
 
     def idle_for(self, now: datetime) -> float:
         """Seconds it has been idle (0 while starting or busy)."""
         idle = as_utc(self.idle_since)
         return 0.0 if idle is None or self.running_run_id is not None else (now - idle).total_seconds()
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process `pid` exists on this machine (signal 0 checks without sending anything)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # it exists, under another user
+        return True
+    return True
 
 
 def register(session: Session, name: str, queues: list[str], host: str, pid: int) -> bool:

@@ -39,6 +39,17 @@ def create_notebook(session: Session, title: str, model: str, document: str,
     return notebook
 
 
+def change_model(notebook: Notebook, model: str) -> None:
+    """Run the notebook on another served model; every skill placed in it must be for that model."""
+    check_served(model)
+    for placement in notebook.placements:
+        if placement.skill.model != model:
+            raise Unprocessable("model", f"skill {placement.skill.name!r} placed in this notebook is for "
+                                         f"{placement.skill.model}: remove it before changing the model to {model}")
+    notebook.model = model
+    touch(notebook)
+
+
 def rename_notebook(notebook: Notebook, title: str) -> None:
     """A new title (already validated by `NotebookPatch` / the form: not blank, within the limit)."""
     notebook.title = title
@@ -251,13 +262,17 @@ def set_erratum_text(erratum: Erratum, text: str) -> None:
         touch(erratum.notebook)
 
 
-def add_placement(notebook: Notebook, skill: Skill, position: int | None) -> Placement:
-    """Splice `skill` at a character offset of the document (None: at the end)."""
+def add_placement(notebook: Notebook, skill: Skill, position: int | None, compiling_ok: bool = False) -> Placement:
+    """Splice `skill` at a character offset of the document (None: at the end). The skill must be
+    for the notebook's model and compiled (an example loading its own skills may place them while
+    they compile: `compiling_ok`)."""
     limit = get_settings().max_placements
     if len(notebook.placements) >= limit:
         raise Unprocessable("skill_id", f"a notebook holds at most {limit} placements")
     if skill.model != notebook.model:
         raise Unprocessable("skill_id", f"skill {skill.name!r} is for {skill.model}, this notebook runs {notebook.model}")
+    if skill.status != "compiled" and not (compiling_ok and skill.status == "compiling"):
+        raise Unprocessable("skill_id", f"skill {skill.name!r} is not compiled for {notebook.model}")
     check_position(notebook, position)
     placement = Placement(skill=skill, position=position)
     notebook.placements.append(placement)

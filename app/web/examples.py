@@ -93,5 +93,6 @@ def load_example(session: Session, slug: str, directory: Path = EXAMPLES_DIR, cr
     for s in data.get("skills", []):
         anchor = s.get("position_find")
         position = None if anchor is None else _find(document, anchor, "skill position", slug)
-        add_placement(notebook, _skill(session, s["name"], s["text"], model, created_by), position)
+        skill = _skill(session, s["name"], s["text"], model, created_by)
+        add_placement(notebook, skill, position, compiling_ok=True)  # it compiles while the notebook opens
     return notebook

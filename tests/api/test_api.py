@@ -115,6 +115,16 @@ def test_limits_answer_422_with_field_and_limit(make_client) -> None:
 
 
 def test_fields_make_generated_errata_and_reject_overlap(make_client) -> None:
+def _mark_compiled(skill_id: int) -> None:
+    """What a worker's compile leaves behind, written straight into the test's database."""
+    from data.db import get_sessionmaker
+    from data.models import Skill
+
+    with get_sessionmaker()() as session:
+        session.get(Skill, skill_id).status = "compiled"
+        session.commit()
+
+
     client = make_client()
     nb = _notebook(client)["id"]
     field = _field(client, nb)
@@ -129,6 +139,9 @@ def test_fields_make_generated_errata_and_reject_overlap(make_client) -> None:
     assert r.status_code == 422 and f"overlaps field {field['id']}" in r.json()["detail"][0]["msg"]
     # changing the field re-renders its generated erratum ...
     client.patch(f"/api/fields/{field['id']}", json={"new_value": "closed"})
+    r = client.post(f"/api/notebooks/{nb}/placements", json={"skill_id": skill["id"], "position": 17})
+    assert r.status_code == 422 and "skill 'policy' is not compiled for smollm2-135m" in r.text  # as the page says
+    _mark_compiled(skill["id"])
     assert "from active to closed" in client.get(f"/api/notebooks/{nb}/errata").json()[0]["text"]
     # ... until the erratum is edited by hand
     r = client.patch(f"/api/errata/{erratum['id']}", json={"text": "Note: the account is closed."})

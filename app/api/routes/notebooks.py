@@ -59,7 +59,7 @@ def update_notebook(notebook_id: int, body: NotebookPatch, session: SessionDep) 
     if body.title is not None:
         actions.rename_notebook(notebook, body.title)
     if body.model is not None:
-        notebook.model = body.model
+        actions.change_model(notebook, body.model)
     actions.touch(notebook)
     session.commit()
     return notebook_out(notebook)
