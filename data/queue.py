@@ -27,7 +27,8 @@ log = logging.getLogger(__name__)
 
 TASK_RUN = "kvnotes.run"
 TASK_COMPILE_SKILL = "kvnotes.compile_skill"
-TASK_NAMES = (TASK_RUN, TASK_COMPILE_SKILL)
+TASK_REPLAY = "kvnotes.replay"
+TASK_NAMES = (TASK_RUN, TASK_COMPILE_SKILL, TASK_REPLAY)
 
 
 class QueueUnavailable(RuntimeError):
@@ -118,6 +119,12 @@ def enqueue_run(run: Run) -> str:
 def enqueue_compile(skill: Skill) -> str:
     """Send `kvnotes.compile_skill(skill_id=...)` to the skill's model queue."""
     return _send(TASK_COMPILE_SKILL, {"skill_id": skill.id}, queue_for(skill.model))
+
+
+def enqueue_replay(replay_id: int, task_id: str, model: str) -> str:
+    """Send `kvnotes.replay(replay_id=...)` under the replay's token to the queue of a worker of
+    `model` (the notebook's: a replay needs no model of its own, only a worker to drive the server)."""
+    return _send(TASK_REPLAY, {"replay_id": replay_id}, queue_for(model), task_id)
 
 
 def revoke(task_id: str) -> bool:
