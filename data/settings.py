@@ -19,11 +19,15 @@ from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 from sqlalchemy.engine import make_url
 
+# The default data folder: `var/` in the checkout, whatever the working directory, so `scripts/run.sh`
+# (which serves from the checkout) and `kvnotes` typed anywhere share one database and one converted model.
+CHECKOUT_DATA_DIR = Path(__file__).resolve().parents[1] / "var"
+
 
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(extra="ignore", populate_by_name=True)
 
-    data_dir: Path = Field(default=Path("./var"), validation_alias="KVNOTES_DATA")
+    data_dir: Path = Field(default=CHECKOUT_DATA_DIR, validation_alias="KVNOTES_DATA")
     database_url: str = Field(default="", validation_alias="DATABASE_URL")
     broker_url: str = Field(default="", validation_alias="BROKER_URL")
     result_backend: str = Field(default="", validation_alias="RESULT_BACKEND")
