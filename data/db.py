@@ -59,7 +59,8 @@ def make_engine(url: str, pool_size: int | None = None, pool_timeout: float = PO
         engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30}, **pool)
         event.listen(engine, "connect", _sqlite_pragmas)
     else:
-        engine = create_engine(url, pool_pre_ping=True, pool_size=size, max_overflow=0, pool_timeout=pool_timeout)
+        engine = create_engine(url, pool_pre_ping=True, pool_size=size, max_overflow=0,
+                               pool_timeout=pool_timeout)
     event.listen(engine, "handle_error", _discard_stale_connections)
     return engine
 
@@ -98,8 +99,8 @@ def highest_issued_id(session: Session, table: str) -> int:
     if dialect == "sqlite":
         query = text("SELECT seq FROM sqlite_sequence WHERE name = :table")
     elif dialect == "postgresql":
-        query = text("SELECT s.last_value FROM pg_sequences s "
-                     "WHERE format('%I.%I', s.schemaname, s.sequencename) = pg_get_serial_sequence(:table, 'id')")
+        query = text("SELECT s.last_value FROM pg_sequences s WHERE "
+                     "format('%I.%I', s.schemaname, s.sequencename) = pg_get_serial_sequence(:table, 'id')")
     else:
         return 0
     try:

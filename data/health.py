@@ -66,6 +66,7 @@ def workers_status(session: Session) -> str:
 
 def health(session: Session) -> dict[str, str]:
     """{status, database, broker, workers}: status "ok" or "degraded"."""
-    parts = {"database": database_status(session), "broker": broker_status(), "workers": workers_status(session)}
+    parts = {"database": database_status(session), "broker": broker_status(),
+             "workers": workers_status(session)}
     status = "ok" if all(v == "ok" for v in parts.values()) else "degraded"
     return {"status": status, **parts}

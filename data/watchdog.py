@@ -7,8 +7,9 @@ own hostname at start, where every run still `running` under its name is from it
 With the worker registry (`data.workers`) it does not wait for the heartbeat age: a run held by a
 worker that stopped or stopped beating is failed at once, and a run still `queued` while a live
 worker of its model has sat idle for `QUEUED_GRACE_S` lost its message (a worker took it and died
-before starting it) and is failed too, as is a run queued for a model that this installation does not
-serve (`KVNOTES_MODELS`) and no live worker holds: it would wait forever. `watch` does all of this; workers call it every few seconds.
+before starting it) and is failed too, as is a run queued for a model that this installation does
+not serve (`KVNOTES_MODELS`) and no live worker holds: it would wait forever. `watch` does all of
+this; workers call it every few seconds.
 
 Pure database work on the caller's session (the caller commits); no torch, no worker tasks.
 """
@@ -102,7 +103,8 @@ def unserved_queued_models(session: Session, now: datetime | None = None) -> lis
     """Models of queued runs that this installation does not offer (`KVNOTES_MODELS`) and no live
     worker serves: those runs would wait forever."""
     offered = set(get_settings().models)
-    queued = {snap.model for snap in session.scalars(select(Run.snapshot).where(Run.status == RunStatus.QUEUED))}
+    snapshots = session.scalars(select(Run.snapshot).where(Run.status == RunStatus.QUEUED))
+    queued = {snap.model for snap in snapshots}
     served = {q for w in live_workers(session, now) for q in w.queues}
     return sorted(model for model in queued if model not in offered and queue_for(model) not in served)
 

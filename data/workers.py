@@ -5,10 +5,11 @@ the model queues it consumes, `model.<alias>` as `data.queue.queue_for` names th
 every few seconds, says when it takes and finishes a task, and marks itself stopped on a clean
 shutdown; `kvnotes serve` marks its worker stopped the moment it sees it die. A worker whose beat is
 older than `worker_stale_s` is dead, and so is one on this machine whose process is gone (a `kill -9`
-of `serve` takes its worker with it: its last beat must not count for the next `serve`). The web app reads this table for `/api/health` ("a live worker
-per offered model") and to tell a person that their run waits for a model nobody serves; the
-watchdog (`data.watchdog`) uses it to fail the runs of dead workers at once, and to find queued runs
-whose message is gone (a live worker of their model has sat idle since long after they were queued).
+of `serve` takes its worker with it: its last beat must not count for the next `serve`). The web
+app reads this table for `/api/health` ("a live worker per offered model") and to tell a person
+that their run waits for a model nobody serves; the watchdog (`data.watchdog`) uses it to fail the
+runs of dead workers at once, and to find queued runs whose message is gone (a live worker of their
+model has sat idle since long after they were queued).
 """
 
 from __future__ import annotations
@@ -84,7 +85,8 @@ def register(session: Session, name: str, queues: list[str], host: str, pid: int
 
 
 def beat(session: Session, name: str) -> None:
-    session.execute(update(Worker).where(Worker.name == name, Worker.stopped_at.is_(None)).values(beat_at=utcnow()))
+    alive = update(Worker).where(Worker.name == name, Worker.stopped_at.is_(None))
+    session.execute(alive.values(beat_at=utcnow()))
 
 
 def set_running(session: Session, name: str, run_id: int | None) -> None:
@@ -98,7 +100,8 @@ def set_running(session: Session, name: str, run_id: int | None) -> None:
 
 
 def mark_stopped(session: Session, name: str) -> None:
-    session.execute(update(Worker).where(Worker.name == name).values(stopped_at=utcnow(), running_run_id=None))
+    stopped = update(Worker).where(Worker.name == name)
+    session.execute(stopped.values(stopped_at=utcnow(), running_run_id=None))
 
 
 def live_workers(session: Session, now: datetime | None = None) -> list[Worker]:

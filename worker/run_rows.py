@@ -91,7 +91,8 @@ def claim(run_id: int, hostname: str, task_id: str) -> RunSnapshot | None:
     with session() as s:
         run = s.get(Run, run_id, with_for_update=True)
         if run is None:
-            log.warning("run %s does not exist (deleted, or never saved): message %s dropped", run_id, task_id)
+            log.warning("run %s does not exist (deleted, or never saved): message %s dropped",
+                        run_id, task_id)
             return None
         if run.task_id and task_id and run.task_id != task_id:
             log.warning("message %s is not run %s's (its token is %s): dropped", task_id, run_id, run.task_id)

@@ -62,8 +62,10 @@ def run(self, run_id: int) -> dict[str, Any]:
             t_load = time.perf_counter()
             report = eng.run(run_request(eng, snapshot), progress=reporter.progress)
             t_engine = time.perf_counter()
-        timings = {"load_ms": round((t_load - t0) * 1000, 1), "engine_ms": round((t_engine - t_load) * 1000, 1)}
-        if run_rows.succeed(run_id, hostname, result_rows(run_id, report), timings, notes_map_record(report.attribution)):
+        timings = {"load_ms": round((t_load - t0) * 1000, 1),
+                   "engine_ms": round((t_engine - t_load) * 1000, 1)}
+        notes_map = notes_map_record(report.attribution)
+        if run_rows.succeed(run_id, hostname, result_rows(run_id, report), timings, notes_map):
             log.info("run %s succeeded in %.0f ms", run_id, (time.perf_counter() - t0) * 1000)
             return {"run_id": run_id, "status": "succeeded"}
         run_rows.stopped(run_id)

@@ -18,7 +18,8 @@ from data.settings import get_settings
 EXEMPT_PATHS = frozenset({"/api/health"})
 EXEMPT_PREFIXES = ("/static/",)
 RETRY_AFTER_S = 2
-BUSY = "the server is busy (every database connection is in use and the waiting line is full); try again shortly"
+BUSY = ("the server is busy (every database connection is in use and the waiting line is full); "
+        "try again shortly")
 
 
 def busy_answer(path: str, accept: str) -> tuple[str, bytes]:

@@ -44,8 +44,9 @@ def change_model(notebook: Notebook, model: str) -> None:
     check_served(model)
     for placement in notebook.placements:
         if placement.skill.model != model:
-            raise Unprocessable("model", f"skill {placement.skill.name!r} placed in this notebook is for "
-                                         f"{placement.skill.model}: remove it before changing the model to {model}")
+            skill = placement.skill
+            raise Unprocessable("model", f"skill {skill.name!r} placed in this notebook is for "
+                                         f"{skill.model}: remove it before changing the model to {model}")
     notebook.model = model
     touch(notebook)
 
@@ -262,7 +263,8 @@ def set_erratum_text(erratum: Erratum, text: str) -> None:
         touch(erratum.notebook)
 
 
-def add_placement(notebook: Notebook, skill: Skill, position: int | None, compiling_ok: bool = False) -> Placement:
+def add_placement(notebook: Notebook, skill: Skill, position: int | None,
+                  compiling_ok: bool = False) -> Placement:
     """Splice `skill` at a character offset of the document (None: at the end). The skill must be
     for the notebook's model and compiled (an example loading its own skills may place them while
     they compile: `compiling_ok`)."""

@@ -61,7 +61,8 @@ def check_run_caps(session: Session, created_by: str) -> None:
     if mine > settings.max_active_runs_per_user:
         raise RunLimitReached(
             f"{created_by} has {mine - 1} runs queued or running; the limit is "
-            f"{settings.max_active_runs_per_user} per user (KVNOTES_MAX_ACTIVE_RUNS_PER_USER): wait for one to finish")
+            f"{settings.max_active_runs_per_user} per user (KVNOTES_MAX_ACTIVE_RUNS_PER_USER): "
+            "wait for one to finish")
     everyone = session.scalar(active) or 0
     if everyone > settings.max_active_runs:
         raise RunLimitReached(

@@ -13,6 +13,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from app.services.errors import Unprocessable
+from app.services.runs import waits_without_worker
 from app.web.heatmap_view import ViewParams, view_params
 from app.web.regions_view import regions_panel
 from app.web.run_view import (
@@ -86,6 +87,7 @@ def run_context(session: Session, run: Run) -> dict[str, Any]:
         headline=headline(rows, bool(run.snapshot.fields)),
         snapshot=run.snapshot, pieces=snapshot_pieces(run.snapshot),
         notebook=session.get(Notebook, run.notebook_id) if run.notebook_id else None,
+        no_live_worker=waits_without_worker(session, run),
         attention_strategies=with_attention, attention_shape=_shape(run),
         default_strategy=default_strategy(rows, with_attention), note=run_note(rows, run.snapshot),
         ttft_measured=measured_ttft(run), metric_help={m.name: m.help for m in METRICS},

@@ -11,7 +11,7 @@ from sqlalchemy import select
 
 from app.api.deps import SessionDep, get_or_404
 from app.services.attention import NoAttention, compare_heads, results_with_attention
-from app.services.runs import cancel_run
+from app.services.runs import cancel_run, waits_without_worker
 from app.web.notebook_context import decision_summary
 from app.web.run_context import ViewDep, checked_view, run_page_context
 from app.web.templating import render
@@ -43,6 +43,7 @@ def run_progress(request: Request, run_id: int, session: SessionDep, compact: st
         query = select(Run).where(Run.notebook_id == run.notebook_id).order_by(Run.id.desc()).limit(10)
         extra["notebook_runs"] = list(session.scalars(query))
         extra["summary"] = decision_summary(session, run)  # the decision summary, without a click
+    extra["no_live_worker"] = waits_without_worker(session, run)  # asked here: templates never query
     response = render(request, "_run_progress.html", run=run, compact=bool(compact), **extra)
     if run.is_finished and not compact and request.headers.get("HX-Request") == "true":
         response.status_code = 286

@@ -14,11 +14,8 @@ from typing import Any
 
 from fastapi import Request
 from fastapi.templating import Jinja2Templates
-from sqlalchemy.exc import SQLAlchemyError
 
-from data.db import get_sessionmaker
 from data.models import as_utc
-from data.workers import models_without_worker
 from vocabulary import DEFAULT_STRATEGIES, STRATEGIES, STRATEGY_HELP
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -62,20 +59,9 @@ def fmt_when(value: datetime | None) -> str:
     return value.strftime("%Y-%m-%d")
 
 
-def no_live_worker(model: str) -> bool:
-    """True when no live worker serves `model` (a queued run then says so on the page). Best
-    effort: a database that cannot be read says nothing."""
-    try:
-        with get_sessionmaker()() as session:
-            return bool(models_without_worker(session, [model]))
-    except SQLAlchemyError:
-        return False
-
-
 templates.env.filters.update(approx_tokens=approx_tokens, ms=fmt_ms, f=fmt_float, when=fmt_when)
 templates.env.globals.update(
     STRATEGIES=STRATEGIES, STRATEGY_HELP=STRATEGY_HELP, DEFAULT_STRATEGIES=DEFAULT_STRATEGIES, HTMX_FILE=HTMX_FILE,
-    no_live_worker=no_live_worker,
 )
 
 

@@ -29,7 +29,8 @@ def _rebuild(autoincrement: bool) -> None:
     if op.get_bind().dialect.name != "sqlite":
         return
     for table in TABLES:
-        with op.batch_alter_table(table, recreate="always", table_kwargs={"sqlite_autoincrement": autoincrement}):
+        kwargs = {"sqlite_autoincrement": autoincrement}
+        with op.batch_alter_table(table, recreate="always", table_kwargs=kwargs):
             pass
 
 
@@ -40,4 +41,5 @@ def upgrade() -> None:
 def downgrade() -> None:
     _rebuild(False)
     if op.get_bind().dialect.name == "sqlite":
-        op.execute(sa.text(f"DELETE FROM sqlite_sequence WHERE name IN ({', '.join(repr(t) for t in TABLES)})"))
+        names = ", ".join(repr(t) for t in TABLES)
+        op.execute(sa.text(f"DELETE FROM sqlite_sequence WHERE name IN ({names})"))
