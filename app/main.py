@@ -3,7 +3,9 @@
 
 Every request passes the security middleware (Host allowlist, cross-site refusal, headers) and
 every route the authorization gate (`app.security.guard.authorize`); errors are answered by
-`app.api.handlers`. The interactive /docs page is off: it needs inline script and a CDN, which the
+`app.api.handlers`. The secret key is settled when the app is made (`data.signing.ensure_secret_key`):
+a key file that cannot be written stops the start with one line, rather than failing a sign-in
+later. The interactive /docs page is off: it needs inline script and a CDN, which the
 Content-Security-Policy forbids; the schema is at /openapi.json."""
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from app.api.capacity import CapacityLimit
 from app.api.routes import errata, fields, health, notebooks, placements, runs, shares, skills
 from app.security.guard import authorize
 from app.security.middleware import SecurityMiddleware
+from data.signing import ensure_secret_key
 
 STATIC_DIR = Path(__file__).resolve().parent.parent / "static"
 
@@ -30,6 +33,7 @@ def _has_module(name: str) -> bool:
 
 
 def create_app() -> FastAPI:
+    ensure_secret_key()
     app = FastAPI(
         title="kvnotes",
         summary="Edit and compose a language model's KV cache (its notes) instead of paying for prefill again.",

@@ -1,12 +1,12 @@
 """Pydantic models of the HTTP JSON API: what a client may send (with its limits) and what it gets.
 
-Limits come from settings, so a request over one answers 422 with the field's location and the
-limit in the message (pydantic's own "String should have at most N characters"). Run results use
+Limits come from settings, read when a request is validated (`at_most`; never once at import), so a
+request over one answers 422 with the field's location, the limit and its variable in the message. Run results use
 the engine's JSON names (`kvnotes edit --json`): decision, choice_probs, kl_to_recompute, ...
 The run snapshot and the token records are the data layer's contracts (`data.contracts`).
 
 Every request model refuses what the pages' forms refuse (blank titles, documents, values,
-questions): 422 naming the field; pydantic refuses text that is not valid Unicode (a lone
+questions; "blank" includes zero-width characters alone; NUL characters anywhere): 422 naming the field; pydantic refuses text that is not valid Unicode (a lone
 surrogate such as "\ud800" in JSON) the same way, and `app.api.handlers` quotes it back safely.
 Ids in bodies are bounded by the database's integers (2^63 - 1). Every timestamp goes out in UTC
 with its timezone (SQLite hands them back naive).
@@ -14,6 +14,7 @@ with its timezone (SQLite hands them back naive).
 
 from __future__ import annotations
 
+import unicodedata
 from datetime import UTC, datetime
 from typing import Annotated, Literal
 
@@ -27,27 +28,68 @@ from pydantic import (
 )
 
 from data.contracts import NotesMap, RunSnapshot, StrategyMetrics, TokenRecord, unix_newlines
-from data.settings import get_settings
+from data.settings import Settings, get_settings
 from vocabulary import STRATEGIES, unknown_strategies, with_recompute
 
-_s = get_settings()
 MAX_DB_ID = 2**63 - 1
 
 
+def _visible(value: str) -> bool:
+    """Has `value` a character that shows (not whitespace, not a zero-width or other format character)?"""
+    return any(not ch.isspace() and unicodedata.category(ch) != "Cf" for ch in value)
+
+
 def _not_blank(value: str) -> str:
-    if not value.strip():
+    if not _visible(value):
         raise ValueError("cannot be blank")
     return value
+
+
+def _no_nul(value: str) -> str:
+    """PostgreSQL cannot store NUL in text, and no document needs it: refused like the forms refuse it."""
+    if "\x00" in value:
+        raise ValueError(f"cannot contain a NUL character (\\x00, at {value.index(chr(0))})")
+    return value
+
+
+def at_most(setting: str) -> AfterValidator:
+    """A length limit read from settings when a request is validated (never once at import): the
+    field's characters, or a list's items, at most `Settings.<setting>` (named by its variable)."""
+    variable = Settings.model_fields[setting].validation_alias
+
+    def check(value: str | list) -> str | list:
+        limit = getattr(get_settings(), setting)
+        if len(value) > limit:
+            unit = "characters" if isinstance(value, str) else "items"
+            raise ValueError(f"at most {limit} {unit} ({variable}); got {len(value)}")
+        return value
+
+    return AfterValidator(check)
+
+
+def _within_document(offset: int) -> int:
+    limit = get_settings().max_document_chars
+    if offset > limit:
+        raise ValueError(f"at most {limit} (KVNOTES_MAX_DOCUMENT_CHARS); got {offset}")
+    return offset
 
 
 def _utc(moment: datetime) -> datetime:
     return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)
 
 
+def _text(setting: str, *more: AfterValidator, blank: bool = False) -> object:
+    """A text field: its limit (per call), no NUL, not blank unless `blank`, then `more`."""
+    checks = [at_most(setting), AfterValidator(_no_nul), *([] if blank else [NotBlank]), *more]
+    return Annotated[str, StringConstraints(min_length=0 if blank else 1), *checks]
+
+
 NotBlank = AfterValidator(_not_blank)
 Timestamp = Annotated[datetime, AfterValidator(_utc)]
 DbId = Annotated[int, Field(ge=1, le=MAX_DB_ID)]
-Title = Annotated[str, StringConstraints(min_length=1, max_length=_s.max_title_chars), NotBlank]
+Title = _text("max_title_chars")
+
+
 def _served(name: str) -> str:
     """A notebook or skill may only name a model some worker serves (`KVNOTES_MODELS`): a run for
     any other would wait in a queue no worker reads."""
@@ -58,19 +100,16 @@ def _served(name: str) -> str:
 
 
 ModelName = Annotated[str, StringConstraints(min_length=1, max_length=200), AfterValidator(_served)]
-DocumentText = Annotated[str, StringConstraints(min_length=1, max_length=_s.max_document_chars), NotBlank,
-                         AfterValidator(unix_newlines)]
-Label = Annotated[str, StringConstraints(max_length=_s.max_label_chars)]
-Value = Annotated[str, StringConstraints(min_length=1, max_length=_s.max_value_chars), NotBlank]
-ErratumText = Annotated[str, StringConstraints(min_length=1, max_length=_s.max_erratum_chars), NotBlank,
-                        AfterValidator(unix_newlines)]
-SkillText = Annotated[str, StringConstraints(min_length=1, max_length=_s.max_skill_chars), NotBlank,
-                      AfterValidator(unix_newlines)]
-SkillName = Annotated[str, StringConstraints(min_length=1, max_length=_s.max_label_chars), NotBlank]
-QuestionText = Annotated[str, StringConstraints(min_length=1, max_length=_s.max_question_chars), NotBlank]
-Choice = Annotated[str, StringConstraints(min_length=1, max_length=_s.max_label_chars), NotBlank]
-Choices = Annotated[list[Choice], Field(max_length=_s.max_choices)]
-Offset = Annotated[int, Field(ge=0, le=_s.max_document_chars)]
+DocumentText = _text("max_document_chars", AfterValidator(unix_newlines))
+Label = _text("max_label_chars", blank=True)
+Value = _text("max_value_chars")
+ErratumText = _text("max_erratum_chars", AfterValidator(unix_newlines))
+SkillText = _text("max_skill_chars", AfterValidator(unix_newlines))
+SkillName = _text("max_label_chars")
+QuestionText = _text("max_question_chars")
+Choice = _text("max_label_chars")
+Choices = Annotated[list[Choice], at_most("max_choices")]
+Offset = Annotated[int, Field(ge=0, le=MAX_DB_ID), AfterValidator(_within_document)]
 
 
 class _Out(BaseModel):
@@ -138,7 +177,7 @@ class ErratumPatch(BaseModel):
 
 
 class ErrataOrder(BaseModel):
-    ids: Annotated[list[DbId], Field(max_length=_s.max_errata)]
+    ids: Annotated[list[DbId], at_most("max_errata")]
 
 
 class ErratumOut(_Out):

@@ -1,16 +1,19 @@
 """Bring a database to the newest schema from Python (`kvnotes serve` calls this before starting).
 
 Uses the repository's `alembic.ini` and `migrations/`, so the command line (`alembic upgrade head`)
-and the app apply exactly the same revisions.
+and the app apply exactly the same revisions. A SQLite database file is made (or kept) mode 0600:
+it holds the password hashes.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 
 from alembic import command
 from alembic.config import Config
+from sqlalchemy.engine import make_url
 
 from data.settings import get_settings, redact
 
@@ -31,7 +34,21 @@ def upgrade_to_head(url: str | None = None) -> None:
     """Apply every migration not yet applied to the database at `url`."""
     config = alembic_config(url)
     log.info("migrating database to head", extra={"url": redact(config.attributes["url"])})
+    private_sqlite_file(config.attributes["url"])
     command.upgrade(config, "head")
+
+
+def private_sqlite_file(url: str) -> None:
+    """For a SQLite file URL: make the file (empty) readable by its owner only, or chmod it to 0600."""
+    parsed = make_url(url)
+    if parsed.get_backend_name() != "sqlite" or not parsed.database or parsed.database == ":memory:":
+        return
+    path = Path(parsed.database)
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT, 0o600))
+    elif path.stat().st_mode & 0o077:
+        path.chmod(0o600)
 
 
 def downgrade_to_base(url: str | None = None) -> None:

@@ -31,6 +31,9 @@ TASK_REPLAY = "kvnotes.replay"
 TASK_NAMES = (TASK_RUN, TASK_COMPILE_SKILL, TASK_REPLAY)
 
 
+BROKER_DOWN = "the work queue (broker) cannot take work right now; try again shortly (details in the server log)"
+
+
 class QueueUnavailable(RuntimeError):
     """The broker could not take the message; `reason` says why in one line."""
 
@@ -101,9 +104,10 @@ def _send(name: str, kwargs: dict[str, Any], queue: str, task_id: str | None = N
                 name, kwargs=kwargs, queue=queue, task_id=task_id, retry=False, connection=connection
             )
     except Exception as exc:  # any failure to hand over the message means: not enqueued
-        reason = f"broker {redact(settings.broker_url)} unreachable: {exc}".strip()
-        log.warning("enqueue failed", extra={"task": name, "queue": queue, "reason": reason})
-        raise QueueUnavailable(reason) from exc
+        # the details (the broker's address, SQL, file paths) go to the log only; the answer is plain
+        log.warning("enqueue failed", extra={"task": name, "queue": queue, "broker": redact(settings.broker_url),
+                                             "reason": f"{type(exc).__name__}: {exc}"})
+        raise QueueUnavailable(BROKER_DOWN) from exc
     log.info("enqueued", extra={"task": name, "queue": queue, "task_id": task_id, **kwargs})
     return task_id
 
@@ -147,8 +151,10 @@ def broker_status() -> str:
                 max_retries=1, interval_start=0.2, timeout=settings.broker_connect_timeout_s
             )
         return "ok"
-    except Exception as exc:
-        return f"broker {redact(settings.broker_url)} unreachable: {exc}"
+    except Exception as exc:  # health is public: the address and the error go to the log only
+        log.warning("broker unreachable", extra={"broker": redact(settings.broker_url),
+                                                 "reason": f"{type(exc).__name__}: {exc}"})
+        return "unreachable (details in the server log)"
 
 
 def reset_celery() -> None:

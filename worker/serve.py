@@ -41,16 +41,20 @@ def startup_problem() -> str | None:
     from data.accounts import count_users
     from data.db import get_sessionmaker
     from data.settings import get_settings
-    from data.signing import MIN_KEY_CHARS
+    from data.signing import MIN_KEY_CHARS, SecretKeyProblem, ensure_secret_key
 
     settings = get_settings()
     exposed = not settings.loopback_bind
-    if not exposed and settings.auth != "required":
-        return None
     where = f"on {settings.bind_host}" if exposed else "with KVNOTES_AUTH=required"
-    if exposed and len(settings.secret_key) < MIN_KEY_CHARS:
+    if exposed and not settings.secret_key:
         return (f"kvnotes: serving {where} needs KVNOTES_SECRET_KEY (at least {MIN_KEY_CHARS} random characters, "
                 "e.g. `python -c 'import secrets; print(secrets.token_urlsafe(48))'`) and a user (`kvnotes users add NAME`)")
+    try:
+        ensure_secret_key()
+    except SecretKeyProblem as exc:
+        return f"kvnotes: {exc}"
+    if not exposed and settings.auth != "required":
+        return None
     with get_sessionmaker()() as session:
         if count_users(session) == 0:
             return f"kvnotes: serving {where} needs at least one user: run `kvnotes users add NAME` first"

@@ -4,7 +4,8 @@ paths and 404s raised by routes likewise (`.json` routes answer JSON), and an un
 a 500 in the same two faces. Every message is one line a person can act on.
 
 - 422 (validation): FastAPI's shape, but the input is quoted as a short prefix only (a 10 MB field
-  is never echoed back) and text that is not valid Unicode is escaped, never a 500.
+  is never echoed back) and text that is not valid Unicode is escaped, never a 500. A body that
+  cannot be read at all (bytes that are not UTF-8) is a 422 too, not FastAPI's bare 400.
 - 503: the database could not be written (read-only, full disk, gone): a plain message, no SQL;
   the request's session was rolled back, so nothing of it is saved.
 - 503 busy: no database connection came free in time (the request limiter, `app.api.capacity`,
@@ -67,9 +68,24 @@ def answer(request: Request, status: int, message: str, headers: dict[str, str] 
     return error_page(request, status, message, headers)
 
 
+BODY_PARSE_ERROR = "There was an error parsing the body"  # FastAPI's 400 for a body it cannot decode
+
+
+def _unreadable_body(request: Request, exc: StarletteHTTPException) -> Response:
+    """FastAPI's 400 for a body it could not decode, as the 422 it is (same shape as a bad field)."""
+    cause = exc.__cause__
+    message = (f"the body is not valid UTF-8 (at byte offset {cause.start})" if isinstance(cause, UnicodeDecodeError)
+               else "the body could not be read as JSON or a form")
+    if not wants_json(request) and request.headers.get("HX-Request") != "true":
+        return error_page(request, 422, message)
+    return JSONResponse(status_code=422, content={"detail": [{"loc": ["body"], "msg": message, "type": "json_invalid"}]})
+
+
 async def _http(request: Request, exc: Exception) -> Response:
     """404s, 409s… raised by routes (and unknown paths): JSON for the API, a page for the pages."""
     assert isinstance(exc, StarletteHTTPException)
+    if exc.status_code == 400 and exc.detail == BODY_PARSE_ERROR:
+        return _unreadable_body(request, exc)
     if not isinstance(exc.detail, str):
         return JSONResponse({"detail": exc.detail}, status_code=exc.status_code, headers=exc.headers)
     return answer(request, exc.status_code, exc.detail, exc.headers)

@@ -113,4 +113,49 @@ def test_run_caps_on_postgresql(make_client, postgres_url: str) -> None:  # noqa
     assert codes == [201, 201, 429]
     from data.db import reset_engines
 
+
+
+def test_a_chunked_body_past_the_limit_is_413_and_bytes_that_are_not_utf8_are_422(make_client) -> None:
+    client = make_client()
+
+    def chunks():  # 30 MB with no Content-Length (chunked transfer)
+        for _ in range(30):
+            yield b"x" * (1 << 20)
+
+    r = client.post("/api/notebooks", content=chunks(), headers={"Content-Type": "application/json"})
+    assert r.status_code == 413 and "larger than" in r.json()["detail"]
+    small = client.post("/api/notebooks", content=iter([b'{"title": "t", ', b'"text": "doc"}']),
+                        headers={"Content-Type": "application/json"})
+    assert small.status_code == 201  # a chunked body under the limit still arrives whole
+    r = client.post("/api/notebooks", content=b'{"title": "t", "text": "caf\xe9 \xff"}',
+                    headers={"Content-Type": "application/json"})
+    assert r.status_code == 422 and r.json()["detail"][0]["msg"] == "the body is not valid UTF-8 (at byte offset 27)"
+
+
+def test_the_api_refuses_nul_and_invisible_titles_like_the_forms(make_client) -> None:
+    client = make_client()
+    for body, field in (({"title": "t", "text": "a\x00b"}, "text"), ({"title": "\u200b", "text": "doc"}, "title"),
+                        ({"title": "\u200b \ufeff\u2060", "text": "doc"}, "title"), ({"title": "a\x00", "text": "d"}, "title")):
+        r = client.post("/api/notebooks", json=body)
+        assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", field], body
+    nb = _notebook(client)["id"]
+    r = client.post(f"/api/notebooks/{nb}/errata", json={"text": "fix\x00"})
+    assert r.status_code == 422 and "NUL" in r.json()["detail"][0]["msg"]
+    r = client.post("/api/skills", json={"name": "s", "text": "Be brief.\x00"})
+    assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "text"]
+    page = client.post("/notebooks", data={"title": "\u200b", "model": "smollm2-135m", "text": "doc"})
+    assert page.status_code == 422 and "cannot be blank" in page.text  # the form says the same
+
+
+def test_limits_are_read_when_a_request_comes_not_at_import(make_client) -> None:
+    import os
+
+    from data.settings import get_settings
+
+    client = make_client()
+    assert client.post("/api/notebooks", json={"title": "t" * 150, "text": "doc"}).status_code == 201
+    os.environ["KVNOTES_MAX_TITLE_CHARS"] = "100"  # undone with the rest of the test's environment
+    get_settings.cache_clear()
+    r = client.post("/api/notebooks", json={"title": "t" * 150, "text": "doc"})
+    assert r.status_code == 422 and "at most 100 characters (KVNOTES_MAX_TITLE_CHARS); got 150" in r.text
     reset_engines()  # let the scratch database be dropped

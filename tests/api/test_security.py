@@ -174,3 +174,113 @@ def test_a_viewer_cannot_use_the_pages_to_change_anything(make_client, role: str
     r = client.post("/notebooks", data={"title": "t", "model": "smollm2-135m", "text": DOC},
                     headers={"Sec-Fetch-Site": "same-origin"}, follow_redirects=False)
     assert r.status_code == (403 if role == "viewer" else 303)
+
+
+# ---- cross-site edges (issue 19, finding 10) --------------------------------------------------------
+
+
+def test_a_malformed_bearer_header_is_refused_not_skipped_to_the_cookie(make_client) -> None:
+    client = make_client(KVNOTES_AUTH="required")
+    _users(("alice", "editor"))
+    client.post("/login", data={"name": "alice", "password": "alice-password"})
+    body = {"title": "t", "text": DOC}
+    for header in (b"Bearer \xa0", b"Bearer ", b"bearer", b"Bearer  kvn_x y", b"Bearer\xa0kvn_abc"):
+        r = client.post("/api/notebooks", json=body, headers={"Authorization": header, **EVIL})
+        assert r.status_code == 401 and "malformed" in r.json()["detail"], (header, r.status_code, r.text)
+        r = client.get("/api/notebooks", headers={"Authorization": header})
+        assert r.status_code == 401, header  # a read too: never the cookie instead
+    # another scheme (a proxy's Basic) is not a token: the session and its cross-site checks apply as before
+    r = client.post("/api/notebooks", json=body, headers={"Authorization": "Basic YTpi", **EVIL})
+    assert r.status_code == 403
+    r = client.post("/api/notebooks", json=body, headers={"Authorization": "Basic YTpi", "Sec-Fetch-Site": "same-origin"})
+    assert r.status_code == 201
+
+
+def test_only_same_origin_fetch_metadata_passes_an_unsafe_request(make_client) -> None:
+    client = make_client()  # the embedded default: no token, no sign-in, no CSRF token to fall back on
+    body = {"title": "t", "text": DOC}
+    for site in ("none", "garbage", "", "same-origin, cross-site"):
+        r = client.post("/api/notebooks", json=body, headers={"Sec-Fetch-Site": site})
+        assert r.status_code == 403 and "Sec-Fetch-Site" in r.json()["detail"], site
+    assert client.post("/api/notebooks", json=body, headers={"Sec-Fetch-Site": "same-origin"}).status_code == 201
+    assert client.get("/api/notebooks", headers={"Sec-Fetch-Site": "none"}).status_code == 200  # reads pass
+
+
+def test_an_https_origin_is_not_the_same_origin_as_plain_http(make_client) -> None:
+    client = make_client()
+    body = {"title": "t", "text": DOC}
+    for origin in ("https://127.0.0.1", "https://127.0.0.1:80", "https://127.0.0.1:443"):
+        r = client.post("/api/notebooks", json=body, headers={"Origin": origin})
+        assert r.status_code == 403 and "is not this site" in r.json()["detail"], origin
+    assert client.post("/api/notebooks", json=body, headers={"Origin": "http://127.0.0.1"}).status_code == 201
+    https = make_client(KVNOTES_HTTPS="1")  # behind TLS it is the other way round
+    assert https.post("/api/notebooks", json=body, headers={"Origin": "http://127.0.0.1"}).status_code == 403
+    assert https.post("/api/notebooks", json=body, headers={"Origin": "https://127.0.0.1"}).status_code == 201
+
+
+def test_two_host_headers_are_refused(make_client) -> None:
+    client = make_client()
+    r = client.get("/api/notebooks", headers=[("Host", "127.0.0.1"), ("Host", "evil.example")])
+    assert r.status_code == 400 and "more than one Host" in r.json()["detail"]
+
+
+def test_answers_are_not_stored_by_caches_but_static_files_are(make_client) -> None:
+    client = make_client(KVNOTES_AUTH="required")
+    tokens = _users(("alice", "editor"))
+    client.post("/login", data={"name": "alice", "password": "alice-password"})
+    for path in ("/", "/api/notebooks", "/skills"):
+        assert client.get(path).headers["cache-control"] == "no-store", path
+    assert client.get("/api/notebooks", headers=_bearer(tokens["alice"])).headers["cache-control"] == "no-store"
+    assert "no-store" not in client.get("/static/css/kvnotes.css").headers.get("cache-control", "")
+
+
+# ---- the secret key and the files that hold secrets (findings 7 and 11) ------------------------------
+
+
+def test_a_guessable_secret_key_is_refused_at_start(make_client) -> None:
+    from data.signing import SecretKeyProblem
+
+    for key in ("short", "ab" * 20, "abcdefghijklmnopqrstuvwxyz0123456789", "a" * 32):
+        with pytest.raises(SecretKeyProblem, match="KVNOTES_SECRET_KEY"):
+            make_client(KVNOTES_SECRET_KEY=key)
+    from worker.serve import startup_problem
+
+    assert "guessable" in startup_problem()  # `kvnotes serve` says it in one line, exit 2
+    make_client(KVNOTES_SECRET_KEY="Vq3xR8mZ2pLw9TfK7cYb4NhJ6sGd1EaU5oXi0QrW")  # a random one starts
+
+
+def test_a_read_only_data_folder_without_a_key_stops_the_start_not_a_sign_in(make_client, tmp_path) -> None:
+    import subprocess
+
+    from data.signing import SecretKeyProblem
+
+    folder = tmp_path / "read-only"
+    folder.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(folder)]).returncode != 0:
+        pytest.skip("cannot mount a read-only tmpfs here (root only)")
+    try:
+        with pytest.raises(SecretKeyProblem, match=r"key file .*read-only/secret_key cannot be made .*KVNOTES_SECRET_KEY"):
+            make_client(KVNOTES_AUTH="required", KVNOTES_DATA=str(folder))
+        from worker.serve import startup_problem
+
+        assert "cannot be made" in startup_problem()
+        client = make_client(KVNOTES_AUTH="required", KVNOTES_DATA=str(folder),
+                             KVNOTES_SECRET_KEY="Vq3xR8mZ2pLw9TfK7cYb4NhJ6sGd1EaU5oXi0QrW")
+        _users(("alice", "editor"))
+        r = client.post("/login", data={"name": "alice", "password": "alice-password"}, follow_redirects=False)
+        assert r.status_code == 303
+    finally:
+        subprocess.run(["umount", "-l", str(folder)], check=False)
+
+
+def test_the_database_and_the_key_file_are_readable_by_their_owner_only(make_client, tmp_path) -> None:
+    make_client()
+    assert oct((tmp_path / "kvnotes.db").stat().st_mode & 0o777) == "0o600"
+    assert oct((tmp_path / "secret_key").stat().st_mode & 0o777) == "0o600"
+    for name in ("kvnotes.db", "secret_key"):
+        (tmp_path / name).chmod(0o644)  # left readable by an older version
+    from data.signing import _key
+
+    _key.cache_clear()
+    make_client()
+    assert {oct((tmp_path / n).stat().st_mode & 0o777) for n in ("kvnotes.db", "secret_key")} == {"0o600"}

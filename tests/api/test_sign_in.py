@@ -13,8 +13,7 @@ from pathlib import Path
 
 from fastapi.testclient import TestClient
 
-from tests.conftest import kvnotes_env
-from tests.worker.test_supervision import REPO, _kvnotes
+from tests.conftest import REPO, kvnotes_cli, kvnotes_env
 
 DOC = "Customer record. status: active. age: 34."
 SAME = {"Sec-Fetch-Site": "same-origin"}
@@ -139,12 +138,12 @@ def test_kvnotes_users_passwd_ends_every_session(make_client, tmp_path: Path) ->
     _user()
     saved = _sign_in(client)
     env = {**os.environ, **kvnotes_env(tmp_path), "PYTHONPATH": str(REPO)}
-    done = _kvnotes("users", "passwd", "alice", "--password-stdin", env=env, stdin="brand-new-password\n")
+    done = kvnotes_cli("users", "passwd", "alice", "--password-stdin", env=env, stdin="brand-new-password\n")
     assert done.returncode == 0, done.stderr
     assert done.stderr.strip() == "kvnotes: password of alice changed; 1 session(s) signed out"
     assert _browser(client, cookie=saved).get("/api/notebooks").status_code == 401
     _sign_in(_browser(client), password="brand-new-password")
-    done = _kvnotes("users", "passwd", "nobody", "--password-stdin", env=env, stdin="brand-new-password\n")
+    done = kvnotes_cli("users", "passwd", "nobody", "--password-stdin", env=env, stdin="brand-new-password\n")
     assert done.returncode == 2 and "no user named 'nobody'" in done.stderr
 
 

@@ -93,7 +93,7 @@ def test_serve_refuses_a_public_address_without_a_secret_key_or_a_user(tmp_path:
     done = _kvnotes("serve", "--host", "0.0.0.0", "--port", str(_free_port()), "--no-worker", env=env)
     assert done.returncode == 2 and "KVNOTES_SECRET_KEY" in done.stderr and "kvnotes users add" in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1
-    env["KVNOTES_SECRET_KEY"] = "k" * 40
+    env["KVNOTES_SECRET_KEY"] = "Vq3xR8mZ2pLw9TfK7cYb4NhJ6sGd1EaU5oXi0QrW"
     done = _kvnotes("serve", "--host", "0.0.0.0", "--port", str(_free_port()), "--no-worker", env=env)
     assert done.returncode == 2 and "kvnotes users add NAME" in done.stderr
     assert _kvnotes("users", "add", "ops", "--password-stdin", env=env, stdin="a-long-password\n").returncode == 0
