@@ -20,13 +20,16 @@ every `broker_poll_interval_s` instead (kombu's SQLAlchemy transport hands every
 Queues are per model, `model.<alias>`; the web side (`data.queue`) sends each task to the queue of
 the run's model, and `kvnotes worker --model M` consumes `model.M`. The tasks live in
 `worker.tasks` and `worker.replay_task`, which Celery imports by name (`include`); this module
-imports no task.
+imports no task. Its logs are key=value lines with their `extra` fields (`data.logs`), like the web
+app's.
 """
 
 from __future__ import annotations
 
 from celery import Celery, bootsteps
+from celery.signals import setup_logging
 
+from data.logs import configure_logging
 from data.queue import celery_config
 from data.settings import get_settings
 
@@ -42,6 +45,13 @@ class _BrokerPolling(bootsteps.StartStopStep):
         transport = consumer.connection.transport
         if hasattr(transport, "polling_interval") and not transport.implements.asynchronous:
             transport.polling_interval = get_settings().broker_poll_interval_s
+
+
+@setup_logging.connect
+def _structured_logs(loglevel: int | str | None = None, **_kwargs: object) -> None:
+    """The worker logs as the web app does: key=value lines with their extra fields (`data.logs`);
+    connecting here keeps Celery from installing its own handlers."""
+    configure_logging(loglevel or "INFO")
 
 
 def make_celery() -> Celery:

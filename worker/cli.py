@@ -206,7 +206,9 @@ def quiet_idle_threads() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     quiet_idle_threads()
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    from data.logs import configure_logging
+
+    configure_logging(logging.WARNING)  # key=value lines, extra fields included (data.logs)
     args = build_parser().parse_args(argv)
     from worker.account_commands import CommandError
     from worker.engine.types import EngineError

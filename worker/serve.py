@@ -69,10 +69,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
     """Migrate, check, start the supervised worker, serve the web app until Ctrl-C / SIGTERM, stop both."""
     import uvicorn
 
+    from data.logs import configure_logging
     from data.migrate import upgrade_to_head
     from data.settings import get_settings
 
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    configure_logging(logging.INFO)  # key=value lines, extra fields included (data.logs)
     models = _models(args.model)
     os.environ["KVNOTES_BIND_HOST"] = args.host  # the app's sign-in rule and Host allowlist need it
     if args.model:  # the web app offers exactly what the worker serves
@@ -97,7 +98,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     # was there before it: make SIGTERM's an exception (like SIGINT's), so `finally` stops the worker.
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
-        uvicorn.run("app.main:app", host=args.host, port=args.port, log_level="info")
+        uvicorn.run("app.main:app", host=args.host, port=args.port, log_level="info", log_config=None)
     finally:
         if supervisor is not None:
             log.info("stopping the worker (code %s)", supervisor.stop())
