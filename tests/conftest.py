@@ -1,21 +1,34 @@
-"""Shared fixtures: where converted real models live, and THE environment of an isolated kvnotes.
+"""Shared fixtures: where converted real models live, THE environment of an isolated kvnotes, the
+one served app, the `kvnotes` command, PostgreSQL and Chromium.
 
 Every test that needs a database, a broker or a data folder gets them from `kvnotes_env` (the
 variables) applied by the `isolated` fixture (this process) or handed to a subprocess (a worker,
-the served app). Converted real models live in `<repo>/var/test-data` so later runs reuse them.
+the served app: `ServedApp`). Converted real models live in `<repo>/var/test-data` so later runs
+reuse them. Under `CI=true` a missing PostgreSQL or Chromium fails the suite; elsewhere it skips.
+No test module imports another test module: shared helpers live here or in a package's conftest.
 """
 
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
+import sys
+import time
+import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+UNDER_CI = os.environ.get("CI") == "true"
+PG_ADMIN_URL = os.environ.get("KVNOTES_TEST_PG", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
+CHROMIUM = os.environ.get("KVNOTES_CHROMIUM", "/usr/bin/chromium")
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--no-first-run"]
 
 
 @pytest.fixture(scope="session")
@@ -117,3 +130,121 @@ def make_client(isolated):
     yield build
     for client in clients:
         client.close()
+
+
+# ---- a service the suite needs: fail under CI, skip elsewhere -------------------------------------
+
+
+def missing(what: str) -> None:
+    """A required service or tool is absent: a failure under `CI=true` (CI must not go green without
+    it), a skip on a developer's machine. Works at module level too."""
+    if UNDER_CI:
+        pytest.fail(f"{what} (required under CI=true)", pytrace=False)
+    pytest.skip(f"{what} (set CI=true to make this a failure)", allow_module_level=True)
+
+
+def chromium() -> ModuleType:
+    """playwright's sync API, once Chromium (`KVNOTES_CHROMIUM`, default /usr/bin/chromium) is known
+    to be there; call it at the top of a browser test module."""
+    if not Path(CHROMIUM).exists():
+        missing(f"{CHROMIUM} is not installed (apt-get install chromium, or set KVNOTES_CHROMIUM)")
+    try:
+        from playwright import sync_api
+    except ImportError:
+        missing("the playwright package is not installed (pip install -e '.[test]')")
+    return sync_api
+
+
+@pytest.fixture
+def postgres_url() -> Iterator[str]:
+    """A scratch PostgreSQL database `kvnotes_test_<random>`, dropped afterwards."""
+    from sqlalchemy import create_engine, text
+
+    admin = create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT", connect_args={"connect_timeout": 3})
+    name = f"kvnotes_test_{uuid.uuid4().hex[:12]}"
+    try:
+        with admin.connect() as connection:
+            connection.execute(text(f'CREATE DATABASE "{name}"'))
+    except Exception as exc:
+        admin.dispose()
+        missing(f"PostgreSQL not reachable at {PG_ADMIN_URL}: {exc}")
+    try:
+        yield PG_ADMIN_URL.rsplit("/", 1)[0] + "/" + name
+    finally:
+        with admin.connect() as connection:
+            connection.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+
+# ---- the served app and the command line -----------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def kvnotes_cli(*args: str, env: dict[str, str], stdin: str | None = None,
+                timeout: float = 120) -> subprocess.CompletedProcess:
+    """`kvnotes ARGS` in a subprocess with `env` (from the repository root)."""
+    return subprocess.run([sys.executable, "-m", "worker.cli", *args], env=env, cwd=REPO, input=stdin,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+class ServedApp:
+    """THE served app of the tests: uvicorn serving `app.main:app` on a free port over a migrated
+    kvnotes under `data`, and, with `worker=True`, a real Celery worker for `model`.
+
+    `overrides` are more variables (`KVNOTES_AUTH="required"`, limits). Use it as a context manager,
+    or call `stop()`. `url`, `port`, `env` (for subprocesses such as `kvnotes_cli`), `db()` (a
+    SQLAlchemy session on its database) and `log` (the server's output file)."""
+
+    def __init__(self, data: Path, model: str = "smollm2-135m", worker: bool = False, **overrides: str) -> None:
+        self.env = {**os.environ, **kvnotes_env(data, KVNOTES_DEFAULT_MODEL=model,
+                                                KVNOTES_MODELS=f"{model},smollm2-135m", **overrides),
+                    "PYTHONPATH": str(REPO)}
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = data / "server.log"
+        subprocess.run([sys.executable, "-c", "from data.migrate import upgrade_to_head; upgrade_to_head()"],
+                       env=self.env, cwd=REPO, check=True)
+        self._out = self.log.open("w")
+        self.procs = [subprocess.Popen(
+            [sys.executable, "-m", "uvicorn", "app.main:app", "--port", str(self.port), "--log-level", "warning"],
+            env=self.env, cwd=REPO, stdout=self._out, stderr=subprocess.STDOUT)]
+        if worker:
+            from worker.serve import worker_command
+
+            self.procs.append(subprocess.Popen(worker_command([model], f"test-{self.port}@%h"),
+                                               env=self.env, cwd=REPO, stdout=self._out, stderr=subprocess.STDOUT))
+        deadline = time.time() + 30
+        while time.time() < deadline:
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
+                return
+            except OSError:
+                time.sleep(0.1)
+        self.stop()
+        raise RuntimeError(f"the app did not start: {self.log.read_text()}")
+
+    def db(self):
+        from sqlalchemy import create_engine
+        from sqlalchemy.orm import Session
+
+        return Session(create_engine(self.env["DATABASE_URL"]))
+
+    def stop(self) -> None:
+        for proc in reversed(self.procs):
+            proc.terminate()
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        self._out.close()
+
+    def __enter__(self) -> ServedApp:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

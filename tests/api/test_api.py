@@ -4,8 +4,6 @@ broker answers 503 and saves nothing; limits answer 422 naming the field and the
 
 from __future__ import annotations
 
-import base64
-import json
 import sqlite3
 from pathlib import Path
 
@@ -13,16 +11,10 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
+from tests.api.conftest import DOC, _broker_messages, _notebook  # noqa: F401
 from vocabulary import STRATEGIES as ALL_STRATEGIES
 
-DOC = "Customer record. status: active. age: 34. Only active customers may log in."
 STRATEGIES = list(ALL_STRATEGIES)
-
-
-def _notebook(client: TestClient, text: str = DOC) -> dict:
-    r = client.post("/api/notebooks", json={"title": "policy", "model": "smollm2-135m", "text": text})
-    assert r.status_code == 201, r.text
-    return r.json()
 
 
 def _field(
@@ -35,20 +27,6 @@ def _field(
     )
     assert r.status_code == 201, r.text
     return r.json()
-
-
-def _broker_messages(tmp_path: Path) -> list[tuple[str, dict]]:
-    """(queue name, message headers + kwargs) for every message waiting in the embedded broker."""
-    with sqlite3.connect(tmp_path / "broker.db") as db:
-        rows = db.execute(
-            "SELECT q.name, m.payload FROM kombu_message m JOIN kombu_queue q ON q.id = m.queue_id"
-        ).fetchall()
-    out = []
-    for queue, payload in rows:
-        message = json.loads(payload)
-        args, kwargs, _ = json.loads(base64.b64decode(message["body"]))
-        out.append((queue, {"task": message["headers"]["task"], "id": message["headers"]["id"], **kwargs}))
-    return out
 
 
 def _run_count(tmp_path: Path) -> int:
@@ -115,16 +93,6 @@ def test_limits_answer_422_with_field_and_limit(make_client) -> None:
 
 
 def test_fields_make_generated_errata_and_reject_overlap(make_client) -> None:
-def _mark_compiled(skill_id: int) -> None:
-    """What a worker's compile leaves behind, written straight into the test's database."""
-    from data.db import get_sessionmaker
-    from data.models import Skill
-
-    with get_sessionmaker()() as session:
-        session.get(Skill, skill_id).status = "compiled"
-        session.commit()
-
-
     client = make_client()
     nb = _notebook(client)["id"]
     field = _field(client, nb)
@@ -139,15 +107,22 @@ def _mark_compiled(skill_id: int) -> None:
     assert r.status_code == 422 and f"overlaps field {field['id']}" in r.json()["detail"][0]["msg"]
     # changing the field re-renders its generated erratum ...
     client.patch(f"/api/fields/{field['id']}", json={"new_value": "closed"})
-    r = client.post(f"/api/notebooks/{nb}/placements", json={"skill_id": skill["id"], "position": 17})
-    assert r.status_code == 422 and "skill 'policy' is not compiled for smollm2-135m" in r.text  # as the page says
-    _mark_compiled(skill["id"])
     assert "from active to closed" in client.get(f"/api/notebooks/{nb}/errata").json()[0]["text"]
     # ... until the erratum is edited by hand
     r = client.patch(f"/api/errata/{erratum['id']}", json={"text": "Note: the account is closed."})
     assert r.json()["source"] == "custom"
     client.patch(f"/api/fields/{field['id']}", json={"new_value": "banned"})
     assert client.get(f"/api/notebooks/{nb}/errata").json()[0]["text"] == "Note: the account is closed."
+
+
+def _mark_compiled(skill_id: int) -> None:
+    """What a worker's compile leaves behind, written straight into the test's database."""
+    from data.db import get_sessionmaker
+    from data.models import Skill
+
+    with get_sessionmaker()() as session:
+        session.get(Skill, skill_id).status = "compiled"
+        session.commit()
 
 
 def test_errata_order_and_placements(make_client) -> None:
@@ -164,6 +139,9 @@ def test_errata_order_and_placements(make_client) -> None:
         "/api/skills", json={"name": "policy", "text": "Suspended users may not log in."}
     ).json()
     assert skill["status"] == "draft"
+    r = client.post(f"/api/notebooks/{nb}/placements", json={"skill_id": skill["id"], "position": 17})
+    assert r.status_code == 422 and "skill 'policy' is not compiled for smollm2-135m" in r.text  # as the page says
+    _mark_compiled(skill["id"])
     r = client.post(
         f"/api/notebooks/{nb}/placements", json={"skill_id": skill["id"], "position": len(DOC) + 5}
     )

@@ -4,40 +4,20 @@ other is told the row is gone (404) or changed meanwhile (409)."""
 
 from __future__ import annotations
 
-import os
-import socket
-import subprocess
-import sys
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
 
-from tests.conftest import kvnotes_env
+from tests.conftest import ServedApp
 
 REPO = Path(__file__).resolve().parents[2]
 DOC = "Account record. " + " ".join(f"field{i}: value{i}." for i in range(12))
 
 
 def test_two_deletes_at_once_never_give_a_server_error(tmp_path: Path) -> None:
-    env = {**os.environ, **kvnotes_env(tmp_path), "PYTHONPATH": str(REPO)}
-    subprocess.run([sys.executable, "-c", "from data.migrate import upgrade_to_head; upgrade_to_head()"],
-                   env=env, cwd=REPO, check=True)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = subprocess.Popen([sys.executable, "-m", "uvicorn", "app.main:app", "--port", str(port),
-                               "--log-level", "warning"], env=env, cwd=REPO,
-                              stdout=(tmp_path / "server.log").open("w"), stderr=subprocess.STDOUT)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        for _ in range(100):
-            try:
-                httpx.get(base + "/api/notebooks", timeout=1)
-                break
-            except httpx.HTTPError:
-                time.sleep(0.1)
+    with ServedApp(tmp_path) as app:
+        base = app.url
         statuses: list[int] = []
         with httpx.Client(base_url=base, timeout=30) as client:
             for round_ in range(3):
@@ -56,9 +36,6 @@ def test_two_deletes_at_once_never_give_a_server_error(tmp_path: Path) -> None:
                     statuses += list(pool.map(lambda j: client.request(j[0], j[1]).status_code, jobs))
                 assert client.get(f"/api/notebooks/{nb}/fields").json() == []
                 assert client.delete(f"/api/notebooks/{nb}").status_code == 204
-    finally:
-        server.terminate()
-        server.wait(timeout=20)
     print(f"\n{len(statuses)} concurrent deletes: " + ", ".join(f"{s}×{statuses.count(s)}" for s in sorted(set(statuses))))
     assert set(statuses) <= {200, 204, 404, 409}, sorted(set(statuses))
     assert "Traceback" not in (tmp_path / "server.log").read_text()

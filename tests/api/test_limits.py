@@ -8,8 +8,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tests.api.test_api import _broker_messages, _notebook
-from tests.data.test_migrations import postgres_url  # noqa: F401  (a fixture)
+from tests.api.conftest import _broker_messages, _notebook
 
 BIG = 2**63
 
@@ -105,7 +104,7 @@ def test_run_caps_answer_429_and_save_nothing(make_client, tmp_path: Path) -> No
     assert r.status_code == 429 and "KVNOTES_MAX_ACTIVE_RUNS)" in r.json()["detail"]
 
 
-def test_run_caps_on_postgresql(make_client, postgres_url: str) -> None:  # noqa: F811
+def test_run_caps_on_postgresql(make_client, postgres_url: str) -> None:
     """The same cap with PostgreSQL's advisory lock serializing run creation."""
     client = make_client(DATABASE_URL=postgres_url, KVNOTES_MAX_ACTIVE_RUNS_PER_USER="2")
     nb = _notebook(client)["id"]
@@ -113,6 +112,7 @@ def test_run_caps_on_postgresql(make_client, postgres_url: str) -> None:  # noqa
     assert codes == [201, 201, 429]
     from data.db import reset_engines
 
+    reset_engines()  # let the scratch database be dropped
 
 
 def test_a_chunked_body_past_the_limit_is_413_and_bytes_that_are_not_utf8_are_422(make_client) -> None:
@@ -158,4 +158,3 @@ def test_limits_are_read_when_a_request_comes_not_at_import(make_client) -> None
     get_settings.cache_clear()
     r = client.post("/api/notebooks", json={"title": "t" * 150, "text": "doc"})
     assert r.status_code == 422 and "at most 100 characters (KVNOTES_MAX_TITLE_CHARS); got 150" in r.text
-    reset_engines()  # let the scratch database be dropped

@@ -10,8 +10,7 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import create_engine, text
 
-from tests.conftest import applied, kvnotes_env, tmpfs
-from tests.data.test_migrations import PG_ADMIN_URL, postgres_url  # noqa: F401  (a fixture)
+from tests.conftest import PG_ADMIN_URL, applied, kvnotes_env, tmpfs
 
 DOC = "Customer record. status: active. Only active customers may log in."
 SQL_WORDS = ("INSERT INTO", "UPDATE notebooks", "VALUES", "SELECT ", "[SQL", "[parameters")  # the statement, not the reason
@@ -82,7 +81,7 @@ def test_a_full_disk(tiny_disk: Path) -> None:
         assert [n["title"] for n in client.get("/api/notebooks").json()] == ["after", "before"]
 
 
-def test_a_read_only_postgresql_database(tmp_path: Path, postgres_url: str) -> None:  # noqa: F811
+def test_a_read_only_postgresql_database(tmp_path: Path, postgres_url: str) -> None:
     env = kvnotes_env(tmp_path, DATABASE_URL=postgres_url)
     name = postgres_url.rsplit("/", 1)[1]
     with applied(env):

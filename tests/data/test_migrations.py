@@ -3,17 +3,13 @@ to base, on SQLite and on PostgreSQL (a scratch database on 127.0.0.1:5432, user
 
 from __future__ import annotations
 
-import os
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
 from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import create_engine, inspect, text
+from sqlalchemy import inspect, text
 
 from data.db import make_engine
 from data.migrate import alembic_config, downgrade_to_base, upgrade_to_head
@@ -21,7 +17,6 @@ from data.models import Base
 
 TABLES = {"notebooks", "fields", "errata", "skills", "placements", "questions", "runs", "run_results"}
 HEAD = ScriptDirectory.from_config(alembic_config("sqlite://")).get_current_head()
-PG_ADMIN_URL = os.environ.get("KVNOTES_TEST_PG", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
 
 
 def _check_round_trip(url: str) -> None:
@@ -53,27 +48,6 @@ def test_sqlite_upgrade_is_idempotent(tmp_path: Path) -> None:
     with engine.connect() as connection:
         assert connection.execute(text("SELECT version_num FROM alembic_version")).scalar_one() == HEAD
     engine.dispose()
-
-
-@pytest.fixture
-def postgres_url() -> Iterator[str]:
-    """A scratch database `kvnotes_test_<random>`, dropped afterwards."""
-    admin = create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT", connect_args={"connect_timeout": 3})
-    name = f"kvnotes_test_{uuid.uuid4().hex[:12]}"
-    try:
-        with admin.connect() as connection:
-            connection.execute(text(f'CREATE DATABASE "{name}"'))
-    except Exception as exc:
-        admin.dispose()
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"PostgreSQL at {PG_ADMIN_URL} is required under CI=true: {exc}")
-        pytest.skip(f"PostgreSQL not reachable at {PG_ADMIN_URL} (set CI=true to make this a failure): {exc}")
-    try:
-        yield PG_ADMIN_URL.rsplit("/", 1)[0] + "/" + name
-    finally:
-        with admin.connect() as connection:
-            connection.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
 
 
 def test_postgresql_upgrade_to_head_and_down_to_base(postgres_url: str) -> None:

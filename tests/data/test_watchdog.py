@@ -8,16 +8,13 @@ from pathlib import Path
 import pytest
 from sqlalchemy.orm import Session
 
-from data.contracts import RunSnapshot, SnapshotQuestion
 from data.db import make_engine
 from data.migrate import upgrade_to_head
 from data.models import Run
 from data.watchdog import WORKER_LOST, reap_stale_runs
 
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
-SNAPSHOT = RunSnapshot(model="tiny-llama", document="status: active", fields=[], errata=[], placements=[],
-                       question=SnapshotQuestion(text="Is it active?", choices=[], cot=False),
-                       strategies=["recompute"])
+from tests.data.conftest import SNAPSHOT  # noqa: E402
 
 
 @pytest.fixture

@@ -21,7 +21,7 @@ from data.watchdog import (
     reap_lost_messages,
     reap_runs_of_dead_workers,
 )
-from tests.data.test_watchdog import SNAPSHOT
+from tests.data.conftest import SNAPSHOT
 
 MODEL = SNAPSHOT.model
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from tests.conftest import tmpfs
-from tests.engine.test_store import MODEL, assert_same, block_files, cut, notes
+from tests.engine.conftest import MODEL, assert_same, block_files, cut, notes
 from worker.engine.store import KVStore
 
 

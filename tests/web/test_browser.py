@@ -11,86 +11,18 @@ and runs three strategies end to end. Screenshots of every step go to `test-arti
 from __future__ import annotations
 
 import importlib.util
-import os
-import socket
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
+from tests.conftest import CHROMIUM, ServedApp, chromium
+from tests.conftest import CHROMIUM_ARGS as ARGS
+from tests.web.conftest import ARTIFACTS, LONG_DOC
+from tests.web.conftest import BROWSER_DOC as DOC
+
+sync_api = chromium()
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
-
-REPO = Path(__file__).resolve().parents[2]
-ARTIFACTS = REPO / "test-artifacts"
-CHROMIUM = "/usr/bin/chromium"
-ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-        "--disable-component-update", "--disable-sync", "--no-first-run"]  # fmt: skip
-DOC = (
-    "Account record\n\nAccount holder: Dana Lee\nstatus: active\nPlan: business\n\n"
-    "Access policy\n\nOnly accounts whose status is active may log in. <script>window.pwned = 1</script>"
-)
-
-if not Path(CHROMIUM).exists():
-    pytest.skip(f"{CHROMIUM} is not installed (apt-get install chromium)", allow_module_level=True)
-sync_api = pytest.importorskip("playwright.sync_api")
-
-from tests.conftest import kvnotes_env  # noqa: E402
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def app_env(data: Path, model: str) -> dict[str, str]:
-    return {**os.environ, **kvnotes_env(data, KVNOTES_DEFAULT_MODEL=model, KVNOTES_MODELS=f"{model},smollm2-135m",
-                                        PYTHONPATH=str(REPO))}
-
-
-class Server:
-    """uvicorn serving app.main:app (migrated first) and, optionally, a Celery worker."""
-
-    def __init__(self, data: Path, model: str, worker: bool) -> None:
-        self.env = app_env(data, model)
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        subprocess.run([sys.executable, "-c", "from data.migrate import upgrade_to_head; upgrade_to_head()"],
-                       env=self.env, cwd=REPO, check=True)  # fmt: skip
-        self.log = open(data / "server.log", "w")  # noqa: SIM115
-        self.procs = [subprocess.Popen(
-            [sys.executable, "-m", "uvicorn", "app.main:app", "--port", str(self.port), "--log-level", "warning"],
-            env=self.env, cwd=REPO, stdout=self.log, stderr=subprocess.STDOUT)]  # fmt: skip
-        if worker:
-            from worker.serve import worker_command
-
-            self.procs.append(subprocess.Popen(worker_command([model], f"browser-test-{self.port}@%h"),
-                                               env=self.env, cwd=REPO, stdout=self.log, stderr=subprocess.STDOUT))  # fmt: skip
-        deadline = time.time() + 20
-        while time.time() < deadline:
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
-                return
-            except OSError:
-                time.sleep(0.1)
-        raise RuntimeError(f"the app did not start: {(data / 'server.log').read_text()}")
-
-    def db(self):
-        from sqlalchemy import create_engine
-        from sqlalchemy.orm import Session
-
-        return Session(create_engine(self.env["DATABASE_URL"]))
-
-    def stop(self) -> None:
-        for proc in reversed(self.procs):
-            proc.terminate()
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-        self.log.close()
 
 
 @pytest.fixture
@@ -180,7 +112,7 @@ def drag_skill_in(page) -> None:
 
 def test_notebook_editing_in_the_browser(tmp_path: Path, browser_page) -> None:
     page, errors = browser_page
-    server = Server(tmp_path, "smollm2-135m", worker=False)
+    server = ServedApp(tmp_path, "smollm2-135m")
     try:
         from data.models import Notebook, Question, Skill
 
@@ -237,7 +169,7 @@ def test_run_with_a_real_worker_on_tiny_llama(tmp_path: Path, browser_page) -> N
     if reason:
         pytest.skip(f"needs a real worker: {reason}")
     page, errors = browser_page
-    server = Server(tmp_path, "tiny-llama", worker=True)
+    server = ServedApp(tmp_path, "tiny-llama", worker=True)
     try:
         # a skill written and compiled through the library page, by the worker
         page.goto(server.url + "/skills")
@@ -277,9 +209,6 @@ def test_run_with_a_real_worker_on_tiny_llama(tmp_path: Path, browser_page) -> N
         server.stop()
 
 
-LONG_DOC = "Account record\nstatus: active\n\n" + "".join(
-    f"2026-03-{d:02d} 09:{d:02d} The operations desk logged routine entry number {d} without remarks.\n" for d in range(1, 29)
-) + "\nOnly accounts whose status is active may log in.\n"
 
 
 def test_run_page_opens_on_the_difference_and_reads_from_any_token(tmp_path: Path, browser_page) -> None:
@@ -287,7 +216,7 @@ def test_run_page_opens_on_the_difference_and_reads_from_any_token(tmp_path: Pat
     becomes the query, the panels scroll together, the notes map is drawn over the text, and a free
     answer that differs only in case and punctuation reads as the same decision."""
     page, errors = browser_page
-    server = Server(tmp_path, "smollm2-135m", worker=False)
+    server = ServedApp(tmp_path, "smollm2-135m")
     try:
         from app.services.notebooks import add_field
         from data.models import Notebook, Question, RunResult

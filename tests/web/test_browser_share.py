@@ -22,7 +22,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.web.test_browser import ARGS, ARTIFACTS, CHROMIUM, DOC, LONG_DOC, Server, sync_api
+from tests.conftest import CHROMIUM, ServedApp, chromium
+from tests.conftest import CHROMIUM_ARGS as ARGS
+from tests.web.conftest import ARTIFACTS, LONG_DOC
+from tests.web.conftest import BROWSER_DOC as DOC
+
+sync_api = chromium()
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 expect = sync_api.expect
@@ -80,7 +85,7 @@ def site(tmp_path_factory):
     from data.models import Notebook, Question
     from tests.web.finished_run import finished_run
 
-    server = Server(tmp_path_factory.mktemp("share"), "smollm2-135m", worker=False)
+    server = ServedApp(tmp_path_factory.mktemp("share"), "smollm2-135m")
     ids: dict[str, int] = {}
     with server.db() as s:
         def notebook(title: str, doc: str) -> Notebook:

@@ -11,8 +11,8 @@ import re
 import pytest
 
 from data.models import Erratum, Field, Notebook, Placement, Question, Run, Skill
+from tests.web.conftest import DOC, HX, add_field, new_notebook, session
 from tests.web.finished_run import finished_run
-from tests.web.test_pages import DOC, HX, add_field, new_notebook, session
 
 
 @pytest.fixture

@@ -8,35 +8,12 @@ import re
 import pytest
 
 from data.models import Notebook, Question, Run, Skill, utcnow
-
-DOC = "Account record\n\nstatus: active\nowner: Dana Lee\n\nOnly accounts whose status is active may log in."
-HX = {"HX-Request": "true"}
+from tests.web.conftest import DOC, HX, add_field, new_notebook, session  # noqa: F401
 
 
 @pytest.fixture
 def client(make_client):
     return make_client()
-
-
-def session():
-    from data.db import get_sessionmaker
-
-    return get_sessionmaker()()
-
-
-def new_notebook(client, text: str = DOC, title: str = "Policy") -> int:
-    resp = client.post("/notebooks", data={"title": title, "model": "smollm2-135m", "text": text}, follow_redirects=False)
-    assert resp.status_code == 303, resp.text
-    return int(resp.headers["location"].rsplit("/", 1)[1])
-
-
-def add_field(client, nb: int, find: str = "active", new: str = "suspended", label: str = "status"):
-    start = DOC.index(find)
-    return client.post(
-        f"/notebooks/{nb}/fields",
-        data={"start": start, "end": start + len(find), "selected": find, "new_value": new, "label": label},
-        headers=HX,
-    )
 
 
 def test_index_empty_state_offers_examples(client) -> None:

@@ -6,58 +6,26 @@ cookie) refused with 403 and nothing saved."""
 from __future__ import annotations
 
 import http.server
-import os
-import socket
-import subprocess
-import sys
 import threading
-import time
 from pathlib import Path
 
 import pytest
 
+from tests.conftest import CHROMIUM, ServedApp, chromium, kvnotes_cli
+from tests.conftest import CHROMIUM_ARGS as ARGS
+from tests.web.conftest import DOC
+
+sync_api = chromium()
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
-
-REPO = Path(__file__).resolve().parents[2]
-CHROMIUM = "/usr/bin/chromium"
-ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-        "--disable-component-update", "--disable-sync", "--no-first-run"]  # fmt: skip
-DOC = "Account record\n\nstatus: active\nowner: Dana Lee\n\nOnly accounts whose status is active may log in."
-
-if not Path(CHROMIUM).exists():
-    pytest.skip(f"{CHROMIUM} is not installed (apt-get install chromium)", allow_module_level=True)
-sync_api = pytest.importorskip("playwright.sync_api")
-
-from tests.conftest import kvnotes_env  # noqa: E402
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture
 def app_url(tmp_path: Path):
-    """uvicorn serving the app with sign-in required, and one editor `alice`."""
-    env = {**os.environ, **kvnotes_env(tmp_path, KVNOTES_AUTH="required"), "PYTHONPATH": str(REPO)}
-    subprocess.run([sys.executable, "-m", "worker.cli", "users", "add", "alice", "--password-stdin"],
-                   input="alice-password\n", env=env, cwd=REPO, check=True, capture_output=True, text=True)
-    port = _free_port()
-    log = (tmp_path / "server.log").open("w")
-    proc = subprocess.Popen([sys.executable, "-m", "uvicorn", "app.main:app", "--port", str(port),
-                             "--log-level", "warning"], env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
-    deadline = time.time() + 20
-    while time.time() < deadline:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            break
-        except OSError:
-            time.sleep(0.1)
-    yield f"http://127.0.0.1:{port}", env
-    proc.terminate()
-    proc.wait(timeout=20)
-    log.close()
+    """The app with sign-in required, and one editor `alice`."""
+    with ServedApp(tmp_path, KVNOTES_AUTH="required") as app:
+        done = kvnotes_cli("users", "add", "alice", "--password-stdin", env=app.env, stdin="alice-password\n")
+        assert done.returncode == 0, done.stderr
+        yield app.url, app.env
 
 
 @pytest.fixture

@@ -14,8 +14,8 @@ import xml.etree.ElementTree as ET
 import pytest
 
 from data.models import Notebook, Question, RunResult
+from tests.web.conftest import DOC, new_notebook, session
 from tests.web.finished_run import HEADS, LAYERS, finished_run
-from tests.web.test_pages import DOC, new_notebook, session
 
 STRATEGIES = ("recompute", "prefix_reuse", "stale", "field_erratum")
 
@@ -170,7 +170,7 @@ def test_presentation_steps_each_have_a_url(client) -> None:
     assert "steps 1 to 4" in client.get(f"/runs/{run}/present/5").text
 
 
-def test_compare_two_runs_aligned_on_the_documents_characters(client) -> None:
+def test_compare_two_runs_aligned_line_by_line(client) -> None:
     _, a = finished(client, title="Before")
     reworded = DOC.replace("Only accounts", "Just accounts")
     _, b = finished(client, doc=reworded, title="After")
@@ -180,7 +180,8 @@ def test_compare_two_runs_aligned_on_the_documents_characters(client) -> None:
     assert f'data-run="{a}"' in html and f'data-run="{b}"' in html
     assert "The documents differ" in html
     changed = re.findall(r'<div class="cell changed" role="cell">(.*?)</div>', html, re.S)
-    assert [re.sub(r"<[^>]+>", "", c) for c in changed] == ["Only", "Just"]  # one row: the reworded word
+    assert [re.sub(r"<[^>]+>", "", c) for c in changed] == [  # one row: the reworded line
+        "Only accounts whose status is active may log in.", "Just accounts whose status is active may log in."]
     assert html.count('data-strategy="') == len(STRATEGIES)  # the decisions table, one row per strategy
     assert client.get(f"/compare?runs={a}&runs={b}").status_code == 200  # the history's checkboxes
     assert client.get(f"/compare?runs={a}").status_code == 422
@@ -189,17 +190,3 @@ def test_compare_two_runs_aligned_on_the_documents_characters(client) -> None:
     assert client.get(f"/compare?runs={a},987654").status_code == 404
     assert client.get(f"/compare?runs={a},{b}&strategy=auto").status_code == 422
     assert "stale" in client.get(f"/compare?runs={a},{b}&strategy=stale").text
-
-
-def test_compare_view_aligns_three_documents_word_by_word() -> None:
-    from app.web.compare_view import aligned_spans
-
-    docs = ["The routine entry. Only accounts may log in.", "The ordinary entry. Just accounts may log in. Extra.",
-            "The routine entry. Only accounts may log in."]
-    rows = [(shared, [d[a:b] for d, (a, b) in zip(docs, spans)]) for shared, spans in aligned_spans(docs)]
-    assert rows == [
-        (True, ["The "] * 3), (False, ["routine", "ordinary", "routine"]), (True, [" entry. "] * 3),
-        (False, ["Only", "Just", "Only"]), (True, [" accounts may log in."] * 3), (False, ["", " Extra.", ""]),
-    ]
-    for i, doc in enumerate(docs):  # every character of every document is shown once, in order
-        assert "".join(r[1][i] for r in rows) == doc

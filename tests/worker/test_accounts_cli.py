@@ -6,8 +6,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from tests.conftest import kvnotes_env
-from tests.worker.test_supervision import REPO, _kvnotes
+from tests.conftest import REPO, kvnotes_env
+from tests.conftest import kvnotes_cli as _kvnotes
 
 
 def test_users_and_tokens_from_the_command_line(tmp_path: Path) -> None:

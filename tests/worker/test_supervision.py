@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -19,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import free_port as _free_port
+from tests.conftest import kvnotes_cli as _kvnotes
 from tests.conftest import kvnotes_env
 
 pytestmark = pytest.mark.slow
@@ -26,17 +27,6 @@ pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]
 MODEL = "tiny-llama"
 DOC = "The customer record: name Alice, age 31, status active. Only active accounts may log in. "
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _kvnotes(*args: str, env: dict[str, str], stdin: str | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "worker.cli", *args], env=env, cwd=REPO, input=stdin,
-                          capture_output=True, text=True, timeout=120)
 
 
 def _get(url: str, token: str | None = None) -> tuple[int, dict]:

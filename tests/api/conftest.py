@@ -1,0 +1,31 @@
+"""What the API tests share: a policy document, a notebook made through the API, and the messages
+waiting in the embedded broker."""
+
+from __future__ import annotations
+
+import base64
+import json
+import sqlite3
+from pathlib import Path
+
+from fastapi.testclient import TestClient
+
+DOC = "Customer record. status: active. age: 34. Only active customers may log in."
+def _notebook(client: TestClient, text: str = DOC) -> dict:
+    r = client.post("/api/notebooks", json={"title": "policy", "model": "smollm2-135m", "text": text})
+    assert r.status_code == 201, r.text
+    return r.json()
+
+
+def _broker_messages(tmp_path: Path) -> list[tuple[str, dict]]:
+    """(queue name, message headers + kwargs) for every message waiting in the embedded broker."""
+    with sqlite3.connect(tmp_path / "broker.db") as db:
+        rows = db.execute(
+            "SELECT q.name, m.payload FROM kombu_message m JOIN kombu_queue q ON q.id = m.queue_id"
+        ).fetchall()
+    out = []
+    for queue, payload in rows:
+        message = json.loads(payload)
+        args, kwargs, _ = json.loads(base64.b64decode(message["body"]))
+        out.append((queue, {"task": message["headers"]["task"], "id": message["headers"]["id"], **kwargs}))
+    return out

@@ -1,0 +1,45 @@
+"""What the page and browser tests share: their documents, where screenshots go, and the page
+helpers (a notebook made through the form, a field, a database session).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+ARTIFACTS = REPO / "test-artifacts"
+HX = {"HX-Request": "true"}
+
+# the document the page tests edit (a field on "active")
+DOC = "Account record\n\nstatus: active\nowner: Dana Lee\n\nOnly accounts whose status is active may log in."
+# the browser tests' document: an injected script must stay text
+BROWSER_DOC = (
+    "Account record\n\nAccount holder: Dana Lee\nstatus: active\nPlan: business\n\n"
+    "Access policy\n\nOnly accounts whose status is active may log in. <script>window.pwned = 1</script>"
+)
+LONG_DOC = "Account record\nstatus: active\n\n" + "".join(
+    f"2026-03-{d:02d} 09:{d:02d} The operations desk logged routine entry number {d} without remarks.\n"
+    for d in range(1, 29)
+) + "\nOnly accounts whose status is active may log in.\n"
+
+
+def session():
+    from data.db import get_sessionmaker
+
+    return get_sessionmaker()()
+
+
+def new_notebook(client, text: str = DOC, title: str = "Policy") -> int:
+    resp = client.post("/notebooks", data={"title": title, "model": "smollm2-135m", "text": text},
+                       follow_redirects=False)
+    assert resp.status_code == 303, resp.text
+    return int(resp.headers["location"].rsplit("/", 1)[1])
+
+
+def add_field(client, nb: int, find: str = "active", new: str = "suspended", label: str = "status"):
+    start = DOC.index(find)
+    return client.post(
+        f"/notebooks/{nb}/fields",
+        data={"start": start, "end": start + len(find), "selected": find, "new_value": new, "label": label},
+        headers=HX,
+    )
