@@ -1,9 +1,9 @@
 """Question answering on real data: does a context composed from precompiled passages keep the answer?
 
-    .venv/bin/python bench/bench_qa.py --data ../shared/data/musique_dev.json --limit 20 \
+    .venv/bin/python bench/bench_qa.py --data bench/data/musique_dev.json --limit 20 \
         [--passages 10] [--model smollm2-135m] [--json] [--out docs/benchmarks.md]
 
-MuSiQue in CacheBlend's protocol (`../shared/data/README.md`): a fixed instruction, then the passages,
+MuSiQue in CacheBlend's protocol (`bench/data/README.md`): a fixed instruction, then the passages,
 each `"{title}\\n\\n{text}\\n\\n"`, then the query `"\\n\\nAnswer the question directly … \\nQuestion:{q}\\nAnswer:"`
 (the question lower-cased at its first letter and ending in "?"), inside the model's chat turn.
 Greedy, at most 32 new tokens, first line only; token F1 after SQuAD normalisation, best over the

@@ -1,7 +1,7 @@
 """Reading MuSiQue examples for `bench_qa.py`, in either of the two shapes it is published in.
 Plain Python (no torch): the tests import it directly.
 
-- CacheBlend's (`inputs/musique_s.json`, and `../shared/data/musique_dev.json`): a JSON list of
+- CacheBlend's (`inputs/musique_s.json`, and `bench/data/musique_dev.json`): a JSON list of
   `{"question": str, "answers": [str], "ctxs": [{"title": str, "text": str}]}`.
 - MuSiQue's own release (`musique_ans_v1.0_dev.jsonl`, `musique_full_v1.0_dev.jsonl`): one JSON
   object per line (or a JSON list of them), `{"question": str, "answer": str, "answer_aliases":
