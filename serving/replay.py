@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 
-from serving.server import Completion, Counters, ReplayError, Server
+from serving.server import Completion, Counters, ReplayError, Server, ServerInfo
 from serving.streams import PlannedRequest, ReplaySpec, plan_variant
 from vocabulary.replay import ReplayResult, VariantResult
 from vocabulary.verdicts import edit_followed
@@ -34,14 +34,8 @@ def replay(spec: ReplaySpec, url: str, model: str | None = None,
            on_progress: Progress | None = None) -> ReplayResult:
     """Run every variant of `spec` against the server at `url`; a `ReplayError` naming the problem
     (and the request, when one failed) otherwise. Nothing is kept from a failed replay."""
-    try:
-        spec.check()
-    except ValueError as exc:
-        raise ReplayError(str(exc)) from None
     with Server(url, model) as server:
-        info = server.info()
-        plans = {v: plan_variant(spec, v) for v in spec.variants}
-        lengths = _checked_lengths(server, spec, plans, info.max_model_len)
+        info, plans, lengths = _prepared(server, spec)
         total = spec.total_requests * len(plans)
         results = {}
         for variant, (warm, planned) in plans.items():
@@ -50,6 +44,23 @@ def replay(spec: ReplaySpec, url: str, model: str | None = None,
             results[variant] = _run_variant(server, spec, warm, planned, lengths, progress)
         return ReplayResult(server.url, info.model, spec.rate, spec.concurrency, info.max_model_len,
                             round(os.getloadavg()[0], 2), results)
+
+
+def preflight(spec: ReplaySpec, url: str, model: str | None = None) -> ServerInfo:
+    """Everything a replay checks before its first request, without sending one: the spec, the
+    server reachable and serving the model, every prompt within its `max_model_len`. A
+    `ReplayError` naming the problem, else what the server serves."""
+    with Server(url, model) as server:
+        return _prepared(server, spec)[0]
+
+
+def _prepared(server: Server, spec: ReplaySpec) -> tuple[ServerInfo, dict, dict[str, list[int]]]:
+    problems = spec.problems()
+    if problems:
+        raise ReplayError("; ".join(problems), problems[0].split(":")[0].split(" ")[0])
+    info = server.info()
+    plans = {v: plan_variant(spec, v) for v in spec.variants}
+    return info, plans, _checked_lengths(server, spec, plans, info.max_model_len)
 
 
 def _checked_lengths(server: Server, spec: ReplaySpec, plans: dict,
@@ -63,7 +74,8 @@ def _checked_lengths(server: Server, spec: ReplaySpec, plans: dict,
             if max_model_len and len(ids[content]) + spec.max_tokens > max_model_len:
                 raise ReplayError(f"{variant} {what}: the prompt is {len(ids[content])} tokens and the "
                                   f"answer up to {spec.max_tokens}, beyond the server's max_model_len of "
-                                  f"{max_model_len}; shorten the document or raise --max-model-len")
+                                  f"{max_model_len}; shorten the document or start the server with a "
+                                  "larger --max-model-len", "document")
     return ids
 
 

@@ -17,7 +17,12 @@ import httpx
 
 
 class ReplayError(Exception):
-    """A replay that cannot run or did not finish, with a message for the user."""
+    """A replay that cannot run or did not finish, with a message for the user; `field` names what
+    to change: "url" (the server), "model", "document" (a prompt too long) or the spec's field."""
+
+    def __init__(self, message: str, field: str = "url") -> None:
+        super().__init__(message)
+        self.field = field
 
 
 @dataclass(frozen=True)
@@ -93,11 +98,11 @@ class Server:
         if self.model is None:
             if len(served) != 1:
                 raise ReplayError(f"{self.url} serves {len(served)} models ({', '.join(served) or 'none'}); "
-                                  "name one with --model")
+                                  "name one with --model", "model")
             self.model = next(iter(served))
         if self.model not in served:
             raise ReplayError(f"model {self.model!r} is not served by {self.url}; it serves: "
-                              f"{', '.join(served) or 'no model'}")
+                              f"{', '.join(served) or 'no model'}", "model")
         return ServerInfo(self.model, int(served[self.model].get("max_model_len") or 0))
 
     def prompt_tokens(self, content: str) -> list[int]:

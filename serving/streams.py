@@ -19,7 +19,9 @@ The text sent is what kvnotes prefills for the same edit: the document, then the
 
 from __future__ import annotations
 
+import dataclasses
 import random
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from vocabulary import render_erratum
@@ -63,6 +65,12 @@ class ReplaySpec:
     def total_requests(self) -> int:
         """Requests per variant."""
         return self.requests or len(self.values)
+
+    @classmethod
+    def of(cls, fields: Mapping) -> ReplaySpec:
+        """A spec from stored fields of the same names (lists become tuples; other keys ignored)."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in fields.items() if k in names})
 
     def problems(self) -> list[str]:
         """Every reason this spec cannot run, each naming the field and the limit ([] when none)."""

@@ -29,14 +29,6 @@ class Cancelled(Exception):
     """The replay's row is no longer running (cancelled, or deleted with its notebook)."""
 
 
-def spec_of(snapshot: ReplaySnapshot) -> ReplaySpec:
-    """The serving spec a stored snapshot describes."""
-    return ReplaySpec(snapshot.document, snapshot.start, snapshot.end, snapshot.label, tuple(snapshot.values),
-                      snapshot.question, tuple(snapshot.choices), requests=snapshot.requests,
-                      rate=snapshot.rate, concurrency=snapshot.concurrency, variants=tuple(snapshot.variants),
-                      max_tokens=snapshot.max_tokens, seed=snapshot.seed)
-
-
 def _write(replay_id: int, only_running: bool = True, **values: Any) -> bool:
     """Update the row (while it is still running, unless told otherwise); False when it was not."""
     with run_rows.session() as s:
@@ -84,7 +76,7 @@ def replay_task(self, replay_id: int) -> dict[str, Any]:
     if snapshot is None:
         return {"replay_id": replay_id, "status": "skipped"}
     try:
-        result = replay(spec_of(snapshot), snapshot.url, snapshot.model or None,
+        result = replay(ReplaySpec.of(snapshot.model_dump()), snapshot.url, snapshot.model or None,
                         on_progress=_Progress(replay_id))
     except Cancelled:
         return {"replay_id": replay_id, "status": "cancelled"}

@@ -25,6 +25,7 @@ from app.web import (
     notebook_pages,
     present_pages,
     run_pages,
+    serving_pages,
     skill_pages,
 )
 from app.web.examples import ExampleError, list_examples, load_example, opened_examples
@@ -39,7 +40,7 @@ from data.settings import get_settings
 router = APIRouter(include_in_schema=False)
 RUNS_PER_PAGE = 50
 for _module in (account_pages, notebook_pages, manage_pages, run_pages, export_pages, present_pages, compare_pages,
-                skill_pages, components):
+                skill_pages, serving_pages, components):
     router.include_router(_module.router, include_in_schema=False)
 
 

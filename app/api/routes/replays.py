@@ -1,0 +1,70 @@
+"""Serving replays of a notebook's field edit on a vLLM server: start one (checked first: a 422
+naming the problem and nothing saved, or 503 when the broker cannot take it), list a notebook's,
+and read one with its result (docs/serving.md)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from fastapi import APIRouter, HTTPException, Query, status
+from pydantic import BaseModel
+
+from app.api.deps import PrincipalDep, SessionDep, errors, get_or_404
+from app.services.replays import ReplayCreate, replays_of, start_replay
+from data.models import Notebook
+from data.queue import QueueUnavailable
+from data.replays import Replay, ReplaySnapshot
+from vocabulary.replay import ReplayResult
+
+router = APIRouter(tags=["replays"])
+
+
+class ReplayOut(BaseModel):
+    """A replay: where it is, what it replays, and (once it succeeded) what it measured."""
+
+    id: int
+    notebook_id: int | None
+    status: str
+    stage: str
+    progress: float
+    error: str | None
+    created_by: str | None
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    snapshot: ReplaySnapshot
+    result: ReplayResult | None
+
+    @classmethod
+    def of(cls, replay: Replay) -> ReplayOut:
+        return cls(id=replay.id, notebook_id=replay.notebook_id, status=replay.status, stage=replay.stage,
+                   progress=replay.progress, error=replay.error, created_by=replay.created_by,
+                   created_at=replay.created_at, started_at=replay.started_at, finished_at=replay.finished_at,
+                   snapshot=replay.snapshot, result=replay.result)
+
+
+@router.post("/notebooks/{notebook_id}/replays", response_model=ReplayOut,
+             status_code=status.HTTP_201_CREATED, responses=errors(404, 503))
+def create_replay(notebook_id: int, body: ReplayCreate, session: SessionDep,
+                  principal: PrincipalDep) -> ReplayOut:
+    """Replay the notebook's field edit (its document, field and question) on the vLLM server as
+    in-place rewrites, errata and hoisted fields; the worker's `kvnotes.replay` sends the requests."""
+    notebook = get_or_404(session, Notebook, notebook_id, "notebook")
+    try:
+        replay = start_replay(session, notebook, body, principal.name)
+    except QueueUnavailable as exc:
+        raise HTTPException(status_code=503, detail=exc.reason) from exc
+    return ReplayOut.of(replay)
+
+
+@router.get("/notebooks/{notebook_id}/replays", response_model=list[ReplayOut], responses=errors(404))
+def list_replays(notebook_id: int, session: SessionDep,
+                 limit: int = Query(default=20, ge=1, le=200, description="at most this many, newest first"),
+                 ) -> list[ReplayOut]:
+    get_or_404(session, Notebook, notebook_id, "notebook")
+    return [ReplayOut.of(r) for r in replays_of(session, notebook_id, limit)]
+
+
+@router.get("/replays/{replay_id}", response_model=ReplayOut, responses=errors(404))
+def read_replay(replay_id: int, session: SessionDep) -> ReplayOut:
+    return ReplayOut.of(get_or_404(session, Replay, replay_id, "replay"))

@@ -1,0 +1,98 @@
+"""The notebook's Serving panel: start a replay of its field edit on a vLLM server (the same checks
+and messages as `POST /api/notebooks/{id}/replays`), watch it, and its permalink and exports.
+
+    GET  /notebooks/{id}/serving     the panel (the notebook page loads it into place)
+    POST /notebooks/{id}/replays     the panel's form: 422 with the message beside its field
+    GET  /replays/{id}/panel         the replay's box, polled while it runs
+    GET  /replays/{id}               the permalink page
+    GET  /replays/{id}/export.json   the replay as the API returns it
+    GET  /replays/{id}/export.csv    one line per request
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Form, Request
+from fastapi.responses import JSONResponse, Response
+
+from app.api.deps import PrincipalDep, SessionDep, get_or_404
+from app.api.routes.replays import ReplayOut
+from app.services.errors import Unprocessable
+from app.services.replays import ReplayCreate, replays_of, start_replay
+from app.web.forms import lines, validate
+from app.web.serving_view import panel_context, replay_csv
+from app.web.templating import render
+from data.models import Notebook
+from data.queue import QueueUnavailable
+from data.replays import Replay
+from data.settings import get_settings
+from vocabulary.replay import VARIANT_HELP, VARIANTS
+
+router = APIRouter(include_in_schema=False)
+Text = Annotated[str, Form()]
+
+
+def _panel(request: Request, notebook: Notebook, replay: Replay | None, status: int = 200,
+           errors: dict | None = None, values: dict | None = None) -> Response:
+    settings = get_settings()
+    defaults = {"url": settings.vllm_url, "model": settings.vllm_model, "values": "", "requests": "",
+                "rate": "1", "concurrency": "4", "variants": list(VARIANTS)}
+    return render(request, "_serving.html", status, notebook=notebook, errors=errors or {},
+                  values={**defaults, **(values or {})}, VARIANTS=VARIANTS, VARIANT_HELP=VARIANT_HELP,
+                  **panel_context(replay))
+
+
+@router.get("/notebooks/{notebook_id}/serving")
+def serving_panel(request: Request, notebook_id: int, session: SessionDep) -> Response:
+    notebook = get_or_404(session, Notebook, notebook_id, "notebook")
+    latest = replays_of(session, notebook_id, 1)
+    return _panel(request, notebook, latest[0] if latest else None)
+
+
+@router.post("/notebooks/{notebook_id}/replays")
+def create_replay(request: Request, notebook_id: int, session: SessionDep, principal: PrincipalDep,
+                  url: Text = "", model: Text = "", values: Text = "", requests: Text = "", rate: Text = "1",
+                  concurrency: Text = "4", variants: Annotated[list[str] | None, Form()] = None) -> Response:
+    notebook = get_or_404(session, Notebook, notebook_id, "notebook")
+    form = {"url": url, "model": model, "values": values, "requests": requests, "rate": rate,
+            "concurrency": concurrency, "variants": variants or []}
+    try:
+        body = validate(ReplayCreate, {"url": url, "model": model, "values": lines(values),
+                                       "requests": requests.strip() or 0, "rate": rate,
+                                       "concurrency": concurrency, "variants": variants or []})
+        replay = start_replay(session, notebook, body, principal.name)
+    except Unprocessable as exc:
+        session.rollback()
+        return _panel(request, notebook, None, 422, exc.errors, form)
+    except QueueUnavailable as exc:
+        return _panel(request, notebook, None, 503, {"form": f"The replay could not be queued, nothing was "
+                                                             f"saved: {exc.reason}"}, form)
+    return _panel(request, notebook, replay, 201, values=form)
+
+
+@router.get("/replays/{replay_id}/panel")
+def replay_box(request: Request, replay_id: int, session: SessionDep) -> Response:
+    replay = get_or_404(session, Replay, replay_id, "replay")
+    return render(request, "_replay.html", **panel_context(replay))
+
+
+@router.get("/replays/{replay_id}")
+def replay_page(request: Request, replay_id: int, session: SessionDep) -> Response:
+    replay = get_or_404(session, Replay, replay_id, "replay")
+    notebook = session.get(Notebook, replay.notebook_id) if replay.notebook_id else None
+    return render(request, "replay.html", notebook=notebook, nav="notebooks", **panel_context(replay))
+
+
+@router.get("/replays/{replay_id}/export.json")
+def replay_json(replay_id: int, session: SessionDep) -> JSONResponse:
+    replay = get_or_404(session, Replay, replay_id, "replay")
+    return JSONResponse(ReplayOut.of(replay).model_dump(mode="json"),
+                        headers={"Content-Disposition": f'attachment; filename="replay-{replay_id}.json"'})
+
+
+@router.get("/replays/{replay_id}/export.csv")
+def replay_csv_export(replay_id: int, session: SessionDep) -> Response:
+    replay = get_or_404(session, Replay, replay_id, "replay")
+    return Response(replay_csv(replay), media_type="text/csv",
+                    headers={"Content-Disposition": f'attachment; filename="replay-{replay_id}.csv"'})

@@ -1,0 +1,138 @@
+"""One vLLM server for the serving tests, started once per test session from `scripts/vllm.sh`
+(the bundled smollm2-135m, on a free port), and a short document to replay on it.
+
+Under `CI=true` a server that cannot start fails the suite; elsewhere the tests skip with the
+reason (a missing vLLM virtualenv is not installed from here: that is 3.5 GB). `KVNOTES_TEST_VLLM_URL`
+points the tests at a server already running (started by `scripts/vllm.sh`, so its prefix cache can
+be emptied between variants) instead.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.conftest import REPO, UNDER_CI, free_port, missing
+
+START_TIMEOUT_S = 600  # about 3 minutes on 2 busy cores; more when the machine is loaded
+VENV = Path(os.environ.get("KVNOTES_VLLM_VENV") or REPO / ".venv-vllm")
+
+# ~700 tokens: a shipment record whose destination (the field) is near the top, then a log.
+LOG_LINES = [f"2026-03-01 {8 + i // 6:02d}:{(i * 7) % 60:02d} {event}" for i, event in enumerate([
+    "Customer care archived the invoice draft without remarks.",
+    "Operations logged the insurance check for the container.",
+    "The warehouse confirmed the pallet count against the manifest.",
+    "Billing sent the freight quote to the customer contact.",
+    "The carrier updated the pickup window for the terminal.",
+    "Customs pre-cleared the commercial invoice and packing list.",
+    "Operations noted the seal number on the container record.",
+    "The driver confirmed arrival at the loading dock.",
+    "Quality control signed off the temperature log.",
+    "The customer asked for a copy of the bill of lading.",
+    "Dispatch assigned the truck and trailer numbers.",
+    "The terminal confirmed the vessel cut-off time.",
+] * 2)]
+DOCUMENT = ("SHIPMENT RECORD\nrecord_id: SR-20417\ncustomer: Halvorsen Marine AS\ndestination: Oslo\n"
+            "carrier: NordFreight\n\nOperations log:\n" + "\n".join(LOG_LINES) + "\n")
+QUESTION = "What is the destination of this shipment?"
+CHOICES = ("Oslo", "Madrid", "Rome", "Lisbon")
+
+
+def _served(url: str) -> bool:
+    try:
+        return httpx.get(f"{url}/v1/models", timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def _start(log: Path) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    env = {**os.environ, "KVNOTES_VLLM_VENV": str(VENV), "KVNOTES_DATA": str(REPO / "var" / "test-data")}
+    out = log.open("w")
+    proc = subprocess.Popen([str(REPO / "scripts" / "vllm.sh"), "--port", str(port)], cwd=REPO, env=env,
+                            stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline and proc.poll() is None and not _served(url):
+        time.sleep(2)
+    return proc, url
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    os.killpg(proc.pid, 15)
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, 9)
+
+
+@pytest.fixture(scope="session")
+def vllm_url(tmp_path_factory) -> Iterator[str]:
+    """The base URL of a vLLM server serving `smollm2-135m`."""
+    existing = os.environ.get("KVNOTES_TEST_VLLM_URL")
+    if existing:
+        if not _served(existing.rstrip("/").removesuffix("/v1")):
+            missing(f"KVNOTES_TEST_VLLM_URL={existing} does not answer")
+        yield existing.rstrip("/").removesuffix("/v1")
+        return
+    if not UNDER_CI and not (VENV / "bin" / "python").exists():
+        missing(f"no vLLM virtualenv at {VENV}: run scripts/vllm.sh once (or set KVNOTES_VLLM_VENV)")
+    log = tmp_path_factory.mktemp("vllm") / "vllm.log"
+    proc, url = _start(log)
+    if not _served(url):
+        if proc.poll() is None:
+            _stop(proc)
+        tail = "\n".join(log.read_text(errors="replace").splitlines()[-25:])
+        missing(f"scripts/vllm.sh did not serve within {START_TIMEOUT_S} s (exit {proc.poll()}):\n{tail}")
+    yield url
+    _stop(proc)
+
+
+class DyingServer:
+    """A TCP relay in front of the real server that can die: `kill()` closes its listening socket and
+    every open connection at once, as a server process that crashes does."""
+
+    def __init__(self, upstream: str) -> None:
+        host, port = upstream.removeprefix("http://").split(":")
+        self.upstream = (host, int(port))
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
+        self.sockets: list[socket.socket] = []
+        self.dead = False
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while not self.dead:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            server = socket.create_connection(self.upstream)
+            self.sockets += [client, server]
+            for a, b in ((client, server), (server, client)):
+                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pipe(src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while data := src.recv(65536):
+                dst.sendall(data)
+        except OSError:
+            pass
+
+    def kill(self) -> None:
+        self.dead = True
+        for s in [self.listener, *self.sockets]:
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            s.close()
