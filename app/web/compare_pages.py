@@ -1,6 +1,6 @@
 """`/compare?runs=A,B[,C…]`: runs side by side — each run's verdict, every strategy's decision and
-metrics in one table, and one strategy's attention over each run's document, aligned on the
-documents' characters (`app.web.compare_view`). Reached from a notebook's history (tick runs) and
+metrics in one table, and one strategy's attention over the text its notes hold in each run, aligned
+line by line (`app.web.compare_view`). Reached from a notebook's history (tick runs) and
 from a run page ("Compare with the previous run")."""
 
 from __future__ import annotations

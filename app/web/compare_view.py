@@ -1,13 +1,16 @@
 """Two or more runs side by side (`/compare?runs=A,B`): their verdicts strategy by strategy, and
-where one strategy's decision looked in each run, on a shared colour scale, with the documents
-aligned on their characters — stretches every document shares sit on one row, and where the
-documents differ (a reworded field or sentence) each run shows its own text on that row, marked.
-Errata and the question, which a document diff cannot align, follow as rows of their own."""
+where one strategy's decision looked in each run, on a shared colour scale, over the text that
+strategy's notes actually hold — its own token records: the new values for recompute and the editing
+strategies, the old ones for stale and erratum, placed skills spliced in place. The runs' texts are
+aligned line by line (a long line sentence by sentence, with difflib): a line every run read alike
+sits on one row; a line that differs (a new value, a reworded sentence) sits on a marked row beside
+its counterpart. The errata and the question follow as rows of their own."""
 
 from __future__ import annotations
 
 import difflib
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -22,13 +25,14 @@ from data.models import Notebook, Run
 
 @dataclass(frozen=True)
 class Piece:
-    """A stretch of one run's text drawn with one colour (its token's attention)."""
+    """A stretch of one run's text drawn with one colour (its token's attention); `kind` is "field"
+    inside a changed field, "skill" inside a placed skill, "" elsewhere."""
 
     text: str
     bg: str = ""
     fg: str = ""
     title: str = ""
-    field: bool = False
+    kind: str = ""
 
 
 @dataclass
@@ -39,7 +43,7 @@ class Cell:
 
 @dataclass
 class AlignedRow:
-    label: str  # "" for document rows
+    label: str  # "" for the notes' own rows (document and skills), else "errata" | "question"
     cells: list[Cell]
 
 
@@ -58,7 +62,8 @@ def run_columns(session: Session, runs: list[Run]) -> list[RunColumn]:
     for run in runs:
         rows = decision_rows(run)
         agree, compared = agreement_summary(rows)
-        best = max((r for r in rows if not r.is_reference and r.agrees and r.speedup), key=lambda r: r.speedup, default=None)
+        fast = [r for r in rows if not r.is_reference and r.agrees and r.speedup]
+        best = max(fast, key=lambda r: r.speedup, default=None)
         notebook = session.get(Notebook, run.notebook_id) if run.notebook_id else None
         out.append(RunColumn(run, notebook, {r.strategy: r for r in rows}, agree, compared, best))
     return out
@@ -78,57 +83,100 @@ def common_attention(runs: list[Run]) -> list[str]:
     return sorted(shared, key=lambda s: (s != "recompute", s))
 
 
-# ---- character alignment ---------------------------------------------------------------------------
+# ---- what each run's strategy read -----------------------------------------------------------------------
 
 
-WORD = re.compile(r"\S+|\s+")
+BODY = ("document", "skill")  # the notes in order: the document as the strategy holds it, skills in place
+TAILS = (("erratum", "errata"), ("question", "question"))
+UNIT_END = re.compile(r"\n|[.!?][\"')\]]*[ \t]+(?=\S)")  # a line ends at a newline, a sentence at . ! ?
 
 
-def _word_blocks(base: str, other: str) -> list[tuple[int, int, int]]:
-    """Matching stretches (base char, other char, length), found word by word (a reworded word is
-    one change, not a scatter of shared letters), then told in characters."""
-    a_words, b_words = WORD.findall(base), WORD.findall(other)
-    a_at, b_at = _starts(a_words), _starts(b_words)
-    blocks = []
-    for m in difflib.SequenceMatcher(None, a_words, b_words, autojunk=False).get_matching_blocks():
-        if m.size:
-            length = a_at[m.a + m.size] - a_at[m.a]
-            blocks.append((a_at[m.a], b_at[m.b], length))
-    return blocks
+@dataclass
+class ReadText:
+    """Text a strategy read, in the order its notes hold it: per character the token it belongs to
+    (-1 where the run kept no tokens) and its kind ("field", "skill" or "")."""
+
+    text: str = ""
+    owner: list[int] = field(default_factory=list)
+    kind: list[str] = field(default_factory=list)
+
+    def add(self, text: str, owner: int, kind: str) -> None:
+        self.text += text
+        self.owner += [owner] * len(text)
+        self.kind += [kind] * len(text)
 
 
-def _starts(words: list[str]) -> list[int]:
-    out = [0]
-    for w in words:
-        out.append(out[-1] + len(w))
+def read_text(tokens: Sequence[TokenRecord], segments: Sequence[str],
+              fields: list[tuple[int, int]]) -> ReadText:
+    """The tokens of `segments`, in order, as text: each token's own text (what its notes hold).
+    A document token overlapping a changed field (document offsets) is of kind "field"; a skill's
+    token is of kind "skill" (spliced: segment "skill"; read by recompute: document text that maps
+    to no character of the document)."""
+    out = ReadText()
+    for i, tok in enumerate(tokens):
+        if tok.segment in segments:
+            skill = tok.segment == "skill" or (tok.segment == "document" and tok.start < 0)
+            in_field = tok.in_document and any(tok.start < b and a < tok.end for a, b in fields)
+            out.add(tok.text, i, "skill" if skill else "field" if in_field else "")
     return out
 
 
-def aligned_spans(documents: list[str]) -> list[tuple[bool, list[tuple[int, int]]]]:
-    """Rows of (shared, [(start, end) in each document]): `shared` rows hold the same text in every
-    document; the rows between them hold each document's own differing text (maybe empty)."""
-    base = documents[0]
-    blocks = [[(0, 0, len(base))]] + [_word_blocks(base, other) for other in documents[1:]]
-    # base positions covered, in every other document, by an equal block: where they map to
+def plain_text(document: str, fields: list[tuple[int, int]]) -> ReadText:
+    """A document as written, with no token records (runs that kept no attention)."""
+    out = ReadText()
+    for k, ch in enumerate(document):
+        out.add(ch, -1, "field" if any(a <= k < b for a, b in fields) else "")
+    return out
+
+
+def units(text: str) -> list[tuple[int, int]]:
+    """`text` cut into lines, and long lines into sentences: (start, end) of each, every character
+    in one of them (a line keeps its newline, a sentence its trailing spaces)."""
+    cuts = [0, *(m.end() for m in UNIT_END.finditer(text)), len(text)]
+    return [(a, b) for a, b in zip(cuts, cuts[1:]) if b > a]
+
+
+def unit_key(text: str) -> str:
+    """What makes two lines the same line: their words, whitespace aside."""
+    return " ".join(text.split())
+
+
+# ---- alignment, line by line ---------------------------------------------------------------------------
+
+
+def aligned_units(sequences: list[list[str]]) -> list[tuple[bool, list[int | None]]]:
+    """Rows of (shared, each sequence's unit index or None): units equal in every sequence sit on one
+    shared row; between them, each sequence's own units pair up in order (a reworded line beside the
+    line it replaces), None where a sequence has fewer. The first sequence is the pivot."""
+    base = sequences[0]
+    blocks = [[(0, 0, len(base))]] + [_blocks(base, other) for other in sequences[1:]]
     cuts = {0, len(base)}
     for bl in blocks[1:]:
         for a, _b, size in bl:
             cuts |= {a, a + size}
     bounds = sorted(cuts)
-    rows: list[tuple[bool, list[tuple[int, int]]]] = []
-    ends = [0] * len(documents)  # how far each document has been shown
+    rows: list[tuple[bool, list[int | None]]] = []
+    ends = [0] * len(sequences)  # how far each sequence has been shown
     for lo, hi in zip(bounds, bounds[1:]):
         mapped = [_map(bl, lo, hi) for bl in blocks]
         if all(m is not None for m in mapped):
             starts = [m[0] for m in mapped]  # type: ignore[index]
-            if any(s > e for s, e in zip(starts, ends)):  # each document's own text before this shared stretch
-                rows.append((False, [(e, s) for e, s in zip(ends, starts)]))
-            rows.append((True, [m for m in mapped]))  # type: ignore[misc]
+            rows += _own_rows(ends, starts)
+            rows += [(True, [s + k for s in starts]) for k in range(hi - lo)]
             ends = [m[1] for m in mapped]  # type: ignore[index]
-    tails = [(e, len(d)) for e, d in zip(ends, documents)]
-    if any(a < b for a, b in tails):
-        rows.append((False, tails))
-    return _merge(rows)
+    return rows + _own_rows(ends, [len(s) for s in sequences])
+
+
+def _blocks(base: list[str], other: list[str]) -> list[tuple[int, int, int]]:
+    """Matching runs of units (base index, other index, length)."""
+    matcher = difflib.SequenceMatcher(None, base, other, autojunk=False)
+    return [(m.a, m.b, m.size) for m in matcher.get_matching_blocks() if m.size]
+
+
+def _own_rows(ends: list[int], starts: list[int]) -> list[tuple[bool, list[int | None]]]:
+    """Each sequence's units [end, start) that no other shares, paired in order on marked rows."""
+    depth = max(s - e for e, s in zip(ends, starts))
+    return [(False, [e + k if e + k < s else None for e, s in zip(ends, starts)]) for k in range(depth)]
 
 
 def _map(blocks: list[tuple[int, int, int]], lo: int, hi: int) -> tuple[int, int] | None:
@@ -138,80 +186,78 @@ def _map(blocks: list[tuple[int, int, int]], lo: int, hi: int) -> tuple[int, int
     return None
 
 
-def _merge(rows: list[tuple[bool, list[tuple[int, int]]]]) -> list[tuple[bool, list[tuple[int, int]]]]:
-    """Adjacent shared rows become one (they are contiguous in every document)."""
-    out: list[tuple[bool, list[tuple[int, int]]]] = []
-    for shared, spans in rows:
-        if out and shared and out[-1][0] and all(p[1] == s[0] for p, s in zip(out[-1][1], spans)):
-            out[-1] = (True, [(p[0], s[1]) for p, s in zip(out[-1][1], spans)])
-        else:
-            out.append((shared, spans))
-    return out
-
-
-# ---- the attention drawn over each run's characters ------------------------------------------------------
+# ---- the attention drawn over what each run read ----------------------------------------------------------
 
 
 @dataclass
 class RunAttention:
     tokens: list[TokenRecord]
     values: np.ndarray  # [T]
-    owner: np.ndarray  # [len(document)]: the token index covering each character, -1 where none
 
 
 def run_attention(session: Session, run: Run, strategy: str) -> RunAttention:
     result = results_with_attention(session, run.id, [strategy])[strategy]
     vector = attention_vector(result, strategy)
-    owner = np.full(len(run.snapshot.document), -1, dtype=np.int64)
-    for i, tok in enumerate(vector.tokens):
-        if tok.in_document:
-            owner[max(0, tok.start) : min(len(owner), tok.end)] = i
-    return RunAttention(vector.tokens, vector.values, owner)
+    return RunAttention(vector.tokens, vector.values)
 
 
-def _pieces(document: str, start: int, end: int, att: RunAttention | None, vmax: float, fields: list[tuple[int, int]]) -> list[Piece]:
+def _pieces(read: ReadText, start: int, end: int, att: RunAttention | None, vmax: float) -> list[Piece]:
+    """Characters [start, end) of `read` as pieces, one per token (or per kind without tokens)."""
     out: list[Piece] = []
     k = start
     while k < end:
-        owner = int(att.owner[k]) if att is not None else -1
-        in_field = any(a <= k < b for a, b in fields)
+        owner, kind = read.owner[k], read.kind[k]
         j = k + 1
-        while j < end and (int(att.owner[j]) if att is not None else -1) == owner and any(a <= j < b for a, b in fields) == in_field:
+        while j < end and read.owner[j] == owner and read.kind[j] == kind:
             j += 1
+        text = read.text[k:j]
         if owner >= 0 and att is not None:
             v = float(att.values[owner])
             c = seq_colour(v, vmax)
-            out.append(Piece(document[k:j], hex_colour(c), text_on(c), f"{att.tokens[owner].text!r}: {v:.5f}", in_field))
+            out.append(Piece(text, hex_colour(c), text_on(c), f"{att.tokens[owner].text!r}: {v:.5f}", kind))
         else:
-            out.append(Piece(document[k:j], field=in_field))
+            out.append(Piece(text, kind=kind))
         k = j
     return out
 
 
-def aligned_rows(runs: list[Run], attention: list[RunAttention] | None) -> tuple[list[AlignedRow], float]:
-    """The documents aligned row by row, each character coloured by its token's attention (one scale
-    for every run: the largest value away from the attention sink), then errata and question rows."""
-    vmax = max(scale_max(a.values) for a in attention) if attention else 1.0
-    documents = [r.snapshot.document for r in runs]
+def _read_texts(runs: list[Run], attention: list[RunAttention] | None,
+                segments: Sequence[str]) -> list[ReadText]:
     fields = [[(f.start, f.end) for f in r.snapshot.fields] for r in runs]
+    if attention is None:
+        if "document" not in segments:
+            return [ReadText() for _ in runs]
+        return [plain_text(r.snapshot.document, f) for r, f in zip(runs, fields)]
+    return [read_text(a.tokens, segments, f) for a, f in zip(attention, fields)]
+
+
+def _aligned(reads: list[ReadText], attention: list[RunAttention] | None, vmax: float,
+             label: str) -> list[AlignedRow]:
+    """`reads` aligned line by line: one row per aligned line or sentence."""
+    spans = [units(r.text) for r in reads]
+    keys = [[unit_key(r.text[a:b]) for a, b in s] for r, s in zip(reads, spans)]
     rows = []
-    for shared, spans in aligned_spans(documents):
-        cells = [Cell(_pieces(documents[i], a, b, attention[i] if attention else None, vmax, fields[i]), not shared)
-                 for i, (a, b) in enumerate(spans)]
-        rows.append(AlignedRow("", cells))
+    for shared, picked in aligned_units(keys):
+        cells = []
+        for i, u in enumerate(picked):
+            att = attention[i] if attention else None
+            cells.append(Cell([] if u is None else _pieces(reads[i], *spans[i][u], att, vmax), not shared))
+        rows.append(AlignedRow(label, cells))
+    return rows
+
+
+def aligned_rows(runs: list[Run], attention: list[RunAttention] | None) -> tuple[list[AlignedRow], float]:
+    """What each run's strategy read, aligned row by row and coloured by its token's attention (one
+    scale for every run: the largest value away from the attention sink): the notes (document and
+    skills, line by line), then the errata and the question, each a row of its own."""
+    vmax = max(scale_max(a.values) for a in attention) if attention else 1.0
+    rows = _aligned(_read_texts(runs, attention, BODY), attention, vmax, "")
     if attention:
-        for segment, label in (("erratum", "errata"), ("skill", "skills"), ("question", "question")):
-            cells = []
-            for att in attention:
-                pieces = []
-                for i, tok in enumerate(att.tokens):
-                    if tok.segment == segment:
-                        c = seq_colour(float(att.values[i]), vmax)
-                        pieces.append(Piece(tok.text, hex_colour(c), text_on(c), f"{tok.text!r}: {att.values[i]:.5f}"))
-                cells.append(Cell(pieces))
-            if any(c.pieces for c in cells):
-                texts = ["".join(p.text for p in c.pieces) for c in cells]
+        for segment, label in TAILS:
+            reads = _read_texts(runs, attention, (segment,))
+            if any(r.text for r in reads):
+                cells = [Cell(_pieces(r, 0, len(r.text), a, vmax)) for r, a in zip(reads, attention)]
                 for c in cells:
-                    c.changed = len(set(texts)) > 1
+                    c.changed = len({unit_key(r.text) for r in reads}) > 1
                 rows.append(AlignedRow(label, cells))
     return rows, vmax
