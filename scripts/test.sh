@@ -31,6 +31,10 @@ if [[ "${CI:-}" == true ]]; then
     for _ in $(seq 30); do port_open 5432 && port_open 6379 && break; sleep 1; done
     port_open 5432 || { echo "test: PostgreSQL is not reachable on 5432" >&2; exit 1; }
     port_open 6379 || { echo "test: Redis is not reachable on 6379" >&2; exit 1; }
+    # The serving tests start a vLLM server (tests/serving): its 3.5 GB environment is installed
+    # once per machine and reused by later runs.
+    export KVNOTES_VLLM_VENV="${KVNOTES_VLLM_VENV:-$HOME/.cache/kvnotes/venv-vllm}"
+    scripts/vllm.sh --install
 fi
 
 exec .venv/bin/python -m pytest tests -v --timeout 1800 "$@"

@@ -2,6 +2,7 @@
 # Start an OpenAI-compatible vLLM server for a kvnotes model; print its URL, then serve until stopped.
 #
 #   scripts/vllm.sh [--model NAME] [--port N] [--host H] [extra vLLM arguments...]
+#   scripts/vllm.sh --install        install (or check) the environment only, then exit
 #
 # NAME is a kvnotes alias whose converted folder is under the data folder (`KVNOTES_DATA`, default
 # ./var; default smollm2-135m, converted on first use), any model folder,
@@ -24,12 +25,14 @@ MODEL=smollm2-135m
 PORT=8100
 HOST=127.0.0.1
 EXTRA=()
+INSTALL_ONLY=0
 while [[ $# -gt 0 ]]; do
     case "$1" in
         --model) MODEL="${2:?--model needs a name}"; shift 2 ;;
         --port) PORT="${2:?--port needs a number}"; shift 2 ;;
         --host) HOST="${2:?--host needs an address}"; shift 2 ;;
-        -h|--help) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        --install) INSTALL_ONLY=1; shift ;;
+        -h|--help) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) EXTRA+=("$1"); shift ;;
     esac
 done
@@ -67,6 +70,7 @@ if [[ ! -f "$STAMP" && -x "$PY" ]] && "$PY" -c "import vllm" 2>/dev/null; then
     echo "$SPEC" > "$STAMP"
 fi
 if [[ ! -f "$STAMP" || "$(cat "$STAMP")" != "$SPEC" ]]; then install_vllm; fi
+if [[ "$INSTALL_ONLY" == 1 ]]; then echo "vllm: $SPEC ready in $VENV" >&2; exit 0; fi
 
 # The model: a kvnotes alias (converted folder under the data folder), a folder, or a hub id.
 DATA="${KVNOTES_DATA:-./var}"
