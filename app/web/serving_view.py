@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from data.replays import Replay
 from vocabulary.replay import REPORTED, VARIANT_HELP, ReplayResult, VariantResult
 
-STRIP_WIDTH = 320  # px of the TTFT axis
+STRIP_WIDTH = 560  # px of the TTFT axis
 
 
 @dataclass(frozen=True)
