@@ -42,7 +42,7 @@ def shipment_log(server: Server, tokens: int) -> str:
     lines, stream = list(head), filler(7)
     size = lambda: len(server.prompt_tokens("\n".join(lines) + "\n" + question_text(QUESTION)))  # noqa: E731
     while (n := size()) < tokens:
-        lines += [next(stream) for _ in range(max(1, (tokens - n) // 25))]
+        lines += [next(stream) for _ in range(max(1, (tokens - n) // 60))]  # lines hold ~30 tokens
     return "\n".join(lines) + "\n"
 
 

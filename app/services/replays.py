@@ -68,7 +68,8 @@ def snapshot_for(notebook: Notebook, body: ReplayCreate) -> ReplaySnapshot:
                           document=notebook.document, start=field.start, end=field.end,
                           label=field.label or "the value", values=values, question=question.text,
                           choices=list(question.choices), requests=body.requests, rate=body.rate,
-                          concurrency=body.concurrency, variants=list(body.variants), max_tokens=body.max_tokens)
+                          concurrency=body.concurrency, variants=list(body.variants),
+                          max_tokens=body.max_tokens)
 
 
 def start_replay(session: Session, notebook: Notebook, body: ReplayCreate,

@@ -20,7 +20,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.conftest import REPO, UNDER_CI, free_port, missing
+from tests.conftest import REPO, UNDER_CI, ServedApp, free_port, missing
 
 START_TIMEOUT_S = 600  # about 3 minutes on 2 busy cores; more when the machine is loaded
 VENV = Path(os.environ.get("KVNOTES_VLLM_VENV") or REPO / ".venv-vllm")
@@ -136,3 +136,27 @@ class DyingServer:
             except OSError:
                 pass
             s.close()
+
+
+@pytest.fixture
+def served(tmp_path, vllm_url) -> Iterator[ServedApp]:
+    """The web app and a real Celery worker (tiny-llama: a replay loads no model of its own) whose
+    default vLLM server is the session's."""
+    with ServedApp(tmp_path, "tiny-llama", worker=True, KVNOTES_VLLM_URL=f"{vllm_url}/v1") as app:
+        yield app
+
+
+def make_notebook(client: httpx.Client) -> int:
+    """A notebook holding DOCUMENT, its destination as the field (Oslo → Madrid) and the question."""
+    start = DOCUMENT.index("Oslo")
+    notebook = client.post("/api/notebooks",
+                           json={"title": "shipment", "model": "tiny-llama", "text": DOCUMENT})
+    assert notebook.status_code == 201, notebook.text
+    nid = notebook.json()["id"]
+    field = client.post(f"/api/notebooks/{nid}/fields",
+                        json={"start": start, "end": start + 4, "new_value": "Madrid",
+                              "label": "destination"})
+    assert field.status_code == 201, field.text
+    question = client.put(f"/api/notebooks/{nid}/question", json={"text": QUESTION, "choices": list(CHOICES)})
+    assert question.status_code == 200, question.text
+    return nid

@@ -9,29 +9,10 @@ import time
 import httpx
 import pytest
 
-from tests.conftest import ServedApp, free_port
-from tests.serving.conftest import CHOICES, DOCUMENT, QUESTION
+from tests.conftest import free_port
+from tests.serving.conftest import make_notebook
 
 pytestmark = pytest.mark.slow
-START = DOCUMENT.index("Oslo")
-
-
-@pytest.fixture
-def served(tmp_path, vllm_url):
-    with ServedApp(tmp_path, "tiny-llama", worker=True, KVNOTES_VLLM_URL=f"{vllm_url}/v1") as app:
-        yield app
-
-
-def _notebook(client: httpx.Client) -> int:
-    notebook = client.post("/api/notebooks", json={"title": "shipment", "model": "tiny-llama", "text": DOCUMENT})
-    assert notebook.status_code == 201, notebook.text
-    nid = notebook.json()["id"]
-    field = client.post(f"/api/notebooks/{nid}/fields",
-                        json={"start": START, "end": START + 4, "new_value": "Madrid", "label": "destination"})
-    assert field.status_code == 201, field.text
-    question = client.put(f"/api/notebooks/{nid}/question", json={"text": QUESTION, "choices": list(CHOICES)})
-    assert question.status_code == 200, question.text
-    return nid
 
 
 def _replays(client: httpx.Client, nid: int) -> list[dict]:
@@ -40,7 +21,7 @@ def _replays(client: httpx.Client, nid: int) -> list[dict]:
 
 def test_bad_replays_are_refused_with_the_reason_and_nothing_is_saved(served):
     with httpx.Client(base_url=served.url, timeout=120) as client:
-        nid = _notebook(client)
+        nid = make_notebook(client)
         dead = f"http://127.0.0.1:{free_port()}/v1"
         cases = [({"url": dead}, "url", "cannot reach the server"),
                  ({"model": "gpt-4"}, "model", "model 'gpt-4' is not served"),
@@ -58,9 +39,10 @@ def test_bad_replays_are_refused_with_the_reason_and_nothing_is_saved(served):
 
 def test_a_replay_runs_on_the_worker_and_the_panel_shows_its_numbers(served):
     with httpx.Client(base_url=served.url, timeout=120) as client:
-        nid = _notebook(client)
+        nid = make_notebook(client)
         started = client.post(f"/api/notebooks/{nid}/replays",
-                              json={"values": ["Madrid", "Rome"], "rate": 4, "variants": ["in_place", "erratum"]})
+                              json={"values": ["Madrid", "Rome"], "rate": 4,
+                                    "variants": ["in_place", "erratum"]})
         assert started.status_code == 201, started.text
         rid = started.json()["id"]
         deadline = time.monotonic() + 600

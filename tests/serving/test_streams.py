@@ -18,7 +18,8 @@ START = DOC.index("Oslo")
 
 
 def spec(**kw) -> ReplaySpec:
-    base = dict(document=DOC, start=START, end=START + 4, label="destination", values=("Madrid", "Rome", "Lisbon"),
+    base = dict(document=DOC, start=START, end=START + 4, label="destination",
+                values=("Madrid", "Rome", "Lisbon"),
                 question="What is the destination?", choices=("Oslo", "Madrid", "Rome", "Lisbon"))
     return ReplaySpec(**{**base, **kw})
 
