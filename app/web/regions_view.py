@@ -28,7 +28,12 @@ REGION_LABELS = {"sink": "sink", "before_field": "before the field", "field": "f
 REGION_COLOURS = {"sink": "#9aa0ab", "before_field": "#a6cee3", "field": "#d9a400", "after_field": "#1f78b4",
                   "errata": "#cc79a7", "skills": "#33a02c", "question": "#5e3c99"}
 
-COLUMN_W, PLOT_H = 7, 64  # one layer's column width and the plot's height, in px
+PLOT_H, PLOT_W = 64, 160  # the plot's height and its width at most, in px
+
+
+def column_width(layers: int) -> int:
+    """One layer's column: 4 to 14 px, so 4 layers and 40 draw about as wide."""
+    return max(4, min(14, PLOT_W // max(layers, 1)))
 
 
 @dataclass(frozen=True)
@@ -36,6 +41,7 @@ class Bar:
     """One region's slice of one layer's column in the per-layer plot."""
 
     x: int
+    width: int
     y: float
     height: float
     colour: str
@@ -66,7 +72,7 @@ class RegionsPanel:
 
 def per_layer_plot(shares: RegionShares) -> RegionPlot:
     """Each layer a column of its region shares stacked from the bottom, in `REGIONS` order."""
-    bars = []
+    bars, step = [], column_width(len(shares.per_layer))
     for layer, row in enumerate(shares.per_layer):
         bottom = float(PLOT_H)
         for region in REGIONS:
@@ -74,9 +80,9 @@ def per_layer_plot(shares: RegionShares) -> RegionPlot:
             if height <= 0:
                 continue
             bottom -= height
-            bars.append(Bar(layer * COLUMN_W, round(bottom, 2), round(height, 2), REGION_COLOURS[region],
+            bars.append(Bar(layer * step, step - 1, round(bottom, 2), round(height, 2), REGION_COLOURS[region],
                             f"layer {layer}: {REGION_LABELS[region]} {100 * row[region]:.1f}%"))
-    return RegionPlot(shares.strategy, len(shares.per_layer) * COLUMN_W, PLOT_H, bars)
+    return RegionPlot(shares.strategy, len(shares.per_layer) * step, PLOT_H, bars)
 
 
 def regions_panel(session: Session, run: Run) -> RegionsPanel | None:

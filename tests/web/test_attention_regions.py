@@ -114,7 +114,7 @@ def test_the_run_page_shows_regions_beside_the_papers_reading(make_client):
     for region in REGIONS:  # the page draws the API's numbers
         assert f'data-region="{region}" data-share="{api["stale"][region]:.5f}"' in html
     assert "the paper's reading" in html and "≈ 0.1%" in html and "≈ 56%" in html and "≈ 36%" in html
-    assert html.count("<svg width=\"28\" height=\"64\"") == 3  # a per-layer plot per strategy: 4 layers × 7 px
+    assert html.count("<svg width=\"56\" height=\"64\"") == 3  # a per-layer plot per strategy: 4 layers × 14 px
     assert html.count("<title>layer 3: sink") == 3
     assert "Heads that moved most against recompute" in html and "?strategy=stale&amp;layer=" in html
     assert 'id="hm-top-all"' in html  # the sink, whitespace and punctuation behind a toggle

@@ -240,7 +240,7 @@ def test_run_page_opens_on_the_difference_and_reads_from_any_token(tmp_path: Pat
         assert page.input_value("#hm-strategy") == "stale"  # differs from recompute, not the exact prefix_reuse
         assert page.locator(".column-legend dt").count() >= 6 and page.is_visible(".column-legend")
         row = page.locator('.decision-table tr[data-strategy="field_erratum"]')
-        assert "✓ same decision" in row.inner_text() and "SUSPENDED" in row.inner_text()
+        assert "✓ follows the edit" in row.inner_text() and "SUSPENDED" in row.inner_text()
         # the notes map: one coloured span per stretch of notes after the field, the share in words
         assert page.locator("#notes-map .map-span").count() > 5
         assert "closed 94%" in page.inner_text("#notes-map .map-summary")

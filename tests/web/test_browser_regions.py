@@ -1,0 +1,68 @@
+"""The run page in Chromium: attention by region above the heatmap (its per-layer plots drawn),
+verdicts that lead with the edit, and "most attended" listing words unless the toggle asks for
+the sink, whitespace and punctuation too."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.conftest import CHROMIUM, ServedApp, chromium
+from tests.conftest import CHROMIUM_ARGS as ARGS
+from tests.web.conftest import ARTIFACTS, LONG_DOC
+
+sync_api = chromium()
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+
+
+def test_regions_verdicts_and_words_first(tmp_path: Path) -> None:
+    server = ServedApp(tmp_path, "smollm2-135m")
+    try:
+        from app.services.notebooks import add_field
+        from data.models import Notebook, Question, RunResult
+        from tests.web.finished_run import finished_run
+
+        with server.db() as s:
+            nb = Notebook(title="Long record", model="smollm2-135m", document=LONG_DOC)
+            s.add(nb)
+            s.flush()
+            at = LONG_DOC.index("active")
+            add_field(s, nb, at, at + 6, "suspended", "status")
+            nb.questions.append(Question(text="What is the status?", choices=[]))
+            s.commit()
+            run_id = finished_run(s, nb, strategies=("recompute", "stale", "in_place", "field_erratum")).id
+            for result in s.query(RunResult).filter_by(run_id=run_id):  # the sink's last token draws the most
+                w = np.frombuffer(result.attention, dtype=np.float16).reshape(result.attention_shape).astype(np.float32)
+                w[:, :, 3] += 1.0
+                result.attention = (w / w.sum(-1, keepdims=True)).astype(np.float16).tobytes()
+            s.commit()
+        ARTIFACTS.mkdir(exist_ok=True)
+        with sync_api.sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+            page = browser.new_page(viewport={"width": 1400, "height": 1000}, bypass_csp=True)
+            errors: list[str] = []
+            page.on("pageerror", lambda exc: errors.append(str(exc)))
+            page.goto(f"{server.url}/runs/{run_id}")
+            page.wait_for_function("document.querySelectorAll('#hm-top tbody tr').length === 10")
+            assert "2 of 3 strategies follow the edit, as recompute does" in page.inner_text(".run-headline")
+            assert "✗ keeps the old value" in page.inner_text('.decision-table tr[data-strategy="stale"]')
+            # regions: a row per strategy and the paper's, four per-layer plots with 4 layers of columns
+            assert page.locator("#regions .region-table tbody tr").count() == 5
+            assert page.locator("#regions svg").count() == 4
+            assert page.locator("#regions svg >> nth=0").bounding_box()["width"] == 56
+            page.locator("#regions").screenshot(path=str(ARTIFACTS / "regions-panel.png"))
+            page.locator(".decision-table").screenshot(path=str(ARTIFACTS / "verdicts-table.png"))
+            # most attended: words only, then the sink, whitespace and punctuation on request
+            words = page.locator("#hm-top tbody tr td:nth-child(2)").all_inner_texts()
+            rows = [int(i) for i in page.eval_on_selector_all("#hm-top tbody tr", "rs => rs.map(r => r.dataset.i)")]
+            assert all(re.search(r"\w", w) for w in words) and min(rows) >= 4, (words, rows)
+            page.check("#hm-top-all")
+            page.wait_for_function("document.querySelector('#hm-top tbody tr').dataset.i === '3'")  # the sink first
+            assert page.inner_text("#hm-top tbody tr td:nth-child(2) >> nth=0") == '"Account"'
+            assert not errors, errors
+            browser.close()
+    finally:
+        server.stop()
