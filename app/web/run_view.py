@@ -11,9 +11,17 @@ import re
 from dataclasses import dataclass
 
 from app.services.attention import align_tokens, head_differences  # noqa: F401 (the run page's names for them)
-from app.web.heatmap_view import text_on
-from app.web.verdict_view import Mark, Timing, followed, groups, mark, timing, verdict_applies
-from data.contracts import NotesMap, NotesSpan, RunSnapshot, SnapshotField
+from app.web.verdict_view import (
+    FOLLOWED_WORDS,
+    Mark,
+    Timing,
+    followed,
+    groups,
+    mark,
+    timing,
+    verdict_applies,
+)
+from data.contracts import RunSnapshot, SnapshotField
 from data.models import Run, RunResult
 
 
@@ -28,6 +36,11 @@ class DecisionRow:
     followed: str | None = None  # edit_followed: new | old | both | neither; None: answers name no value
     mark: Mark | None = None  # what the decision cell leads with
     timing: Timing | None = None  # set when the speed-up is too short to time, with why
+
+    @property
+    def followed_words(self) -> str:
+        """"follows the edit", "keeps the old value", … ("" when answers name no value)."""
+        return FOLLOWED_WORDS.get(self.followed or "", "")
 
 
 EXACT_KL = 1e-6  # below this a strategy's first-token distribution is recompute's: nothing to see
@@ -188,58 +201,3 @@ def snapshot_pieces(snapshot: RunSnapshot) -> list[SnapshotPiece]:
         cursor = f.end
     pieces.append(SnapshotPiece(document[cursor:]))
     return [p for p in pieces if p.text or p.field is not None]
-
-
-MAP_POS, MAP_NEG = (230, 97, 1), (94, 60, 153)  # kvnotes.css .map-span: orange towards recompute, purple away
-
-
-@dataclass(frozen=True)
-class MapPiece:
-    """A stretch of the snapshot's document in the notes map: its text, the share of the decision
-    gap its notes closed when patched from recompute (None outside every span), and whether it is
-    a changed field."""
-
-    text: str
-    share: float | None = None
-    field: SnapshotField | None = None
-
-    @property
-    def alpha(self) -> float:
-        """Colour strength: the square root of the share's size (small shares stay visible), ≤ 1."""
-        return min(abs(self.share or 0.0), 1.0) ** 0.5
-
-    @property
-    def colour(self) -> tuple[int, int, int] | None:
-        """The span's colour over white paper (kvnotes.css mixes the same two at `alpha`)."""
-        if self.share is None:
-            return None
-        base = MAP_NEG if self.share < 0 else MAP_POS
-        return tuple(round(255 + (c - 255) * self.alpha) for c in base)  # type: ignore[return-value]
-
-    @property
-    def text_colour(self) -> str:
-        """"" where the page's ink reads on the span, else white or black (WCAG AA)."""
-        return text_on(self.colour) if self.colour else ""
-
-
-def notes_map_pieces(snapshot: RunSnapshot, notes_map: NotesMap) -> list[MapPiece]:
-    """The document cut at every field and span boundary, each piece with its span's share."""
-    document = snapshot.document
-    cuts = {0, len(document)}
-    for f in snapshot.fields:
-        cuts |= {f.start, f.end}
-    spans = [s for s in notes_map.spans if 0 <= s.start_char < s.end_char <= len(document)]
-    for s in spans:
-        cuts |= {s.start_char, s.end_char}
-    bounds = sorted(c for c in cuts if 0 <= c <= len(document))
-    pieces = []
-    for a, b in zip(bounds, bounds[1:]):
-        field = next((f for f in snapshot.fields if f.start <= a and b <= f.end), None)
-        span = next((s for s in spans if s.start_char <= a and b <= s.end_char), None)
-        pieces.append(MapPiece(document[a:b], None if span is None else span.share, field))
-    return pieces
-
-
-def top_spans(notes_map: NotesMap, n: int = 5) -> list[NotesSpan]:
-    """The spans whose notes closed the largest share of the gap."""
-    return sorted(notes_map.spans, key=lambda s: s.share, reverse=True)[:n]

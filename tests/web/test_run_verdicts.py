@@ -111,3 +111,61 @@ def test_too_short_to_time(ref_ms, ref_spread, ms, spread, too_short):
     assert (tip is not None) == too_short
     if tip is not None:
         assert f"recompute {ref_ms:.1f} ms" in tip.tip and f"this strategy {ms:.1f} ms" in tip.tip
+
+
+def _free_answer_run(client, decisions: dict[str, str]):
+    """A finished free-answer run of a notebook whose field changes "active" to "suspended", its
+    strategies answering `decisions`."""
+    from data.models import Notebook, Question
+    from tests.web.conftest import add_field, new_notebook, session
+    from tests.web.finished_run import finished_run
+
+    nb = new_notebook(client)
+    add_field(client, nb)
+    s = session()
+    notebook = s.get(Notebook, nb)
+    notebook.questions.append(Question(text="What is the status?", choices=[]))
+    s.commit()
+    run = finished_run(s, notebook, strategies=tuple(decisions))
+    for row in s.query(RunResult).filter_by(run_id=run.id):
+        row.decision = row.text = decisions[row.strategy]
+        row.decision_matches_recompute = decisions[row.strategy] == decisions["recompute"]
+    s.commit()
+    return run
+
+
+def test_the_page_leads_with_the_edit_and_counts_who_follows_it(make_client):
+    client = make_client()
+    run = _free_answer_run(client, {"recompute": "The account is currently suspended.",
+                                    "stale": "The account is currently active.",
+                                    "field_erratum": "The account status is suspended."})
+    html = client.get(f"/runs/{run.id}").text
+    assert "<strong>1 of 2</strong> strategies follow the edit, as recompute does" in html
+    assert "Follows the edit: field_erratum · keeps the old value: stale." in html
+    assert 'data-followed="new">✓ follows the edit</span>' in html  # never "✗ different decision"
+    assert "✗ different decision" not in html
+    assert html.count('data-followed="new">follows the edit</span>') == 2  # the answers' badges
+    assert "strategies agree" not in html
+
+
+def test_the_page_says_in_plain_words_when_recompute_names_neither_value(make_client):
+    client = make_client()
+    run = _free_answer_run(client, {"recompute": "I cannot say.", "stale": "I cannot say.",
+                                    "field_erratum": "Suspended."})
+    html = client.get(f"/runs/{run.id}").text
+    assert "recompute&#39;s answer names neither value: read KL and NLL" in html
+    assert "this model does not read the field back here" in html and "of 2</strong>" not in html
+
+
+def test_a_speed_up_too_short_to_time_says_so_with_the_numbers(make_client):
+    from tests.web.conftest import session
+
+    client = make_client()
+    run = _free_answer_run(client, {"recompute": "Suspended.", "stale": "Active.", "field_erratum": "Suspended."})
+    s = session()
+    s.query(RunResult).filter_by(run_id=run.id, strategy="recompute").one().ttft_ms = 180.0
+    s.commit()
+    html = client.get(f"/runs/{run.id}").text
+    assert html.count(">too short to time</span>") == 2  # both strategies against a 180 ms recompute
+    assert 'title="recompute&#39;s time to first token is under 250 ms: recompute 180.0 ms, this strategy 2.5 ms"' in html
+    assert "72.0×" not in html  # 180 / 2.5 is not shown as a speed-up
