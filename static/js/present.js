@@ -1,5 +1,5 @@
 // present.js — presentation mode: the steps of one run, moved through with the arrow keys
-// (→ / PageDown / Space forward, ← / PageUp back, Home / End), by clicking the slide, or with the
+// (→ / PageDown / Space forward, ← / PageUp back, Home / End), by clicking anywhere on the slide, or with the
 // step links; the URL follows the step in place (history.replaceState: no entry per step). F goes
 // full screen, T switches dark and light (remembered). Without this script every step is a page.
 (function () {
@@ -78,8 +78,10 @@
     }
     if (e.target.closest("[data-theme-toggle]")) { toggleTheme(); return; }
     if (e.target.closest("[data-fullscreen]")) { fullscreen(); return; }
-    // a click on the slide itself moves on; links, buttons, text being selected and the scrolling boxes do not
-    if (e.target.closest("a, button, .tokens, .slide-doc, code") || String(window.getSelection())) return;
+    // a click anywhere on the slide moves on (documents, cards and heatmaps included); links,
+    // buttons, form controls and a click that ends selecting text do not
+    if (e.button !== 0 || e.target.closest("a, button, input, select, textarea, summary, label")) return;
+    if (String(window.getSelection()).trim()) return;
     if (e.target.closest(".slides")) show(step + 1);
   });
   show(step);

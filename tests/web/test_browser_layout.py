@@ -1,0 +1,162 @@
+"""Layout in real Chromium: presentation steps fit the screen at 1280×720 and 1400×900 (the
+navigation on screen, no page scroll, long content scrolling inside the slide), a click on the
+slide advances, dark slides are dark throughout, no page scrolls sideways at 390 px, and a run that
+ends while its notebook is open shows its decision summary there. Screenshots go to
+`test-artifacts/`."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.conftest import CHROMIUM, ServedApp, chromium
+from tests.conftest import CHROMIUM_ARGS as ARGS
+from tests.web.conftest import ARTIFACTS, LONG_DOC
+
+sync_api = chromium()
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+expect = sync_api.expect
+
+EVERY = ("recompute", "prefix_reuse", "stale", "in_place", "erratum", "field_erratum", "selective", "auto")
+LONG_SKILL = "Style guide: answer in French, in one short sentence, and never name the carrier. " * 12
+
+FITS = """() => {
+  const nav = document.querySelector('.present-nav').getBoundingClientRect();
+  const slide = document.querySelector('.slide:not([hidden])');
+  const inner = [...slide.querySelectorAll('*')].filter(e => e.scrollHeight > e.clientHeight + 2
+      && ['auto', 'scroll'].includes(getComputedStyle(e).overflowY)).length;
+  return {page: document.scrollingElement.scrollHeight, height: innerHeight, navBottom: nav.bottom,
+          navTop: nav.top, inner: inner, step: +document.body.dataset.step};
+}"""
+
+LIGHT_PANELS = """() => {
+  const lum = c => { const m = c.match(/[\\d.]+/g); if (!m || (m.length > 3 && +m[3] === 0)) return null;
+    const f = v => { v /= 255; return v <= 0.03928 ? v / 12.92 : ((v + 0.055) / 1.055) ** 2.4; };
+    return 0.2126 * f(+m[0]) + 0.7152 * f(+m[1]) + 0.0722 * f(+m[2]); };
+  const panels = [document.body, ...document.querySelectorAll(
+      '.present-bar, .present-nav, .slide:not([hidden]) :is(.slide-doc, .heatmap, .decision-card, .slide-note, .slide-side, .tokens, table, .table-wrap)')];
+  return panels.filter(e => { const l = lum(getComputedStyle(e).backgroundColor); return l !== null && l > 0.2; })
+               .map(e => e.tagName + '.' + e.className);
+}"""
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory):
+    """A long record run by every strategy with its notes map, a long skill in the library, and a
+    notebook whose run is still going."""
+    from app.services.notebooks import add_field
+    from data.models import Notebook, Question, Skill
+    from tests.web.finished_run import finished_run
+
+    server = ServedApp(tmp_path_factory.mktemp("layout"), "smollm2-135m")
+    ids: dict[str, int] = {}
+    with server.db() as s:
+        nb = Notebook(title="Long record, every strategy", model="smollm2-135m", document=LONG_DOC * 3)
+        s.add(nb)
+        s.flush()
+        at = nb.document.index("active")
+        add_field(s, nb, at, at + 6, "suspended", "status")
+        nb.questions.append(Question(text="What is the status?", choices=["active", "suspended"]))
+        s.commit()
+        ids["run"] = finished_run(s, nb, strategies=EVERY, notes_map=True).id
+        ids["notebook"] = nb.id
+        live = Notebook(title="A run that ends while you watch", model="smollm2-135m", document=LONG_DOC)
+        s.add(live)
+        s.flush()
+        add_field(s, live, live.document.index("active"), live.document.index("active") + 6, "suspended", "status")
+        live.questions.append(Question(text="What is the status?", choices=["active", "suspended"]))
+        s.commit()
+        ids["live_run"] = finished_run(s, live, strategies=("recompute", "stale", "field_erratum")).id
+        ids["live"] = live.id
+        s.add(Skill(name="a house style with a long name that goes on and on: answer in French", text=LONG_SKILL,
+                    model="smollm2-135m", status="compiled", token_count=260, compile_ms=812.0))
+        s.commit()
+    ARTIFACTS.mkdir(exist_ok=True)
+    yield server, ids
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    with sync_api.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        yield b
+        b.close()
+
+
+@pytest.mark.parametrize("size", [(1280, 720), (1400, 900)])
+def test_every_presentation_step_fits_with_its_navigation(site, browser, size) -> None:
+    server, ids = site
+    width, height = size
+    page = browser.new_context(viewport={"width": width, "height": height}, bypass_csp=True).new_page()
+    inner_scrolls = 0
+    for step in (1, 2, 3, 4):
+        page.goto(f"{server.url}/runs/{ids['run']}/present/{step}")
+        fit = page.evaluate(FITS)
+        page.screenshot(path=str(ARTIFACTS / f"40-present-{width}x{height}-step{step}.png"))
+        assert fit["page"] <= height, (step, fit)  # no page scroll
+        assert fit["navTop"] >= 0 and fit["navBottom"] <= height, (step, fit)  # the navigation on screen
+        inner_scrolls += fit["inner"] > 0
+    assert inner_scrolls >= 2  # the long document and the notes map scroll inside their slides
+    page.context.close()
+
+
+def test_a_click_on_the_slide_advances_and_dark_is_dark_throughout(site, browser) -> None:
+    server, ids = site
+    page = browser.new_context(viewport={"width": 1400, "height": 900}, bypass_csp=True).new_page()
+    page.goto(f"{server.url}/runs/{ids['run']}/present/1")
+    page.click("#step-1 .slide-doc")  # the document is most of the slide
+    expect(page.locator("body")).to_have_attribute("data-step", "2")
+    page.click("#step-2 .decision-card >> nth=0")
+    expect(page.locator("body")).to_have_attribute("data-step", "3")
+    page.click("#step-3 .heatmap .tokens >> nth=0")
+    expect(page.locator("body")).to_have_attribute("data-step", "4")
+    assert page.url.endswith(f"/runs/{ids['run']}/present/4")
+    page.keyboard.press("t")
+    expect(page.locator("html")).to_have_attribute("data-theme", "dark")
+    for step in (1, 2, 3, 4):
+        page.goto(f"{server.url}/runs/{ids['run']}/present/{step}")
+        assert page.evaluate(LIGHT_PANELS) == [], step
+        page.screenshot(path=str(ARTIFACTS / f"41-present-dark-step{step}.png"))
+    page.context.close()
+
+
+@pytest.mark.parametrize("where", ["home", "notebook", "run", "runs", "skills", "present", "compare"])
+def test_no_page_scrolls_sideways_at_390px(site, browser, where) -> None:
+    server, ids = site
+    path = {"home": "/", "notebook": f"/notebooks/{ids['notebook']}", "run": f"/runs/{ids['run']}", "runs": "/runs",
+            "skills": "/skills", "present": f"/runs/{ids['run']}/present/2",
+            "compare": f"/compare?runs={ids['live_run']},{ids['run']}"}[where]
+    page = browser.new_context(viewport={"width": 390, "height": 844}, device_scale_factor=2, bypass_csp=True).new_page()
+    page.goto(server.url + path)
+    page.screenshot(path=str(ARTIFACTS / f"42-390px-{where}.png"), full_page=True)
+    width = page.evaluate("document.scrollingElement.scrollWidth")
+    wide = page.evaluate("""() => [...document.querySelectorAll('body *')].filter(e => {
+        const r = e.getBoundingClientRect(); return r.width && r.right > 391; }).slice(0, 6)
+        .map(e => e.tagName + '.' + e.className + ' ' + Math.round(e.getBoundingClientRect().right))""")
+    page.context.close()
+    assert width <= 390, (width, wide)
+
+
+def test_a_run_that_ends_on_its_notebook_shows_its_summary_without_a_click(site, browser) -> None:
+    from datetime import UTC, datetime
+
+    from data.models import Run
+
+    server, ids = site
+    with server.db() as s:
+        run = s.get(Run, ids["live_run"])
+        run.status, run.stage, run.progress, run.heartbeat_at = "running", "strategies", 0.5, datetime.now(UTC)
+        s.commit()
+    page = browser.new_context(viewport={"width": 1400, "height": 900}, bypass_csp=True).new_page()
+    page.goto(f"{server.url}/notebooks/{ids['live']}")
+    expect(page.locator("#run-progress .badge")).to_have_text("running")
+    assert page.locator(".run-summary").count() == 0
+    with server.db() as s:
+        run = s.get(Run, ids["live_run"])
+        run.status, run.stage, run.progress = "succeeded", "done", 1.0
+        s.commit()
+    expect(page.locator(".run-summary")).to_be_visible(timeout=10_000)
+    expect(page.locator(".run-summary li")).to_have_count(3)
+    expect(page.locator('.run-summary li[data-strategy="stale"]')).to_have_class("disagrees")
+    page.locator("#run-progress").screenshot(path=str(ARTIFACTS / "43-notebook-run-summary.png"))
+    page.context.close()
