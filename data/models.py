@@ -326,6 +326,10 @@ class RunResult(Base):
     ttft_ms: Mapped[float] = mapped_column(Float, default=0.0, server_default="0")
     decode_ms: Mapped[float] = mapped_column(Float, default=0.0, server_default="0")
     prefix_cache_share: Mapped[float] = mapped_column(Float, default=0.0, server_default="0")
+    picked: Mapped[str | None] = mapped_column(String(32))  # the strategy auto picked; None for others
+    # [min, max] time to first token over the interleaved repeats (ttft_ms is their median)
+    ttft_spread_ms: Mapped[list[float]] = mapped_column(JSON, default=list)
+    edit_followed: Mapped[str | None] = mapped_column(String(16))  # "new" | "old" | "both" | "neither"
     # float16 bytes, C order, shape `attention_shape` = [layers, heads, T]; loaded only when asked for.
     attention: Mapped[bytes | None] = mapped_column(LargeBinary, deferred=True)
     attention_shape: Mapped[list[int] | None] = mapped_column(JSON)

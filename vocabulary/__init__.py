@@ -1,5 +1,6 @@
 """The words every layer shares: strategy names and what each recomputes, the erratum template, and
-the metrics a strategy is judged by.
+the metrics a strategy is judged by. Each strategy's facts are a descriptor in
+`vocabulary/strategies.py` (re-exported here); the hoist-to-end layout is `vocabulary/hoist.py`.
 
 Plain Python that imports nothing, so the web app (which never loads torch) and the engine read one
 definition. It lives in the engine because these are the engine's concepts; `worker/engine/__init__`
@@ -10,63 +11,28 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-# ---- strategies ----------------------------------------------------------------------------------
+# strategies: one descriptor each (`vocabulary/strategies.py`)
+from vocabulary.strategies import (
+    AUTO_CANDIDATES,
+    COMPOSE_HELP,
+    COMPOSE_INFO,
+    COMPOSE_STRATEGIES,
+    DEFAULT_STRATEGIES,
+    EDIT_INFO,
+    REFERENCE,
+    STRATEGIES,
+    STRATEGY_HELP,
+    StrategyInfo,
+    unknown_compose_strategies,
+    unknown_strategies,
+    with_recompute,
+)
 
-STRATEGIES = ("recompute", "prefix_reuse", "stale", "in_place", "erratum", "field_erratum", "selective", "auto")
-
-# What each strategy recomputes, in the paper's words (the run form's checklist and tooltips).
-STRATEGY_HELP = {
-    "recompute": "the reference: prefill everything again",
-    "prefix_reuse": "recompute from the first field to the end (exact, what a prefix cache does)",
-    "stale": "recompute nothing: the floor, the model acts on the old notes",
-    "in_place": "recompute only the field's tokens; later keys re-rotated",
-    "erratum": "append a correction and compute only its tokens",
-    "field_erratum": "refresh the field and append the correction (the robust default)",
-    "selective": "field + the downstream tokens whose notes moved most",
-    "auto": "the cheapest strategy that matches field_erratum on a probe",
-}
-
-# The run form's default checklist: every strategy a first look needs, without the slow extras.
-DEFAULT_STRATEGIES = ("recompute", "prefix_reuse", "stale", "in_place", "erratum", "field_erratum")
-
-# `auto` tries these (cheapest first) and keeps the first whose decision matches field_erratum's.
-AUTO_CANDIDATES = ("stale", "erratum", "in_place")
-
-
-def unknown_strategies(names: list[str] | tuple[str, ...]) -> str:
-    """'' when every name is a strategy, else one line naming the unknown ones and the valid ones."""
-    unknown = [name for name in names if name not in STRATEGIES]
-    if not unknown:
-        return ""
-    return f"unknown strategy {', '.join(map(repr, unknown))}; valid strategies: {', '.join(STRATEGIES)}"
-
-
-def with_recompute(names: list[str] | tuple[str, ...]) -> list[str]:
-    """`recompute` first (every strategy is measured against it), then the others once each."""
-    return ["recompute", *dict.fromkeys(name for name in names if name != "recompute")]
-
-
-# ---- composing: a context from many precompiled skills -------------------------------------------
-
-COMPOSE_STRATEGIES = ("recompute", "splice", "seam", "epic", "selective", "prefix_reuse")
-
-COMPOSE_HELP = {
-    "recompute": "the reference: prefill the whole composed prompt",
-    "splice": "full reuse: every skill's notes re-rotated into place, nothing recomputed",
-    "seam": "splice, then the first K tokens of every skill recomputed with the real prefix (seam repair)",
-    "epic": "splice, then the first k = 16 tokens of every skill recomputed (EPIC)",
-    "selective": "splice, then the 15% of reused tokens whose first-layer K/V move most recomputed (CacheBlend)",
-    "prefix_reuse": "exact: the context and the first skill reused as a prefix cache holds them, the rest recomputed",
-}
-
-
-def unknown_compose_strategies(names: list[str] | tuple[str, ...]) -> str:
-    """'' when every name is a compose strategy, else one line naming the unknown ones."""
-    unknown = [name for name in names if name not in COMPOSE_STRATEGIES]
-    if not unknown:
-        return ""
-    return (f"unknown compose strategy {', '.join(map(repr, unknown))}; "
-            f"valid: {', '.join(COMPOSE_STRATEGIES)}")
+__all__ = [
+    "AUTO_CANDIDATES", "COMPOSE_HELP", "COMPOSE_INFO", "COMPOSE_STRATEGIES", "DEFAULT_STRATEGIES",
+    "DEFAULT_TEMPLATE", "EDIT_INFO", "METRICS", "METRIC_NAMES", "REFERENCE", "STRATEGIES", "STRATEGY_HELP", "Metric",
+    "StrategyInfo", "render_erratum", "unknown_compose_strategies", "unknown_strategies", "with_recompute",
+]
 
 
 # ---- the erratum ---------------------------------------------------------------------------------
@@ -122,6 +88,12 @@ METRICS = (
     Metric("prefix_cache_share", float,
            "share of the final prompt an exact-prefix serving cache (vLLM, SGLang) would reuse from the old one"),
     Metric("text", str, "generated text (free answer or chain of thought); empty when scored over choices"),
-    Metric("detail", str, "how the strategy ran, e.g. which strategy auto picked"),
+    Metric("detail", str, "how the strategy ran, e.g. how many downstream tokens selective chose"),
+    Metric("picked", str | None, "the strategy auto picked (None for every other strategy)"),
+    Metric("ttft_spread_ms", list[float],
+           "[min, max] time to first token over the interleaved repeats (ttft_ms is their median)"),
+    Metric("edit_followed", str | None,
+           "does the answer name the fields' new values (new), the old ones (old), both or neither; "
+           "None without fields"),
 )
 METRIC_NAMES = tuple(metric.name for metric in METRICS)

@@ -81,7 +81,7 @@ def cmd_models(args) -> None:
 def cmd_edit(args) -> None:
     document = _read(args.document, "document")
     fields = _fields(document, args.replace)
-    strategies = [s.strip() for s in args.strategies.split(",")] if args.strategies else None
+    strategies = _names(args.strategies)
     eng = _load(args)
     kw = {"strategies": strategies} if strategies else {}
     if args.erratum_template:
@@ -100,8 +100,9 @@ def cmd_compose(args) -> None:
             at = int(args.at)
         except ValueError:
             raise UsageError(f"--at must be 'end' or a character offset, not {args.at!r}") from None
+    strategies = _names(args.strategies) or ["splice"]
     eng = _load(args)
-    report = eng.compose(context, skills, _question(args), at=at, seam=args.seam)
+    report = eng.compose(context, skills, _question(args), at=at, seam=args.seam, strategies=strategies)
     _print(report, args)
 
 
@@ -119,6 +120,17 @@ def cmd_attribute(args) -> None:
           f"the field's own K/V closes {result.field_share:.0%} of the gap")
     for s in result.spans:
         print(f"  tokens {s.start:>5}-{s.end:<5} {s.share:>7.1%}  {s.text!r}")
+
+
+def _names(value: str | None) -> list[str]:
+    """The strategies a comma-separated option names ([] when it was not given)."""
+    return [s.strip() for s in value.split(",") if s.strip()] if value else []
+
+
+def _strategy_help(infos, default: str) -> str:
+    """`--strategies` help from the vocabulary's descriptors: every name and what it recomputes."""
+    names = "; ".join(f"{info.name}: {info.recomputes}" for info in infos.values())
+    return f"comma-separated (default: {default}). {names}"
 
 
 def _fields(document: str, replaces) -> list:
@@ -148,6 +160,8 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from vocabulary import COMPOSE_INFO, EDIT_INFO
+
     parser = argparse.ArgumentParser(prog="kvnotes", description="Edit and compose a language model's notes (KV cache).")
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -159,7 +173,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--document", required=True)
     p.add_argument("--replace", nargs=2, action="append", metavar=("OLD", "NEW"),
                    help="replace the first occurrence of OLD by NEW (repeatable)")
-    p.add_argument("--strategies", default=None, help="comma-separated (default: all)")
+    p.add_argument("--strategies", default=None, help=_strategy_help(EDIT_INFO, "all"))
     p.add_argument("--selective", type=float, default=0.15, help="fraction of downstream tokens for `selective`")
     p.add_argument("--erratum-template", default=None, help="format string with {label}, {old}, {new}")
     p.add_argument("--attribution", action="store_true", help="also map which notes carry the decision")
@@ -171,6 +185,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--skill", action="append", required=True, help="a skill text file (repeatable)")
     p.add_argument("--at", default="end", help="'end' or a character offset in the context")
     p.add_argument("--seam", type=int, default=0, help="recompute the first K skill tokens with the real prefix")
+    p.add_argument("--strategies", default=None, help=_strategy_help(COMPOSE_INFO, "splice"))
     _common(p)
     p.set_defaults(func=cmd_compose)
 

@@ -121,14 +121,14 @@ def test_deferred_rows_see_only_the_notes_before_them_and_the_question_sees_none
 
 @pytest.mark.parametrize("alias", ["tiny-llama", "tiny-qwen3"])
 def test_composed_strategies_that_defer_score_as_those_that_compute_first(alias, monkeypatch):
-    import worker.engine.blend as blend
+    import worker.engine.strategies.compose as compose_strategies
 
     eng = load(alias)
     skills = ["Rule one: the door opens only for active accounts.", "Rule two: suspended accounts are refused."]
     names = ["seam", "epic", "selective"]
     for question in (CHOICES, FREE):
         deferred = eng.compose(TEXT, skills, question, strategies=names)
-        monkeypatch.setattr(blend, "has_sliding_window", lambda model: True)  # forces a forward of their own
+        monkeypatch.setattr(compose_strategies, "has_sliding_window", lambda model: True)  # forces a forward of their own
         first = eng.compose(TEXT, skills, question, strategies=names)
         monkeypatch.undo()
         for name in names:

@@ -9,7 +9,7 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from vocabulary import METRIC_NAMES, STRATEGIES
+from vocabulary import AUTO_CANDIDATES, METRIC_NAMES, STRATEGIES
 from worker.engine import EngineError, Field, NotPortableError, Question, load
 from worker.engine.compose import splice
 from worker.engine.edit import Editor, diff_blocks
@@ -185,7 +185,13 @@ def test_every_strategy_reports_every_metric_and_auto_says_what_it_picked():
         assert abs(sum(r["choice_probs"].values()) - 1) < 1e-5
         assert r["latency_ms"] > 0
     assert data["strategies"]["recompute"]["kl_to_recompute"] == 0
-    assert report.strategies["auto"].detail.startswith("picked ")
+    auto = report.strategies["auto"]
+    assert auto.picked in AUTO_CANDIDATES + ("field_erratum",) and auto.detail == f"picked {auto.picked}"
+    assert all(r.picked is None for name, r in report.strategies.items() if name != "auto")
+    picked = report.strategies[auto.picked]
+    assert (auto.decision, auto.tokens_computed) == (picked.decision, picked.tokens_computed)
+    assert auto.latency_ms >= picked.latency_ms  # every probe it ran is its cost
+    assert report.attention["auto"].tokens == report.attention[auto.picked].tokens
     erratum = report.strategies["erratum"]
     assert erratum.tokens_computed == len(eng.encode(
         "\n[STATE UPDATE] status has changed from active to suspended; "

@@ -59,7 +59,10 @@ class StrategyResult:
     recompute_answer_nll: float | None
     prefix_cache_share: float
     text: str = ""  # generated text (free answer or chain of thought), "" when scored over choices
-    detail: str = ""  # e.g. which strategy `auto` picked, or the selective fraction
+    detail: str = ""  # how the strategy ran, e.g. how many downstream tokens selective chose
+    picked: str | None = None  # the strategy `auto` picked (None for every other strategy)
+    ttft_spread_ms: list[float] = field(default_factory=list)  # [min, max] over the timing repeats
+    edit_followed: str | None = None  # "new" | "old" | "both" | "neither"; None without fields
 
 
 @dataclass

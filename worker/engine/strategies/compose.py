@@ -1,0 +1,122 @@
+"""The compose strategies: a context made of many precompiled skills; each class says what it
+recomputes (its descriptor, `vocabulary.COMPOSE_INFO`) and builds its notes from the context's notes
+and the compiled skills (`worker.engine.compose`: lay out, splice).
+
+`seam`, `epic` and `selective` leave their tokens to the readout's forward (`forward.Deferred`) on
+models without sliding windows: the same K/V, one pass over the weights fewer. `prefix_reuse`'s
+cached notes (the context followed by the first skill, computed together) are prepared outside the
+timings, as the skills themselves are compiled outside them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from vocabulary import COMPOSE_INFO
+from worker.engine.compose import Layout, splice_all
+from worker.engine.edit import Surgery
+from worker.engine.forward import Deferred, cut, extend
+from worker.engine.notes import KV, Notes
+from worker.engine.selective import has_sliding_window, movement, recompute_selected, top_fraction
+from worker.engine.strategies.base import Strategy
+
+
+@dataclass
+class BlendCase:
+    """What every compose strategy reads: the context's notes, the compiled skills, where they go
+    (`layout`), and the knobs."""
+
+    model: Any
+    context: Notes
+    skills: tuple[Notes, ...]
+    layout: Layout
+    seams: tuple[int, ...] = ()  # splice's own seam repair per skill
+    seam_tokens: int = 4
+    epic_tokens: int = 16
+    selective_fraction: float = 0.15
+
+    @property
+    def ids(self) -> list[int]:
+        return list(self.layout.token_ids)
+
+    @property
+    def cached_ids(self) -> list[int]:
+        """What a serving engine's prefix cache holds from an earlier prompt: the context up to and
+        with the first skill."""
+        return self.ids[: self.layout.first_skill[1]]
+
+    def spliced(self) -> list[KV]:
+        return splice_all(self.model, self.context, list(self.skills), self.layout, list(self.seams) or None).layers
+
+    def surgery(self, layers: list[KV], computed: int, detail: str = "", deferred: Deferred | None = None) -> Surgery:
+        layout = self.layout
+        return Surgery(layers, self.ids, list(layout.segments), list(layout.offsets), computed, detail,
+                       deferred=deferred)
+
+    def recomputed(self, spliced: list[KV], chosen: list[int], detail: str) -> Surgery:
+        """`spliced` with the `chosen` tokens recomputed: left to the readout's forward (deferred)
+        where one mask can carry the model's attention, else in a forward of their own."""
+        if not chosen or has_sliding_window(self.model):
+            return self.surgery(recompute_selected(self.model, spliced, self.ids, chosen), len(chosen), detail)
+        return self.surgery(spliced, len(chosen), detail, Deferred(tuple(chosen), tuple(self.ids[j] for j in chosen)))
+
+    def first_of_every_skill(self, k: int, what: str) -> Surgery:
+        chosen = [j for start, end in self.layout.spans for j in range(start, min(end, start + k))]
+        return self.recomputed(self.spliced(), chosen, f"the first {k} tokens of every skill ({what})")
+
+
+class Recompute(Strategy[BlendCase]):
+    info = COMPOSE_INFO["recompute"]
+    reads_notes = False
+
+    def surgery(self, case: BlendCase) -> Surgery:
+        return case.surgery(extend(case.model, None, case.ids), len(case.ids))
+
+
+class Splice(Strategy[BlendCase]):
+    info = COMPOSE_INFO["splice"]
+
+    def surgery(self, case: BlendCase) -> Surgery:
+        seams = case.seams or (0,) * len(case.skills)
+        repaired = sum(min(seams[i], e - s) for i, (s, e) in zip(case.layout.order, case.layout.spans))
+        return case.surgery(case.spliced(), repaired)
+
+
+class Seam(Strategy[BlendCase]):
+    info = COMPOSE_INFO["seam"]
+
+    def surgery(self, case: BlendCase) -> Surgery:
+        return case.first_of_every_skill(case.seam_tokens, "seam repair")
+
+
+class Epic(Strategy[BlendCase]):
+    info = COMPOSE_INFO["epic"]
+
+    def surgery(self, case: BlendCase) -> Surgery:
+        return case.first_of_every_skill(case.epic_tokens, "EPIC")
+
+
+class Selective(Strategy[BlendCase]):
+    info = COMPOSE_INFO["selective"]
+
+    def surgery(self, case: BlendCase) -> Surgery:
+        start = case.layout.first_skill[0]
+        spliced = case.spliced()
+        candidates = list(range(start, len(case.ids)))
+        fraction = case.selective_fraction
+        chosen = top_fraction(movement(case.model, spliced, case.ids, start), candidates, start, fraction)
+        detail = f"{len(chosen)} of {len(candidates)} reused tokens ({fraction:.0%}), ranked by layer-1 K/V movement"
+        return case.recomputed(spliced, chosen, detail)
+
+
+class PrefixReuse(Strategy[BlendCase]):
+    info = COMPOSE_INFO["prefix_reuse"]
+
+    def prepare(self, case: BlendCase) -> None:
+        start, end = case.layout.first_skill
+        self.exact = extend(case.model, cut(case.context.layers, 0, start) if start else None, case.ids[start:end])
+
+    def surgery(self, case: BlendCase) -> Surgery:
+        end = case.layout.first_skill[1]
+        return case.surgery(extend(case.model, self.exact, case.ids[end:]), len(case.ids) - end)
