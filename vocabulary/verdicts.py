@@ -3,7 +3,7 @@ its old one, both or neither.
 
 Values are matched as whole phrases on normalised token boundaries: case, punctuation and articles
 are dropped, numbers written as words become digits ("three" → "3", "twenty-one" → "21", "1,000" →
-"1000") and dates written in any common form become one ISO token ("1 March 2026", "March 1st, 2026"
+"1000", "09" → "9", "3.50" → "3.5") and dates written in any common form become one ISO token ("1 March 2026", "March 1st, 2026"
 and "2026/03/01" → "2026-03-01"). So "Oslo" does not match "Oslofjord", "active" does not match
 "inactive", and an old value found only inside a new one ("New York" in "New York City") does not
 count as the old value. Stdlib only: the engine fills the verdict, the web app reads the words.
@@ -117,6 +117,7 @@ _THOUSANDS = re.compile(r"(?<=\d),(?=\d{3}\b)")
 _ORDINAL = re.compile(r"\b(\d+)(?:st|nd|rd|th)\b")
 _APOSTROPHE = re.compile(r"['’]")
 _TOKEN = re.compile(r"\d{4}-\d{2}-\d{2}|\d+(?:\.\d+)?|[^\W_]+")  # an ISO date, a number, a word
+_DECIMAL = re.compile(r"\d+\.\d+")
 
 
 def words(text: str) -> list[str]:
@@ -125,7 +126,20 @@ def words(text: str) -> list[str]:
     ["3", "crates", "left", "on", "2026-03-01"])."""
     text = _dates_as_tokens(text.lower())
     text = _ORDINAL.sub(r"\1", _THOUSANDS.sub("", _APOSTROPHE.sub("", text)))
-    return _numbers_as_digits([token for token in _TOKEN.findall(text) if token not in _ARTICLES])
+    tokens = [_plain_number(token) for token in _TOKEN.findall(text) if token not in _ARTICLES]
+    return _numbers_as_digits(tokens)
+
+
+def _plain_number(token: str) -> str:
+    """A number without leading zeros or a trailing ".0" ("09" → "9", "3.50" → "3.5"); other tokens
+    unchanged."""
+    if token.isdecimal():  # not isdigit: "²" is a digit int() refuses
+        return str(int(token))
+    if _DECIMAL.fullmatch(token):
+        whole, fraction = token.split(".")
+        fraction = fraction.rstrip("0")
+        return str(int(whole)) + (f".{fraction}" if fraction else "")
+    return token
 
 
 def _spans(haystack: list[str], phrase: list[str]) -> list[tuple[int, int]]:

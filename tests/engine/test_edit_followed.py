@@ -23,6 +23,7 @@ from vocabulary.verdicts import chosen, edit_followed, words
     ("three crates", ["2 crates"], ["3 crates"], "new"),
     ("Twenty-one days", ["14 days"], ["21 days"], "new"),
     ("1,000 units", ["500 units"], ["one thousand units"], "new"),
+    ("Departs 9:30", ["08:15"], ["09:30"], "new"),
     ("It ships on 1 March 2026.", ["2026-02-14"], ["2026-03-01"], "new"),
     ("It ships on March 1st, 2026.", ["2026-02-14"], ["2026-03-01"], "new"),
     ("Due 2026/02/14", ["14 February 2026"], ["1 March 2026"], "old"),
@@ -50,7 +51,15 @@ def test_with_choices_the_chosen_choice_is_the_answer():
     ("March 1, 2026 / 1st of March 2026 / 2026-3-1", ["2026-03-01"] * 3),
     ("two hundred and five, twenty two", ["205", "22"]),
     ("one and two", ["1", "and", "2"]),
-    ("It's 3.5 kg", ["its", "3.5", "kg"]),
+    ("It's 3.50 kg", ["its", "3.5", "kg"]),
+    ("at 09:05, 2.0 h, gate 007", ["at", "9", "5", "2", "h", "gate", "7"]),
 ])
 def test_words(text, tokens):
     assert words(text) == tokens
+
+
+def test_any_text_gets_a_verdict():
+    odd = ["", "   ", "x² ½ Ⅻ ٣", "—", "The the a an", "2026-13-45", "one one one", "🙂 Madrid 🙂", "\x00Oslo"]
+    verdicts = [edit_followed(text, ["Oslo"], ["Madrid"]) for text in odd]
+    assert verdicts == ["neither"] * 7 + ["new", "old"]
+    assert edit_followed("Oslo", [""], ["  "]) == "neither"  # blank values name nothing
