@@ -97,14 +97,25 @@ class NotesSpan(_Frozen):
     share: float
 
 
+class EditSpan(_Frozen):
+    """One changed stretch of the document (a field, or fields too close to tell apart) and the
+    share of the stale → recompute gap that refreshing it alone closes. Offsets into the document."""
+
+    start_char: int
+    end_char: int
+    share: float
+
+
 class NotesMap(_Frozen):
     """Which notes carry the decision: the field's own share of the gap, each downstream span's,
-    and the KL gap itself (stale vs in_place against recompute)."""
+    each changed stretch's own (several fields), and the KL gap itself (stale vs in_place against
+    recompute). Every share is that patch alone: they do not add up."""
 
     field_share: float
     kl_stale: float
     kl_in_place: float
     spans: list[NotesSpan]
+    edits: list[EditSpan] = []
 
 
 def _metric_fields() -> dict[str, Any]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from data.contracts import NotesMap, NotesSpan, RunSnapshot, SnapshotPlacement, TokenRecord
+from data.contracts import EditSpan, NotesMap, NotesSpan, RunSnapshot, SnapshotPlacement, TokenRecord
 from data.models import RunResult, Skill
 from data.settings import get_settings
 from vocabulary import METRIC_NAMES
@@ -94,4 +94,5 @@ def notes_map_record(attribution: Attribution | None) -> NotesMap | None:
         kl_in_place=attribution.kl_in_place,
         spans=[NotesSpan(start_char=s.start_char, end_char=s.end_char, text=s.text, share=s.share)
                for s in attribution.spans],
+        edits=[EditSpan(start_char=e.start_char, end_char=e.end_char, share=e.share) for e in attribution.edits],
     )

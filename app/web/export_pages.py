@@ -22,6 +22,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response
 from app.api.deps import SessionDep, get_or_404
 from app.services.attention import align_tokens, attention_vector, results_with_attention
 from app.web.heatmap_view import ViewParams, div_stops, heatmap_panels, hex_colour, palette, seq_stops
+from app.web.notes_map_view import lead_text
 from app.web.run_context import ViewDep, checked_view, run_context
 from app.web.run_export import run_csv, run_json
 from app.web.svg_export import heatmap_svg, notes_map_svg
@@ -77,8 +78,8 @@ def export_notes_map_svg(run_id: int, session: SessionDep) -> Response:
     context = run_context(session, run)
     if not context["notes_map"]:
         raise HTTPException(status_code=404, detail=f"run {run_id} has no notes map (run it with the notes map asked for)")
-    share = context["notes_map"].field_share
-    summary = f"Refreshing the field's own notes closed {100 * share:.0f}% of the gap; orange: later notes that close it."
+    summary = (f"{lead_text(run.snapshot, context['notes_map'])} Orange: later notes that close it, each patch alone "
+               "(shares do not add up).")
     return Response(notes_map_svg(context["map_pieces"], f"Run #{run.id} · which notes carry the decision", summary),
                     media_type="image/svg+xml")
 

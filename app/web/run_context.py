@@ -15,6 +15,7 @@ from sqlalchemy.orm import Session
 from app.services.errors import Unprocessable
 from app.services.runs import waits_without_worker
 from app.web.heatmap_view import ViewParams, view_params
+from app.web.notes_map_view import lead_parts, notes_map_pieces, remaining, top_spans
 from app.web.regions_view import regions_panel
 from app.web.run_view import (
     agreement_summary,
@@ -22,10 +23,8 @@ from app.web.run_view import (
     decision_rows,
     default_strategy,
     measured_ttft,
-    notes_map_pieces,
     run_note,
     snapshot_pieces,
-    top_spans,
     word_diff,
 )
 from app.web.verdict_view import headline
@@ -93,6 +92,8 @@ def run_context(session: Session, run: Run) -> dict[str, Any]:
         ttft_measured=measured_ttft(run), metric_help={m.name: m.help for m in METRICS},
         notes_map=notes_map, map_pieces=notes_map_pieces(run.snapshot, notes_map) if notes_map else [],
         top_spans=top_spans(notes_map) if notes_map else [],
+        map_lead=lead_parts(run.snapshot, notes_map) if notes_map else [],
+        map_remaining=remaining(notes_map) if notes_map else 0.0,
         previous_run_id=session.scalar(select(func.max(Run.id)).where(
             Run.notebook_id == run.notebook_id, Run.id < run.id)) if run.notebook_id else None,
     )

@@ -15,16 +15,18 @@ from __future__ import annotations
 
 import html
 import re
+import textwrap
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 from app.web.heatmap_view import Cell, HeatmapPanels, div_stops, hex_colour, seq_stops
-from app.web.run_view import MapPiece
+from app.web.notes_map_view import MapPiece
 
 CHAR_W, LINE_H, FONT = 7.2, 18, 12  # px: DejaVu Sans Mono 12px advances 7.2px
 PAD = 12
 FONT_FAMILY = "DejaVu Sans Mono, Menlo, Consolas, monospace"
 OUTLINE = ' stroke="#1d2330" stroke-width="1.5"'
+SKILL_BG = "#eaf3ff"  # kvnotes.css --skill-bg: a placed skill's region in the notes map
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")  # XML 1.0 has no place for these
 _CHUNKS = re.compile(r"\s+|\S+")
 
@@ -163,22 +165,33 @@ def heatmap_svg(panels: HeatmapPanels, heading: str, width_chars: int = 56) -> s
 
 def notes_map_svg(pieces: list[MapPiece], heading: str, summary: str, width_chars: int = 100) -> str:
     """The document with each span of notes coloured by the share of the gap it closes (orange:
-    towards recompute; purple, dotted: away from it), the changed field outlined as old → new."""
+    towards recompute; purple, dotted: away from it), the changed field outlined as old → new, each
+    placed skill a blue region in place, its spans coloured inside it. `summary` is wrapped."""
     runs: list[Stretch] = []
     for p in pieces:
         if p.field is not None:
             runs += [Stretch(p.text, "#fff1c2", title="the changed field", outline=True, strike=True),
                      Stretch(" → ", "#fff1c2"), Stretch(p.field.new, "#ffe08a", "#5a3d00", bold=True)]
-        elif p.share is not None:
-            colour = hex_colour(p.colour) if p.colour else None
-            runs.append(Stretch(p.text, colour, p.text_colour or None,
-                             f"patching these notes closes {100 * p.share:.1f}% of the gap",
-                             underline="dotted" if p.share < 0 else ""))
+        elif p.skill:
+            name = f"placed skill: {p.skill}"
+            runs.append(Stretch(f"[skill: {p.skill}] ", SKILL_BG, "#1f4fb8", name, bold=True))
+            runs += [_map_stretch(q, SKILL_BG) for q in p.parts]
         else:
-            runs.append(Stretch(p.text))
+            runs.append(_map_stretch(p))
     placed, lines = layout(runs, width_chars)
-    top = 60
-    body = [f'<text x="{PAD}" y="22" font-size="14" font-weight="700" fill="#1d2330">{xml_text(heading)}</text>',
-            f'<text x="{PAD}" y="42" fill="#4d5566">{xml_text(summary)}</text>']
+    said = textwrap.wrap(summary, width_chars) or [""]
+    top = 48 + LINE_H * len(said)
+    body = [f'<text x="{PAD}" y="22" font-size="14" font-weight="700" fill="#1d2330">{xml_text(heading)}</text>']
+    body += [f'<text x="{PAD}" y="{42 + LINE_H * k}" fill="#4d5566">{xml_text(line)}</text>'
+             for k, line in enumerate(said)]
     body += _draw(placed, PAD, top)
     return _svg(width_chars * CHAR_W + 2 * PAD, top + lines * LINE_H + PAD, body, heading)
+
+
+def _map_stretch(p: MapPiece, paper: str | None = None) -> Stretch:
+    """One piece of the notes map: coloured by its share (patched alone), else on `paper`."""
+    if p.share is None:
+        return Stretch(p.text, paper)
+    colour = hex_colour(p.colour) if p.colour else paper
+    tip = f"patched alone, these notes close {100 * p.share:.1f}% of the gap left"
+    return Stretch(p.text, colour, p.text_colour or None, tip, underline="dotted" if p.share < 0 else "")

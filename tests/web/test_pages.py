@@ -251,7 +251,7 @@ def test_finished_run_page_decision_table_answers_and_heatmap(client) -> None:
 def test_notes_map_is_drawn_over_the_document_with_the_fields_share(client) -> None:
     nb, notebook, run = finished(client, notes_map=True)
     html = client.get(f"/runs/{run.id}").text
-    assert "Refreshing the field's own notes closed <strong>94%</strong>" in html
+    assert "Refreshing the status field&#39;s own notes closed <strong>94%</strong>" in html  # named
     assert "the opposite of the paper's large models" in html
     spans = run.attribution.spans
     assert html.count('class="map-span pos"') == sum(1 for sp in spans if sp.share >= 0)

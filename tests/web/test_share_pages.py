@@ -165,7 +165,7 @@ def test_presentation_steps_each_have_a_url(client) -> None:
     third = client.get(f"/runs/{run}/present/3?strategy=field_erratum").text
     assert 'id="step-3" data-step="3" aria-labelledby="s3-title">' in third
     assert f'href="/runs/{run}/present/4?strategy=field_erratum" rel="next"' in third  # links keep the view
-    assert "Refreshing the field's own notes closed <strong>94%</strong>" in third
+    assert "Refreshing the status field&#39;s own notes closed <strong>94%</strong>" in third  # the field, named
     assert client.get(f"/runs/{run}/present/5").status_code == 404
     assert "steps 1 to 4" in client.get(f"/runs/{run}/present/5").text
 

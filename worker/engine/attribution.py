@@ -9,7 +9,15 @@ recompute that the patch closes is that span's attribution,
 
 and the field's own share is how much of the stale → recompute gap refreshing the field alone closed.
 The paper found the field's own K/V drives under 1% of the decision on its models; this measures it
-for yours.
+for yours. With several fields, each changed stretch is also refreshed alone (the other fields left
+as they were), and its own share of the stale → recompute gap measured.
+
+Every share is that patch alone (the paper's causal patching): patches overlap in what they carry and
+act together non-linearly, so the shares do not add up — not to each other, not with the field's
+(whose denominator is the whole stale → recompute gap; a span's is what is left after the field).
+
+Spans are cut on word boundaries (a cut falls only before a token that starts a word), so a span's
+text never starts or ends mid-word.
 
 Cost: only the first answer token's distribution is read (no choice scoring, no generation);
 patched caches go through the model `BATCH` at a time, one forward of the question for the whole
@@ -19,17 +27,21 @@ batch; and the map is refined coarse to fine: spans of `COARSE × span_tokens` t
 
 from __future__ import annotations
 
+from difflib import SequenceMatcher
+
 import torch
 
 from worker.engine.compare import fidelity
 from worker.engine.edit import Editor
 from worker.engine.notes import KV, cache_from_layers
 from worker.engine.offsets import Insertions, new_to_document
-from worker.engine.types import Attribution, EngineError, Field, Question, SpanShare
+from worker.engine.types import Attribution, EditShare, EngineError, Field, Question, SpanShare
 
 BATCH = 8  # patched caches per forward: 8 copies of a 1k-token cache of a 135M model is ~0.4 GB
 COARSE = 4  # first pass: spans of 4 × span_tokens
 REFINE_SHARE = 0.05  # coarse spans whose patch moves at least 5% of the gap are measured finely
+# whitespace, and how tokenizers write it: Ġ Ċ ĉ (byte-level BPE), ▁ (SentencePiece)
+WHITESPACE = " \n\t\u0120\u010a\u0109\u2581"
 
 
 def notes_map(model, tokenizer, editor: Editor, full: list[KV], in_place: list[KV], stale: list[KV],
@@ -49,8 +61,11 @@ def notes_map(model, tokenizer, editor: Editor, full: list[KV], in_place: list[K
     stale_logits = _first_token_logits(model, _stack([stale]), stale_prompt or prompt)[0]
     kl_stale = fidelity(ref, stale_logits).kl_to_recompute
     kl_base = fidelity(ref, base_logits).kl_to_recompute
+    starts = word_starts(tokenizer, editor.new_ids)
     changed = [b for b in editor.blocks if not b.reuse]
     first = changed[0].j1 if changed else n
+    while 0 < first < n and not starts[first] and editor.new_segments[first - 1] != "frame":
+        first -= 1  # the first span starts on the changed word's first token
 
     def measure(bounds: list[tuple[int, int]]) -> list[SpanShare]:
         out = []
@@ -63,13 +78,96 @@ def notes_map(model, tokenizer, editor: Editor, full: list[KV], in_place: list[K
                                      min((c[0] for c in chars), default=-1), max((c[1] for c in chars), default=-1)))
         return out
 
-    size = span_tokens * coarse
-    spans = measure([(s, min(s + size, n)) for s in range(first, n, size)])
+    spans = measure(word_spans(starts, first, n, span_tokens * coarse))
     if coarse > 1:
         wide = [sp for sp in spans if abs(sp.share) >= REFINE_SHARE and sp.end - sp.start > span_tokens]
-        finer = measure([(s, min(s + span_tokens, sp.end)) for sp in wide for s in range(sp.start, sp.end, span_tokens)])
+        finer = measure([b for sp in wide for b in word_spans(starts, sp.start, sp.end, span_tokens)])
         spans = sorted([sp for sp in spans if sp not in wide] + finer, key=lambda sp: sp.start)
-    return Attribution(kl_stale, kl_base, _share(kl_stale, kl_base), spans)
+    field_share = _share(kl_stale, kl_base)
+    return Attribution(kl_stale, kl_base, field_share, spans,
+                       _edit_shares(model, editor, ref, kl_stale, kl_base, prompt))
+
+
+def word_starts(tokenizer, ids: list[int]) -> list[bool]:
+    """Per token: whether a word starts there (the token begins with whitespace, or follows a token
+    that ends with it). A cut before such a token never splits a word."""
+    pieces = [p or "" for p in tokenizer.convert_ids_to_tokens(list(ids))]
+    return [j == 0 or pieces[j][:1] in WHITESPACE or pieces[j - 1][-1:] in WHITESPACE
+            for j in range(len(pieces))]
+
+
+def word_spans(starts: list[bool], lo: int, hi: int, size: int) -> list[tuple[int, int]]:
+    """Tokens [lo, hi) in spans of about `size` tokens, each cut moved to the nearest word start
+    (a span grows or shrinks by part of a word; a run with no word start stays one span)."""
+    cuts = [lo]
+    while cuts[-1] + size < hi:
+        cut = _nearest_start(starts, cuts[-1] + size, cuts[-1], hi)
+        if cut is None:
+            break
+        cuts.append(cut)
+    return list(zip(cuts, [*cuts[1:], hi]))
+
+
+def _nearest_start(starts: list[bool], target: int, lo: int, hi: int) -> int | None:
+    """The word start nearest `target` strictly inside (lo, hi), the later one on a tie."""
+    for d in range(hi - lo):
+        for j in (target + d, target - d):
+            if lo < j < hi and starts[j]:
+                return j
+    return None
+
+
+def _edit_shares(model, editor: Editor, ref: torch.Tensor, kl_stale: float, kl_base: float,
+                 prompt: list[int]) -> list[EditShare]:
+    """Each changed stretch of the document refreshed alone, in place, the other changes left as
+    the old tokens: the share of the stale → recompute gap it closes by itself. One stretch: the
+    field's own share."""
+    ops = SequenceMatcher(a=editor.old.token_ids, b=editor.new_ids, autojunk=False).get_opcodes()
+    groups = _changed_stretches(editor, ops)
+    if len(groups) < 2:
+        return [EditShare(a, b, _share(kl_stale, kl_base), kl_base) for a, b, _ in groups]
+    out = []
+    for a, b, members in groups:
+        alone = _only(editor, ops, members)
+        logits = _first_token_logits(model, _stack([alone.in_place().layers]), prompt)[0]
+        kl = fidelity(ref, logits).kl_to_recompute
+        out.append(EditShare(a, b, _share(kl_stale, kl), kl))
+    return out
+
+
+def _changed_stretches(editor: Editor, ops: list[tuple]) -> list[tuple[int, int, set[int]]]:
+    """The changed opcodes grouped by the document characters they touch: (start, end, opcode
+    indexes); opcodes whose characters overlap or touch are one stretch (one field's new value)."""
+    groups: list[tuple[int, int, set[int]]] = []
+    for k, (tag, i1, i2, j1, j2) in enumerate(ops):
+        chars = [o for o in editor.new_offsets[j1:j2] + editor.old.offsets[i1:i2] if o[0] >= 0]
+        if tag == "equal" or not chars:
+            continue
+        a, b = min(o[0] for o in chars), max(o[1] for o in chars)
+        if groups and a <= groups[-1][1]:
+            pa, pb, members = groups[-1]
+            groups[-1] = (pa, max(pb, b), members | {k})
+        else:
+            groups.append((a, b, {k}))
+    return groups
+
+
+def _only(editor: Editor, ops: list[tuple], members: set[int]) -> Editor:
+    """An editor of the same old notes whose new tokens change only the opcodes `members`."""
+    ids: list[int] = []
+    segments: list[str] = []
+    offsets: list[tuple[int, int]] = []
+    old = editor.old
+    for k, (tag, i1, i2, j1, j2) in enumerate(ops):
+        if tag == "equal" or k in members:
+            ids += editor.new_ids[j1:j2]
+            segments += editor.new_segments[j1:j2]
+            offsets += editor.new_offsets[j1:j2]
+        else:
+            ids += old.token_ids[i1:i2]
+            segments += old.segments[i1:i2]
+            offsets += old.offsets[i1:i2]
+    return Editor(editor.model, editor.rope, old, ids, segments, offsets)
 
 
 def attribute(engine, document: str, fields: list[Field], question: Question | str,

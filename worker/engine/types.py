@@ -107,19 +107,31 @@ class SpanShare:
 
 
 @dataclass
+class EditShare:
+    """One changed stretch of the document (a field, or fields too close to tell apart) and the share
+    of the stale → recompute gap that refreshing it alone in place closes."""
+
+    start_char: int  # character span in the document
+    end_char: int
+    share: float
+    kl_after: float
+
+
+@dataclass
 class Attribution:
     """The notes map: how far stale and in_place notes are from recompute (KL at the decision), the
-    field's own share of that gap, and each downstream span's share."""
+    field's own share of that gap, each changed stretch's own share, and each downstream span's."""
 
     kl_stale: float
     kl_in_place: float
     field_share: float  # fraction of the stale → recompute gap that refreshing the field closed
     spans: list[SpanShare]
+    edits: list[EditShare] = field(default_factory=list)  # each field refreshed alone (several fields)
 
     def to_dict(self) -> dict:
         return {
             "kl_stale": self.kl_stale, "kl_in_place": self.kl_in_place, "field_share": self.field_share,
-            "spans": [s.__dict__ for s in self.spans],
+            "spans": [s.__dict__ for s in self.spans], "edits": [e.__dict__ for e in self.edits],
         }
 
 
@@ -131,12 +143,16 @@ class Report:
     model: str
     document_tokens: int
     strategies: dict[str, StrategyResult] = field(default_factory=dict)
+    dtype: str = ""  # what the run computed in: "float32" | "bfloat16" | "float16"
+    device: str = ""  # where: "cpu", "cuda:0", or "cuda:0+cuda:1" for a model spread over devices
     attention: dict[str, Attention] = field(default_factory=dict)
     attribution: Attribution | None = None
 
     def to_dict(self) -> dict:
         out = {
             "model": self.model,
+            "dtype": self.dtype,
+            "device": self.device,
             "document_tokens": self.document_tokens,
             "strategies": {name: asdict(r) for name, r in self.strategies.items()},
         }
