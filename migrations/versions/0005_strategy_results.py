@@ -29,6 +29,8 @@ def upgrade() -> None:
         batch.add_column(sa.Column("ttft_spread_ms", sa.JSON(), nullable=True))
         batch.add_column(sa.Column("edit_followed", sa.String(16), nullable=True))
     _backfill(op.get_bind())
+    with op.batch_alter_table("run_results") as batch:
+        batch.alter_column("ttft_spread_ms", existing_type=sa.JSON(), nullable=False)
 
 
 def _backfill(bind: sa.engine.Connection) -> None:
