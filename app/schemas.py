@@ -8,21 +8,29 @@ The run snapshot and the token records are the data layer's contracts (`data.con
 Every request model refuses what the pages' forms refuse (blank titles, documents, values,
 questions; "blank" includes zero-width characters alone; NUL characters anywhere): 422 naming the field; pydantic refuses text that is not valid Unicode (a lone
 surrogate such as "\ud800" in JSON) the same way, and `app.api.handlers` quotes it back safely.
-Ids in bodies are bounded by the database's integers (2^63 - 1). Every timestamp goes out in UTC
+Ids in bodies are bounded by 2^53 - 1 (what a JSON number carries exactly; the database's integers
+go further). The OpenAPI schema states every limit as the validators apply it: lengths and the
+models offered as settings say when the schema is made, text patterns (visible, no NUL), strict
+booleans. Every timestamp goes out in UTC
 with its timezone (SQLite hands them back naive).
 """
 
 from __future__ import annotations
 
+import sys
 import unicodedata
+from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
+    GetJsonSchemaHandler,
+    StrictBool,
     StringConstraints,
     field_validator,
 )
@@ -31,7 +39,40 @@ from data.contracts import NotesMap, RunSnapshot, StrategyMetrics, TokenRecord, 
 from data.settings import Settings, get_settings
 from vocabulary import STRATEGIES, unknown_strategies, with_recompute
 
-MAX_DB_ID = 2**63 - 1
+MAX_DB_ID = 2**53 - 1  # ids in bodies: the largest integer a JSON number (a double) carries exactly
+
+
+@dataclass(frozen=True)
+class Documented:
+    """Adds `describe()` to a field's JSON schema when the schema is made, so the OpenAPI schema
+    states a limit read from settings (as the validators read it), a model list or a pattern."""
+
+    describe: Callable[[], dict[str, Any]]
+
+    def __get_pydantic_json_schema__(self, core_schema: Any, handler: GetJsonSchemaHandler) -> dict[str, Any]:
+        schema = handler(core_schema)
+        schema.update(self.describe())
+        return schema
+
+
+def _invisible_class() -> str:
+    """A regex character class body of every character `_visible` does not count: whitespace and
+    format characters (zero-width space, BOM, …), and NUL."""
+    codes = [c for c in range(sys.maxunicode + 1)
+             if c == 0 or chr(c).isspace() or unicodedata.category(chr(c)) == "Cf"]
+    ranges, first = [], codes[0]
+    for previous, code in zip(codes, [*codes[1:], None], strict=True):
+        if code != previous + 1:
+            ranges.append((first, previous))
+            first = code
+    def char(c: int) -> str:
+        return f"\\u{c:04x}" if c <= 0xFFFF else chr(c)
+    return "".join(char(a) if a == b else f"{char(a)}-{char(b)}" for a, b in ranges)
+
+
+# text that shows something (`_not_blank`) and holds no NUL (`_no_nul`), as the schema says it
+VISIBLE_TEXT = f"^[^\\x00]*[^{_invisible_class()}][^\\x00]*$"
+ANY_TEXT = "^[^\\x00]*$"
 
 
 def _visible(value: str) -> bool:
@@ -52,9 +93,10 @@ def _no_nul(value: str) -> str:
     return value
 
 
-def at_most(setting: str) -> AfterValidator:
+def at_most(setting: str, key: str = "maxLength") -> tuple[AfterValidator, Documented]:
     """A length limit read from settings when a request is validated (never once at import): the
-    field's characters, or a list's items, at most `Settings.<setting>` (named by its variable)."""
+    field's characters, or a list's items (`key="maxItems"`), at most `Settings.<setting>`, named by
+    its variable in the message; the schema states the same limit."""
     variable = Settings.model_fields[setting].validation_alias
 
     def check(value: str | list) -> str | list:
@@ -64,7 +106,7 @@ def at_most(setting: str) -> AfterValidator:
             raise ValueError(f"at most {limit} {unit} ({variable}); got {len(value)}")
         return value
 
-    return AfterValidator(check)
+    return AfterValidator(check), Documented(lambda: {key: getattr(get_settings(), setting)})
 
 
 def _within_document(offset: int) -> int:
@@ -78,10 +120,11 @@ def _utc(moment: datetime) -> datetime:
     return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)
 
 
-def _text(setting: str, *more: AfterValidator, blank: bool = False) -> object:
+def _text(setting: str, *more: AfterValidator, blank: bool = False) -> Any:
     """A text field: its limit (per call), no NUL, not blank unless `blank`, then `more`."""
-    checks = [at_most(setting), AfterValidator(_no_nul), *([] if blank else [NotBlank]), *more]
-    return Annotated[str, StringConstraints(min_length=0 if blank else 1), *checks]
+    pattern = Documented(lambda: {"pattern": ANY_TEXT if blank else VISIBLE_TEXT})
+    checks = [*at_most(setting), AfterValidator(_no_nul), *([] if blank else [NotBlank]), pattern, *more]
+    return Annotated[(str, StringConstraints(min_length=0 if blank else 1), *checks)]
 
 
 NotBlank = AfterValidator(_not_blank)
@@ -99,7 +142,8 @@ def _served(name: str) -> str:
     return name
 
 
-ModelName = Annotated[str, StringConstraints(min_length=1, max_length=200), AfterValidator(_served)]
+ModelName = Annotated[str, StringConstraints(min_length=1, max_length=200), AfterValidator(_served),
+                      Documented(lambda: {"enum": get_settings().models})]
 DocumentText = _text("max_document_chars", AfterValidator(unix_newlines))
 Label = _text("max_label_chars", blank=True)
 Value = _text("max_value_chars")
@@ -108,8 +152,9 @@ SkillText = _text("max_skill_chars", AfterValidator(unix_newlines))
 SkillName = _text("max_label_chars")
 QuestionText = _text("max_question_chars")
 Choice = _text("max_label_chars")
-Choices = Annotated[list[Choice], at_most("max_choices")]
-Offset = Annotated[int, Field(ge=0, le=MAX_DB_ID), AfterValidator(_within_document)]
+Choices = Annotated[list[Choice], *at_most("max_choices", "maxItems")]
+Offset = Annotated[int, Field(ge=0, le=MAX_DB_ID), AfterValidator(_within_document),
+                   Documented(lambda: {"maximum": get_settings().max_document_chars})]
 
 
 class _Out(BaseModel):
@@ -177,7 +222,7 @@ class ErratumPatch(BaseModel):
 
 
 class ErrataOrder(BaseModel):
-    ids: Annotated[list[DbId], at_most("max_errata")]
+    ids: Annotated[list[DbId], *at_most("max_errata", "maxItems")]
 
 
 class ErratumOut(_Out):
@@ -243,7 +288,7 @@ class PlacementOut(_Out):
 class QuestionIn(BaseModel):
     text: QuestionText
     choices: Choices = []
-    cot: bool = False
+    cot: StrictBool = False
 
 
 class QuestionOut(_Out):
@@ -271,9 +316,10 @@ class RunCreate(BaseModel):
 
     question: QuestionText | None = None
     choices: Choices | None = None
-    cot: bool | None = None
-    strategies: Annotated[list[str], Field(max_length=len(STRATEGIES))] = list(STRATEGIES)
-    attribution: bool = False  # also compute the notes map: which notes carry the decision
+    cot: StrictBool | None = None
+    strategies: Annotated[list[Annotated[str, Documented(lambda: {"enum": list(STRATEGIES)})]],
+                          Field(max_length=len(STRATEGIES))] = list(STRATEGIES)
+    attribution: StrictBool = False  # also compute the notes map: which notes carry the decision
 
     @field_validator("strategies")
     @classmethod

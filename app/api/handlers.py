@@ -11,7 +11,8 @@ a 500 in the same two faces. Every message is one line a person can act on.
 - 503 busy: no database connection came free in time (the request limiter, `app.api.capacity`,
   normally answers this before a request waits for the pool).
 - 409: two requests changed the same rows at once (e.g. two deletes in one notebook).
-- 413 / 429 / sign-in: the request body limit, the run caps, and pages that need a signed-in user.
+- 405: `Allow` lists every method of every route at the path (Starlette names one route's only).
+- 429 / 503 / sign-in: the run caps, too many sign-ins at once, and pages that need a signed-in user.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.orm.exc import StaleDataError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
 from app.api.capacity import BUSY, RETRY_AFTER_S
 from app.security.guard import SignInRequired, login_url
@@ -81,11 +83,23 @@ def _unreadable_body(request: Request, exc: StarletteHTTPException) -> Response:
     return JSONResponse(status_code=422, content={"detail": [{"loc": ["body"], "msg": message, "type": "json_invalid"}]})
 
 
+HTTP_METHODS = ("DELETE", "GET", "HEAD", "OPTIONS", "PATCH", "POST", "PUT")
+
+
+def allowed_methods(request: Request) -> str:
+    """Every method some route answers at this path (Starlette's 405 names only the first route's)."""
+    routes = request.app.router.routes
+    return ", ".join(method for method in HTTP_METHODS
+                     if any(route.matches({**request.scope, "method": method})[0] == Match.FULL for route in routes))
+
+
 async def _http(request: Request, exc: Exception) -> Response:
     """404s, 409s… raised by routes (and unknown paths): JSON for the API, a page for the pages."""
     assert isinstance(exc, StarletteHTTPException)
     if exc.status_code == 400 and exc.detail == BODY_PARSE_ERROR:
         return _unreadable_body(request, exc)
+    if exc.status_code == 405:
+        exc.headers = {**(exc.headers or {}), "Allow": allowed_methods(request)}
     if not isinstance(exc.detail, str):
         return JSONResponse({"detail": exc.detail}, status_code=exc.status_code, headers=exc.headers)
     return answer(request, exc.status_code, exc.detail, exc.headers)

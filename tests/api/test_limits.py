@@ -6,6 +6,7 @@ caps answer 429 with nothing saved."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 from tests.api.conftest import _broker_messages, _notebook
@@ -158,3 +159,19 @@ def test_limits_are_read_when_a_request_comes_not_at_import(make_client) -> None
     get_settings.cache_clear()
     r = client.post("/api/notebooks", json={"title": "t" * 150, "text": "doc"})
     assert r.status_code == 422 and "at most 100 characters (KVNOTES_MAX_TITLE_CHARS); got 150" in r.text
+
+
+def test_the_openapi_schema_says_what_the_app_answers(make_client) -> None:
+    client = make_client(KVNOTES_MAX_TITLE_CHARS="50", KVNOTES_MODELS="smollm2-135m")
+    nb = _notebook(client)["id"]
+    r = client.put(f"/api/notebooks/{nb}")  # 405: every method of the path, not only the first route's
+    assert r.status_code == 405 and r.headers["allow"] == "DELETE, GET, PATCH"
+    assert client.request("OPTIONS", "/api/skills").headers["allow"] == "GET, POST"
+    r = client.post(f"/api/notebooks/{nb}/placements", json={"skill_id": 12345})
+    assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "skill_id"]  # not 404: nb exists
+    schema = client.get("/openapi.json").json()["components"]["schemas"]
+    title = schema["NotebookCreate"]["properties"]["title"]
+    assert title["maxLength"] == 50
+    assert [bool(re.match(title["pattern"], t)) for t in ("ok", "\u200b", " \n", "o\x00k")] == [True, False, False, False]
+    assert schema["NotebookCreate"]["properties"]["model"]["enum"] == ["smollm2-135m"]
+    assert schema["ErrataOrder"]["properties"]["ids"]["items"]["maximum"] == 2**53 - 1  # exact in a double

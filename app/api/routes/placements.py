@@ -7,6 +7,7 @@ from fastapi import APIRouter, status
 from app.api.deps import SessionDep, errors, get_or_404
 from app.schemas import PlacementCreate, PlacementOut, PlacementPatch
 from app.services import notebooks as actions
+from app.services.errors import Unprocessable
 from data.models import Notebook, Placement, Skill
 
 router = APIRouter(tags=["placements"])
@@ -20,7 +21,9 @@ router = APIRouter(tags=["placements"])
 )
 def create_placement(notebook_id: int, body: PlacementCreate, session: SessionDep) -> Placement:
     notebook = get_or_404(session, Notebook, notebook_id, "notebook")
-    skill = get_or_404(session, Skill, body.skill_id, "skill")
+    skill = session.get(Skill, body.skill_id)
+    if skill is None:  # a name in the body, not the address: the request is wrong, not the resource gone
+        raise Unprocessable("skill_id", f"skill {body.skill_id} does not exist")
     placement = actions.add_placement(notebook, skill, body.position)
     session.commit()
     return placement
