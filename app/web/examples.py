@@ -4,11 +4,18 @@ question, skills and placements, through the same services as everything else.
 Format: {title, model?, description?, document, fields: [{find, new_value, label}], question,
 choices?, cot?, skills?: [{name, text, position_find | null}]}. `find` and `position_find` are
 matched against the document (first occurrence); a missing one is an error naming it.
+
+An example states no number by hand: its description names measured values as `{strategy.key}`
+(`answer`, `answer_f1`, `kl`, `same_decision`, `edit_followed`), filled from
+`examples/<slug>.measured.json`, which `scripts/measure_examples.py` writes by running the example
+on its model (and `tests/engine/test_examples_measured.py` runs again to check).
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,29 +30,55 @@ from data.accounts import LOCAL_USER
 from data.models import Notebook, Skill
 from data.settings import get_settings
 
+log = logging.getLogger(__name__)
+MEASURED_SUFFIX = ".measured.json"
+MEASURED_KEYS = ("answer", "answer_f1", "kl", "same_decision", "edit_followed")
+_CITED = re.compile(r"\{(\w+)\.(\w+)\}")
+
 
 class ExampleError(ValueError):
     """An example file that cannot be loaded; the message names the file and the key."""
 
 
 @dataclass(frozen=True)
+class SpecField:
+    start: int
+    end: int
+    new_value: str
+    label: str
+
+
+@dataclass(frozen=True)
+class SpecSkill:
+    name: str
+    text: str
+    position: int | None  # a character offset in the document; None: at the end
+
+
+@dataclass(frozen=True)
+class ExampleSpec:
+    """An example file, checked and resolved to character offsets (what a notebook, or the
+    measuring script's engine request, is built from)."""
+
+    slug: str
+    title: str
+    model: str
+    description: str  # as written, `{strategy.key}` citations unfilled
+    document: str
+    fields: tuple[SpecField, ...]
+    question: str
+    choices: tuple[str, ...]
+    cot: bool
+    skills: tuple[SpecSkill, ...]
+
+
+@dataclass(frozen=True)
 class Example:
     slug: str
     title: str
-    description: str
+    description: str  # with the measured values filled in
     path: Path
-
-
-def list_examples(directory: Path = EXAMPLES_DIR) -> list[Example]:
-    out = []
-    for path in sorted(directory.glob("*.json")):
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            continue
-        if isinstance(data, dict) and "document" in data:
-            out.append(Example(path.stem, str(data.get("title", path.stem)), str(data.get("description", "")), path))
-    return out
+    measured_model: str = ""  # the model the numbers were measured on ("" when none are cited)
 
 
 def _find(document: str, needle: str, what: str, slug: str) -> int:
@@ -53,6 +86,92 @@ def _find(document: str, needle: str, what: str, slug: str) -> int:
     if not needle or at < 0:
         raise ExampleError(f"example {slug}: {what} {needle!r} is not in the document")
     return at
+
+
+def read_spec(slug: str, directory: Path = EXAMPLES_DIR) -> ExampleSpec:
+    """`examples/<slug>.json`, checked; an unknown slug or a missing key is an `ExampleError`."""
+    path = directory / f"{slug}.json"
+    if not path.is_file() or path.parent != directory or slug.endswith(MEASURED_SUFFIX[:-5]):
+        raise ExampleError(f"no example named {slug!r}")
+    try:
+        data: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
+        document = str(data["document"])
+        fields = tuple(SpecField(at := _find(document, f["find"], "field", slug), at + len(f["find"]),
+                                 str(f["new_value"]), str(f.get("label", ""))) for f in data.get("fields", []))
+        skills = tuple(SpecSkill(s["name"], s["text"], None if s.get("position_find") is None
+                                 else _find(document, s["position_find"], "skill position", slug))
+                       for s in data.get("skills", []))
+    except (KeyError, TypeError, ValueError) as exc:
+        if isinstance(exc, ExampleError):
+            raise
+        raise ExampleError(f"example {slug}: {type(exc).__name__} {exc}") from None
+    return ExampleSpec(slug, str(data.get("title", slug)), str(data.get("model") or get_settings().default_model),
+                       str(data.get("description", "")), document, fields, str(data.get("question") or ""),
+                       tuple(str(c) for c in data.get("choices") or ()), bool(data.get("cot")), skills)
+
+
+def measured_path(slug: str, directory: Path = EXAMPLES_DIR) -> Path:
+    return directory / f"{slug}{MEASURED_SUFFIX}"
+
+
+def cited(description: str) -> list[tuple[str, str]]:
+    """The (strategy, key) pairs a description cites, in order."""
+    return _CITED.findall(description)
+
+
+def _shown(value: object) -> str:
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        return f"{value:.2f}" if value == 0 or abs(value) >= 0.01 else f"{value:.2g}"  # KL 0.00038, not 0.00
+    if isinstance(value, str):
+        return f"“{value.strip()}”"
+    return str(value)
+
+
+def filled(spec: ExampleSpec, directory: Path = EXAMPLES_DIR) -> tuple[str, str]:
+    """The description with each `{strategy.key}` replaced by the stored measurement, and the
+    model measured on. A citation the measurement lacks is an `ExampleError` naming it."""
+    if not cited(spec.description):
+        return spec.description, ""
+    path = measured_path(spec.slug, directory)
+    try:
+        measured = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        raise ExampleError(f"example {spec.slug}: {path.name} is missing or unreadable "
+                           "(write it with scripts/measure_examples.py)") from None
+
+    def one(m: re.Match) -> str:
+        strategy, key = m.group(1), m.group(2)
+        row = measured.get("strategies", {}).get(strategy, {})
+        if key not in MEASURED_KEYS or key not in row:
+            raise ExampleError(f"example {spec.slug}: {m.group(0)} is not in {path.name}")
+        return _shown(row[key])
+
+    return _CITED.sub(one, spec.description), str(measured.get("model", ""))
+
+
+def example_slugs(directory: Path = EXAMPLES_DIR) -> list[str]:
+    return [p.stem for p in sorted(directory.glob("*.json")) if not p.name.endswith(MEASURED_SUFFIX)]
+
+
+def list_examples(directory: Path = EXAMPLES_DIR) -> list[Example]:
+    """Every example that loads, its description filled (one that does not is logged and left out)."""
+    out = []
+    for slug in example_slugs(directory):
+        try:
+            spec = read_spec(slug, directory)
+            description, model = filled(spec, directory)
+        except ExampleError as exc:
+            log.warning("%s", exc)
+            continue
+        out.append(Example(slug, spec.title, description, directory / f"{slug}.json", model))
+    return out
+
+
+def example_named(slug: str | None, directory: Path = EXAMPLES_DIR) -> Example | None:
+    """The bundled example `slug` (a notebook's `example`), or None when there is none by that name."""
+    return next((ex for ex in list_examples(directory) if ex.slug == slug), None) if slug else None
 
 
 def _skill(session: Session, name: str, text: str, model: str, created_by: str) -> Skill:
@@ -77,22 +196,13 @@ def opened_examples(session: Session, slugs: list[str]) -> dict[str, Notebook]:
 
 def load_example(session: Session, slug: str, directory: Path = EXAMPLES_DIR, created_by: str = LOCAL_USER) -> Notebook:
     """Create the notebook of `examples/<slug>.json` (committed by the caller)."""
-    path = directory / f"{slug}.json"
-    if not path.is_file() or path.parent != directory:
-        raise ExampleError(f"no example named {slug!r}")
-    data: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
-    document = str(data["document"])
-    model = str(data.get("model") or get_settings().default_model)
-    notebook = create_notebook(session, str(data.get("title", slug)), model, document, created_by)
+    spec = read_spec(slug, directory)
+    notebook = create_notebook(session, spec.title, spec.model, spec.document, created_by)
     notebook.example = slug
-    for f in data.get("fields", []):
-        start = _find(document, f["find"], "field", slug)
-        add_field(session, notebook, start, start + len(f["find"]), str(f["new_value"]), str(f.get("label", "")))
-    if data.get("question"):
-        set_question(notebook, str(data["question"]), list(data.get("choices") or []), bool(data.get("cot")))
-    for s in data.get("skills", []):
-        anchor = s.get("position_find")
-        position = None if anchor is None else _find(document, anchor, "skill position", slug)
-        skill = _skill(session, s["name"], s["text"], model, created_by)
-        add_placement(notebook, skill, position, compiling_ok=True)  # it compiles while the notebook opens
+    for f in spec.fields:
+        add_field(session, notebook, f.start, f.end, f.new_value, f.label)
+    if spec.question:
+        set_question(notebook, spec.question, list(spec.choices), spec.cot)
+    for s in spec.skills:
+        add_placement(notebook, _skill(session, s.name, s.text, spec.model, created_by), s.position, compiling_ok=True)
     return notebook

@@ -12,6 +12,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from app.web.document_view import build_document_view, tokens_for_document
+from app.web.examples import example_named
 from app.web.paging import paginate
 from app.web.run_context import run_context
 from app.web.templating import approx_tokens, render
@@ -58,6 +59,7 @@ def notebook_context(session: Session, notebook: Notebook, history_number: int =
     recent_runs = history if history_page.number == 1 else list(session.scalars(runs.limit(HISTORY_PER_PAGE)))
     context: dict[str, Any] = {
         "notebook": notebook,
+        "example": example_named(notebook.example),  # its description heads the page
         "view": build_document_view(notebook.document, notebook.fields, notebook.placements, tokens or None),
         "skills": skills,
         "recent_runs": recent_runs,  # the newest runs (the latest drives the progress box)
