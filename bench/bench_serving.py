@@ -87,7 +87,7 @@ def plot(path: Path, results: dict[float, dict]) -> None:
     lo, hi = math.floor(math.log10(max(low, 1))), math.ceil(math.log10(max(top, 10)))
     height, width, left, bar = 240, 60 + 70 * len(groups), 60, 40
     y = lambda ms: 20 + height - (math.log10(max(ms, 1)) - lo) / (hi - lo) * height  # noqa: E731
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width + 20}" height="{height + 80}" '
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width + 20}" height="{height + 94}" '
            'font-family="sans-serif" font-size="11">']
     for k in range(lo, hi + 1):
         ms, at = 10 ** k, y(10 ** k)
@@ -104,8 +104,9 @@ def plot(path: Path, results: dict[float, dict]) -> None:
                    f'{v["prefix_hit_rate"]:.0%}</text>'
                    f'<text x="{mid}" y="{height + 36}" text-anchor="middle">{name}</text>'
                    f'<text x="{mid}" y="{height + 50}" text-anchor="middle">{rate:g}/s</text>')
-    out.append(f'<text x="{left}" y="{height + 72}">TTFT p50 (bar) and p90 (line) per variant and arrival '
-               'rate, log scale; the number above is the prefix-cache hit rate</text></svg>')
+    out.append(f'<text x="{left}" y="{height + 70}">TTFT p50 (bar) and p90 (line), log scale, per variant '
+               f'and arrival rate;</text><text x="{left}" y="{height + 84}">the number above: the prefix-cache '
+               'hit rate</text></svg>')
     path.write_text("\n".join(out) + "\n", encoding="utf-8")
 
 
