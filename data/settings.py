@@ -67,6 +67,9 @@ class Settings(BaseSettings):
     # long one task may run, and (Redis only) after how long an unacknowledged message is delivered
     # again (0 = the time limit + 60 s).
     device: str = Field(default="", validation_alias="KVNOTES_DEVICE")
+    # What the worker and the command line compute in ("" = bfloat16 on CUDA, float32 on the CPU);
+    # a run's report names it, and the KV store keeps notes of each dtype apart.
+    dtype: Literal["", "float32", "bfloat16", "float16"] = Field(default="", validation_alias="KVNOTES_DTYPE")
     task_time_limit_s: int = Field(default=3600, ge=1, validation_alias="KVNOTES_TASK_TIME_LIMIT")
     visibility_timeout_s: int = Field(default=0, ge=0, validation_alias="KVNOTES_VISIBILITY_TIMEOUT")
 
@@ -86,16 +89,16 @@ class Settings(BaseSettings):
     max_active_runs: int = Field(default=64, ge=1, validation_alias="KVNOTES_MAX_ACTIVE_RUNS")
     # A worker whose beat is older than this is dead (health says so; its runs are failed).
     worker_stale_s: float = Field(default=30.0, gt=0, validation_alias="KVNOTES_WORKER_STALE_S")
-    # Set by `kvnotes serve` for the worker it starts: the worker dies with this process.
-    supervisor_pid: int = Field(default=0, ge=0, validation_alias="KVNOTES_SUPERVISOR_PID")
-
-    @field_validator("data_dir")
     # Capacity of one web process: database connections, which is also how many requests it serves
     # at once; how many more may wait for one, and for how long. Beyond that: 503 with Retry-After at
     # once (never a 500 after a 30 s pool timeout). /api/health has connections of its own.
     db_pool_size: int = Field(default=8, ge=1, le=200, validation_alias="KVNOTES_DB_POOL_SIZE")
     request_queue: int = Field(default=256, ge=0, validation_alias="KVNOTES_REQUEST_QUEUE")
     request_wait_s: float = Field(default=15.0, gt=0, validation_alias="KVNOTES_REQUEST_WAIT_S")
+    # Set by `kvnotes serve` for the worker it starts: the worker dies with this process.
+    supervisor_pid: int = Field(default=0, ge=0, validation_alias="KVNOTES_SUPERVISOR_PID")
+
+    @field_validator("data_dir")
     @classmethod
     def _absolute(cls, value: Path) -> Path:
         return value.expanduser().resolve()

@@ -58,12 +58,14 @@ def _print(report, args) -> None:
 
 
 def _load(args):
-    """The engine for `--model` on `--device`, converting bundled models under the settings' data
-    folder (`KVNOTES_DATA`)."""
+    """The engine for `--model` on `--device` in `--dtype` (else `KVNOTES_DEVICE` / `KVNOTES_DTYPE`),
+    converting bundled models under the settings' data folder (`KVNOTES_DATA`)."""
     from data.settings import get_settings
     from worker.engine import load
 
-    return load(args.model, device=args.device, data_dir=get_settings().data_dir)
+    settings = get_settings()
+    return load(args.model, device=args.device or settings.device or None,
+                dtype=args.dtype or settings.dtype or None, data_dir=settings.data_dir)
 
 
 def cmd_models(args) -> None:
@@ -151,7 +153,9 @@ def _common(p: argparse.ArgumentParser) -> None:
     from worker.engine.models import DEFAULT_MODEL
 
     p.add_argument("--model", default=DEFAULT_MODEL, help="alias (see `kvnotes models`), local path or hub id")
-    p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 … (default: cuda when available)")
+    p.add_argument("--device", default=None, help="cpu, cuda, cuda:1, auto … (default: cuda when available)")
+    p.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"],
+                   help="default: KVNOTES_DTYPE, else bfloat16 on CUDA and float32 on the CPU")
     p.add_argument("--question", required=True)
     p.add_argument("--choices", default=None, help="comma-separated; without it the decision is generated")
     p.add_argument("--cot", action="store_true", help="chain of thought: generate, then answer")
@@ -225,6 +229,8 @@ def main(argv: list[str] | None = None) -> int:
 
     configure_logging(logging.WARNING)  # key=value lines, extra fields included (data.logs)
     args = build_parser().parse_args(argv)
+    from pydantic import ValidationError
+
     from worker.account_commands import CommandError
     from worker.engine.types import EngineError
 
@@ -232,6 +238,10 @@ def main(argv: list[str] | None = None) -> int:
         result = args.func(args)
     except (UsageError, EngineError, CommandError) as exc:
         print(f"kvnotes: {exc}", file=sys.stderr)
+        return 2
+    except ValidationError as exc:  # a setting in the environment, e.g. KVNOTES_DTYPE=fp8
+        wrong = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        print(f"kvnotes: bad setting: {wrong}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

@@ -21,10 +21,11 @@ def get_store() -> KVStore:
 
 
 def get_engine(alias: str) -> Engine:
-    """The engine for `alias` on the settings' device, loaded once per process (the engine caches
-    it), with the process's KV store."""
+    """The engine for `alias` on the settings' device and in their dtype, loaded once per process
+    (the engine caches it), with the process's KV store."""
     settings = get_settings()
-    return load(alias, device=settings.device or None, store=get_store(), data_dir=settings.data_dir)
+    return load(alias, device=settings.device or None, dtype=settings.dtype or None, store=get_store(),
+                data_dir=settings.data_dir)
 
 
 def describe_failure(exc: BaseException, device: str, stage: str) -> str:

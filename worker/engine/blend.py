@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING
 
 from vocabulary import REFERENCE, with_recompute
 from worker.engine.compose import lay_out
+from worker.engine.devices import describe_device, dtype_name
 from worker.engine.notes import Notes
 from worker.engine.run import attention_of
 from worker.engine.strategies import COMPOSITIONS
@@ -72,7 +73,8 @@ def compose_run(engine: LoadedModel, blend: Blend, strategies: tuple[str, ...] |
     outcomes = measure(bench, case, runners)
     report_progress("compare", 0.85)
     score(bench, case, runners, outcomes, REFERENCE)
-    report = Report(model=engine.info.alias, document_tokens=len(case.ids))
+    report = Report(model=engine.info.alias, document_tokens=len(case.ids),
+                    dtype=dtype_name(engine.model.dtype), device=describe_device(engine.model))
     for name, strategy in built.items():
         out = strategy.outcome(outcomes)
         report.strategies[name] = result_of(out, outcomes[REFERENCE])

@@ -22,6 +22,7 @@ import torch
 from vocabulary import DEFAULT_TEMPLATE, STRATEGIES
 from worker.engine.blend import Blend, compose_run
 from worker.engine.compose import token_boundary
+from worker.engine.devices import resolve_device, resolve_dtype
 from worker.engine.loaded import LoadedModel
 from worker.engine.models import DEFAULT_MODEL, load_model
 from worker.engine.notes import Notes
@@ -94,24 +95,28 @@ class Engine(LoadedModel):
         return compose_run(self, blend, tuple(strategies), attention=attention, progress=progress)
 
 
-_ENGINES: dict[tuple[str, str], Engine] = {}
+_ENGINES: dict[tuple[str, str, torch.dtype], Engine] = {}
 
 
 def load(name: str | None = None, device: str | None = None, store: KVStore | None = None,
-         data_dir: Path | None = None, trust_remote_code: bool = False) -> Engine:
-    """An Engine for a model alias, local path or hub id; cached per process and device.
+         data_dir: Path | None = None, trust_remote_code: bool = False,
+         dtype: str | torch.dtype | None = None, max_memory: dict | None = None) -> Engine:
+    """An Engine for a model alias, local path or hub id; cached per process, device and dtype.
 
-    device: "cpu", "cuda", ... (default: CUDA when available, in bf16 there).
+    device: "cpu", "cuda", "cuda:1", "auto" (spread over the GPUs; `max_memory` per device) … (default:
+        CUDA when available). A device that is not there raises `DeviceError`.
+    dtype: "float32", "bfloat16", "float16" or a torch dtype (default: bfloat16 on CUDA, float32 on
+        the CPU); one the device cannot run raises `DeviceError`.
     store: the KV store prefill reuses prefixes from and skills are kept in (None: no store).
     data_dir: where bundled models are converted to (default `./var`; the worker and the command
         line pass their settings' data folder)."""
     name = name or DEFAULT_MODEL
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    key = (name, device)
+    device = resolve_device(device)
+    dtype = resolve_dtype(dtype, device)
+    key = (name, device, dtype)
     if key not in _ENGINES:
-        dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
         model, tokenizer, info = load_model(name, device=device, dtype=dtype, data_dir=data_dir,
-                                            trust_remote_code=trust_remote_code)
+                                            trust_remote_code=trust_remote_code, max_memory=max_memory)
         _ENGINES[key] = Engine(model, tokenizer, info)
     engine = _ENGINES[key]
     if store is not None:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from worker.engine.notes import KV, cache_from_layers, layers_of
-from worker.engine.split_attention import splits_on_this_device
+from worker.engine.split_attention import joins, splits_on_this_device
 
 CHUNK_TOKENS = 512  # without split attention, long inputs after a cached prefix go in chunks (see `extend`)
 
@@ -24,13 +24,15 @@ def extend(model, layers: list[KV] | None, ids: list[int]) -> list[KV]:
     input goes at once: the cached keys are attended without a mask and the new block causally, so
     nothing is computed twice and the notes are not copied until the end. Otherwise SDPA gets an
     explicit mask after a cached prefix and computes its masked upper half too; feeding long inputs
-    in chunks keeps that waste to one chunk."""
+    in chunks keeps that waste to one chunk. The joined path (CUDA; bfloat16 and float16 anywhere)
+    also takes the whole input at once: its lower-right causal bias materialises no mask, and one
+    forward leaves the very bits recompute's forward does (in bf16, chunks of 512 moved keys by 0.25)."""
     if not ids:
         return layers or []
     from transformers import DynamicCache
 
     cache = cache_from_layers(layers, model) if layers else DynamicCache()
-    step = CHUNK_TOKENS if layers and not splits_on_this_device(model) else len(ids)
+    step = CHUNK_TOKENS if layers and not (splits_on_this_device(model) or joins(model)) else len(ids)
     for i in range(0, len(ids), step):
         chunk = torch.tensor([ids[i:i + step]], device=model.device)
         model(input_ids=chunk, cache=cache, use_cache=True, logits_to_keep=1)
@@ -91,6 +93,7 @@ def fill(layers: list[KV], deferred: Deferred, fresh: list[KV]) -> list[KV]:
     place (the strategy built `layers` for itself: nothing else holds them), and return them."""
     index = torch.tensor(deferred.positions, device=layers[0][0].device)
     for (k, v), (fk, fv) in zip(layers, fresh):
+        index = index.to(k.device)  # each layer's own device when the model is spread
         k.index_copy_(2, index, fk)
         v.index_copy_(2, index, fv)
     return layers

@@ -11,6 +11,7 @@ import logging
 import torch
 
 from worker.engine.compose import Placement, lay_out, splice_all, token_boundary
+from worker.engine.devices import on_layer_devices
 from worker.engine.edit import extend
 from worker.engine.models import ModelInfo
 from worker.engine.notes import Notes
@@ -83,7 +84,7 @@ class LoadedModel:
         if self.store is not None:
             cached_n, cached = self.store.get_prefix(self.model_key, ids)
         if cached_n and cached is not None:
-            layers = [(k.unsqueeze(0).to(self.device), v.unsqueeze(0).to(self.device)) for k, v in cached]
+            layers = on_layer_devices(cached, self.model)
             if cached_n < len(ids):
                 layers = extend(self.model, layers, ids[cached_n:])
         else:
@@ -132,7 +133,7 @@ class LoadedModel:
             token_ids=entry.token_ids,
             offsets=[(-1, -1)] * len(entry.token_ids),
             segments=entry.segments,
-            layers=[(k.unsqueeze(0).to(self.device), v.unsqueeze(0).to(self.device)) for k, v in entry.layers],
+            layers=on_layer_devices(entry.layers, self.model),
             text=text,
             first_position=entry.first_position,
             rope=self.rope,

@@ -40,6 +40,7 @@ from transformers import (
     PreTrainedTokenizerFast,
 )
 
+from worker.engine.devices import AUTO, DeviceError, check_fits, spread
 from worker.engine.tiny import TINY_MODELS, TINY_SEED, load_tiny
 from worker.engine.types import EngineError
 
@@ -202,15 +203,19 @@ def load_model(
     dtype: torch.dtype | None = None,
     data_dir: Path | None = None,
     trust_remote_code: bool = False,
+    max_memory: dict[int | str, int | str] | None = None,
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerFast, ModelInfo]:
     """Load a causal LM in eval mode by alias, local path or hub id.
 
     Args:
         name: an alias from `list_models()`, a local folder, or a hub id.
-        device: torch device string.
+        device: torch device string, or "auto": spread the layers over the devices of `max_memory`
+            (accelerate's `device_map="auto"`; default every GPU, then the CPU).
         dtype: defaults to float32 (fidelity comparisons against recompute need it).
         data_dir: where converted models live; defaults to `./var`.
         trust_remote_code: passed to transformers for paths / hub ids only.
+        max_memory: with "auto", how much each device may hold ({0: "70GiB", "cpu": "100GiB"});
+            a model that does not fit is refused (`DeviceError`), never offloaded to disk.
 
     Returns:
         (model, tokenizer, info). Attention is SDPA where the architecture supports it.
@@ -222,18 +227,22 @@ def load_model(
     """
     dtype = dtype or torch.float32
     if name in TINY_MODELS:
-        model, tokenizer = load_tiny(name, device, dtype)
+        model, tokenizer = load_tiny(name, "cpu" if device == AUTO else device, dtype)
+        if device == AUTO:
+            model = spread(model, name, max_memory)
         family, description, _ = TINY_MODELS[name]
         return model, tokenizer, ModelInfo(name, family, f"random (seed {TINY_SEED})", description, False)
     if name in REAL_MODELS:
         family, source, description, _, _ = REAL_MODELS[name]
         folder = ensure_converted(name, data_dir)
-        model, tokenizer = _load_pretrained(str(folder), device, dtype, trust_remote_code=False)
+        model, tokenizer = _load_pretrained(str(folder), device, dtype, False, max_memory)
         return model, tokenizer, ModelInfo(name, family, source, description, bool(tokenizer.chat_template))
     local = converted_dir(name, data_dir) if "/" not in name else None
     source = str(local) if local is not None and (local / "config.json").is_file() else name
     try:
-        model, tokenizer = _load_pretrained(source, device, dtype, trust_remote_code)
+        model, tokenizer = _load_pretrained(source, device, dtype, trust_remote_code, max_memory)
+    except DeviceError:
+        raise
     except (OSError, ValueError, KeyError) as e:
         if Path(name).expanduser().exists():
             raise EngineError(f"model {name!r} could not be loaded: {str(e).splitlines()[0]}") from e
@@ -261,7 +270,7 @@ def _hub_reachable() -> bool:
 
 
 def _load_pretrained(
-    source: str, device: str, dtype: torch.dtype, trust_remote_code: bool
+    source: str, device: str, dtype: torch.dtype, trust_remote_code: bool, max_memory: dict | None = None,
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerFast]:
     is_local = Path(source).expanduser().exists()
     local_only = is_local or not _hub_reachable()  # without a hub, only the local HF cache can answer
@@ -270,8 +279,19 @@ def _load_pretrained(
         AutoConfig.from_pretrained(source, **common)  # fail fast on bad ids, before any weights
     tokenizer = AutoTokenizer.from_pretrained(source, **common)
     kwargs = dict(dtype=dtype, **common)
+    if device == AUTO:
+        kwargs.update(device_map="auto", max_memory=max_memory)
     try:
         model = AutoModelForCausalLM.from_pretrained(source, attn_implementation="sdpa", **kwargs)
-    except (ValueError, ImportError):  # architecture without SDPA support
+    except ValueError as exc:
+        if "offload" in str(exc) or "disk" in str(exc):
+            raise DeviceError(f"model {source!r} is too big for the memory given ({max_memory or 'every device'}): "
+                              "part of it would be offloaded to disk; give more memory, more GPUs or a "
+                              "smaller dtype") from None
+        model = AutoModelForCausalLM.from_pretrained(source, **kwargs)  # architecture without SDPA support
+    except ImportError:
         model = AutoModelForCausalLM.from_pretrained(source, **kwargs)
+    if device == AUTO:
+        check_fits(source, getattr(model, "hf_device_map", {}), max_memory)
+        return model.eval(), tokenizer
     return model.to(device).eval(), tokenizer

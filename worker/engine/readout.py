@@ -134,19 +134,20 @@ def _score_choices(model, tokenizer, frame: Frame, logits: torch.Tensor, cache, 
     return {c: float(p) for c, p in zip(choices, probs)}
 
 
-def _mask(past: int, deferred: Deferred | None, owner: list[int]) -> torch.Tensor:
-    """[1, 1, L, past + L] visibility of a forward's rows after `past` cached tokens. `owner` per
-    row: -2 a deferred row, -1 the shared prefix, n >= 0 the n-th branch (see `_branches`)."""
+def _mask(past: int, deferred: Deferred | None, owner: list[int], device: torch.device) -> torch.Tensor:
+    """[1, 1, L, past + L] visibility of a forward's rows after `past` cached tokens, made on
+    `device`. `owner` per row: -2 a deferred row, -1 the shared prefix, n >= 0 the n-th branch
+    (see `_branches`)."""
     length = len(owner)
-    own = torch.tensor(owner)
-    causal = torch.ones(length, length, dtype=torch.bool).tril()
+    own = torch.tensor(owner, device=device)
+    causal = torch.ones(length, length, dtype=torch.bool, device=device).tril()
     sees = (own[:, None] == own[None, :]) | (own[None, :] == -1)  # own branch, or the shared prefix
     new = causal & sees
-    cached = torch.ones(length, past, dtype=torch.bool)
+    cached = torch.ones(length, past, dtype=torch.bool, device=device)
     if deferred is not None:
-        pos, n_def = torch.tensor(deferred.positions), len(deferred.positions)
+        pos, n_def = torch.tensor(deferred.positions, device=device), len(deferred.positions)
         cached[:, pos] = False  # nobody reads the stale K/V at a deferred position
-        cached[:n_def] &= torch.arange(past)[None, :] < pos[:, None]  # a deferred row: the notes before it
+        cached[:n_def] &= torch.arange(past, device=device)[None, :] < pos[:, None]  # a deferred row: the notes before it
         new[n_def:, :n_def] = True  # every later row sees every deferred one (tril covers deferred rows)
     return torch.cat([cached, new], dim=1)[None, None]
 
@@ -174,7 +175,7 @@ def _branches(model, base, prefix: list[int], sequences: list[list[int]], deferr
     out = model(
         input_ids=torch.tensor([inputs], device=model.device),
         position_ids=torch.tensor([positions], device=model.device),
-        attention_mask=_mask(past, deferred, owner).to(model.device),
+        attention_mask=_mask(past, deferred, owner, model.device),
         cache=cache,
         use_cache=True,
         logits_to_keep=torch.tensor(keep, device=model.device),

@@ -27,6 +27,7 @@ from vocabulary.verdicts import edit_followed
 from worker.engine.attention import capture_attention
 from worker.engine.attribution import notes_map
 from worker.engine.compose import Placement, token_boundary
+from worker.engine.devices import describe_device, dtype_name
 from worker.engine.edit import Editor
 from worker.engine.notes import Notes
 from worker.engine.offsets import Insertions, apply_fields, new_to_document
@@ -93,7 +94,8 @@ def run(engine: LoadedModel, request: RunRequest, notes: Notes | None = None,
     ref = outcomes[REFERENCE]
     followed = _followed(request)
     chosen = {name: s.outcome(outcomes) for name, s in strategies.items()}
-    report = Report(model=engine.info.alias, document_tokens=len(case.cached_ids))
+    report = Report(model=engine.info.alias, document_tokens=len(case.cached_ids),
+                    dtype=dtype_name(engine.model.dtype), device=describe_device(engine.model))
     for name, out in chosen.items():
         report.strategies[name] = result_of(out, ref, followed)
 

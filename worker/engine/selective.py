@@ -96,20 +96,20 @@ def recompute_in_runs(model, layers: list[KV], ids: list[int], selected: list[in
 @torch.inference_mode()
 def recompute_in_one_pass(model, layers: list[KV], ids: list[int], selected: list[int]) -> list[KV]:
     """Every selected token recomputed in ONE forward (see the module doc)."""
-    total = len(ids)
-    sel = torch.tensor(selected)
-    is_sel = torch.zeros(total, dtype=torch.bool)
+    total, device = len(ids), model.device
+    sel = torch.tensor(selected, device=device)
+    is_sel = torch.zeros(total, dtype=torch.bool, device=device)
     is_sel[sel] = True
-    sees_cache = (torch.arange(total)[None, :] < sel[:, None]) & ~is_sel[None, :]
+    sees_cache = (torch.arange(total, device=device)[None, :] < sel[:, None]) & ~is_sel[None, :]
     sees_new = sel[None, :] <= sel[:, None]
-    mask = torch.cat([sees_cache, sees_new], dim=1)[None, None].to(model.device)
+    mask = torch.cat([sees_cache, sees_new], dim=1)[None, None]
     cache = cache_from_layers(layers, model)
-    model(input_ids=torch.tensor([[ids[j] for j in selected]], device=model.device),
-          position_ids=sel[None].to(model.device), attention_mask=mask, cache=cache, use_cache=True,
+    model(input_ids=torch.tensor([[ids[j] for j in selected]], device=device),
+          position_ids=sel[None], attention_mask=mask, cache=cache, use_cache=True,
           logits_to_keep=1)
     out = []
-    index = sel.to(layers[0][0].device)
     for (k, v), layer in zip(layers, cache.layers):
+        index = sel.to(k.device)  # a model spread over devices keeps each layer's notes on its own
         out.append((k.index_copy(2, index, layer.tail_keys), v.index_copy(2, index, layer.tail_values)))
     return out
 

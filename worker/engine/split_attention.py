@@ -22,7 +22,14 @@ custom block masks) as SDPA would; a materialised mask is split at the cached / 
 tokens are appended; `update` hands the attention just the new block and the attention reads the
 notes from the layer (`NotesLayer` falls back to concatenating when the model does not attend
 through `SPLIT`). The split kernels run on the CPU (`_scaled_dot_product_flash_attention_for_cpu`
-returns the log-sum-exp); on other devices the two parts are joined and SDPA does the work.
+returns the log-sum-exp).
+
+The joined path is what CUDA takes: the notes and the new block are joined and SDPA attends over
+them under an explicit lower-right causal mask (SDPA's own `is_causal` aligns top-left, wrong after
+cached notes). `install(model, joined=…)` chooses it; by default a model joins off the CPU and in
+any dtype but float32: in bfloat16 the split parts are each rounded to bf16 before the merge, which
+measured KL 3.7e-3 between prefix_reuse and recompute on smollm2-135m where the joined path gives 0
+(docs/benchmarks.md). Tests run the joined path on the CPU against the split one.
 """
 
 from __future__ import annotations
@@ -31,6 +38,7 @@ import threading
 from dataclasses import dataclass
 
 import torch
+from torch.nn.attention.bias import causal_lower_right
 from transformers import AttentionInterface
 from transformers.cache_utils import DynamicLayer
 from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_forward
@@ -52,22 +60,36 @@ def _split_mask(batch_size: int, q_length: int, kv_length: int, q_offset: int = 
                      allow_is_causal_skip=False, **kwargs)
 
 
-def install(model) -> None:
-    """Make `model` attend through `SPLIT` (registered once per process)."""
+def install(model, joined: bool | None = None) -> None:
+    """Make `model` attend through `SPLIT` (registered once per process).
+
+    joined: attend over the joined notes with SDPA (the CUDA path) instead of the two CPU kernels;
+    None chooses by device and dtype (`joins_by_default`)."""
     if SPLIT not in AttentionInterface._global_mapping:
         AttentionInterface.register(SPLIT, split_attention_forward)
         AttentionMaskInterface.register(SPLIT, _split_mask)
     if model.config._attn_implementation != SPLIT:
         model.set_attn_implementation(SPLIT)
+    model.config.kvnotes_joined = joins_by_default(model) if joined is None else bool(joined)
+
+
+def joins_by_default(model) -> bool:
+    """The joined path off the CPU (the split kernels are the CPU's) and in low precision."""
+    return model.device.type != "cpu" or model.dtype != torch.float32
 
 
 def uses_split(model) -> bool:
     return getattr(model.config, "_attn_implementation", None) == SPLIT
 
 
+def joins(model) -> bool:
+    """Whether `model` attends over the joined notes (the CUDA path) after cached notes."""
+    return bool(getattr(model.config, "kvnotes_joined", model.device.type != "cpu"))
+
+
 def splits_on_this_device(model) -> bool:
     """Whether forwards after cached notes really run as two parts (the CPU kernels)."""
-    return uses_split(model) and model.device.type == "cpu"
+    return uses_split(model) and not joins(model) and model.device.type == "cpu"
 
 
 class NotesLayer(DynamicLayer):
@@ -260,6 +282,18 @@ def _new_part(q, k, v, bias, blind, scale):
     return _attend(q, k, v, bias, blind, False, scale)
 
 
+def joined_causal(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                  scale: float | None) -> tuple[torch.Tensor, None]:
+    """SDPA over the joined notes: query [B, H, L, d] (the last L tokens) against key/value
+    [B, kv, S, d], each row seeing every key up to its own. SDPA's `is_causal` would align the rows
+    to the FIRST keys; a lower-right causal bias says it without a materialised [L, S] mask, so CUDA
+    keeps its fused kernels → (out [B, L, H, d], None)."""
+    bias = causal_lower_right(query.shape[2], key.shape[2])
+    out = torch.nn.functional.scaled_dot_product_attention(
+        query, key, value, attn_mask=bias, scale=scale, enable_gqa=query.shape[1] != key.shape[1])
+    return out.transpose(1, 2).contiguous(), None
+
+
 _memo: dict[tuple, tuple[torch.Tensor, _Cut]] = {}
 
 
@@ -290,12 +324,16 @@ def split_attention_forward(module, query: torch.Tensor, key: torch.Tensor, valu
         p = key.shape[2] - query.shape[2]
         k_c, v_c, k_n, v_n = key[:, :, :p], value[:, :, :p], key[:, :, p:], value[:, :, p:]
     p = k_c.shape[2]
-    plain = (p == 0 or query.device.type != "cpu" or dropout or kwargs.get("softcap") is not None
+    config = getattr(module, "config", None)
+    joined = getattr(config, "kvnotes_joined", query.device.type != "cpu")
+    plain = (p == 0 or joined or query.device.type != "cpu" or dropout or kwargs.get("softcap") is not None
              or kwargs.get("position_bias") is not None or kwargs.get("s_aux") is not None
              or not getattr(module, "is_causal", True) or query.shape[-1] != value.shape[-1])
     if plain:
         if notes is not None:
             key, value = torch.cat([k_c, k_n], dim=2), torch.cat([v_c, v_n], dim=2)
+        if attention_mask is None and query.shape[2] > 1 and key.shape[2] > query.shape[2] and not dropout:
+            return joined_causal(query, key, value, scaling)
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
                                       scaling=scaling, is_causal=is_causal, **kwargs)
     cut = _cut(attention_mask, p, query.shape[2], query.dtype, query.shape[1] // k_c.shape[1])
