@@ -30,8 +30,8 @@ from vocabulary.strategies import (
 
 __all__ = [
     "AUTO_CANDIDATES", "COMPOSE_HELP", "COMPOSE_INFO", "COMPOSE_STRATEGIES", "DEFAULT_STRATEGIES",
-    "DEFAULT_TEMPLATE", "EDIT_INFO", "METRICS", "METRIC_NAMES", "REFERENCE", "STRATEGIES", "STRATEGY_HELP", "Metric",
-    "StrategyInfo", "render_erratum", "unknown_compose_strategies", "unknown_strategies", "with_recompute",
+    "DEFAULT_TEMPLATE", "EDIT_INFO", "METRICS", "METRIC_NAMES", "REFERENCE", "STRATEGIES", "STRATEGY_HELP",
+    "Metric", "StrategyInfo", "render_erratum", "unknown_compose_strategies", "unknown_strategies", "with_recompute",
 ]
 
 
@@ -69,7 +69,8 @@ class Metric:
 # The one list. The engine's `StrategyResult`, the `run_results` columns and the API's result schema
 # carry exactly these names (tests/test_layers.py checks); `kvnotes edit --json` prints them.
 METRICS = (
-    Metric("decision", str, "what the model decided: the most probable choice, or the first line of its answer"),
+    Metric("decision", str,
+           "what the model decided: the most probable choice, or the first line of its answer"),
     Metric("choice_probs", dict[str, float], "probability of each choice (empty for a free answer)"),
     Metric("kl_to_recompute", float,
            "KL divergence of the first answer token's distribution from recompute's (0 = identical)"),
@@ -82,11 +83,14 @@ METRICS = (
     Metric("latency_ms", float, "from the cached notes to the whole answer: ttft_ms + decode_ms"),
     Metric("ttft_ms", float, "time to first token: from the cached notes to the first answer token's logits"),
     Metric("decode_ms", float, "time after the first token: generating the rest, or scoring the choices"),
-    Metric("answer_f1", float, "token F1 of the answer against recompute's answer, SQuAD-normalised (1 = same words)"),
+    Metric("answer_f1", float,
+           "token F1 of the answer against recompute's answer, SQuAD-normalised (1 = same words)"),
     Metric("recompute_answer_nll", float | None,
-           "mean negative log-likelihood per token of recompute's answer under these notes (recompute's own is the baseline)"),
+           "mean negative log-likelihood per token of recompute's answer under these notes "
+           "(recompute's own is the baseline)"),
     Metric("prefix_cache_share", float,
-           "share of the final prompt an exact-prefix serving cache (vLLM, SGLang) would reuse from the old one"),
+           "share of the final prompt an exact-prefix serving cache (vLLM, SGLang) would reuse from the "
+           "old one"),
     Metric("text", str, "generated text (free answer or chain of thought); empty when scored over choices"),
     Metric("detail", str, "how the strategy ran, e.g. how many downstream tokens selective chose"),
     Metric("picked", str | None, "the strategy auto picked (None for every other strategy)"),

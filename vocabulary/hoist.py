@@ -96,7 +96,8 @@ def hoist(document: str, fields: Sequence[FieldSpan],
     ordered = _checked(document, fields)
     moved = _line_spans(document, ordered)
     if not moved:
-        return Hoisted(document, len(document), len(document), (), (Piece(0, len(document), 0, len(document)),))
+        whole = Piece(0, len(document), 0, len(document))
+        return Hoisted(document, len(document), len(document), (), (whole,))
     runs = [(document[a:b], a, b, False) for a, b in _kept_spans(document, moved)]
     body = "".join(run[0] for run in runs)
     if body and not body.endswith("\n"):

@@ -89,7 +89,8 @@ COMPOSE_INFO: dict[str, StrategyInfo] = {info.name: info for info in (
 )}
 
 
-def _unknown(names: list[str] | tuple[str, ...], known: dict[str, StrategyInfo], what: str, valid: str) -> str:
+def _unknown(names: list[str] | tuple[str, ...], known: dict[str, StrategyInfo], what: str,
+             valid: str) -> str:
     unknown = [name for name in names if name not in known]
     if not unknown:
         return ""

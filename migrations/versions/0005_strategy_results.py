@@ -37,9 +37,10 @@ def _backfill(bind: sa.engine.Connection) -> None:
     results = sa.table("run_results", sa.column("id", sa.Integer), sa.column("strategy", sa.String),
                        sa.column("detail", sa.Text), sa.column("ttft_ms", sa.Float),
                        sa.column("picked", sa.String), sa.column("ttft_spread_ms", sa.JSON))
-    rows = bind.execute(sa.select(results.c.id, results.c.strategy, results.c.detail, results.c.ttft_ms)).all()
-    for ident, strategy, detail, ttft in rows:
-        picked = detail[len(PICKED_PREFIX):] if strategy == "auto" and (detail or "").startswith(PICKED_PREFIX) else None
+    columns = (results.c.id, results.c.strategy, results.c.detail, results.c.ttft_ms)
+    for ident, strategy, detail, ttft in bind.execute(sa.select(*columns)).all():
+        was_picked = strategy == "auto" and (detail or "").startswith(PICKED_PREFIX)
+        picked = detail[len(PICKED_PREFIX):] if was_picked else None
         bind.execute(results.update().where(results.c.id == ident)
                      .values(picked=picked, ttft_spread_ms=[ttft or 0.0, ttft or 0.0]))
 

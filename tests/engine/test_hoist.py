@@ -19,7 +19,8 @@ from worker.engine.forward import extend
 from worker.engine.run import _plan
 from worker.engine.strategies import EDITS
 
-DOC = "Account record.\nstatus: active\nowner: Ada Lovelace\nregion: north\nOnly active accounts may log in.\n"
+DOC = ("Account record.\nstatus: active\nowner: Ada Lovelace\nregion: north\n"
+       "Only active accounts may log in.\n")
 QUESTION = Question("Can this user log in?", ("yes", "no"))
 
 
@@ -69,13 +70,14 @@ def test_hoist_reports_every_metric_against_recompute_of_the_edited_document():
     assert hoisted.picked is None and hoisted.edit_followed in ("new", "old", "both", "neither")
     tokens = report.attention["hoist"].tokens
     moved = [t for t in tokens if t.segment == "document" and t.start >= field.start and t.end <= field.end]
-    assert moved and tokens.index(moved[0]) > len(tokens) // 2  # the field's tokens sit in the tail, mapped back
+    assert moved and tokens.index(moved[0]) > len(tokens) // 2  # in the tail, mapped back to the field
 
 
 @pytest.mark.slow
 def test_kvnotes_edit_hoists_a_field_at_the_top_of_a_document_for_under_a_fifth_of_recomputes_tokens(
         tmp_path, data_dir):
-    lines = [f"2026-03-{1 + i % 28:02d} The dispatcher logged pallet {100 + i} after a short delay." for i in range(12)]
+    lines = [f"2026-03-{1 + i % 28:02d} The dispatcher logged pallet {100 + i} after a short delay."
+             for i in range(12)]
     document = tmp_path / "doc.txt"
     document.write_text("destination: Oslo\n" + "\n".join(lines) + "\n")
     env = {**os.environ, "KVNOTES_DATA": str(data_dir)}

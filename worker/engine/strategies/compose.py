@@ -47,9 +47,11 @@ class BlendCase:
         return self.ids[: self.layout.first_skill[1]]
 
     def spliced(self) -> list[KV]:
-        return splice_all(self.model, self.context, list(self.skills), self.layout, list(self.seams) or None).layers
+        seams = list(self.seams) or None
+        return splice_all(self.model, self.context, list(self.skills), self.layout, seams).layers
 
-    def surgery(self, layers: list[KV], computed: int, detail: str = "", deferred: Deferred | None = None) -> Surgery:
+    def surgery(self, layers: list[KV], computed: int, detail: str = "",
+                deferred: Deferred | None = None) -> Surgery:
         layout = self.layout
         return Surgery(layers, self.ids, list(layout.segments), list(layout.offsets), computed, detail,
                        deferred=deferred)
@@ -58,8 +60,10 @@ class BlendCase:
         """`spliced` with the `chosen` tokens recomputed: left to the readout's forward (deferred)
         where one mask can carry the model's attention, else in a forward of their own."""
         if not chosen or has_sliding_window(self.model):
-            return self.surgery(recompute_selected(self.model, spliced, self.ids, chosen), len(chosen), detail)
-        return self.surgery(spliced, len(chosen), detail, Deferred(tuple(chosen), tuple(self.ids[j] for j in chosen)))
+            layers = recompute_selected(self.model, spliced, self.ids, chosen)
+            return self.surgery(layers, len(chosen), detail)
+        deferred = Deferred(tuple(chosen), tuple(self.ids[j] for j in chosen))
+        return self.surgery(spliced, len(chosen), detail, deferred)
 
     def first_of_every_skill(self, k: int, what: str) -> Surgery:
         chosen = [j for start, end in self.layout.spans for j in range(start, min(end, start + k))]
@@ -106,7 +110,8 @@ class Selective(Strategy[BlendCase]):
         candidates = list(range(start, len(case.ids)))
         fraction = case.selective_fraction
         chosen = top_fraction(movement(case.model, spliced, case.ids, start), candidates, start, fraction)
-        detail = f"{len(chosen)} of {len(candidates)} reused tokens ({fraction:.0%}), ranked by layer-1 K/V movement"
+        detail = (f"{len(chosen)} of {len(candidates)} reused tokens ({fraction:.0%}), "
+                  "ranked by layer-1 K/V movement")
         return case.recomputed(spliced, chosen, detail)
 
 
@@ -115,7 +120,8 @@ class PrefixReuse(Strategy[BlendCase]):
 
     def prepare(self, case: BlendCase) -> None:
         start, end = case.layout.first_skill
-        self.exact = extend(case.model, cut(case.context.layers, 0, start) if start else None, case.ids[start:end])
+        before = cut(case.context.layers, 0, start) if start else None
+        self.exact = extend(case.model, before, case.ids[start:end])
 
     def surgery(self, case: BlendCase) -> Surgery:
         end = case.layout.first_skill[1]

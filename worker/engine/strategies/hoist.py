@@ -46,8 +46,8 @@ class Hoist(Strategy[EditCase]):
 
     def surgery(self, case: EditCase) -> Surgery:
         tail = self.new_ids[self.keep:]
-        return Surgery(cut(self.held, 0, self.keep), list(self.new_ids), list(self.segments), list(self.offsets),
-                       len(tail), self.detail, pending=list(tail))
+        return Surgery(cut(self.held, 0, self.keep), list(self.new_ids), list(self.segments),
+                       list(self.offsets), len(tail), self.detail, pending=list(tail))
 
     def cached_ids(self, case: EditCase) -> list[int]:
         return list(self.held_ids)

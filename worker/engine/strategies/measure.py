@@ -111,8 +111,9 @@ def _timed(bench: Bench, runner: Strategy, case: object) -> tuple[Surgery, Reado
     engine = bench.engine
     t0 = time.perf_counter()
     surgery = runner.surgery(case)
-    readout = decide(engine.model, engine.tokenizer, engine.frame, cache_from_layers(surgery.layers, engine.model),
-                     bench.suffix_ids, bench.question, pending=surgery.pending, deferred=surgery.deferred)
+    cache = cache_from_layers(surgery.layers, engine.model)
+    readout = decide(engine.model, engine.tokenizer, engine.frame, cache, bench.suffix_ids, bench.question,
+                     pending=surgery.pending, deferred=surgery.deferred)
     surgery = surgery.completed(readout.deferred_kv)  # writes the deferred K/V into the strategy's notes
     ms, ttft = (time.perf_counter() - t0) * 1000, (readout.first_token_at - t0) * 1000
     extra = bench.overhead_ms if runner.reads_notes else 0.0
@@ -124,7 +125,8 @@ def due_again(samples: list[Sample]) -> bool:
     return len(samples) < MAX_SAMPLES and sum(s.latency_ms for s in samples) < REPEAT_BUDGET_MS
 
 
-def _repeat(bench: Bench, case: object, runners: dict[str, Strategy], samples: dict[str, list[Sample]]) -> None:
+def _repeat(bench: Bench, case: object, runners: dict[str, Strategy],
+            samples: dict[str, list[Sample]]) -> None:
     """Round-robin over the strategies still due: one more timing each per round."""
     while due := [name for name in runners if due_again(samples[name])]:
         for name in due:
