@@ -118,7 +118,8 @@ def edit_table(reports, position: str) -> str:
     for name, r in first.strategies.items():
         per_call = ", ".join(f"{rep.strategies['recompute'].latency_ms / rep.strategies[name].latency_ms:.1f}"
                              for rep in reports)
-        extra = f" (picked {r.picked})" if r.picked else (f" ({r.detail})" if name == "selective" and r.detail else "")
+        extra = f" ({r.detail})" if name == "selective" and r.detail else ""
+        extra = f" (picked {r.picked})" if r.picked else extra
         rows.append(
             f"| {name}{extra} | {median_ms(reports, name):.1f} | {per_call} | {ratio[name]:.1f}× | {r.tokens_computed} | "
             f"{100 * r.tokens_computed / rec_tokens:.1f}% | {fmt_kl(max(x.strategies[name].kl_to_recompute for x in reports))} | "

@@ -31,7 +31,8 @@ from vocabulary.strategies import (
 __all__ = [
     "AUTO_CANDIDATES", "COMPOSE_HELP", "COMPOSE_INFO", "COMPOSE_STRATEGIES", "DEFAULT_STRATEGIES",
     "DEFAULT_TEMPLATE", "EDIT_INFO", "METRICS", "METRIC_NAMES", "REFERENCE", "STRATEGIES", "STRATEGY_HELP",
-    "Metric", "StrategyInfo", "render_erratum", "unknown_compose_strategies", "unknown_strategies", "with_recompute",
+    "Metric", "StrategyInfo", "render_erratum", "unknown_compose_strategies", "unknown_strategies",
+    "with_recompute",
 ]
 
 
