@@ -120,12 +120,18 @@ def test_a_click_on_the_slide_advances_and_dark_is_dark_throughout(site, browser
     page.context.close()
 
 
-@pytest.mark.parametrize("where", ["home", "notebook", "run", "runs", "skills", "present", "compare"])
+PAGES_390 = ["home", "notebook", "run", "runs", "skills", "present", "compare", "report", "delete", "components",
+             "login", "missing"]
+
+
+@pytest.mark.parametrize("where", PAGES_390)
 def test_no_page_scrolls_sideways_at_390px(site, browser, where) -> None:
     server, ids = site
     path = {"home": "/", "notebook": f"/notebooks/{ids['notebook']}", "run": f"/runs/{ids['run']}", "runs": "/runs",
             "skills": "/skills", "present": f"/runs/{ids['run']}/present/2",
-            "compare": f"/compare?runs={ids['live_run']},{ids['run']}"}[where]
+            "compare": f"/compare?runs={ids['live_run']},{ids['run']}", "report": f"/runs/{ids['run']}/report.html",
+            "delete": f"/notebooks/{ids['notebook']}/delete", "components": "/_components", "login": "/login",
+            "missing": "/runs/987654"}[where]
     page = browser.new_context(viewport={"width": 390, "height": 844}, device_scale_factor=2, bypass_csp=True).new_page()
     page.goto(server.url + path)
     page.screenshot(path=str(ARTIFACTS / f"42-390px-{where}.png"), full_page=True)
