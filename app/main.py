@@ -36,7 +36,8 @@ def create_app() -> FastAPI:
     ensure_secret_key()
     app = FastAPI(
         title="kvnotes",
-        summary="Edit and compose a language model's KV cache (its notes) instead of paying for prefill again.",
+        summary="Edit and compose a language model's KV cache (its notes) "
+                "instead of paying for prefill again.",
         version="0.1.0",
         dependencies=[Depends(authorize)],
         docs_url=None,

@@ -131,7 +131,8 @@ class ShareLink(Base):
 
 def check_name(name: str) -> str:
     if not NAME_PATTERN.match(name or ""):
-        raise AccountError("name: 1-64 characters of letters, digits and _ . @ -, starting with a letter or digit")
+        raise AccountError("name: 1-64 characters of letters, digits and _ . @ -, "
+                           "starting with a letter or digit")
     if name == LOCAL_USER:
         raise AccountError(f"name: {LOCAL_USER!r} is reserved for the embedded default's single user")
     return name
@@ -218,7 +219,8 @@ def create_token(session: Session, name: str, label: str = "") -> tuple[ApiToken
     if user is None:
         raise AccountError(f"name: no user named {name!r}")
     token = TOKEN_PREFIX + secrets.token_urlsafe(32)
-    row = ApiToken(user=user, token_sha256=_sha256(token), hint=token[: len(TOKEN_PREFIX) + 6], label=label[:100])
+    row = ApiToken(user=user, token_sha256=_sha256(token), hint=token[: len(TOKEN_PREFIX) + 6],
+                   label=label[:100])
     session.add(row)
     session.flush()
     return row, token
@@ -241,7 +243,8 @@ def revoke_token(session: Session, which: str) -> int:
     else:
         rows = list_tokens(session, which)
     if not rows:
-        raise AccountError(f"token: nothing matches {which[:12]!r} (give a token id, the token, or a user name)")
+        raise AccountError(f"token: nothing matches {which[:12]!r} "
+                           "(give a token id, the token, or a user name)")
     for row in rows:
         session.delete(row)
     return len(rows)
@@ -260,7 +263,8 @@ def user_for_token(session: Session, token: str) -> User | None:
     if last is None or utcnow() - last > TOKEN_USE_RESOLUTION:
         try:  # its own short transaction: the request's session is left as it was
             with session.get_bind().begin() as connection:
-                connection.execute(update(ApiToken).where(ApiToken.id == row.id).values(last_used_at=utcnow()))
+                used = update(ApiToken).where(ApiToken.id == row.id).values(last_used_at=utcnow())
+                connection.execute(used)
         except SQLAlchemyError:
             pass  # a database that cannot be written: the request goes on
     return user
@@ -308,7 +312,8 @@ def list_shares(session: Session, run_id: int) -> list[ShareLink]:
 
 __all__ = [
     "ROLES", "LOCAL_USER", "AccountError", "User", "ApiToken", "ShareLink", "add_user", "find_user",
-    "list_users", "remove_user", "set_password", "count_users", "authenticate", "HashingBusy", "hash_slot", "create_token", "list_tokens",
+    "list_users", "remove_user", "set_password", "count_users", "authenticate", "HashingBusy",
+    "hash_slot", "hash_password", "create_token", "list_tokens",
     "revoke_token", "user_for_token", "create_share", "share_token", "resolve_share", "revoke_share",
     "list_shares",
 ]

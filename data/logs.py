@@ -18,7 +18,8 @@ import sys
 from datetime import UTC, datetime
 
 # the attributes every LogRecord has; anything else on a record came from `extra=`
-_STANDARD = frozenset(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message", "asctime", "taskName"}
+_STANDARD = frozenset(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {
+    "message", "asctime", "taskName"}
 
 
 def _value(value: object) -> str:
@@ -30,7 +31,8 @@ def _value(value: object) -> str:
 
 def facts(record: logging.LogRecord) -> dict[str, object]:
     """The `extra=` fields of a record, in the order they were given."""
-    return {key: value for key, value in vars(record).items() if key not in _STANDARD and not key.startswith("_")}
+    return {key: value for key, value in vars(record).items()
+            if key not in _STANDARD and not key.startswith("_")}
 
 
 class KeyValueFormatter(logging.Formatter):

@@ -70,8 +70,11 @@ def _sha256(secret: str) -> str:
 
 
 def start_session(session: Session, user_id: int, max_age_s: int) -> str:
-    """A new session row for the user (flushed; the caller commits); returns the cookie's secret."""
+    """A new session row for the user (flushed; the caller commits); returns the cookie's secret.
+    The user's expired sessions go at the same time."""
     secret = secrets.token_urlsafe(32)
+    expired = delete(UserSession).where(UserSession.user_id == user_id, UserSession.expires_at <= utcnow())
+    session.execute(expired)
     session.add(UserSession(user_id=user_id, secret_sha256=_sha256(secret),
                             expires_at=utcnow() + timedelta(seconds=max_age_s)))
     session.flush()

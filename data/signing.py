@@ -36,14 +36,16 @@ class SecretKeyProblem(RuntimeError):
 def key_problem(key: str) -> str | None:
     """Why `key` is not a usable secret key (one line), or None."""
     if len(key) < MIN_KEY_CHARS:
-        return f"KVNOTES_SECRET_KEY has {len(key)} characters: it needs at least {MIN_KEY_CHARS} random ones ({MAKE_ONE})"
+        return (f"KVNOTES_SECRET_KEY has {len(key)} characters: it needs at least {MIN_KEY_CHARS} "
+                f"random ones ({MAKE_ONE})")
     steps = Counter(ord(b) - ord(a) for a, b in zip(key, key[1:], strict=False))
     period = next(p for p in range(1, len(key) + 1) if key == (key[:p] * len(key))[: len(key)])
     counts = Counter(key)
     bits = -sum(n * math.log2(n / len(key)) for n in counts.values())
     runs = steps.most_common(1)[0][1] >= 0.75 * (len(key) - 1)  # "abcd…", "1234…"
     if period <= len(key) // 2 or runs or bits < MIN_KEY_BITS:
-        return (f"KVNOTES_SECRET_KEY is guessable (a short pattern repeated, a run, or few distinct characters): "
+        return ("KVNOTES_SECRET_KEY is guessable (a short pattern repeated, a run, or few distinct "
+                "characters): "
                 f"use {MIN_KEY_CHARS}+ random characters ({MAKE_ONE})")
     return None
 
@@ -107,5 +109,5 @@ def serializer(salt: str) -> URLSafeSerializer:
     return URLSafeSerializer(secret_key(), salt=salt)
 
 
-__all__ = ["BadSignature", "MIN_KEY_CHARS", "SecretKeyProblem", "ensure_secret_key", "key_file", "key_problem",
-           "secret_key", "serializer", "timed_serializer"]
+__all__ = ["BadSignature", "MIN_KEY_CHARS", "SecretKeyProblem", "ensure_secret_key", "key_file",
+           "key_problem", "secret_key", "serializer", "timed_serializer"]

@@ -125,11 +125,13 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
     p = sub.add_parser("add", help="add a user (asks for the password twice, or reads one line of stdin)")
     p.add_argument("name")
     p.add_argument("--role", choices=("editor", "viewer"), default="editor")
-    p.add_argument("--password-stdin", action="store_true", help="read the password from the first line of stdin")
+    p.add_argument("--password-stdin", action="store_true",
+                   help="read the password from the first line of stdin")
     p.set_defaults(func=cmd_users_add)
     p = sub.add_parser("passwd", help="change a user's password and sign out every session of theirs")
     p.add_argument("name")
-    p.add_argument("--password-stdin", action="store_true", help="read the password from the first line of stdin")
+    p.add_argument("--password-stdin", action="store_true",
+                   help="read the password from the first line of stdin")
     p.set_defaults(func=cmd_users_passwd)
     sub.add_parser("list", help="list users").set_defaults(func=cmd_users_list)
     p = sub.add_parser("remove", help="remove a user and their tokens")

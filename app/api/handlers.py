@@ -66,7 +66,8 @@ def answer(request: Request, status: int, message: str, headers: dict[str, str] 
     if wants_json(request):
         return JSONResponse({"detail": message}, status_code=status, headers=headers)
     if request.headers.get("HX-Request") == "true":
-        return HTMLResponse(f'<div class="form-error" role="alert">{html.escape(message)}</div>', status, headers)
+        alert = f'<div class="form-error" role="alert">{html.escape(message)}</div>'
+        return HTMLResponse(alert, status, headers)
     return error_page(request, status, message, headers)
 
 
@@ -76,11 +77,12 @@ BODY_PARSE_ERROR = "There was an error parsing the body"  # FastAPI's 400 for a 
 def _unreadable_body(request: Request, exc: StarletteHTTPException) -> Response:
     """FastAPI's 400 for a body it could not decode, as the 422 it is (same shape as a bad field)."""
     cause = exc.__cause__
-    message = (f"the body is not valid UTF-8 (at byte offset {cause.start})" if isinstance(cause, UnicodeDecodeError)
-               else "the body could not be read as JSON or a form")
+    message = (f"the body is not valid UTF-8 (at byte offset {cause.start})"
+               if isinstance(cause, UnicodeDecodeError) else "the body could not be read as JSON or a form")
     if not wants_json(request) and request.headers.get("HX-Request") != "true":
         return error_page(request, 422, message)
-    return JSONResponse(status_code=422, content={"detail": [{"loc": ["body"], "msg": message, "type": "json_invalid"}]})
+    detail = [{"loc": ["body"], "msg": message, "type": "json_invalid"}]
+    return JSONResponse(status_code=422, content={"detail": detail})
 
 
 HTTP_METHODS = ("DELETE", "GET", "HEAD", "OPTIONS", "PATCH", "POST", "PUT")
@@ -89,8 +91,10 @@ HTTP_METHODS = ("DELETE", "GET", "HEAD", "OPTIONS", "PATCH", "POST", "PUT")
 def allowed_methods(request: Request) -> str:
     """Every method some route answers at this path (Starlette's 405 names only the first route's)."""
     routes = request.app.router.routes
-    return ", ".join(method for method in HTTP_METHODS
-                     if any(route.matches({**request.scope, "method": method})[0] == Match.FULL for route in routes))
+    def answers(method: str) -> bool:
+        return any(route.matches({**request.scope, "method": method})[0] == Match.FULL for route in routes)
+
+    return ", ".join(method for method in HTTP_METHODS if answers(method))
 
 
 async def _http(request: Request, exc: Exception) -> Response:
@@ -107,7 +111,8 @@ async def _http(request: Request, exc: Exception) -> Response:
 
 async def _server_error(request: Request, exc: Exception) -> Response:
     log.error("unexpected error answering %s %s", request.method, request.url.path, exc_info=exc)
-    return answer(request, 500, "the server could not answer this request (an unexpected error, logged on the server)")
+    return answer(request, 500,
+                  "the server could not answer this request (an unexpected error, logged on the server)")
 
 
 async def _validation(request: Request, exc: Exception) -> Response:
@@ -116,7 +121,8 @@ async def _validation(request: Request, exc: Exception) -> Response:
         return error_page(request, 422, validation_message(exc.errors()))
     detail = []
     for error in exc.errors():
-        item = {"loc": [_quoted(part) for part in error.get("loc", ())], "msg": safe_text(str(error.get("msg", "")), 300),
+        item = {"loc": [_quoted(part) for part in error.get("loc", ())],
+                "msg": safe_text(str(error.get("msg", "")), 300),
                 "type": error.get("type", "value_error")}
         if "input" in error:
             item["input"] = _quoted(error["input"])
@@ -144,7 +150,8 @@ async def _pool_timeout(request: Request, _exc: Exception) -> Response:
 
 
 async def _stale(request: Request, _exc: Exception) -> Response:
-    return answer(request, 409, "another request changed or deleted this at the same time; reload and try again")
+    return answer(request, 409,
+                  "another request changed or deleted this at the same time; reload and try again")
 
 
 async def _run_limit(request: Request, exc: Exception) -> Response:

@@ -43,7 +43,8 @@ def _set(response: Response, request: Request, name: str, value: str, max_age: i
 
 def set_session_cookie(response: Response, request: Request, user_id: int, name: str, secret: str) -> None:
     """The cookie of a session just started (`data.sign_in.start_session`), with a fresh CSRF token."""
-    value = timed_serializer(_SESSION_SALT).dumps({"u": user_id, "n": name, "s": secret, "c": secrets.token_urlsafe(24)})
+    payload = {"u": user_id, "n": name, "s": secret, "c": secrets.token_urlsafe(24)}
+    value = timed_serializer(_SESSION_SALT).dumps(payload)
     _set(response, request, SESSION_COOKIE, value, get_settings().session_max_age_s)
 
 

@@ -45,7 +45,8 @@ def _is_api(path: str) -> bool:
 def _share_allows(principal: Principal, request: Request) -> bool:
     route = request.scope.get("route")
     template = getattr(route, "path", "")
-    if request.method not in SAFE_METHODS or not template.startswith(SHARE_ROUTES) or template.endswith("/shares"):
+    if (request.method not in SAFE_METHODS or not template.startswith(SHARE_ROUTES)
+            or template.endswith("/shares")):
         return False
     try:
         return int(request.path_params.get("run_id", -1)) in principal.run_ids
@@ -59,7 +60,8 @@ def _check_csrf(principal: Principal, request: Request) -> None:
     browser = request.headers.get("origin") or request.headers.get("sec-fetch-site")
     sent = request.headers.get("x-csrf-token", "")
     if not browser and not hmac.compare_digest(sent.encode(), principal.csrf.encode()):
-        raise HTTPException(status_code=403, detail="CSRF token missing or wrong: reload the page and try again")
+        raise HTTPException(status_code=403,
+                            detail="CSRF token missing or wrong: reload the page and try again")
 
 
 def authorize(request: Request, session: SessionDep) -> Principal | None:
@@ -68,7 +70,8 @@ def authorize(request: Request, session: SessionDep) -> Principal | None:
         principal = resolve(request, session)
     except BadToken as exc:
         raise HTTPException(status_code=401, headers={"WWW-Authenticate": 'Bearer error="invalid_token"'},
-                            detail=str(exc) or "the API token is wrong or revoked (kvnotes tokens create NAME)") from None
+                            detail=str(exc) or "the API token is wrong or revoked "
+                                                 "(kvnotes tokens create NAME)") from None
     request.state.principal = principal
     path = request.url.path
     if _is_public(path):
@@ -87,7 +90,8 @@ def authorize(request: Request, session: SessionDep) -> Principal | None:
         raise SignInRequired(path)
     _check_csrf(principal, request)
     if not principal.can_edit and request.method not in SAFE_METHODS:
-        raise HTTPException(status_code=403, detail=f"{principal.name} is a viewer: viewers read, editors change")
+        raise HTTPException(status_code=403,
+                            detail=f"{principal.name} is a viewer: viewers read, editors change")
     return principal
 
 

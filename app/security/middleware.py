@@ -140,7 +140,8 @@ class SecurityMiddleware:
         async def send_with_headers(message: Message) -> None:
             if message["type"] == "http.response.start":
                 took = f"app;dur={(time.perf_counter() - started) * 1000:.1f}".encode()
-                own = {bytes(name).lower() for name, _ in message.get("headers", [])}  # a route's own policy wins
+                # a route's own policy wins
+                own = {bytes(name).lower() for name, _ in message.get("headers", [])}
                 extra = [h for h in (*HEADERS, *private) if h[0] not in own]
                 message["headers"] = [*message.get("headers", []), *extra, *([HSTS] if secure else []),
                                       (b"server-timing", took)]

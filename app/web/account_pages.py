@@ -3,9 +3,10 @@
 `/login` checks a name and password (argon2, `data.accounts.authenticate`), within the limit on
 failed sign-ins (`data.sign_in`: 429 with Retry-After and the same words on the page), and starts
 a session (a row, and a signed cookie naming it); `/logout` ends that session on the server.
-`/account/password` changes the signed-in user's password and ends their other sessions. `/share/<token>` remembers a valid share link in a signed
-cookie and opens its run: the visitor reads that run and its report, nothing else. The run page's
-"Read-only link" button makes one (`POST /runs/{id}/share`) and can revoke it.
+`/account/password` changes the signed-in user's password and ends their other sessions.
+`/share/<token>` remembers a valid share link in a signed cookie and opens its run: the visitor
+reads that run and its report, nothing else. The run page's "Read-only link" button makes one
+(`POST /runs/{id}/share`) and can revoke it.
 """
 
 from __future__ import annotations
@@ -37,7 +38,8 @@ router = APIRouter()
 
 def _local_path(target: str | None) -> str:
     """Only a path on this site (no scheme, no `//host`, no backslash tricks) may follow sign-in."""
-    if not target or not target.startswith("/") or target.startswith("//") or "\\" in target or len(target) > 2000:
+    if (not target or not target.startswith("/") or target.startswith("//") or "\\" in target
+            or len(target) > 2000):
         return "/"
     return target
 
@@ -53,8 +55,8 @@ def _client(request: Request) -> str | None:
 
 def _login_form(request: Request, status: int, message: str, name: str, next_path: str,
                 retry_after_s: int | None = None) -> Response:
-    response = render(request, "login.html", status, values={"name": name[:64], "next": _local_path(next_path)},
-                      errors={"form": message}, nav="")
+    values = {"name": name[:64], "next": _local_path(next_path)}
+    response = render(request, "login.html", status, values=values, errors={"form": message}, nav="")
     if retry_after_s is not None:
         response.headers["Retry-After"] = str(retry_after_s)
     return response

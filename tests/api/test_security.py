@@ -11,6 +11,7 @@ from fastapi.testclient import TestClient
 
 DOC = "Customer record. status: active. age: 34. Only active customers may log in."
 EVIL = {"Origin": "http://evil.example"}
+SAME = {"Sec-Fetch-Site": "same-origin"}
 
 
 def _users(*specs: tuple[str, str]) -> dict[str, str]:
@@ -192,7 +193,8 @@ def test_a_malformed_bearer_header_is_refused_not_skipped_to_the_cookie(make_cli
     # another scheme (a proxy's Basic) is not a token: the session and its cross-site checks apply as before
     r = client.post("/api/notebooks", json=body, headers={"Authorization": "Basic YTpi", **EVIL})
     assert r.status_code == 403
-    r = client.post("/api/notebooks", json=body, headers={"Authorization": "Basic YTpi", "Sec-Fetch-Site": "same-origin"})
+    basic = {"Authorization": "Basic YTpi", "Sec-Fetch-Site": "same-origin"}
+    r = client.post("/api/notebooks", json=body, headers=basic)
     assert r.status_code == 201
 
 
@@ -202,7 +204,7 @@ def test_only_same_origin_fetch_metadata_passes_an_unsafe_request(make_client) -
     for site in ("none", "garbage", "", "same-origin, cross-site"):
         r = client.post("/api/notebooks", json=body, headers={"Sec-Fetch-Site": site})
         assert r.status_code == 403 and "Sec-Fetch-Site" in r.json()["detail"], site
-    assert client.post("/api/notebooks", json=body, headers={"Sec-Fetch-Site": "same-origin"}).status_code == 201
+    assert client.post("/api/notebooks", json=body, headers=SAME).status_code == 201
     assert client.get("/api/notebooks", headers={"Sec-Fetch-Site": "none"}).status_code == 200  # reads pass
 
 
@@ -230,7 +232,8 @@ def test_answers_are_not_stored_by_caches_but_static_files_are(make_client) -> N
     client.post("/login", data={"name": "alice", "password": "alice-password"})
     for path in ("/", "/api/notebooks", "/skills"):
         assert client.get(path).headers["cache-control"] == "no-store", path
-    assert client.get("/api/notebooks", headers=_bearer(tokens["alice"])).headers["cache-control"] == "no-store"
+    by_token = client.get("/api/notebooks", headers=_bearer(tokens["alice"]))
+    assert by_token.headers["cache-control"] == "no-store"
     assert "no-store" not in client.get("/static/css/kvnotes.css").headers.get("cache-control", "")
 
 
@@ -259,7 +262,8 @@ def test_a_read_only_data_folder_without_a_key_stops_the_start_not_a_sign_in(mak
     if subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(folder)]).returncode != 0:
         pytest.skip("cannot mount a read-only tmpfs here (root only)")
     try:
-        with pytest.raises(SecretKeyProblem, match=r"key file .*read-only/secret_key cannot be made .*KVNOTES_SECRET_KEY"):
+        problem = r"key file .*read-only/secret_key cannot be made .*KVNOTES_SECRET_KEY"
+        with pytest.raises(SecretKeyProblem, match=problem):
             make_client(KVNOTES_AUTH="required", KVNOTES_DATA=str(folder))
         from worker.serve import startup_problem
 
@@ -267,7 +271,8 @@ def test_a_read_only_data_folder_without_a_key_stops_the_start_not_a_sign_in(mak
         client = make_client(KVNOTES_AUTH="required", KVNOTES_DATA=str(folder),
                              KVNOTES_SECRET_KEY="Vq3xR8mZ2pLw9TfK7cYb4NhJ6sGd1EaU5oXi0QrW")
         _users(("alice", "editor"))
-        r = client.post("/login", data={"name": "alice", "password": "alice-password"}, follow_redirects=False)
+        r = client.post("/login", data={"name": "alice", "password": "alice-password"},
+                        follow_redirects=False)
         assert r.status_code == 303
     finally:
         subprocess.run(["umount", "-l", str(folder)], check=False)

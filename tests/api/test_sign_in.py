@@ -49,7 +49,8 @@ def _csrf(client: TestClient) -> str:
 
 def _reads_and_writes(client: TestClient, csrf: str) -> tuple[int, int]:
     read = client.get("/api/notebooks").status_code
-    write = client.post("/api/notebooks", json={"title": "t", "text": DOC}, headers={"X-CSRF-Token": csrf}).status_code
+    write = client.post("/api/notebooks", json={"title": "t", "text": DOC},
+                        headers={"X-CSRF-Token": csrf}).status_code
     return read, write
 
 
@@ -71,7 +72,8 @@ def test_the_101st_password_is_refused_even_when_it_is_right(make_client) -> Non
     client = make_client(KVNOTES_AUTH="required")
     _user()
     _user("bob")
-    codes = [client.post("/login", data={"name": "alice", "password": f"guess-{i}"}).status_code for i in range(100)]
+    codes = [client.post("/login", data={"name": "alice", "password": f"guess-{i}"}).status_code
+             for i in range(100)]
     assert codes[:ACCOUNT_FREE] == [401] * ACCOUNT_FREE and set(codes[ACCOUNT_FREE:]) == {429}
     r = client.post("/login", data={"name": "alice", "password": "alice-password"}, follow_redirects=False)
     assert r.status_code == 429 and "kvnotes_session" not in r.headers.get("set-cookie", "")

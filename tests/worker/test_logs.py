@@ -49,12 +49,12 @@ def test_a_record_is_one_line_with_its_extra_fields() -> None:
 
 def test_serve_logs_a_refused_enqueue_with_its_reason(tmp_path: Path) -> None:
     port = free_port()
-    env = {**kvnotes_env(tmp_path, "redis://127.0.0.1:1/0", KVNOTES_BROKER_TIMEOUT="1"), "PYTHONPATH": str(REPO),
-           "PATH": "/usr/bin:/bin"}
+    env = {**kvnotes_env(tmp_path, "redis://127.0.0.1:1/0", KVNOTES_BROKER_TIMEOUT="1"),
+           "PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"}
     log = tmp_path / "serve.log"
     with log.open("w") as out:
-        server = subprocess.Popen([sys.executable, "-m", "worker.cli", "serve", "--port", str(port), "--no-worker"],
-                                  env=env, cwd=REPO, stdout=out, stderr=subprocess.STDOUT)
+        command = [sys.executable, "-m", "worker.cli", "serve", "--port", str(port), "--no-worker"]
+        server = subprocess.Popen(command, env=env, cwd=REPO, stdout=out, stderr=subprocess.STDOUT)
     try:
         _wait_for(log, "Uvicorn running", 60)
         base = f"http://127.0.0.1:{port}"
@@ -67,7 +67,8 @@ def test_serve_logs_a_refused_enqueue_with_its_reason(tmp_path: Path) -> None:
         server.terminate()
         server.wait(timeout=30)
     line = next(line for line in content.splitlines() if 'msg="enqueue failed"' in line)
-    assert " level=WARNING logger=data.queue " in line and " task=kvnotes.run queue=model.smollm2-135m " in line
+    assert " level=WARNING logger=data.queue " in line
+    assert " task=kvnotes.run queue=model.smollm2-135m " in line
     assert "broker=redis://127.0.0.1:1/0" in line and 'reason="OperationalError' in line
     started = next(line for line in content.splitlines() if "Uvicorn running" in line)
     assert started.startswith("ts=") and " logger=uvicorn.error " in started  # uvicorn's records too
