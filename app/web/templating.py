@@ -16,7 +16,7 @@ from fastapi import Request
 from fastapi.templating import Jinja2Templates
 
 from data.models import as_utc
-from vocabulary import DEFAULT_STRATEGIES, STRATEGIES, STRATEGY_HELP
+from vocabulary import DEFAULT_STRATEGIES, EDIT_INFO, REFERENCE, STRATEGIES, STRATEGY_HELP
 
 ROOT = Path(__file__).resolve().parents[2]
 TEMPLATES_DIR = ROOT / "templates"
@@ -62,6 +62,7 @@ def fmt_when(value: datetime | None) -> str:
 templates.env.filters.update(approx_tokens=approx_tokens, ms=fmt_ms, f=fmt_float, when=fmt_when)
 templates.env.globals.update(
     STRATEGIES=STRATEGIES, STRATEGY_HELP=STRATEGY_HELP, DEFAULT_STRATEGIES=DEFAULT_STRATEGIES, HTMX_FILE=HTMX_FILE,
+    STRATEGY_INFO=EDIT_INFO, REFERENCE=REFERENCE,  # the run form reads each strategy's descriptor
 )
 
 

@@ -1,0 +1,22 @@
+"""The run form reads the strategy descriptors: every strategy once, with its help and what it
+recomputes as the tooltip, hoist offered but not ticked, recompute always run."""
+
+from __future__ import annotations
+
+import re
+
+from markupsafe import escape
+
+from tests.web.conftest import new_notebook
+from vocabulary import DEFAULT_STRATEGIES, EDIT_INFO
+
+
+def test_the_run_form_lists_every_descriptor_with_its_help_and_ticks_only_the_defaults(make_client) -> None:
+    client = make_client()
+    page = client.get(f"/notebooks/{new_notebook(client)}").text
+    ticked = re.findall(r'name="strategies" value="([a-z_]+)" checked', page)
+    offered = re.findall(r'name="strategies" value="([a-z_]+)"', page)
+    assert offered == list(EDIT_INFO)  # recompute as a hidden input, then every other one in order
+    assert ticked == [name for name in DEFAULT_STRATEGIES if name != "recompute"] and "hoist" not in ticked
+    for info in EDIT_INFO.values():
+        assert f'title="{escape(info.help)}. Recomputes: {escape(info.recomputes)}"' in page
