@@ -215,7 +215,7 @@ def _one_pass_readout(model, tokenizer, frame: Frame, base: list[KV], prompt: li
     logits, rest, cache = _branches(model, base, prompt, encoded, deferred)
     first_token_at = time.perf_counter()
     first = torch.log_softmax(logits, dim=-1)
-    scores = torch.tensor([float(first[ids[0]]) + r for ids, r in zip(encoded, rest)])
+    scores = torch.tensor([float(first[ids[0]]) + r for ids, r in zip(encoded, rest)], device=logits.device)
     probs = {c: float(p) for c, p in zip(question.choices, torch.softmax(scores, dim=0))}
     decision = max(probs, key=probs.get)
     return Readout(logits=logits, decision=decision, choice_probs=probs, text="",
