@@ -8,6 +8,8 @@
     kvnotes attribute --model M --document doc.txt --replace OLD NEW --question "..." [--span-tokens 16]
     kvnotes serve | worker        (the web app and its Celery worker)
     kvnotes users add|list|remove, kvnotes tokens create|list|revoke   (accounts; see account_commands)
+    kvnotes replay --url URL --document doc.txt --field OLD --values v1,v2 --question "..." --json
+                                  (the edit on a vLLM server; see replay_command, docs/serving.md)
 
 Bad input exits with status 2 and one line on stderr, never a traceback.
 """
