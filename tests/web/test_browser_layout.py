@@ -143,7 +143,7 @@ def test_no_page_scrolls_sideways_at_390px(site, browser, where) -> None:
     assert width <= 390, (width, wide)
 
 
-def test_a_run_that_ends_on_its_notebook_shows_its_summary_without_a_click(site, browser) -> None:
+def test_header_follows_the_run_and_its_notebook_shows_the_summary_without_a_click(site, browser) -> None:
     from datetime import UTC, datetime
 
     from data.models import Run
@@ -151,9 +151,18 @@ def test_a_run_that_ends_on_its_notebook_shows_its_summary_without_a_click(site,
     server, ids = site
     with server.db() as s:
         run = s.get(Run, ids["live_run"])
-        run.status, run.stage, run.progress, run.heartbeat_at = "running", "strategies", 0.5, datetime.now(UTC)
+        run.status, run.stage, run.progress = "queued", "queued", 0.0
         s.commit()
     page = browser.new_context(viewport={"width": 1400, "height": 900}, bypass_csp=True).new_page()
+    page.goto(f"{server.url}/runs/{ids['live_run']}")
+    expect(page.locator(".page-head h1 .badge")).to_have_text("queued")
+    with server.db() as s:
+        run = s.get(Run, ids["live_run"])
+        run.status, run.stage, run.progress, run.heartbeat_at = "running", "strategies", 0.5, datetime.now(UTC)
+        s.commit()
+    # one state: the header follows the progress box, which polls
+    expect(page.locator(".page-head h1 .badge")).to_have_text("running", timeout=10_000)
+    expect(page.locator("#run-progress .badge")).to_have_text("running")
     page.goto(f"{server.url}/notebooks/{ids['live']}")
     expect(page.locator("#run-progress .badge")).to_have_text("running")
     assert page.locator(".run-summary").count() == 0
