@@ -16,7 +16,7 @@ from sqlalchemy.orm import Session
 
 from app.services.errors import Unprocessable
 from data.accounts import LOCAL_USER
-from data.models import Notebook, RunStatus
+from data.models import Notebook, RunStatus, as_utc, utcnow
 from data.queue import QueueUnavailable, enqueue_replay
 from data.replays import Replay, ReplaySnapshot
 from data.settings import get_settings
@@ -96,6 +96,20 @@ def start_replay(session: Session, notebook: Notebook, body: ReplayCreate,
 
 
 def replays_of(session: Session, notebook_id: int, limit: int = 20) -> list[Replay]:
-    """The notebook's replays, newest first."""
+    """The notebook's replays, newest first (one that can no longer finish is failed first)."""
     query = select(Replay).where(Replay.notebook_id == notebook_id).order_by(Replay.id.desc()).limit(limit)
-    return list(session.scalars(query))
+    return [settled(session, replay) for replay in session.scalars(query)]
+
+
+def settled(session: Session, replay: Replay) -> Replay:
+    """The replay, failed with the reason when it is still queued or running past the worker's time
+    limit (`KVNOTES_TASK_TIME_LIMIT`): its worker died or its message was lost, and it never ends
+    in silence."""
+    limit_s = get_settings().task_time_limit_s + 60
+    if replay.is_finished or (utcnow() - as_utc(replay.created_at)).total_seconds() < limit_s:
+        return replay
+    replay.status, replay.finished_at = RunStatus.FAILED.value, utcnow()
+    replay.error = (f"the replay did not finish within {limit_s} s (KVNOTES_TASK_TIME_LIMIT + 60 s): its "
+                    "worker stopped or its message was lost; start it again")
+    session.commit()
+    return replay

@@ -19,7 +19,7 @@ from fastapi.responses import JSONResponse, Response
 from app.api.deps import PrincipalDep, SessionDep, get_or_404
 from app.api.routes.replays import ReplayOut
 from app.services.errors import Unprocessable
-from app.services.replays import ReplayCreate, replays_of, start_replay
+from app.services.replays import ReplayCreate, replays_of, settled, start_replay
 from app.web.forms import lines, validate
 from app.web.serving_view import panel_context, replay_csv
 from app.web.templating import render
@@ -73,13 +73,13 @@ def create_replay(request: Request, notebook_id: int, session: SessionDep, princ
 
 @router.get("/replays/{replay_id}/panel")
 def replay_box(request: Request, replay_id: int, session: SessionDep) -> Response:
-    replay = get_or_404(session, Replay, replay_id, "replay")
+    replay = settled(session, get_or_404(session, Replay, replay_id, "replay"))
     return render(request, "_replay.html", **panel_context(replay))
 
 
 @router.get("/replays/{replay_id}")
 def replay_page(request: Request, replay_id: int, session: SessionDep) -> Response:
-    replay = get_or_404(session, Replay, replay_id, "replay")
+    replay = settled(session, get_or_404(session, Replay, replay_id, "replay"))
     notebook = session.get(Notebook, replay.notebook_id) if replay.notebook_id else None
     return render(request, "replay.html", notebook=notebook, nav="notebooks", **panel_context(replay))
 

@@ -10,7 +10,7 @@ from fastapi import APIRouter, HTTPException, Query, status
 from pydantic import BaseModel
 
 from app.api.deps import PrincipalDep, SessionDep, errors, get_or_404
-from app.services.replays import ReplayCreate, replays_of, start_replay
+from app.services.replays import ReplayCreate, replays_of, settled, start_replay
 from data.models import Notebook
 from data.queue import QueueUnavailable
 from data.replays import Replay, ReplaySnapshot
@@ -67,4 +67,4 @@ def list_replays(notebook_id: int, session: SessionDep,
 
 @router.get("/replays/{replay_id}", response_model=ReplayOut, responses=errors(404))
 def read_replay(replay_id: int, session: SessionDep) -> ReplayOut:
-    return ReplayOut.of(get_or_404(session, Replay, replay_id, "replay"))
+    return ReplayOut.of(settled(session, get_or_404(session, Replay, replay_id, "replay")))

@@ -1,0 +1,59 @@
+"""Replays in the API without a server: what is refused before any server is asked (no URL, no
+field, no question: 422 naming it, nothing saved), and a replay whose worker never finished it
+reads as failed with the reason, never as `running` forever."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from data.models import utcnow
+from data.replays import Replay, ReplaySnapshot
+
+DOC = "SHIPMENT\ndestination: Oslo\ncarrier: NordFreight\n"
+
+
+def _notebook(client) -> int:
+    r = client.post("/api/notebooks", json={"title": "s", "model": "smollm2-135m", "text": DOC})
+    assert r.status_code == 201, r.text
+    return r.json()["id"]
+
+
+def test_a_replay_needs_a_server_a_field_and_a_question(make_client):
+    client = make_client()
+    nid = _notebook(client)
+    r = client.post(f"/api/notebooks/{nid}/replays", json={})
+    assert r.status_code == 422 and "no vLLM server: give its URL (or set KVNOTES_VLLM_URL)" in r.text
+    url = {"url": "http://127.0.0.1:9/v1"}
+    r = client.post(f"/api/notebooks/{nid}/replays", json=url)
+    assert r.status_code == 422 and "this notebook has no field to replay" in r.text
+    start = DOC.index("Oslo")
+    client.post(f"/api/notebooks/{nid}/fields", json={"start": start, "end": start + 4, "new_value": "Rome"})
+    r = client.post(f"/api/notebooks/{nid}/replays", json={**url, "field_id": 999})
+    assert r.status_code == 422 and "field 999 is not in this notebook" in r.text
+    r = client.post(f"/api/notebooks/{nid}/replays", json=url)
+    assert r.status_code == 422 and "this notebook has no question yet" in r.text
+    client.put(f"/api/notebooks/{nid}/question", json={"text": "Where?"})
+    r = client.post(f"/api/notebooks/{nid}/replays", json=url)
+    assert r.status_code == 422 and "cannot reach the server at http://127.0.0.1:9" in r.text
+    assert client.get(f"/api/notebooks/{nid}/replays").json() == []
+
+
+def test_a_replay_past_the_time_limit_reads_as_failed(make_client):
+    client = make_client(KVNOTES_TASK_TIME_LIMIT="60")
+    nid = _notebook(client)
+    from data.db import get_sessionmaker
+
+    snapshot = ReplaySnapshot(url="http://127.0.0.1:9", document=DOC, start=21, end=25, label="destination",
+                              values=["Rome"], question="Where?")
+    with get_sessionmaker()() as s:
+        running = {"notebook_id": nid, "snapshot": snapshot, "status": "running", "stage": "in_place: 1/3",
+                   "progress": 0.3}
+        old = Replay(**running, created_at=utcnow() - timedelta(seconds=121))
+        fresh = Replay(**running)
+        s.add_all([old, fresh])
+        s.commit()
+        old_id, fresh_id = old.id, fresh.id
+    read = client.get(f"/api/replays/{old_id}").json()
+    assert read["status"] == "failed" and "did not finish within 120 s" in read["error"]
+    assert client.get(f"/api/replays/{fresh_id}").json()["status"] == "running"
+    assert "did not finish within 120 s" in client.get(f"/replays/{old_id}").text
