@@ -53,6 +53,8 @@ class Counters:
     hits: float
 
 
+# what a request to an address can raise besides an answer (an address httpx or IDNA refuses included)
+NETWORK_ERRORS = (httpx.HTTPError, httpx.InvalidURL, UnicodeError, OSError)
 _COUNTER = re.compile(r"^vllm:prefix_cache_(queries|hits)_total\{[^}]*\}\s+([0-9.eE+-]+)\s*$", re.MULTILINE)
 
 
@@ -61,6 +63,10 @@ def base_url(url: str) -> str:
     url = url.strip().rstrip("/")
     if not re.match(r"^https?://[^/\s]+", url):
         raise ReplayError(f"server URL must start with http:// or https://, got {url!r}")
+    try:
+        httpx.URL(url).host.encode("idna")
+    except (httpx.InvalidURL, UnicodeError, ValueError) as exc:
+        raise ReplayError(f"server URL {url!r} is not a valid address: {exc}") from None
     return url[:-3] if url.endswith("/v1") else url
 
 
@@ -84,12 +90,12 @@ class Server:
     def _get_json(self, path: str) -> dict:
         try:
             response = self._client.get(path)
-        except httpx.HTTPError as exc:
+        except NETWORK_ERRORS as exc:
             raise ReplayError(f"cannot reach the server at {self.url}: {_reason(exc)}") from None
         if response.status_code != 200:
             raise ReplayError(f"{self.url}{path} answered HTTP {response.status_code}: is this an "
                               f"OpenAI-compatible server (vLLM)? {response.text[:200]}")
-        return response.json()
+        return _json(response, self.url + path)
 
     def info(self) -> ServerInfo:
         """The served model (checked against `model`) and its max_model_len."""
@@ -110,19 +116,22 @@ class Server:
         body = {"model": self.model, "messages": _messages(content), "add_generation_prompt": True}
         try:
             response = self._client.post("/tokenize", json=body)
-        except httpx.HTTPError as exc:
+        except NETWORK_ERRORS as exc:
             raise ReplayError(f"cannot reach the server at {self.url}: {_reason(exc)}") from None
         if response.status_code != 200:
             raise ReplayError(f"{self.url}/tokenize answered HTTP {response.status_code} "
                               f"(the replay needs vLLM's /tokenize): {response.text[:200]}")
-        return list(response.json()["tokens"])
+        tokens = _json(response, f"{self.url}/tokenize").get("tokens")
+        if not isinstance(tokens, list):
+            raise ReplayError(f"{self.url}/tokenize answered without token ids (the replay needs vLLM)")
+        return tokens
 
     def reset_cache(self) -> bool:
         """Empty the server's prefix cache (vLLM's development endpoint, which scripts/vllm.sh enables
         on a loopback bind); False when the server does not offer it."""
         try:
             response = self._client.post("/reset_prefix_cache")
-        except httpx.HTTPError as exc:
+        except NETWORK_ERRORS as exc:
             raise ReplayError(f"cannot reach the server at {self.url}: {_reason(exc)}") from None
         return response.status_code == 200
 
@@ -130,7 +139,7 @@ class Server:
         """The prefix-cache counters summed over engines, or None when `/metrics` has none."""
         try:
             response = self._client.get("/metrics")
-        except httpx.HTTPError as exc:
+        except NETWORK_ERRORS as exc:
             raise ReplayError(f"cannot reach the server at {self.url}: {_reason(exc)}") from None
         found = {"queries": 0.0, "hits": 0.0}
         matches = _COUNTER.findall(response.text) if response.status_code == 200 else []
@@ -159,7 +168,7 @@ class Server:
                         if first is None and (text or choice.get("finish_reason")):
                             first = time.perf_counter()
                         parts.append(text)
-        except httpx.HTTPError as exc:
+        except NETWORK_ERRORS as exc:
             raise ReplayError(f"the server at {self.url} stopped answering: {_reason(exc)}") from None
         if first is None or usage is None:
             raise ReplayError("the stream ended before an answer and its usage arrived")
@@ -167,6 +176,16 @@ class Server:
         cached = ((usage.get("prompt_tokens_details") or {}).get("cached_tokens")) or 0
         return Completion((first - sent) * 1000, (done - sent) * 1000, "".join(parts),
                           int(usage.get("prompt_tokens") or 0), int(cached))
+
+
+def _json(response: httpx.Response, where: str) -> dict:
+    try:
+        data = response.json()
+    except ValueError:
+        raise ReplayError(f"{where} did not answer JSON: is this an OpenAI-compatible server (vLLM)?") from None
+    if not isinstance(data, dict):
+        raise ReplayError(f"{where} answered {type(data).__name__}, not a JSON object")
+    return data
 
 
 def _messages(content: str) -> list[dict]:
@@ -181,11 +200,14 @@ def _events(response: httpx.Response):
         data = line[5:].strip()
         if data == "[DONE]":
             return
-        chunk = json.loads(data)
+        try:
+            chunk = json.loads(data)
+        except ValueError:
+            raise ReplayError(f"the stream carried something that is not JSON: {data[:100]!r}") from None
         if "error" in chunk:
             raise ReplayError(f"the server reported an error mid-stream: {chunk['error']}")
         yield chunk
 
 
-def _reason(exc: httpx.HTTPError) -> str:
+def _reason(exc: Exception) -> str:
     return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
