@@ -68,7 +68,9 @@ def notes_map_pieces(snapshot: RunSnapshot, notes_map: NotesMap) -> list[MapPiec
     for a, b in zip(bounds, [*bounds[1:], None]):
         for _, placement in (s for s in skills if s[0] == a):
             parts, pure = _skill_parts(placement.text, _straddling(document, a, notes_map.spans), pure)
-            pieces.append(MapPiece(placement.text, skill=placement.name or "skill", parts=tuple(parts)))
+            inside, after = _line_ends_after(parts)
+            pieces.append(MapPiece(placement.text, skill=placement.name or "skill", parts=tuple(inside)))
+            pieces += after
         if b is None:
             break
         field = next((f for f in snapshot.fields if f.start <= a and b <= f.end), None)
@@ -129,6 +131,20 @@ def _skill_parts(text: str, straddling: list[Read], pure: list[tuple[int, NotesS
     if cursor < len(text):
         parts.append(MapPiece(text[cursor:]))
     return parts, pure[taken:]
+
+
+def _line_ends_after(parts: list[MapPiece]) -> tuple[list[MapPiece], list[MapPiece]]:
+    """A skill's parts without the newlines that end it, and those newlines (with their shares) to
+    draw after its region, so the region does not spill onto an empty line."""
+    inside, after = list(parts), []
+    while inside and inside[-1].text.endswith("\n"):
+        last = inside.pop()
+        body = last.text.rstrip("\n")
+        after.insert(0, MapPiece(last.text[len(body):], last.share))
+        if body:
+            inside.append(MapPiece(body, last.share))
+            break
+    return inside, after
 
 
 def top_spans(notes_map: NotesMap, n: int = 5) -> list[NotesSpan]:

@@ -69,10 +69,10 @@ def test_a_placed_skill_is_drawn_as_a_region_in_place(client) -> None:
     region = re.search(skill_region, doc, re.S)
     assert region is not None
     drawn = re.sub(r"<[^>]+>", "", region.group(1))
-    assert drawn == "skill: house rules" + SKILL  # the skill's whole text, once
+    assert drawn == "skill: house rules" + SKILL.rstrip("\n")  # the skill's text, once (its newline after it)
     coloured = re.findall(r'<span class="map-span[^>]*>(.*?)</span>', region.group(1), re.S)
     assert len(coloured) > len(inside)  # its own spans, and those running in from the document around it
-    assert "".join(coloured) == SKILL  # every character of the skill coloured by the span that read it
+    assert "".join(coloured) == SKILL.rstrip("\n")  # every character coloured by the span that read it
     plain = re.sub(r"<[^>]+>", "", doc)
     assert plain.index("skill: house rules") < plain.index("Only accounts")  # in place: before "Only"
     assert plain.index("skill: house rules") > plain.index("entry 3.")
