@@ -10,8 +10,10 @@ prefills exactly these tokens, so every strategy reads the same sequence, then t
 | splice         | nothing: full reuse (with `seam` > 0, the first `seam` tokens of every skill)   |
 | seam           | splice + the first `seam_tokens` (K = 4, the paper's seam repair) of every skill |
 | epic           | splice + the first `epic_tokens` (k = 16) of every skill (EPIC)                 |
-| selective      | splice + the `fraction` (15%) of reused tokens whose layer-1 K/V move most when layer 0 is re-run with the real context (CacheBlend's rule) |
-| prefix_reuse   | exact: the context and the first skill reused as a serving engine's prefix cache holds them from an earlier prompt; everything after recomputed |
+| selective      | splice + the `fraction` (15%) of reused tokens whose layer-1 K/V move most when |
+|                | layer 0 is re-run with the real context (CacheBlend's rule)                     |
+| prefix_reuse   | exact: the context and the first skill reused as a serving engine's prefix cache |
+|                | holds them from an earlier prompt; everything after recomputed                  |
 
 `prefix_reuse`'s cached notes (the context followed by the first skill, computed together) are
 prepared outside the timings, as the skills themselves are compiled outside them.
@@ -67,7 +69,8 @@ def compose_run(engine: LoadedModel, blend: Blend, strategies: tuple[str, ...] |
     case = BlendCase(engine.model, blend.context, blend.skills, layout, blend.seams, blend.seam_tokens,
                      blend.epic_tokens, blend.selective_fraction)
     frame = engine.frame
-    suffix_ids = engine.encode(blend.suffix + frame.tail if blend.suffix is not None else frame.suffix(blend.question))
+    suffix = blend.suffix + frame.tail if blend.suffix is not None else frame.suffix(blend.question)
+    suffix_ids = engine.encode(suffix)
     bench = Bench(engine, blend.question, suffix_ids, progress=report_progress, span=(0.05, 0.85))
     runners = COMPOSITIONS.runners(built)
     outcomes = measure(bench, case, runners)

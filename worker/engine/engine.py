@@ -35,7 +35,8 @@ class Engine(LoadedModel):
     """One loaded model and the paper's operations on its notes: run, edit, compose."""
 
     # ---- runs ---------------------------------------------------------------------------------
-    def run(self, request: RunRequest, notes: Notes | None = None, progress: ProgressFn | None = None) -> Report:
+    def run(self, request: RunRequest, notes: Notes | None = None,
+            progress: ProgressFn | None = None) -> Report:
         """Every strategy of `request` against recompute (see `worker.engine.run`); `notes` are the
         document's cached notes, prefilled when None."""
         return run(self, request, notes, progress)

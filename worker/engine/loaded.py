@@ -29,7 +29,7 @@ class LoadedModel:
 
     def __init__(self, model, tokenizer, info: ModelInfo, store: KVStore | None = None):
         self.model, self.tokenizer, self.info = model, tokenizer, info
-        install_split_attention(model)  # forwards after cached notes attend in two parts (no copy of the notes)
+        install_split_attention(model)  # forwards after cached notes attend in two parts (no copy of them)
         self.frame = make_frame(tokenizer)
         self.store = store
         try:
@@ -169,5 +169,6 @@ class LoadedModel:
             pieces += [context.text[last_char:char], placements[i].text]
             last_char = char
         pieces.append(context.text[last_char:])
-        seam_tokens = sum(min(p.seam, e - s) for p, (s, e) in zip((placements[i] for i in layout.order), layout.spans))
+        ordered = (placements[i] for i in layout.order)
+        seam_tokens = sum(min(p.seam, e - s) for p, (s, e) in zip(ordered, layout.spans))
         return notes, "".join(pieces), seam_tokens

@@ -85,7 +85,8 @@ def run(engine: LoadedModel, request: RunRequest, notes: Notes | None = None,
     case, bench = _plan(engine, request, old, report_progress)
     runners = EDITS.runners(strategies)
     editor = case.editor
-    if any(s.info.moves_keys for s in strategies.values()) and len(editor.new_ids) != len(editor.old.token_ids):
+    length_changes = len(editor.new_ids) != len(editor.old.token_ids)
+    if length_changes and any(s.info.moves_keys for s in strategies.values()):
         engine.require_portable()
 
     outcomes = measure(bench, case, runners)
@@ -131,14 +132,16 @@ def _checked(request: RunRequest) -> list[str]:
     n = len(request.document)
     for f in fields:
         if not (0 <= f.start < f.end <= n):
-            raise EngineError(f"field {f.label or ''} [{f.start}, {f.end}) is not inside the document (0..{n})")
+            raise EngineError(f"field {f.label or ''} [{f.start}, {f.end}) is not inside the document "
+                              f"(0..{n})")
     for a, b in zip(fields, fields[1:]):
         if b.start < a.end:
             raise EngineError(f"fields [{a.start}, {a.end}) and [{b.start}, {b.end}) overlap")
     return with_recompute(request.strategies)
 
 
-def _plan(engine: LoadedModel, request: RunRequest, old: Notes, progress: ProgressFn) -> tuple[EditCase, Bench]:
+def _plan(engine: LoadedModel, request: RunRequest, old: Notes,
+          progress: ProgressFn) -> tuple[EditCase, Bench]:
     """Splice the placements into the old notes, apply the fields to the composed text, and tokenize
     what every strategy reads; new tokens carry offsets into the OLD document."""
     fields = sorted(request.fields, key=lambda f: f.start)
@@ -151,8 +154,8 @@ def _plan(engine: LoadedModel, request: RunRequest, old: Notes, progress: Progre
     new_offsets = [new_to_document(o, fields, inserts) for o in new_offsets]
     errata = request.errata
     if errata is None:
-        errata = tuple(render_erratum(f.label, request.document[f.start:f.end], f.new_value, request.erratum_template)
-                       for f in fields)
+        errata = tuple(render_erratum(f.label, request.document[f.start:f.end], f.new_value,
+                                      request.erratum_template) for f in fields)
     case = EditCase(
         engine=engine,
         editor=Editor(engine.model, engine.rope, base, new_ids, new_segments, new_offsets),
@@ -167,7 +170,8 @@ def _plan(engine: LoadedModel, request: RunRequest, old: Notes, progress: Progre
     return case, bench
 
 
-def _notes_map(engine: LoadedModel, editor: Editor, outcomes: dict[str, Outcome], suffix_ids: list[int]) -> Attribution:
+def _notes_map(engine: LoadedModel, editor: Editor, outcomes: dict[str, Outcome],
+               suffix_ids: list[int]) -> Attribution:
     """The notes map from the run's own recompute notes, and its in_place and stale ones (made
     here when the run did not measure them)."""
     if len(editor.new_ids) != len(editor.old.token_ids):
