@@ -4,6 +4,7 @@ what the README shows, and the app and the command line share one default data f
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -80,3 +81,16 @@ def test_the_readme_command_line_runs_as_printed(data_dir) -> None:
     shown = printed_table()
     assert len(shown) >= 5 and answered == shown  # the README shows what the model answers
     assert table.splitlines()[0] == "smollm2-135m: 60 document tokens"
+
+
+@pytest.mark.slow
+def test_the_readme_compose_and_attribute_examples_run_as_printed(data_dir) -> None:
+    listed = commands()
+    for prefix in ("kvnotes compose", "kvnotes attribute"):
+        command = next(c for c in listed if c.startswith(prefix))
+        result = plain_shell(f"{listed[0]}\n{command}", data_dir)
+        assert result.returncode == 0, (command, result.stderr[-2000:])
+        if "--json" in command:
+            assert "recompute" in json.loads(result.stdout)["strategies"]
+        else:
+            assert result.stdout.strip(), command
