@@ -73,8 +73,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from data.migrate import upgrade_to_head
     from data.settings import get_settings
 
-    configure_logging(logging.INFO)  # key=value lines, extra fields included (data.logs)
-    models = _models(args.model)
+    configure_logging(logging.WARNING)  # key=value lines with their extra fields (data.logs); quiet
+    models = _models(args.model)        # until the start-up check, whose refusal is one line
     os.environ["KVNOTES_BIND_HOST"] = args.host  # the app's sign-in rule and Host allowlist need it
     if args.model:  # the web app offers exactly what the worker serves
         os.environ["KVNOTES_DEFAULT_MODEL"] = models[0]
@@ -85,6 +85,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if problem:
         print(problem, file=sys.stderr)
         return 2
+    configure_logging(logging.INFO)
     supervisor = None if args.no_worker else WorkerSupervisor(models, args.name, env=dict(os.environ))
     if supervisor is not None:
         supervisor.start()
