@@ -4,26 +4,34 @@ SQLite (the embedded default) gets `check_same_thread=False` (FastAPI serves fro
 WAL journaling (the web app reads while a worker writes) and enforced foreign keys (without them
 SQLite ignores ON DELETE CASCADE / SET NULL).
 
-Capacity: the pool holds `KVNOTES_DB_POOL_SIZE` connections and no overflow; the web app lets that
-many requests in at once (`app.api.capacity`), so a request never waits long for a connection, and a
-wait past `POOL_TIMEOUT_S` is a 503, never a 500. `/api/health` has its own small pool
+Capacity: the web app lets `KVNOTES_DB_POOL_SIZE` requests in at once (`app.api.capacity`) and the
+pool holds that many connections plus as many again for a request's own short second transaction
+(noting an API token's use), so a request never waits long for a connection, and a wait past
+`POOL_TIMEOUT_S` is a 503, never a 500. `/api/health` has its own small pool
 (`get_health_sessionmaker`): it answers while every request connection is busy.
 
-Recovery: SQLite opens a database file it cannot write read-only, and such a connection stays
-read-only for its life. An error saying so ("attempt to write a readonly database") therefore
-discards the pooled connections (treated like a lost connection), so once storage is writable again
-the next connection is opened read-write, without a restart.
+Recovery: SQLite silently opens a database file it cannot write read-only, and such a connection stays
+read-only for its life; worse, while any connection of the process (even one dropped, but not yet
+garbage) holds the file read-only, the process shares that read-only WAL index with every new
+connection, so a read-only episode outlived itself until a restart. The app's pools therefore do not
+open a SQLite file this process cannot write (`writable_only`): while it cannot be written, requests
+that need the database answer 503 (nothing read-only is ever opened), and the first connection after
+it is read-write. An error saying the database is not writable also starts a new generation of
+connections (the failing one dropped, idle ones closed, ones in use replaced at their next checkout).
 """
 
 from __future__ import annotations
 
+import logging
+import os
+import weakref
 from collections.abc import Iterator
 from functools import lru_cache
 from typing import Any
 
 from sqlalchemy import Engine, create_engine, event, text
 from sqlalchemy.engine import ExceptionContext
-from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.exc import DisconnectionError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
 from data.settings import get_settings
@@ -31,7 +39,11 @@ from data.settings import get_settings
 POOL_TIMEOUT_S = 5.0  # the limiter keeps requests within the pool: a longer wait is a fault (503)
 HEALTH_POOL_SIZE = 2
 HEALTH_POOL_TIMEOUT_S = 1.0
-STALE_CONNECTION_ERRORS = ("readonly database", "read-only file system", "disk i/o error")
+STALE_CONNECTION_ERRORS = ("readonly database", "read-only file system", "disk i/o error",
+                           "unable to open database file")
+log = logging.getLogger(__name__)
+_ENGINES: weakref.WeakSet[Engine] = weakref.WeakSet()  # every engine made here, to close them all at once
+_generation = [0]  # connections opened before the last "not writable" error are not used again
 
 
 def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
@@ -42,32 +54,74 @@ def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
     cursor.close()
 
 
+def _stamp(_dbapi_connection: Any, record: Any) -> None:
+    record.info["generation"] = _generation[0]
+
+
+def _refuse_stale(_dbapi_connection: Any, record: Any, _proxy: Any) -> None:
+    """At checkout: a connection of an older generation is replaced by a fresh one."""
+    if record.info.get("generation") != _generation[0]:
+        raise DisconnectionError("opened before the database became writable again")
+
+
 def _discard_stale_connections(context: ExceptionContext) -> None:
-    """A connection that found its database read-only (or its disk gone) is not reused: marking the
-    error a disconnect makes SQLAlchemy invalidate the pool, so later connections open afresh."""
+    """A connection that found its database read-only (or its disk gone) is not reused: the error
+    counts as a disconnect (this connection is dropped), every pool's idle connections are closed
+    and the ones in use are replaced at their next checkout, so the process opens the file afresh."""
     if any(words in str(context.original_exception).lower() for words in STALE_CONNECTION_ERRORS):
         context.is_disconnect = True
+        _generation[0] += 1
+        for engine in list(_ENGINES):
+            engine.pool.dispose()  # the same pool: connections in use come back to it, then are replaced
+        log.warning("database not writable: pooled connections closed, the next ones open afresh")
+
+
+def _refuse_read_only_open(dialect: Any, _record: Any, cargs: tuple, _cparams: dict) -> None:
+    """Before SQLite opens the file: refuse when this process cannot write it, instead of letting
+    SQLite fall back to a read-only handle (see the module's docstring)."""
+    path = _sqlite_file(str(cargs[0]) if cargs else "")
+    if path and os.path.exists(path) and not os.access(path, os.W_OK):
+        raise dialect.dbapi.OperationalError("attempt to write a readonly database (file not writable)")
+
+
+def _sqlite_file(database: str) -> str:
+    """The file path of a pysqlite `database` argument (a plain path or a `file:` URI); '' for memory."""
+    if database.startswith("file:"):
+        database = database[len("file:"):].split("?", 1)[0]
+    return "" if not database or database == ":memory:" else database
 
 
 def make_engine(url: str, pool_size: int | None = None, pool_timeout: float = POOL_TIMEOUT_S) -> Engine:
-    """An engine for `url` with `pool_size` connections (default `KVNOTES_DB_POOL_SIZE`) and no
-    overflow, with the SQLite settings above when it is SQLite."""
+    """An engine for `url` with `pool_size` connections (default `KVNOTES_DB_POOL_SIZE`) and as many
+    again in overflow, with the SQLite settings above when it is SQLite."""
     size = pool_size or get_settings().db_pool_size
     if url.startswith("sqlite"):
         pool = {} if ":memory:" in url or url in ("sqlite://", "sqlite:///") else {
-            "pool_size": size, "max_overflow": 0, "pool_timeout": pool_timeout}
+            "pool_size": size, "max_overflow": size, "pool_timeout": pool_timeout}
         engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30}, **pool)
         event.listen(engine, "connect", _sqlite_pragmas)
     else:
-        engine = create_engine(url, pool_pre_ping=True, pool_size=size, max_overflow=0,
+        engine = create_engine(url, pool_pre_ping=True, pool_size=size, max_overflow=size,
                                pool_timeout=pool_timeout)
     event.listen(engine, "handle_error", _discard_stale_connections)
+    event.listen(engine, "connect", _stamp)
+    event.listen(engine, "checkout", _refuse_stale)
+    _ENGINES.add(engine)
+    return engine
+
+
+def writable_only(engine: Engine) -> Engine:
+    """`engine`, refusing to open a SQLite file it cannot write (the app's pools: nothing read-only
+    is ever pooled). Migrations open as SQLite does: they may read a read-only file."""
+    if engine.dialect.name == "sqlite":
+        event.listen(engine, "do_connect", _refuse_read_only_open)
     return engine
 
 
 @lru_cache(maxsize=4)
 def get_engine(url: str | None = None) -> Engine:
-    return make_engine(url or get_settings().database_url)
+    """The process's engine (read-write SQLite connections only: see the module's docstring)."""
+    return writable_only(make_engine(url or get_settings().database_url))
 
 
 @lru_cache(maxsize=4)
@@ -78,7 +132,7 @@ def get_sessionmaker(url: str | None = None) -> sessionmaker[Session]:
 @lru_cache(maxsize=1)
 def get_health_sessionmaker() -> sessionmaker[Session]:
     """Sessions on a pool of their own, for `/api/health`: it must answer while the app is saturated."""
-    engine = make_engine(get_settings().database_url, HEALTH_POOL_SIZE, HEALTH_POOL_TIMEOUT_S)
+    engine = writable_only(make_engine(get_settings().database_url, HEALTH_POOL_SIZE, HEALTH_POOL_TIMEOUT_S))
     return sessionmaker(bind=engine, expire_on_commit=False)
 
 

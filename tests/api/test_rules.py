@@ -93,11 +93,13 @@ def test_placed_skills_must_be_compiled_and_match_a_new_model(make_client) -> No
     assert client.post(f"/api/notebooks/{nb}/placements", json={"skill_id": skill["id"]}).status_code == 201
     r = client.patch(f"/api/notebooks/{nb}", json={"model": "gemma3-270m"})
     assert r.status_code == 422
-    assert "skill 'brief' placed in this notebook is for smollm2-135m: remove it before changing the model" in r.text
+    assert ("skill 'brief' placed in this notebook is for smollm2-135m: remove it before changing the model"
+            in r.text)
     assert client.get(f"/api/notebooks/{nb}").json()["model"] == "smollm2-135m"  # nothing changed
     placement = client.get(f"/api/notebooks/{nb}/placements").json()[0]["id"]
     assert client.delete(f"/api/placements/{placement}").status_code == 204
-    assert client.patch(f"/api/notebooks/{nb}", json={"model": "gemma3-270m"}).json()["model"] == "gemma3-270m"
+    changed = client.patch(f"/api/notebooks/{nb}", json={"model": "gemma3-270m"})
+    assert changed.json()["model"] == "gemma3-270m"
 
 
 def test_a_worker_whose_process_is_gone_is_not_live(make_client) -> None:
@@ -118,7 +120,8 @@ def test_a_worker_whose_process_is_gone_is_not_live(make_client) -> None:
     health = client.get("/api/health").json()
     assert health["workers"] == "no live worker for tiny-llama", health  # its beat is fresh, its process gone
     with get_sessionmaker()() as session:
-        workers.register(session, "kvnotes-alive@here", ["model.tiny-llama"], socket.gethostname(), os.getpid())
+        workers.register(session, "kvnotes-alive@here", ["model.tiny-llama"], socket.gethostname(),
+                         os.getpid())
         session.commit()
     assert client.get("/api/health").json()["workers"] == "ok"
 

@@ -26,8 +26,9 @@ def _seed(db: sqlite3.Connection) -> None:
         nb = _insert_notebook(db, title)
         db.execute('INSERT INTO fields (notebook_id, start, "end", old_value, new_value, label, created_at) '
                    "VALUES (?, 8, 14, 'active', 'closed', 'status', ?)", (nb, NOW))
-        db.execute("INSERT INTO runs (notebook_id, kind, snapshot, strategies, status, stage, progress, timings, "
-                   "created_at) VALUES (?, 'edit', '{}', '[]', 'succeeded', 'done', 1.0, '{}', ?)", (nb, NOW))
+        db.execute("INSERT INTO runs (notebook_id, kind, snapshot, strategies, status, stage, progress, "
+                   "timings, created_at) VALUES (?, 'edit', '{}', '[]', 'succeeded', 'done', 1.0, '{}', ?)",
+                   (nb, NOW))
     db.execute("DELETE FROM runs WHERE notebook_id = 3")
     db.execute("DELETE FROM fields WHERE notebook_id = 3")
     db.execute("DELETE FROM notebooks WHERE id = 3")  # before 0006 nothing remembers that 3 was issued
@@ -46,10 +47,13 @@ def test_the_migration_keeps_the_data_and_ids_are_never_reused_after_it(tmp_path
     upgrade_to_head(url)
     with sqlite3.connect(path) as db:
         db.execute("PRAGMA foreign_keys=ON")
-        assert "AUTOINCREMENT" in db.execute("SELECT sql FROM sqlite_master WHERE name = 'notebooks'").fetchone()[0]
-        assert db.execute("SELECT id, title FROM notebooks ORDER BY id").fetchall() == [(1, "one"), (2, "two")]
+        schema = db.execute("SELECT sql FROM sqlite_master WHERE name = 'notebooks'").fetchone()[0]
+        assert "AUTOINCREMENT" in schema
+        titles = db.execute("SELECT id, title FROM notebooks ORDER BY id").fetchall()
+        assert titles == [(1, "one"), (2, "two")]
         assert db.execute("SELECT id, notebook_id FROM runs ORDER BY id").fetchall() == [(1, 1), (2, 2)]
-        assert dict(db.execute("SELECT name, seq FROM sqlite_sequence"))["notebooks"] == 2  # today's largest id
+        sequence = dict(db.execute("SELECT name, seq FROM sqlite_sequence"))
+        assert sequence["notebooks"] == 2  # today's largest id
         third = _insert_notebook(db, "after")
         db.execute("DELETE FROM notebooks WHERE id = ?", (third,))
         fourth = _insert_notebook(db, "after the delete")
