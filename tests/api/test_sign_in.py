@@ -180,3 +180,22 @@ def test_a_crowd_of_sign_ins_waits_for_a_hash_slot_or_is_told_to_come_back(make_
         codes = list(pool.map(lambda i: _browser(client, f"192.0.2.{i + 20}").post(
             "/login", data={"name": "alice", "password": f"guess-{i}"}).status_code, range(50)))
     assert set(codes) <= {401, 429, 503} and codes.count(401) >= HASH_SLOTS, codes
+
+
+def test_sessions_and_the_limit_on_postgresql(make_client, postgres_url: str) -> None:
+    """The same rules on PostgreSQL (its own upsert of a failure count, its own row lock)."""
+    from data.sign_in import ACCOUNT_FREE
+
+    client = make_client(KVNOTES_AUTH="required", DATABASE_URL=postgres_url)
+    _user()
+    codes = [client.post("/login", data={"name": "alice", "password": f"guess-{i}"}).status_code
+             for i in range(ACCOUNT_FREE + 2)]
+    assert codes == [401] * ACCOUNT_FREE + [429, 429]
+    other = _browser(client)
+    _user("bob")
+    saved = _sign_in(other, "bob")
+    other.post("/logout", headers=SAME)
+    assert _browser(client, cookie=saved).get("/api/notebooks").status_code == 401
+    from data.db import reset_engines
+
+    reset_engines()  # let the scratch database be dropped
