@@ -26,13 +26,20 @@ from data.models import Notebook, Run
 @dataclass(frozen=True)
 class Piece:
     """A stretch of one run's text drawn with one colour (its token's attention); `kind` is "field"
-    inside a changed field, "skill" inside a placed skill, "" elsewhere."""
+    inside a changed field, "skill" inside a placed skill, "" elsewhere; `differs`: a word the line
+    beside it (another run's, on a marked row) does not have."""
 
     text: str
     bg: str = ""
     fg: str = ""
     title: str = ""
     kind: str = ""
+    differs: bool = False
+
+    @property
+    def classes(self) -> str:
+        names = (f"cmp-{self.kind}" if self.kind else "", "cmp-diff" if self.differs else "")
+        return " ".join(n for n in names if n)
 
 
 @dataclass
@@ -201,23 +208,47 @@ def run_attention(session: Session, run: Run, strategy: str) -> RunAttention:
     return RunAttention(vector.tokens, vector.values)
 
 
-def _pieces(read: ReadText, start: int, end: int, att: RunAttention | None, vmax: float) -> list[Piece]:
-    """Characters [start, end) of `read` as pieces, one per token (or per kind without tokens)."""
+def _pieces(read: ReadText, start: int, end: int, att: RunAttention | None, vmax: float,
+            marked: frozenset[int] = frozenset()) -> list[Piece]:
+    """Characters [start, end) of `read` as pieces, one per token (or per kind without tokens), cut
+    where `marked` (offsets from `start` of words that differ) begins or ends."""
     out: list[Piece] = []
     k = start
     while k < end:
-        owner, kind = read.owner[k], read.kind[k]
+        owner, kind, differs = read.owner[k], read.kind[k], k - start in marked
         j = k + 1
-        while j < end and read.owner[j] == owner and read.kind[j] == kind:
+        while j < end and (read.owner[j], read.kind[j], j - start in marked) == (owner, kind, differs):
             j += 1
         text = read.text[k:j]
         if owner >= 0 and att is not None:
             v = float(att.values[owner])
             c = seq_colour(v, vmax)
-            out.append(Piece(text, hex_colour(c), text_on(c), f"{att.tokens[owner].text!r}: {v:.5f}", kind))
+            tip = f"{att.tokens[owner].text!r}: {v:.5f}"
+            out.append(Piece(text, hex_colour(c), text_on(c), tip, kind, differs))
         else:
-            out.append(Piece(text, kind=kind))
+            out.append(Piece(text, kind=kind, differs=differs))
         k = j
+    return out
+
+
+WORDS = re.compile(r"\S+")
+
+
+def differing_words(texts: list[str]) -> list[frozenset[int]]:
+    """Per text of one marked row, the character offsets of its words that another non-empty text
+    of the row does not have in line (difflib over words); nothing against an empty text (the whole
+    line is the change there)."""
+    words = [[(m.start(), m.end(), m.group()) for m in WORDS.finditer(t)] for t in texts]
+    out = []
+    for i, mine in enumerate(words):
+        marked: set[int] = set()
+        for j, theirs in enumerate(words):
+            if j == i or not mine or not theirs:
+                continue
+            pair = difflib.SequenceMatcher(None, [w[2] for w in mine], [w[2] for w in theirs], autojunk=False)
+            kept = {k for m in pair.get_matching_blocks() for k in range(m.a, m.a + m.size)}
+            marked |= {c for k, (a, b, _) in enumerate(mine) if k not in kept for c in range(a, b)}
+        out.append(frozenset(marked))
     return out
 
 
@@ -238,10 +269,13 @@ def _aligned(reads: list[ReadText], attention: list[RunAttention] | None, vmax: 
     keys = [[unit_key(r.text[a:b]) for a, b in s] for r, s in zip(reads, spans)]
     rows = []
     for shared, picked in aligned_units(keys):
+        bounds = [None if u is None else spans[i][u] for i, u in enumerate(picked)]
+        texts = ["" if b is None else reads[i].text[b[0]:b[1]] for i, b in enumerate(bounds)]
+        marks = [frozenset()] * len(texts) if shared else differing_words(texts)
         cells = []
-        for i, u in enumerate(picked):
+        for i, b in enumerate(bounds):
             att = attention[i] if attention else None
-            cells.append(Cell([] if u is None else _pieces(reads[i], *spans[i][u], att, vmax), not shared))
+            cells.append(Cell([] if b is None else _pieces(reads[i], *b, att, vmax, marks[i]), not shared))
         rows.append(AlignedRow(label, cells))
     return rows
 

@@ -35,6 +35,21 @@ def changed(html: str) -> list[str]:
     return [_plain(c) for c in re.findall(r'<div class="cell changed" role="cell">(.*?)</div>', html, re.S)]
 
 
+def differing(html: str) -> list[list[str]]:
+    """Per marked cell, its runs of words outlined as differing."""
+    out = []
+    for cell in re.findall(r'<div class="cell changed" role="cell">(.*?)</div>', html, re.S):
+        pieces = re.findall(r'<span class="([^"]*)"[^>]*>(.*?)</span>|([^<]+)', cell, re.S)
+        runs, current = [], ""
+        for classes, text, _bare in pieces:
+            if "cmp-diff" in classes:
+                current += text
+            elif current:
+                runs, current = [*runs, current], ""
+        out.append([*runs, current] if current else runs)
+    return out
+
+
 def _plain(cell: str) -> str:
     return re.sub(r"<[^>]+>", "", cell).replace("&#39;", "'").replace("&amp;", "&")
 
@@ -53,6 +68,7 @@ def test_each_column_shows_what_the_strategy_read_aligned_line_by_line(client) -
     assert recompute[2] == ["status: suspended\n"] * 2  # recompute read the new value in both runs
     assert recompute[5] == [line.replace("Only", word) for word in ("Only", "Just")]
     assert changed(page.text) == recompute[5]  # the reworded line is the one marked row
+    assert differing(page.text) == [["Only"], ["Just"]]  # and in it, the word that differs, in each run
     assert page.text.count('class="cmp-field"') >= 2  # the new value is underlined as the field
     assert "errata" not in re.findall(r'data-row="(\w+)"', page.text)  # recompute read no erratum
 
