@@ -17,6 +17,7 @@ from vocabulary.strategies import (
     COMPOSE_HELP,
     COMPOSE_INFO,
     COMPOSE_STRATEGIES,
+    DEFAULT_COMPOSE_STRATEGIES,
     DEFAULT_STRATEGIES,
     EDIT_INFO,
     REFERENCE,
@@ -29,7 +30,8 @@ from vocabulary.strategies import (
 )
 
 __all__ = [
-    "AUTO_CANDIDATES", "COMPOSE_HELP", "COMPOSE_INFO", "COMPOSE_STRATEGIES", "DEFAULT_STRATEGIES",
+    "AUTO_CANDIDATES", "COMPOSE_HELP", "COMPOSE_INFO", "COMPOSE_STRATEGIES", "DEFAULT_COMPOSE_STRATEGIES",
+    "DEFAULT_STRATEGIES",
     "DEFAULT_TEMPLATE", "EDIT_INFO", "METRICS", "METRIC_NAMES", "REFERENCE", "STRATEGIES", "STRATEGY_HELP",
     "Metric", "StrategyInfo", "render_erratum", "unknown_compose_strategies", "unknown_strategies",
     "with_recompute",

@@ -118,4 +118,5 @@ STRATEGY_HELP = {name: info.help for name, info in EDIT_INFO.items()}
 DEFAULT_STRATEGIES = tuple(name for name, info in EDIT_INFO.items() if info.default)
 AUTO_CANDIDATES = EDIT_INFO["auto"].parts
 COMPOSE_STRATEGIES = tuple(COMPOSE_INFO)
+DEFAULT_COMPOSE_STRATEGIES = tuple(name for name, info in COMPOSE_INFO.items() if info.default)
 COMPOSE_HELP = {name: info.help for name, info in COMPOSE_INFO.items()}

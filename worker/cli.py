@@ -96,6 +96,8 @@ def cmd_edit(args) -> None:
 
 
 def cmd_compose(args) -> None:
+    from vocabulary import DEFAULT_COMPOSE_STRATEGIES
+
     context = _read(args.context, "context")
     skills = [_read(s, "skill") for s in args.skill]
     at = None
@@ -104,7 +106,7 @@ def cmd_compose(args) -> None:
             at = int(args.at)
         except ValueError:
             raise UsageError(f"--at must be 'end' or a character offset, not {args.at!r}") from None
-    strategies = _names(args.strategies) or ["splice"]
+    strategies = _names(args.strategies) or list(DEFAULT_COMPOSE_STRATEGIES)
     eng = _load(args)
     report = eng.compose(context, skills, _question(args), at=at, seam=args.seam, strategies=strategies)
     _print(report, args)
@@ -166,7 +168,7 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from vocabulary import COMPOSE_INFO, EDIT_INFO
+    from vocabulary import COMPOSE_INFO, DEFAULT_COMPOSE_STRATEGIES, EDIT_INFO
 
     parser = argparse.ArgumentParser(prog="kvnotes", description="Edit and compose a language model's notes (KV cache).")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -191,7 +193,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--skill", action="append", required=True, help="a skill text file (repeatable)")
     p.add_argument("--at", default="end", help="'end' or a character offset in the context")
     p.add_argument("--seam", type=int, default=0, help="recompute the first K skill tokens with the real prefix")
-    p.add_argument("--strategies", default=None, help=_strategy_help(COMPOSE_INFO, "splice"))
+    p.add_argument("--strategies", default=None,
+                   help=_strategy_help(COMPOSE_INFO, ",".join(DEFAULT_COMPOSE_STRATEGIES)))
     _common(p)
     p.set_defaults(func=cmd_compose)
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from vocabulary import REFERENCE, with_recompute
+from vocabulary import DEFAULT_COMPOSE_STRATEGIES, REFERENCE, with_recompute
 from worker.engine.compose import lay_out
 from worker.engine.devices import describe_device, dtype_name
 from worker.engine.notes import Notes
@@ -57,7 +57,8 @@ class Blend:
     selective_fraction: float = 0.15
 
 
-def compose_run(engine: LoadedModel, blend: Blend, strategies: tuple[str, ...] | list[str] = ("splice",),
+def compose_run(engine: LoadedModel, blend: Blend,
+                strategies: tuple[str, ...] | list[str] = DEFAULT_COMPOSE_STRATEGIES,
                 attention: bool = False, progress: ProgressFn | None = None) -> Report:
     """Every strategy of a blend against recompute (see the module doc)."""
     report_progress = progress or (lambda stage, fraction: None)

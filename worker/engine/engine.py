@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from vocabulary import DEFAULT_TEMPLATE, STRATEGIES
+from vocabulary import DEFAULT_COMPOSE_STRATEGIES, DEFAULT_TEMPLATE, STRATEGIES
 from worker.engine.blend import Blend, compose_run
 from worker.engine.compose import token_boundary
 from worker.engine.devices import resolve_device, resolve_dtype
@@ -73,7 +73,8 @@ class Engine(LoadedModel):
 
     def compose(self, context: Notes | str, skills: list[str | Notes], question: Question | str,
                 at: int | None | list[int | None] = None, seam: int = 0, attention: bool = False,
-                progress: ProgressFn | None = None, *, strategies: tuple[str, ...] | list[str] = ("splice",),
+                progress: ProgressFn | None = None, *,
+                strategies: tuple[str, ...] | list[str] = DEFAULT_COMPOSE_STRATEGIES,
                 suffix: str | None = None, seam_tokens: int = 4, epic_tokens: int = 16,
                 selective_fraction: float = 0.15) -> Report:
         """Compose a context from compiled skills (each before character `at`, None = the end, in
