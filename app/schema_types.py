@@ -121,7 +121,8 @@ def _served(name: str) -> str:
     any other would wait in a queue no worker reads."""
     offered = get_settings().models
     if name not in offered:
-        raise ValueError(f"model {name!r} is not served here; choose one of {', '.join(offered)} (KVNOTES_MODELS)")
+        raise ValueError(f"model {name!r} is not served here; "
+                         f"choose one of {', '.join(offered)} (KVNOTES_MODELS)")
     return name
 
 

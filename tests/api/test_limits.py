@@ -17,7 +17,8 @@ BIG = 2**63
 def test_ids_past_the_database_integers_are_404(make_client) -> None:
     client = make_client()
     nb = _notebook(client)["id"]
-    for path in (f"/api/notebooks/{BIG}", f"/api/runs/{BIG}", f"/api/fields/{BIG * 10}", f"/api/skills/{-BIG - 1}",
+    for path in (f"/api/notebooks/{BIG}", f"/api/runs/{BIG}", f"/api/fields/{BIG * 10}",
+                 f"/api/skills/{-BIG - 1}",
                  f"/notebooks/{BIG}", f"/runs/{BIG}", f"/runs/{BIG}/progress", f"/api/runs/{BIG}/attention"):
         assert client.get(path).status_code == 404, path
     assert client.delete(f"/api/errata/{BIG}").status_code == 404
@@ -70,7 +71,8 @@ def test_timestamps_carry_their_timezone_on_every_read(make_client) -> None:
     nb = created["id"]
     run = client.post(f"/api/notebooks/{nb}/runs", json={"question": "Log in?"}).json()
     for stamp in (created["created_at"], client.get(f"/api/notebooks/{nb}").json()["created_at"],
-                  client.get("/api/notebooks").json()[0]["updated_at"], client.get(f"/api/runs/{run['id']}").json()["created_at"],
+                  client.get("/api/notebooks").json()[0]["updated_at"],
+                  client.get(f"/api/runs/{run['id']}").json()["created_at"],
                   client.get(f"/api/notebooks/{nb}/runs").json()[0]["created_at"]):
         assert stamp.endswith("Z"), stamp
 
@@ -109,7 +111,8 @@ def test_run_caps_on_postgresql(make_client, postgres_url: str) -> None:
     """The same cap with PostgreSQL's advisory lock serializing run creation."""
     client = make_client(DATABASE_URL=postgres_url, KVNOTES_MAX_ACTIVE_RUNS_PER_USER="2")
     nb = _notebook(client)["id"]
-    codes = [client.post(f"/api/notebooks/{nb}/runs", json={"question": "Log in?"}).status_code for _ in range(3)]
+    codes = [client.post(f"/api/notebooks/{nb}/runs", json={"question": "Log in?"}).status_code
+             for _ in range(3)]
     assert codes == [201, 201, 429]
     from data.db import reset_engines
 
@@ -136,7 +139,8 @@ def test_a_chunked_body_past_the_limit_is_413_and_bytes_that_are_not_utf8_are_42
 
 def test_the_api_refuses_nul_and_invisible_titles_like_the_forms(make_client) -> None:
     client = make_client()
-    for body, field in (({"title": "t", "text": "a\x00b"}, "text"), ({"title": "\u200b", "text": "doc"}, "title"),
+    for body, field in (({"title": "t", "text": "a\x00b"}, "text"),
+                        ({"title": "\u200b", "text": "doc"}, "title"),
                         ({"title": "\u200b \ufeff\u2060", "text": "doc"}, "title"),
                         ({"title": "a\x00", "text": "d"}, "title")):
         r = client.post("/api/notebooks", json=body)

@@ -63,7 +63,8 @@ def test_tokens_and_roles(make_client) -> None:
     from data.db import get_sessionmaker
 
     with get_sessionmaker()() as session:
-        assert {t.user.name: t.last_used_at is not None for t in list_tokens(session)} == {"alice": True, "vera": True}
+        used = {t.user.name: t.last_used_at is not None for t in list_tokens(session)}
+        assert used == {"alice": True, "vera": True}
         revoke_token(session, "alice")
         session.commit()
     assert client.get("/api/notebooks", headers=_bearer(tokens["alice"])).status_code == 401
@@ -73,7 +74,8 @@ def test_tokens_and_roles(make_client) -> None:
 def test_sign_in_session_cookie_csrf_and_sign_out(make_client) -> None:
     client = make_client(KVNOTES_AUTH="required")
     _users(("alice", "editor"))
-    assert client.get("/notebooks/1", follow_redirects=False).headers["location"] == "/login?next=/notebooks/1"
+    location = client.get("/notebooks/1", follow_redirects=False).headers["location"]
+    assert location == "/login?next=/notebooks/1"
     r = client.post("/login", data={"name": "alice", "password": "nope-nope", "next": "/"})
     assert r.status_code == 401 and "wrong name or password" in r.text
     r = client.post("/login", data={"name": "alice", "password": "alice-password", "next": "//evil.example/"},
@@ -90,7 +92,7 @@ def test_sign_in_session_cookie_csrf_and_sign_out(make_client) -> None:
     assert r.status_code == 403 and "CSRF" in r.json()["detail"]
     r = client.post("/api/notebooks", json={"title": "t", "text": DOC}, headers={"X-CSRF-Token": csrf})
     assert r.status_code == 201 and r.json()["created_by"] == "alice"
-    r = client.post("/api/notebooks", json={"title": "t", "text": DOC}, headers={"Sec-Fetch-Site": "same-origin"})
+    r = client.post("/api/notebooks", json={"title": "t", "text": DOC}, headers=SAME)
     assert r.status_code == 201
     r = client.post("/notebooks", data={"title": "x", "model": "smollm2-135m", "text": DOC}, headers=EVIL)
     assert r.status_code == 403
@@ -130,7 +132,7 @@ def test_share_links_show_one_run_until_revoked(make_client) -> None:
     assert visitor.get(f"/runs/{runs[0]}", follow_redirects=False).status_code == 303  # revoked: sign in
     # the run page's button: a link made and revoked from the page (an editor's session)
     client.post("/login", data={"name": "alice", "password": "alice-password"})
-    fragment = client.post(f"/runs/{runs[1]}/share", headers={"HX-Request": "true", "Sec-Fetch-Site": "same-origin"}).text
+    fragment = client.post(f"/runs/{runs[1]}/share", headers={"HX-Request": "true", **SAME}).text
     url = re.search(r'value="http://127.0.0.1/(share/[^"]+)"', fragment).group(1)
     assert visitor.get("/" + url, follow_redirects=False).headers["location"] == f"/runs/{runs[1]}"
     assert visitor.get(f"/runs/{runs[1]}").status_code == 200
@@ -146,17 +148,19 @@ def test_cross_site_requests_foreign_hosts_and_security_headers(make_client) -> 
     assert r.status_code == 403 and "evil.example" in r.json()["detail"]
     r = client.post(f"/notebooks/{nb}/errata", data={"text": "x"}, headers={"Sec-Fetch-Site": "cross-site"})
     assert r.status_code == 403
-    assert client.delete(f"/api/notebooks/{nb}", headers={"Origin": "http://127.0.0.1:8000"}).status_code == 403
+    other_port = {"Origin": "http://127.0.0.1:8000"}
+    assert client.delete(f"/api/notebooks/{nb}", headers=other_port).status_code == 403
     assert client.post(f"/notebooks/{nb}/errata", data={"text": "ok"},
-                       headers={"Origin": "http://127.0.0.1", "Sec-Fetch-Site": "same-origin"}).status_code == 200
+                       headers={"Origin": "http://127.0.0.1", **SAME}).status_code == 200
     r = client.get("/api/notebooks", headers={"Host": "evil.example"})
     assert r.status_code == 400 and "KVNOTES_ALLOWED_HOSTS" in r.json()["detail"]
     assert client.get("/", headers={"Host": "localhost:8000"}).status_code == 200
     for path in ("/", f"/notebooks/{nb}", "/api/notebooks", "/static/css/kvnotes.css"):
         headers = client.get(path).headers
         csp = headers["content-security-policy"]
-        assert "frame-ancestors 'none'" in csp and "script-src 'self'" in csp and "unsafe-inline" not in csp.split(
-            "script-src")[1].split(";")[0]
+        script_src = csp.split("script-src")[1].split(";")[0]
+        assert "frame-ancestors 'none'" in csp and "script-src 'self'" in csp
+        assert "unsafe-inline" not in script_src
         assert headers["x-content-type-options"] == "nosniff" and headers["referrer-policy"] == "same-origin"
 
 
