@@ -3,8 +3,8 @@
     .venv/bin/python bench/bench_compose.py [--model smollm2-135m] [--device cpu] [--sizes 2048,4096] \
         [--dtypes float32,bfloat16] [--repeats 3] [--quick] [--out docs/benchmarks.md] [--block compose-cpu]
 
-Compose (the paper's shape): 2–4 skills (passages of MuSiQue, `/work/shared/data/musique_dev.json`,
-else the repository's examples) precompiled ONCE outside timing, each after its start-token sink,
+Compose (the paper's shape): 2–4 skills (passages of MuSiQue, `bench/data/musique_dev.json`, else
+the repository's examples) precompiled ONCE outside timing, each after its start-token sink,
 then spliced after a short instruction with seam repair (`--seam` tokens per skill) and read by a
 question; against recompute of the whole prompt. Time to first token, median of `--repeats`, both
 sides timed in the same call by the engine; agreement: KL at the first answer token, top-1, and
@@ -40,7 +40,7 @@ from blocks import write_block  # noqa: E402
 
 from worker.engine import Field, Question, load  # noqa: E402
 
-MUSIQUE = Path("/work/shared/data/musique_dev.json")
+MUSIQUE = [ROOT / "bench" / "data" / "musique_dev.json", Path("/work/shared/data/musique_dev.json")]
 PAPER_SPEEDUP = {2048: "3.0×", 8192: "9.8×", 32768: "13.9×"}
 INSTRUCTION = "Answer the question directly based on the given passages, in at most 5 words.\n"
 
@@ -48,8 +48,9 @@ INSTRUCTION = "Answer the question directly based on the given passages, in at m
 def passages() -> list[tuple[str, str]]:
     """(text, question) pairs: each MuSiQue example's passages and its question, else the examples'
     documents with a read-back question."""
-    if MUSIQUE.is_file():
-        data = json.loads(MUSIQUE.read_text(encoding="utf-8"))
+    found = [path for path in MUSIQUE if path.is_file()]
+    if found:
+        data = json.loads(found[0].read_text(encoding="utf-8"))
         return [("".join(f"{c['title']}\n\n{c['text']}\n\n" for c in e["ctxs"]), e["question"]) for e in data]
     docs = []
     for path in sorted((ROOT / "examples").glob("*.json")):

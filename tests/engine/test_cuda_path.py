@@ -152,8 +152,9 @@ class _DeviceGuard(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
-def test_every_tensor_a_run_makes_names_the_models_device():
-    eng = load("tiny-llama")
+@pytest.mark.parametrize("alias", ["tiny-llama", "tiny-gemma3"])  # gemma3: the sliding-window readout
+def test_every_tensor_a_run_makes_names_the_models_device(alias):
+    eng = load(alias)
     start = TEXT.index("active")
     guard = _DeviceGuard()
     with guard:

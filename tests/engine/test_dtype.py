@@ -12,15 +12,18 @@ most 2.7%, tiny-moe at Δ=1000). In float32 the same comparison holds within 1e-
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
 from tests.engine.test_maths import PORTABLE, QUESTION, TEXT, keys_at, max_rel_error
-from worker.engine import Field, load
+from worker.engine import Field, Question, load
 from worker.engine.devices import DeviceError, resolve_device, resolve_dtype
 from worker.engine.store import KVStore
 from worker.engine.tiny import TINY_MODELS
 
+REPO = Path(__file__).resolve().parents[2]
 BF16_LAYER0_TOLERANCE, BF16_DEEPER_TOLERANCE = 2**-6, 2**-5
 EDIT = Field(TEXT.index("active"), TEXT.index("active") + 6, "suspended", "status")
 
@@ -88,3 +91,26 @@ def test_bad_dtypes_and_devices_are_refused_with_a_clear_error():
         with pytest.raises(DeviceError, match="device 'cuda:1' is not there: .* sees no CUDA device"):
             load("tiny-llama", device="cuda:1")
     assert resolve_dtype(None, "cpu") == torch.float32 and resolve_dtype("", "cuda:0") == torch.bfloat16
+
+
+@pytest.mark.slow
+def test_bf16_decisions_agree_with_float32_on_the_bundled_model(data_dir):
+    """Every default edit strategy and splicing decide in bf16 as they do in float32 on smollm2-135m
+    (the shipment read-back, where recompute flips to the new value)."""
+    shipment = (REPO / "examples" / "shipment.txt").read_text()
+    start = shipment.index("Oslo")
+    field = [Field(start, start + 4, "Madrid", "destination")]
+    question = Question("What is the destination of shipment 4471?", ("Oslo", "Madrid"))
+    skill = "Answer in one word.\n"
+    decisions = {}
+    for dtype in ("float32", "bfloat16"):
+        eng = load("smollm2-135m", device="cpu", dtype=dtype, data_dir=data_dir)
+        edit = eng.edit(shipment, field, question)
+        composed = eng.compose(shipment, [skill], question, seam=4)
+        assert edit.dtype == composed.dtype == dtype
+        decisions[dtype] = {**{name: r.decision for name, r in edit.strategies.items()},
+                            "splice": composed.strategies["splice"].decision}
+        if dtype == "bfloat16":
+            assert edit.strategies["prefix_reuse"].kl_to_recompute <= 1e-3
+    assert decisions["float32"]["recompute"] == "Madrid"
+    assert decisions["bfloat16"] == decisions["float32"]

@@ -130,7 +130,7 @@ def _score_choices(model, tokenizer, frame: Frame, logits: torch.Tensor, cache, 
         else:
             for i, lp in zip(rest, _continuation_logp(model, base, [encoded[i] for i in rest])):
                 scores[i] += lp
-    probs = torch.softmax(torch.tensor(scores), dim=0)
+    probs = torch.softmax(torch.tensor(scores, device=logits.device), dim=0)
     return {c: float(p) for c, p in zip(choices, probs)}
 
 
