@@ -45,8 +45,11 @@ MAX_PASSWORD_CHARS = 1024
 TOKEN_PREFIX = "kvn_"
 TOKEN_USE_RESOLUTION = timedelta(hours=1)  # how finely `last_used_at` follows a token's use
 
-HASH_SLOTS = 2  # argon2 hashes at once
-HASH_WAITERS = 8  # sign-ins that may wait for a slot; more are refused at once
+# argon2 hashes at once, and sign-ins that may wait for one (more are refused at once): together
+# well under the requests a web process serves at once (KVNOTES_DB_POOL_SIZE, 8 by default), so a
+# crowd of sign-ins, each holding its request's place for ~0.6 s of hashing, never fills them all
+HASH_SLOTS = 2
+HASH_WAITERS = 2
 
 _hasher = PasswordHasher()
 _DUMMY_HASH = _hasher.hash("kvnotes: compare against something when the user does not exist")
