@@ -122,8 +122,13 @@ def cmd_attribute(args) -> None:
     if args.json:
         print(json.dumps(result.to_dict(), indent=2))
         return
+    whose = "the field's" if len(fields) == 1 else "the fields'"
     print(f"KL stale {result.kl_stale:.4f} → in_place {result.kl_in_place:.4f}: "
-          f"the field's own K/V closes {result.field_share:.0%} of the gap")
+          f"{whose} own K/V closes {result.field_share:.0%} of the gap")
+    if len(result.edits) > 1:
+        for e in result.edits:
+            print(f"  alone, {document[e.start_char:e.end_char]!r} closes {e.share:.0%} of the gap")
+    print("each share is that patch alone (they do not add up); a span's is of the gap in_place leaves:")
     for s in result.spans:
         print(f"  tokens {s.start:>5}-{s.end:<5} {s.share:>7.1%}  {s.text!r}")
 
