@@ -18,5 +18,6 @@ def test_attribute_names_each_fields_share_and_says_shares_do_not_add_up(doc) ->
     assert "each share is that patch alone (they do not add up)" in out.stdout
     data = json.loads(kvnotes(*args, "--json").stdout)
     status, owner = DOC.index("active"), DOC.index("Ada")
-    assert [(e["start_char"], e["end_char"]) for e in data["edits"]] == [(status, status + 6), (owner, owner + 3)]
+    spans = [(e["start_char"], e["end_char"]) for e in data["edits"]]
+    assert spans == [(status, status + 6), (owner, owner + 3)]
     assert [int(share) for _, share in alone] == [round(100 * e["share"]) for e in data["edits"]]
