@@ -102,10 +102,6 @@ def end_other_sessions(session: Session, user_id: int, keep_secret: str | None =
     return session.execute(query).rowcount or 0
 
 
-def count_sessions(session: Session, user_id: int) -> int:
-    return len(session.scalars(select(UserSession.id).where(UserSession.user_id == user_id)).all())
-
-
 # ---- the limit on failed sign-ins ----------------------------------------------------------------------
 
 
@@ -176,6 +172,6 @@ def _forget_old(session: Session, now: datetime) -> None:
 
 __all__ = [
     "ACCOUNT_FREE", "ADDRESS_FREE", "MAX_LOCK_S", "LoginFailure", "SignInLocked", "UserSession",
-    "check_sign_in_allowed", "count_sessions", "end_other_sessions", "end_session", "limit_keys",
+    "check_sign_in_allowed", "end_other_sessions", "end_session", "limit_keys",
     "live_session", "lock_seconds", "note_failure", "note_success", "start_session",
 ]
