@@ -74,9 +74,10 @@ def served_app() -> Iterator[str]:
         server.wait(timeout=30)
 
 
-def seed(data: Path, notebooks: int) -> dict[str, int]:
-    """Fill a fresh database through the ORM's tables (bulk inserts, one transaction)."""
-    os.environ.update({"KVNOTES_DATA": str(data), "DATABASE_URL": f"sqlite:///{data}/kvnotes.db",
+def seed(data: Path, notebooks: int, database_url: str | None = None) -> dict[str, int]:
+    """Fill a fresh database (SQLite under `data`, or `database_url`) through the ORM's tables (bulk
+    inserts, one transaction)."""
+    os.environ.update({"KVNOTES_DATA": str(data), "DATABASE_URL": database_url or f"sqlite:///{data}/kvnotes.db",
                        "BROKER_URL": f"sqla+sqlite:///{data}/broker.db", "RESULT_BACKEND": f"db+sqlite:///{data}/results.db"})
     from data.db import get_engine
     from data.migrate import upgrade_to_head

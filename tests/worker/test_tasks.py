@@ -313,3 +313,47 @@ def test_a_killed_worker_never_leaves_its_run_running(worker: Worker) -> None:
     print(f"\n[{worker.broker}] killed mid-run → {run.status} {time.perf_counter() - t_kill:.1f} s after the kill")
     if worker.broker == "redis":
         assert {r.strategy for r in run.results} == {"recompute", "stale", "in_place", "selective"}
+
+
+def test_a_deleted_queued_run_never_starts_or_delays_another(worker: Worker) -> None:
+    """While the worker is busy: run B is queued and its notebook deleted; a stray message names run
+    C's id under another token (what a reused id would meet); then C's own message. B's message is
+    dropped at once (no wait for a row), the stray one never starts C, and C runs once, as itself."""
+    import uuid
+
+    from app.services.notebooks import delete_notebook
+    from app.services.runs import build_snapshot
+    from data.db import get_sessionmaker
+    from data.models import Notebook, Run
+    from data.queue import TASK_RUN, _send, enqueue_run, queue_for
+
+    busy_nb, _ = _make_notebook(RECORD * 60 + f"({worker.broker} busy)")
+    busy = _start_run(busy_nb, ["recompute", "stale", "in_place"])
+    _poll_run(busy, lambda r: r.status == "running", timeout=30, every=0.02)
+    deleted_nb, _ = _make_notebook(RECORD * 2 + f"({worker.broker} deleted)")
+    deleted_run = _start_run(deleted_nb, ["recompute"])
+    with get_sessionmaker()() as s:
+        delete_notebook(s, s.get(Notebook, deleted_nb))
+    own_nb, _ = _make_notebook(RECORD * 2 + f"({worker.broker} own)")
+    with get_sessionmaker()() as s:  # C's row, committed before any message names it
+        nb = s.get(Notebook, own_nb)
+        own = Run(notebook_id=own_nb, snapshot=build_snapshot(nb, nb.question, ["recompute", "stale"]),
+                  strategies=["recompute", "stale"], status="queued", stage="queued", timings={})
+        s.add(own)
+        s.commit()
+        stray = f"stray-{uuid.uuid4()}"
+        _send(TASK_RUN, {"run_id": own.id}, queue_for(MODEL), stray)  # another token, C's id
+        enqueue_run(own)
+        own_id, own_token = own.id, own.task_id
+    busy_run, _ = _poll_run(busy, _finished, timeout=120)
+    run, _ = _poll_run(own_id, _finished, timeout=120)
+    assert run.status == "succeeded" and run.task_id == own_token, (run.status, run.error)
+    log = worker.log_path.read_text(errors="replace")
+    assert f"run {deleted_run} does not exist (deleted, or never saved)" in log
+    assert f"message {stray} is not run {own_id}'s" in log
+    assert log.count(f"run {own_id} succeeded") == 1  # started once, by its own message
+    with get_sessionmaker()() as s:
+        assert s.get(Run, deleted_run) is None
+    gap = (run.started_at - busy_run.finished_at).total_seconds()
+    print(f"\n[{worker.broker}] the next run started {gap:.2f} s after the busy one ended "
+          "(two dropped messages between them; a missing run used to cost a 10 s wait)")
