@@ -35,6 +35,7 @@ from worker.engine.compare import fidelity
 from worker.engine.edit import Editor
 from worker.engine.notes import KV, cache_from_layers
 from worker.engine.offsets import Insertions, new_to_document
+from worker.engine.rope import NotPortableError
 from worker.engine.types import Attribution, EditShare, EngineError, Field, Question, SpanShare
 
 BATCH = 8  # patched caches per forward: 8 copies of a 1k-token cache of a 135M model is ~0.4 GB
@@ -121,7 +122,8 @@ def _edit_shares(model, editor: Editor, ref: torch.Tensor, kl_stale: float, kl_b
                  prompt: list[int]) -> list[EditShare]:
     """Each changed stretch of the document refreshed alone, in place, the other changes left as
     the old tokens: the share of the stale → recompute gap it closes by itself. One stretch: the
-    field's own share."""
+    field's own share. None when a field alone changes the length on a model whose keys cannot be
+    re-rotated (the fields are then only measured together)."""
     ops = SequenceMatcher(a=editor.old.token_ids, b=editor.new_ids, autojunk=False).get_opcodes()
     groups = _changed_stretches(editor, ops)
     if len(groups) < 2:
@@ -129,7 +131,11 @@ def _edit_shares(model, editor: Editor, ref: torch.Tensor, kl_stale: float, kl_b
     out = []
     for a, b, members in groups:
         alone = _only(editor, ops, members)
-        logits = _first_token_logits(model, _stack([alone.in_place().layers]), prompt)[0]
+        try:
+            layers = alone.in_place().layers
+        except NotPortableError:  # one field alone changes the length, and this model's keys cannot move
+            return []
+        logits = _first_token_logits(model, _stack([layers]), prompt)[0]
         kl = fidelity(ref, logits).kl_to_recompute
         out.append(EditShare(a, b, _share(kl_stale, kl), kl))
     return out
