@@ -98,8 +98,11 @@ def logout(request: Request, session: SessionDep) -> Response:
 
 
 def _password_page(request: Request, status: int = 200, errors: dict[str, str] | None = None,
-                   done: str = "") -> Response:
-    return render(request, "password.html", status, errors=errors or {}, done=done, nav="")
+                   done: str = "", retry_after_s: int | None = None) -> Response:
+    response = render(request, "password.html", status, errors=errors or {}, done=done, nav="")
+    if retry_after_s is not None:
+        response.headers["Retry-After"] = str(retry_after_s)
+    return response
 
 
 def _session_user(request: Request, principal: PrincipalDep) -> str:
@@ -132,9 +135,9 @@ def change_password(request: Request, session: SessionDep, principal: PrincipalD
         ended = set_password(session, name, new, keep_session=read_session(request).secret)
     except sign_in.SignInLocked as exc:
         session.commit()
-        return _password_page(request, 429, {"form": str(exc)})
+        return _password_page(request, 429, {"form": str(exc)}, retry_after_s=exc.retry_after_s)
     except HashingBusy as exc:
-        return _password_page(request, 503, {"form": str(exc)})
+        return _password_page(request, 503, {"form": str(exc)}, retry_after_s=exc.retry_after_s)
     except AccountError as exc:
         return _password_page(request, 422, {"new": str(exc).removeprefix("password: ")})
     session.commit()
