@@ -51,6 +51,16 @@ def test_bf16_prefix_reuse_against_bf16_recompute_within_kl_1e_3(alias):
     assert reuse.decision == report.strategies["recompute"].decision
 
 
+def test_bf16_reaches_attention_capture_and_the_notes_map():
+    report = load("tiny-llama", dtype="bfloat16").edit(TEXT, [EDIT], QUESTION, attention=["recompute", "in_place"],
+                                                       attribution=True)
+    for name in ("recompute", "in_place"):
+        rows = report.attention[name].weights.astype("float32").sum(axis=-1)  # [layers, heads]
+        assert abs(float(rows.min()) - 1) <= 1e-2 and abs(float(rows.max()) - 1) <= 1e-2
+    notes_map = report.attribution
+    assert notes_map.spans and notes_map.kl_in_place > 0 and 0 <= notes_map.field_share <= 1
+
+
 def test_every_report_names_its_dtype_and_device_first():
     for dtype in ("float32", "bfloat16", "float16"):
         eng = load("tiny-llama", dtype=dtype)
