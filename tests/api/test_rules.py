@@ -133,3 +133,28 @@ def test_the_prefill_task_is_gone() -> None:
 
     assert "kvnotes.prefill" not in TASK_NAMES
     assert "kvnotes.prefill" not in app.tasks and "kvnotes.run" in app.tasks
+
+
+def test_a_run_that_answers_503_sends_no_message(make_client, tmp_path: Path) -> None:
+    """The row is committed before the message is sent: a database that cannot take the run (here
+    opened read-only) answers 503 and the broker holds nothing for it."""
+    from tests.api.conftest import _broker_messages
+    from tests.conftest import applied, kvnotes_env
+
+    client = make_client()
+    nb = _notebook(client)["id"]
+    assert client.put(f"/api/notebooks/{nb}/question", json={"text": "Can she log in?"}).status_code == 200
+    read_only = f"sqlite:///file:{tmp_path}/kvnotes.db?mode=ro&uri=true"
+    with applied({**kvnotes_env(tmp_path), "DATABASE_URL": read_only, "KVNOTES_BROKER_TIMEOUT": "1"}):
+        from fastapi.testclient import TestClient
+
+        from app.main import create_app
+
+        ro_client = TestClient(create_app(), base_url="http://127.0.0.1", client=("127.0.0.1", 50000))
+        r = ro_client.post(f"/api/notebooks/{nb}/runs", json={})
+        assert r.status_code == 503 and "nothing was saved" in r.text, r.text
+    broker = tmp_path / "broker.db"
+    assert not broker.exists() or [m for _, m in _broker_messages(tmp_path) if m["task"] == "kvnotes.run"] == []
+    run = _run(client, nb)  # once writable, a run is saved and sent (one message, under its token)
+    messages = [m for _, m in _broker_messages(tmp_path) if m["task"] == "kvnotes.run"]
+    assert messages == [{"task": "kvnotes.run", "id": run["task_id"], "run_id": run["id"]}]
