@@ -34,7 +34,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Mapped, Session, mapped_column, relationship
 
 from data.models import Base, as_utc, utcnow
-from data.sign_in import end_other_sessions
+from data.sign_in import end_other_sessions, note_success
 from data.signing import BadSignature, serializer
 
 ROLES = ("editor", "viewer")
@@ -178,14 +178,16 @@ def remove_user(session: Session, name: str) -> None:
 
 
 def set_password(session: Session, name: str, password: str, keep_session: str | None = None) -> int:
-    """Give user `name` a new password and end their sessions but `keep_session` (the secret of the
-    session that changed it, if any); returns how many sessions ended. The caller commits."""
+    """Give user `name` a new password, end their sessions but `keep_session` (the secret of the
+    session that changed it, if any) and clear their account's failed sign-ins; returns how many
+    sessions ended. The caller commits."""
     user = find_user(session, name)
     if user is None:
         raise AccountError(f"name: no user named {name!r}")
     check_password(password)
     user.password_hash = hash_password(password)
     session.flush()
+    note_success(session, name)  # a lock from guesses at the old password ends with it
     return end_other_sessions(session, user.id, keep_session)
 
 

@@ -139,12 +139,16 @@ def test_kvnotes_users_passwd_ends_every_session(make_client, tmp_path: Path) ->
     client = make_client(KVNOTES_AUTH="required")
     _user()
     saved = _sign_in(client)
+    locked = _browser(client, "192.0.2.40")
+    for i in range(12):  # someone guesses at alice's password: her account is locked for 128 s
+        last = locked.post("/login", data={"name": "alice", "password": f"guess-{i}"})
+    assert last.status_code == 429 and int(last.headers["retry-after"]) > 100
     env = {**os.environ, **kvnotes_env(tmp_path), "PYTHONPATH": str(REPO)}
     done = kvnotes_cli("users", "passwd", "alice", "--password-stdin", env=env, stdin="brand-new-password\n")
     assert done.returncode == 0, done.stderr
     assert done.stderr.strip() == "kvnotes: password of alice changed; 1 session(s) signed out"
     assert _browser(client, cookie=saved).get("/api/notebooks").status_code == 401
-    _sign_in(_browser(client), password="brand-new-password")
+    _sign_in(_browser(client), password="brand-new-password")  # the reset also ended the lock
     done = kvnotes_cli("users", "passwd", "nobody", "--password-stdin", env=env, stdin="brand-new-password\n")
     assert done.returncode == 2 and "no user named 'nobody'" in done.stderr
 
