@@ -182,6 +182,8 @@ def run_one(kind: str, args: argparse.Namespace) -> tuple[list[str], tuple[float
             after = os.getloadavg()[0]
     rows = [phases[0].row(kind, args.seconds), phases[1].row(kind, None)]
     print("\n".join(rows), flush=True)
+    for phase in phases:
+        print(f"[{kind}] {phase.name}: answers by status {dict(sorted(phase.statuses.items()))}", flush=True)
     return rows, (before, after)
 
 
