@@ -108,7 +108,7 @@ def test_a_surgery_with_deferred_tokens_cannot_complete_without_their_kv():
 def test_deferred_rows_see_only_the_notes_before_them_and_the_question_sees_none_of_the_stale_ones():
     from worker.engine.readout import _mask
 
-    mask = _mask(6, Deferred((2, 4), (7, 8)), [-2, -2, -1, -1, 0])[0, 0]
+    mask = _mask(6, Deferred((2, 4), (7, 8)), [-2, -2, -1, -1, 0], torch.device("cpu"))[0, 0]
     cached, new = mask[:, :6], mask[:, 6:]
     assert cached[0].tolist() == [True, True, False, False, False, False]  # row at 2: positions 0, 1
     assert cached[1].tolist() == [True, True, False, True, False, False]  # row at 4: 0, 1, 3 (2 is deferred)
@@ -116,7 +116,8 @@ def test_deferred_rows_see_only_the_notes_before_them_and_the_question_sees_none
     assert new[:2].tolist() == [[True, False, False, False, False], [True, True, False, False, False]]
     assert new[2:].tolist() == [[True, True, True, False, False], [True, True, True, True, False],
                                 [True, True, True, True, True]]
-    assert torch.equal(_mask(3, None, [-1, 0])[0, 0], torch.tensor([[1, 1, 1, 1, 0], [1, 1, 1, 1, 1]]).bool())
+    expected = torch.tensor([[1, 1, 1, 1, 0], [1, 1, 1, 1, 1]]).bool()
+    assert torch.equal(_mask(3, None, [-1, 0], torch.device("cpu"))[0, 0], expected)
 
 
 @pytest.mark.parametrize("alias", ["tiny-llama", "tiny-qwen3"])
