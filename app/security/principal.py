@@ -66,7 +66,7 @@ def parse_bearer(header: str | None) -> str | None:
     """The token of `Authorization: Bearer <token>`; None without the header or for another scheme
     (a proxy's Basic). Raises `MalformedAuthorization` for a Bearer header that carries no token:
     such a request is refused, never treated as if it had no header (and its cookie used)."""
-    if not header or not header[:6].lower() == "bearer":
+    if not header or header[:6].lower() != "bearer":
         return None
     match = _BEARER.fullmatch(header)
     if match is None:
@@ -80,7 +80,7 @@ def bearer_token(request: Request) -> str | None:
 
 def resolve(request: Request, session: Session) -> Principal | None:
     """The principal of `request`, or None when nobody is recognised (and sign-in is required).
-    Raises `BadToken` for a Bearer token that is wrong or revoked."""
+    Raises `BadToken` for a Bearer token that is wrong, revoked or malformed."""
     token = bearer_token(request)
     if token is not None:
         user = user_for_token(session, token)
