@@ -55,6 +55,7 @@ class Phase:
     name: str
     latencies: list[float] = field(default_factory=list)
     statuses: dict[int, int] = field(default_factory=dict)
+    failures: dict[str, int] = field(default_factory=dict)  # why a request got no answer
 
     def record(self, status: int, ms: float) -> None:
         self.latencies.append(ms)
@@ -126,8 +127,10 @@ async def _get(client: httpx.AsyncClient, path: str, phase: Phase) -> None:
     t0 = time.perf_counter()
     try:
         status = (await client.get(path)).status_code
-    except httpx.HTTPError:
+    except httpx.HTTPError as exc:
         status = 0
+        why = f"{type(exc).__name__}: {str(exc)[:80]}"
+        phase.failures[why] = phase.failures.get(why, 0) + 1
     phase.record(status, (time.perf_counter() - t0) * 1000)
 
 
@@ -183,7 +186,8 @@ def run_one(kind: str, args: argparse.Namespace) -> tuple[list[str], tuple[float
     rows = [phases[0].row(kind, args.seconds), phases[1].row(kind, None)]
     print("\n".join(rows), flush=True)
     for phase in phases:
-        print(f"[{kind}] {phase.name}: answers by status {dict(sorted(phase.statuses.items()))}", flush=True)
+        print(f"[{kind}] {phase.name}: answers by status {dict(sorted(phase.statuses.items()))}; "
+              f"no answer: {phase.failures or 'none'}", flush=True)
     return rows, (before, after)
 
 
