@@ -33,7 +33,8 @@ def queued_run(api: httpx.Client, nb_id: int, ex: dict, verbose: bool) -> tuple[
     """POST a run, poll it every 0.2 s until it ends; (wall seconds, the run as read back)."""
     t0 = time.perf_counter()
     run = api.post(f"/notebooks/{nb_id}/runs",
-                   json={"question": ex["question"], "choices": ex["choices"], "strategies": list(STRATEGIES)})
+                   json={"question": ex["question"], "choices": ex["choices"],
+                         "strategies": list(STRATEGIES)})
     run.raise_for_status()
     run = run.json()
     seen = None
@@ -42,7 +43,8 @@ def queued_run(api: httpx.Client, nb_id: int, ex: dict, verbose: bool) -> tuple[
         run = api.get(f"/runs/{run['id']}").json()
         if verbose and (run["stage"], round(run["progress"], 2)) != seen:
             seen = (run["stage"], round(run["progress"], 2))
-            print(f"  {time.perf_counter() - t0:6.2f}s  {run['status']:<9} {run['stage'] or '':<24} {run['progress']:.2f}")
+            print(f"  {time.perf_counter() - t0:6.2f}s  {run['status']:<9} "
+                  f"{run['stage'] or '':<24} {run['progress']:.2f}")
     wall = time.perf_counter() - t0
     if run["status"] != "succeeded":
         raise SystemExit(f"run {run['id']} {run['status']}: {run['error']}")
@@ -54,21 +56,26 @@ def main() -> None:
     ap.add_argument("--url", default="http://127.0.0.1:8000")
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--direct", action="store_true", help="also run the spec through the engine directly")
-    ap.add_argument("--repeats", type=int, default=1, help="queued runs and direct calls to take medians over")
+    ap.add_argument("--repeats", type=int, default=1,
+                    help="queued runs and direct calls to take medians over")
     args = ap.parse_args()
     ex = json.loads(EXAMPLE.read_text())
     api = httpx.Client(base_url=args.url + "/api", timeout=30)
 
-    nb = api.post("/notebooks", json={"title": ex["title"], "model": args.model, "text": ex["document"]}).json()
+    nb = api.post("/notebooks", json={"title": ex["title"], "model": args.model,
+                                      "text": ex["document"]}).json()
     f = ex["fields"][0]
     start = ex["document"].index(f["find"])
     api.post(f"/notebooks/{nb['id']}/fields",
-             json={"start": start, "end": start + len(f["find"]), "new_value": f["new_value"], "label": f["label"]})
+             json={"start": start, "end": start + len(f["find"]), "new_value": f["new_value"],
+                   "label": f["label"]})
     queue_s, run = queued_run(api, nb["id"], ex, verbose=True)
-    print(f"\nrun {run['id']} via the queue: {queue_s * 1000:.0f} ms from POST to succeeded; timings {run['timings']}")
+    print(f"\nrun {run['id']} via the queue: {queue_s * 1000:.0f} ms from POST to succeeded; "
+          f"timings {run['timings']}")
     print(f"{'strategy':<14} {'decision':<8} {'KL':>8} {'tokens':>7} {'ms':>8}")
     for name, r in run["results"].items():
-        print(f"{name:<14} {r['decision']:<8} {r['kl_to_recompute']:>8.4f} {r['tokens_computed']:>7} {r['latency_ms']:>8.1f}")
+        print(f"{name:<14} {r['decision']:<8} {r['kl_to_recompute']:>8.4f} "
+              f"{r['tokens_computed']:>7} {r['latency_ms']:>8.1f}")
     if not args.direct:
         return
     import tempfile

@@ -182,7 +182,8 @@ def _json(response: httpx.Response, where: str) -> dict:
     try:
         data = response.json()
     except ValueError:
-        raise ReplayError(f"{where} did not answer JSON: is this an OpenAI-compatible server (vLLM)?") from None
+        raise ReplayError(f"{where} did not answer JSON: "
+                          "is this an OpenAI-compatible server (vLLM)?") from None
     if not isinstance(data, dict):
         raise ReplayError(f"{where} answered {type(data).__name__}, not a JSON object")
     return data

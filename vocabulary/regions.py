@@ -28,7 +28,8 @@ SINK_TOKENS = 4
 # The paper's reading on its 4–8B models: the decision's attention on each region (the rest elsewhere).
 PAPER_READING = {"field": 0.001, "after_field": 0.56, "sink": 0.36}
 
-_BY_SEGMENT = {"erratum": "errata", "skill": "skills", "question": "question", "answer": "question", "sink": "sink"}
+_BY_SEGMENT = {"erratum": "errata", "skill": "skills", "question": "question",
+               "answer": "question", "sink": "sink"}
 
 
 @dataclass(frozen=True)

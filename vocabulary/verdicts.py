@@ -3,10 +3,11 @@ its old one, both or neither.
 
 Values are matched as whole phrases on normalised token boundaries: case, punctuation and articles
 are dropped, numbers written as words become digits ("three" → "3", "twenty-one" → "21", "1,000" →
-"1000", "09" → "9", "3.50" → "3.5") and dates written in any common form become one ISO token ("1 March 2026", "March 1st, 2026"
-and "2026/03/01" → "2026-03-01"). So "Oslo" does not match "Oslofjord", "active" does not match
-"inactive", and an old value found only inside a new one ("New York" in "New York City") does not
-count as the old value. Stdlib only: the engine fills the verdict, the web app reads the words.
+"1000", "09" → "9", "3.50" → "3.5") and dates written in any common form become one ISO token
+("1 March 2026", "March 1st, 2026" and "2026/03/01" → "2026-03-01"). So "Oslo" does not match
+"Oslofjord", "active" does not match "inactive", and an old value found only inside a new one
+("New York" in "New York City") does not count as the old value. Stdlib only: the engine fills the
+verdict, the web app reads the words.
 """
 
 from __future__ import annotations
@@ -179,4 +180,5 @@ def edit_followed(answer: str, old: Sequence[str], new: Sequence[str], choices: 
     new_spans = [span for phrase in new_phrases for span in _spans(said, phrase)]
     names_old = any(not _inside(span, new_spans) for span in old_spans)
     names_new = any(not _inside(span, old_spans) for span in new_spans)
-    return {(True, False): "new", (False, True): "old", (True, True): "both"}.get((names_new, names_old), "neither")
+    verdicts = {(True, False): "new", (False, True): "old", (True, True): "both"}
+    return verdicts.get((names_new, names_old), "neither")
