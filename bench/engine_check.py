@@ -36,7 +36,8 @@ Row = tuple[str, str, float, float]  # family, check, value, limit
 
 
 def _prefix_reuse(alias: str, device: str, dtype: str) -> float:
-    report = load(alias, device=device, dtype=dtype).edit(TEXT, [EDIT], QUESTION, strategies=["recompute", "prefix_reuse"])
+    report = load(alias, device=device, dtype=dtype).edit(TEXT, [EDIT], QUESTION,
+                                                          strategies=["recompute", "prefix_reuse"])
     return report.strategies["prefix_reuse"].kl_to_recompute
 
 
@@ -61,7 +62,8 @@ def _attention_vs_sdpa(alias: str, device: str) -> float:
     """The engine's attention after cached notes against transformers' SDPA: logits of 40 new tokens."""
     eng = load(alias, device=device, dtype="float32")
     model, notes = eng.model, eng.prefill(TEXT)
-    new = torch.tensor([eng.encode(" Only accounts whose status is active may log in.")[:40]], device=eng.device)
+    new = torch.tensor([eng.encode(" Only accounts whose status is active may log in.")[:40]],
+                       device=eng.device)
     ours = model(input_ids=new, cache=cache_from_layers(notes.layers, model), use_cache=True).logits.float()
     previous = model.config._attn_implementation
     model.set_attn_implementation("sdpa")
@@ -74,7 +76,8 @@ def _attention_vs_sdpa(alias: str, device: str) -> float:
 
 def _unplaced(alias: str, device: str) -> float:
     guard = _DeviceGuard()
-    strategies = {} if alias in PORTABLE else {"strategies": ["recompute", "prefix_reuse", "stale", "erratum"]}
+    strategies = ({} if alias in PORTABLE
+                  else {"strategies": ["recompute", "prefix_reuse", "stale", "erratum"]})
     with guard:
         load(alias, device=device).edit(TEXT, [EDIT], QUESTION, **strategies)
     for line in sorted(guard.unplaced):
@@ -96,7 +99,8 @@ def _spread_check(device: str) -> list[Row]:
     report = eng.edit(TEXT, [EDIT], QUESTION, strategies=["recompute", "prefix_reuse"])
     print(f"  spread: {eng.model.hf_device_map}; report device {report.device}", file=sys.stderr)
     return [("tiny-llama", "spread over 2 devices: notes on each layer's device", float(not placed), 0.0),
-            ("tiny-llama", "spread: prefix_reuse KL (float32)", report.strategies["prefix_reuse"].kl_to_recompute, 1e-6)]
+            ("tiny-llama", "spread: prefix_reuse KL (float32)",
+             report.strategies["prefix_reuse"].kl_to_recompute, 1e-6)]
 
 
 def checks(device: str, families: list[str]) -> list[Row]:
@@ -112,9 +116,11 @@ def checks(device: str, families: list[str]) -> list[Row]:
 
 
 def table(rows: list[Row], device: str) -> str:
-    lines = [f"Engine checks on `{device}` ({torch.__version__}):\n", "| family | check | value | limit | ok |",
+    lines = [f"Engine checks on `{device}` ({torch.__version__}):\n",
+             "| family | check | value | limit | ok |",
              "|---|---|---:|---:|:-:|"]
-    lines += [f"| {a} | {c} | {v:.3g} | {lim:.0e} | {'yes' if v <= lim else '**no**'} |" for a, c, v, lim in rows]
+    lines += [f"| {a} | {c} | {v:.3g} | {lim:.0e} | {'yes' if v <= lim else '**no**'} |"
+              for a, c, v, lim in rows]
     return "\n".join(lines) + "\n"
 
 
