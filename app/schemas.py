@@ -37,6 +37,7 @@ from app.schema_types import (
     at_most,
 )
 from data.contracts import NotesMap, RunSnapshot, StrategyMetrics, TokenRecord
+from data.models import RunStatus
 from data.settings import get_settings
 from vocabulary import STRATEGIES, unknown_strategies, with_recompute
 
@@ -226,7 +227,7 @@ class RunOut(BaseModel):
     id: int
     notebook_id: int | None
     kind: str
-    status: Literal["queued", "running", "succeeded", "failed", "cancelled"]
+    status: RunStatus
     stage: str
     progress: float
     error: str | None

@@ -16,7 +16,7 @@ from celery.signals import worker_ready
 from sqlalchemy import update
 from sqlalchemy.exc import DBAPIError
 
-from data.models import Skill
+from data.models import RunStatus, Skill
 from data.queue import queue_for
 from data.settings import get_settings
 from worker import presence, run_rows
@@ -67,13 +67,13 @@ def run(self, run_id: int) -> dict[str, Any]:
         notes_map = notes_map_record(report.attribution)
         if run_rows.succeed(run_id, hostname, result_rows(run_id, report), timings, notes_map):
             log.info("run %s succeeded in %.0f ms", run_id, (time.perf_counter() - t0) * 1000)
-            return {"run_id": run_id, "status": "succeeded"}
+            return {"run_id": run_id, "status": RunStatus.SUCCEEDED}
         run_rows.stopped(run_id)
-        return {"run_id": run_id, "status": "cancelled"}
+        return {"run_id": run_id, "status": RunStatus.CANCELLED}
     except run_rows.Stop:
         log.info("run %s stopped: cancelled", run_id)
         run_rows.stopped(run_id)
-        return {"run_id": run_id, "status": "cancelled"}
+        return {"run_id": run_id, "status": RunStatus.CANCELLED}
     except BaseException as exc:
         if not isinstance(exc, EngineError):
             log.exception("run %s failed during %s", run_id, reporter.stage)
@@ -81,7 +81,7 @@ def run(self, run_id: int) -> dict[str, Any]:
         run_rows.fail(run_id, hostname, message)
         if not isinstance(exc, Exception):
             raise  # SystemExit / KeyboardInterrupt: let the worker shut down
-        return {"run_id": run_id, "status": "failed", "error": message}
+        return {"run_id": run_id, "status": RunStatus.FAILED, "error": message}
 
 
 def _set_skill(skill_id: int, **values: Any) -> None:
