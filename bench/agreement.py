@@ -28,8 +28,8 @@ def run_agreement(eng) -> str:
         notes = eng.prefill(doc)
         old_q = Question(question.text, question.choices)
         # recompute's decision on the OLD document: does the edit flip it at all?
-        base = eng.edit(notes, [Field(field.start, field.end, doc[field.start:field.end], field.label)], old_q,
-                        strategies=["recompute"]).strategies["recompute"].decision
+        base = eng.edit(notes, [Field(field.start, field.end, doc[field.start:field.end], field.label)],
+                        old_q, strategies=["recompute"]).strategies["recompute"].decision
         rep = eng.edit(notes, [field], question, strategies=list(STRATEGIES))
         rec = rep.strategies["recompute"].decision
         flips += base.strip().lower() != rec.strip().lower()
@@ -50,4 +50,5 @@ def run_agreement(eng) -> str:
                        f"{fmt_kl(statistics.median(kls[s]))} |")
     return (f"Recompute's decision flipped with the edit in **{flips}/{n}** cases (a strategy that keeps the "
             f"old notes can only 'match' where recompute did not flip).\n\n" + "\n".join(summary) + "\n\n"
-            "Per case (✓ = same decision as recompute on the edited document):\n\n" + "\n".join(per_case) + "\n")
+            "Per case (✓ = same decision as recompute on the edited document):\n\n"
+            + "\n".join(per_case) + "\n")

@@ -63,14 +63,17 @@ def main() -> int:
     with served_app() as base:
         load = os.getloadavg()[0]
         with httpx.Client(base_url=base, timeout=30) as client:
-            for name, path in (("/", lambda: "/"), ("/?page=N (random)", lambda: f"/?page={random.randint(2, pages)}"),
+            for name, path in (("/", lambda: "/"),
+                               ("/?page=N (random)", lambda: f"/?page={random.randint(2, pages)}"),
                                (f"/?page={pages} (last)", lambda: f"/?page={pages}")):
                 times, size = measure(client, path, args.requests)
-                rows.append(f"| `{name}` | {args.requests} | {percentile(times, 50):.1f} | {percentile(times, 95):.1f} | "
-                            f"{max(times):.1f} | {size / 1024:.0f} KB |")
-    machine = f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"
+                rows.append(f"| `{name}` | {args.requests} | {percentile(times, 50):.1f} | "
+                            f"{percentile(times, 95):.1f} | {max(times):.1f} | {size / 1024:.0f} KB |")
+    machine = (f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
+               f"Python {platform.python_version()}")
     print(f"one user, requests one after another; {counts['notebooks']:,} notebooks ({pages} pages of 24), "
-          f"{counts['runs']:,} runs; uvicorn and client on one machine ({machine}; 1-minute load average {load:.1f}), "
+          f"{counts['runs']:,} runs; uvicorn and client on one machine ({machine}; "
+          f"1-minute load average {load:.1f}), "
           f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC\n")
     print("| page | requests | p50 ms | p95 ms | max ms | size |\n| --- | ---: | ---: | ---: | ---: | ---: |")
     print("\n".join(rows))

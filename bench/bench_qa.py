@@ -4,8 +4,9 @@
         [--passages 10] [--model smollm2-135m] [--json] [--out docs/benchmarks.md]
 
 MuSiQue in CacheBlend's protocol (`bench/data/README.md`): a fixed instruction, then the passages,
-each `"{title}\\n\\n{text}\\n\\n"`, then the query `"\\n\\nAnswer the question directly … \\nQuestion:{q}\\nAnswer:"`
-(the question lower-cased at its first letter and ending in "?"), inside the model's chat turn.
+each `"{title}\\n\\n{text}\\n\\n"`, then the query
+`"\\n\\nAnswer the question directly … \\nQuestion:{q}\\nAnswer:"` (the question lower-cased at its
+first letter and ending in "?"), inside the model's chat turn.
 Greedy, at most 32 new tokens, first line only; token F1 after SQuAD normalisation, best over the
 gold answers.
 
@@ -53,7 +54,8 @@ QUERY_PROMPT = ("\n\nAnswer the question directly based on the given passages. D
 STRATEGIES = ("splice", "seam", "selective", "epic", "prefix_reuse")
 LABELS = {"recompute": "recompute (full prefill)", "splice": "splice (full reuse)",
           "seam": "splice + seam K = 4", "selective": "selective 15% (CacheBlend)",
-          "epic": "EPIC-style, first 16 of every passage", "prefix_reuse": "prefix_reuse (first passage exact)"}
+          "epic": "EPIC-style, first 16 of every passage",
+          "prefix_reuse": "prefix_reuse (first passage exact)"}
 
 
 def run_example(eng, example: Example) -> tuple[dict[str, dict[str, float]], dict]:
@@ -69,15 +71,16 @@ def run_example(eng, example: Example) -> tuple[dict[str, dict[str, float]], dic
         scores[name] = {"f1_gold": gold_f1(answer, example.answers), "f1_vs_recompute": r.answer_f1,
                         "first_token_agrees": float(r.top1_agrees), "kl": r.kl_to_recompute,
                         "ttft_speedup": rec.ttft_ms / r.ttft_ms}
-        answers[name] = {"answer": answer, "ttft_ms": round(r.ttft_ms, 1), "tokens_computed": r.tokens_computed}
+        answers[name] = {"answer": answer, "ttft_ms": round(r.ttft_ms, 1),
+                         "tokens_computed": r.tokens_computed}
     return scores, {"question": example.question, "gold": list(example.answers),
                     "prompt_tokens": report.document_tokens, "strategies": answers}
 
 
 def markdown(summary: dict, meta: dict) -> str:
-    rows = [f"**{summary['examples']} MuSiQue examples (from #{meta['start'] + 1} of `{meta['data']}`), {meta['passages']} passages each "
-            f"(median {meta['median_tokens']} prompt tokens)**; `{meta['model']}`; 95% bootstrap intervals "
-            f"over examples in brackets.\n",
+    rows = [f"**{summary['examples']} MuSiQue examples (from #{meta['start'] + 1} of `{meta['data']}`), "
+            f"{meta['passages']} passages each (median {meta['median_tokens']} prompt tokens)**; "
+            f"`{meta['model']}`; 95% bootstrap intervals over examples in brackets.\n",
             "| strategy | F1 vs gold (mean) | F1 vs recompute (mean) | first token agrees | KL of the first "
             "answer token (median) | TTFT speed-up (median) |",
             "|---|---:|---:|---:|---:|---:|"]
@@ -100,13 +103,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--limit", type=int, default=20, help="how many examples")
     p.add_argument("--start", type=int, default=0, help="skip the file's first N examples")
     p.add_argument("--passages", type=int, default=10,
-                   help="passages per example (CacheBlend's 10; MuSiQue's own files have 20, its supporting ones are kept; 0 = all)")
+                   help="passages per example (CacheBlend's 10; MuSiQue's own files have 20, "
+                        "its supporting ones are kept; 0 = all)")
     p.add_argument("--model", default="smollm2-135m")
     p.add_argument("--json", action="store_true", help="print only the summary as JSON")
     p.add_argument("--threads", type=int, default=2, help="torch.set_num_threads (CPU)")
     p.add_argument("--details", type=Path, default=None, help="write each example's answers as JSON lines")
     p.add_argument("--out", type=Path, default=None, help="markdown file to write the table block into")
-    p.add_argument("--block", default="qa", help="the block's name in --out (between <!-- bench:NAME:begin/end -->)")
+    p.add_argument("--block", default="qa",
+                   help="the block's name in --out (between <!-- bench:NAME:begin/end -->)")
     args = p.parse_args(argv)
     if not args.data.exists():
         print(f"bench_qa: no data file {args.data}", file=sys.stderr)
@@ -130,19 +135,23 @@ def main(argv: list[str] | None = None) -> int:
         if details:
             details.write(json.dumps(seen) + "\n")
             details.flush()
-        log(f"[{i + 1}/{len(examples)}] {seen['prompt_tokens']} tokens; gold {example.answers[0]!r}; " + "; ".join(
-            f"{n}: {a['answer']!r} ({scores[n]['ttft_speedup']:.1f}×)" for n, a in seen["strategies"].items()))
+        answers = "; ".join(f"{n}: {a['answer']!r} ({scores[n]['ttft_speedup']:.1f}×)"
+                            for n, a in seen["strategies"].items())
+        log(f"[{i + 1}/{len(examples)}] {seen['prompt_tokens']} tokens; gold {example.answers[0]!r}; "
+            + answers)
     if details:
         details.close()
     summary = summarize(records)
     if args.json:
         print(json.dumps(summary))
         return 0
-    meta = {"passages": args.passages or "all", "start": args.start, "data": args.data.name, "median_tokens": int(statistics.median(tokens)) if tokens else 0,
-            "model": args.model}
+    meta = {"passages": args.passages or "all", "start": args.start, "data": args.data.name,
+            "median_tokens": int(statistics.median(tokens)) if tokens else 0, "model": args.model}
     body = markdown(summary, meta)
-    hw = f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch threads {torch.get_num_threads()}"
-    body += (f"\n- command: `.venv/bin/python bench/bench_qa.py {' '.join(argv if argv is not None else sys.argv[1:])}`"
+    hw = (f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
+          f"torch threads {torch.get_num_threads()}")
+    command = " ".join(argv if argv is not None else sys.argv[1:])
+    body += (f"\n- command: `.venv/bin/python bench/bench_qa.py {command}`"
              f"\n- machine: {hw} (shared with other work while measuring); "
              f"{time.strftime('%Y-%m-%d %H:%M %Z')}; wall time {time.time() - t_start:.0f} s\n")
     print(body)

@@ -105,8 +105,8 @@ def plot(path: Path, results: dict[float, dict]) -> None:
                    f'<text x="{mid}" y="{height + 36}" text-anchor="middle">{name}</text>'
                    f'<text x="{mid}" y="{height + 50}" text-anchor="middle">{rate:g}/s</text>')
     out.append(f'<text x="{left}" y="{height + 70}">TTFT p50 (bar) and p90 (line), log scale, per variant '
-               f'and arrival rate;</text><text x="{left}" y="{height + 84}">the number above: the prefix-cache '
-               'hit rate</text></svg>')
+               f'and arrival rate;</text><text x="{left}" y="{height + 84}">'
+               'the number above: the prefix-cache hit rate</text></svg>')
     path.write_text("\n".join(out) + "\n", encoding="utf-8")
 
 

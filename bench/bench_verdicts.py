@@ -50,12 +50,14 @@ def read_back_cases(n: int, seed: int = 7) -> list[tuple[str, Field, Question]]:
         rng.shuffle(lines)
         document = "Customer record\n" + "\n".join(lines) + "\n\n" + " ".join(rng.sample(FILLER, 4)) + "\n"
         start = document.index(f"{label}: {old}") + len(label) + 2
-        cases.append((document, Field(start, start + len(old), new, label), Question(f"What is the {label}?", max_new_tokens=12)))
+        cases.append((document, Field(start, start + len(old), new, label),
+                      Question(f"What is the {label}?", max_new_tokens=12)))
     return cases
 
 
 def agreement_table(eng, cases) -> str:
-    rows: dict[str, dict[str, list[float]]] = {s: {"same": [], "f1": [], "nll": [], "speed": []} for s in STRATEGIES}
+    rows: dict[str, dict[str, list[float]]] = {s: {"same": [], "f1": [], "nll": [], "speed": []}
+                                               for s in STRATEGIES}
     ref_nll = []
     for document, field, question in cases:
         report = eng.run(RunRequest(document, question, fields=(field,)))
@@ -70,7 +72,8 @@ def agreement_table(eng, cases) -> str:
               f"erratum {report.strategies['erratum'].decision!r}", file=sys.stderr)
     out = [f"{len(cases)} held-out read-back cases (free answer, ~80 tokens each); recompute's own NLL: "
            f"median {statistics.median(ref_nll):.3f}.", "",
-           "| strategy | same answer as recompute (normalised) | mean answer F1 | NLL of recompute's answer − recompute's own (median) | TTFT speed-up (median) |",
+           "| strategy | same answer as recompute (normalised) | mean answer F1 "
+           "| NLL of recompute's answer − recompute's own (median) | TTFT speed-up (median) |",
            "| --- | --- | --- | --- | --- |"]
     for name in STRATEGIES:
         r = rows[name]
@@ -98,7 +101,8 @@ def notes_map_cost(eng, example: Path, repeats: int = 3) -> str:
         t0 = time.perf_counter()
         full = editor.recompute().layers
         t1 = time.perf_counter()
-        m = notes_map(eng.model, eng.tokenizer, editor, full, editor.in_place().layers, editor.stale().layers, prompt)
+        m = notes_map(eng.model, eng.tokenizer, editor, full, editor.in_place().layers,
+                      editor.stale().layers, prompt)
         t2 = time.perf_counter()
         full_s.append(t1 - t0)
         map_s.append(t2 - t1)
@@ -106,14 +110,16 @@ def notes_map_cost(eng, example: Path, repeats: int = 3) -> str:
     fine = sum(1 for sp in m.spans if sp.end - sp.start <= 16)
     top = sorted(m.spans, key=lambda sp: sp.share, reverse=True)[:3]
     return "\n".join([
-        f"`{example.name}`: {len(ids)} document tokens; {len(m.spans)} spans ({fine} of 16 tokens where a patch "
-        f"moves at least 5% of the gap, 64 tokens elsewhere); medians of {repeats}, side by side.", "",
+        f"`{example.name}`: {len(ids)} document tokens; {len(m.spans)} spans ({fine} of 16 tokens where a "
+        f"patch moves at least 5% of the gap, 64 tokens elsewhere); medians of {repeats}, side by side.", "",
         "| what | time | in full recomputes |", "| --- | --- | --- |",
         f"| a full recompute of the edited document | {recompute:.2f} s | 1.00 |",
-        f"| the notes map, given the run's recompute, in_place and stale notes | {mapping:.2f} s | {mapping / recompute:.2f} |",
-        f"| the notes map with its own recompute (`kvnotes attribute`) | {recompute + mapping:.2f} s | {(recompute + mapping) / recompute:.2f} |",
-        "",
-        f"Field share {m.field_share:.1%} (KL stale {m.kl_stale:.4f} → in place {m.kl_in_place:.4f}); largest spans: "
+        f"| the notes map, given the run's recompute, in_place and stale notes | {mapping:.2f} s "
+        f"| {mapping / recompute:.2f} |",
+        f"| the notes map with its own recompute (`kvnotes attribute`) | {recompute + mapping:.2f} s "
+        f"| {(recompute + mapping) / recompute:.2f} |", "",
+        f"Field share {m.field_share:.1%} (KL stale {m.kl_stale:.4f} → in place {m.kl_in_place:.4f}); "
+        "largest spans: "
         + "; ".join(f"{sp.share:.1%} `{' '.join(sp.text.split())[:30]}`" for sp in top) + ".",
     ])
 
@@ -124,17 +130,21 @@ def examples_table(eng, directory: Path) -> str:
     for path in sorted(directory.glob("*.json")):
         ex = json.loads(path.read_text())
         document = ex["document"]
-        fields = tuple(Field(document.index(f["find"]), document.index(f["find"]) + len(f["find"]), f["new_value"],
+        fields = tuple(Field(document.index(f["find"]),
+                             document.index(f["find"]) + len(f["find"]), f["new_value"],
                              f.get("label", "")) for f in ex.get("fields", []))
-        placements = tuple(Placement(s["text"], None if s.get("position_find") is None else document.index(s["position_find"]))
+        placements = tuple(Placement(s["text"], None if s.get("position_find") is None
+                                     else document.index(s["position_find"]))
                            for s in ex.get("skills", []))
-        question = Question(ex["question"], tuple(ex.get("choices") or ()), bool(ex.get("cot")), max_new_tokens=16)
+        question = Question(ex["question"], tuple(ex.get("choices") or ()),
+                            bool(ex.get("cot")), max_new_tokens=16)
         r = eng.run(RunRequest(document, question, fields=fields, placements=placements,
-                               strategies=("recompute", "stale", "erratum", "field_erratum", "in_place"))).strategies
+                               strategies=("recompute", "stale", "erratum", "field_erratum",
+                                           "in_place"))).strategies
         cell = {n: f"{r[n].decision[:40]!r}" + ("" if n == "recompute" else
                    f" {'✓' if r[n].decision_matches_recompute else '✗'} F1 {r[n].answer_f1:.2f}") for n in r}
-        out.append(f"| `{path.stem}` | {ex['question']} | {cell['recompute']} | {cell['stale']} | {cell['erratum']} | "
-                   f"{cell['field_erratum']} | {cell['in_place']} |")
+        out.append(f"| `{path.stem}` | {ex['question']} | {cell['recompute']} | {cell['stale']} "
+                   f"| {cell['erratum']} | {cell['field_erratum']} | {cell['in_place']} |")
     return "\n".join(out)
 
 

@@ -15,7 +15,8 @@ from worker.engine import Field, Question
 # deterministic documents
 
 _SUBJECTS = ["The dispatcher", "The night shift", "Customer care", "The audit team", "The warehouse lead",
-             "Quality control", "The billing desk", "The compliance officer", "Operations", "The duty manager"]
+             "Quality control", "The billing desk", "The compliance officer",
+             "Operations", "The duty manager"]
 _VERBS = ["confirmed", "logged", "reviewed", "escalated", "closed", "re-checked", "archived", "flagged",
           "acknowledged", "updated"]
 _OBJECTS = ["the pallet count", "the seal numbers", "the customs declaration", "the temperature readings",
@@ -84,7 +85,8 @@ def build(eng, case: Case, position: str = "top") -> tuple[str, Field, Question]
         per_line = 22
         for _ in range(max(1, (case.tokens - n) // per_line // 2)):
             lines.append(next(stream))
-    while len(lines) > len(head) + 1 and len(eng.tokenize_document("\n".join(lines[:-1]) + "\n")[0]) >= case.tokens:
+    while (len(lines) > len(head) + 1
+           and len(eng.tokenize_document("\n".join(lines[:-1]) + "\n")[0]) >= case.tokens):
         lines.pop()
     old_value = dict(case.fields)[case.edit_label]
     field_line = f"{case.edit_label}: {old_value}"
@@ -120,7 +122,8 @@ AGREEMENT_CASES = [
     shipment(512),
     Case("account", "ACCOUNT RECORD", (("account_id", "AC-88213"), ("owner", "Dana Whitfield"),
          ("plan", "business"), ("status", "active"), ("region", "EU-North"), ("opened", "2019-04-02")),
-         "status", "suspended", "What is the status of this account?", ("active", "suspended"), 1024, seed=11),
+         "status", "suspended", "What is the status of this account?",
+         ("active", "suspended"), 1024, seed=11),
     Case("booking", "HOTEL BOOKING", (("booking_ref", "HB-5521"), ("guest", "Marta Kowalski"),
          ("room_type", "single"), ("nights", "3"), ("breakfast", "included"), ("arrival", "2026-05-14")),
          "room_type", "double", "What room type is booked?", ("double", "single"), 512, seed=23),

@@ -40,7 +40,8 @@ def measure_machine(hidden: int = 576, intermediate: int = 1536, repeats: int = 
         x.sum()
         rd.append(time.perf_counter() - t0)
     flops = 2 * a.shape[0] * hidden * intermediate
-    return Machine(gflops=flops / statistics.median(mm) / 1e9, read_gbs=x.numel() * 4 / statistics.median(rd) / 1e9)
+    return Machine(gflops=flops / statistics.median(mm) / 1e9,
+                   read_gbs=x.numel() * 4 / statistics.median(rd) / 1e9)
 
 
 @dataclass(frozen=True)
@@ -99,7 +100,8 @@ def strategy_flops(s: Shape, e: EditShape) -> dict[str, float]:
     in_place = forward_flops(s, e.changed, e.prefix)
     ranking = forward_flops(s, e.downstream, e.prefix + e.changed) / s.layers  # layer 0 only
     mean_key = e.prefix + e.changed + e.downstream / 2  # a selected token's keys, on average
-    selected = e.selected * s.token_flops + e.selected * (mean_key + e.selected / 2) * 4 * s.heads * s.head_dim * s.layers
+    selected = (e.selected * s.token_flops
+                + e.selected * (mean_key + e.selected / 2) * 4 * s.heads * s.head_dim * s.layers)
     return {
         "recompute": forward_flops(s, e.new, 0) + readout_flops(s, e, e.new, 0),
         "prefix_reuse": forward_flops(s, e.new - e.prefix, e.prefix) + readout_flops(s, e, e.new, 0),

@@ -42,7 +42,8 @@ import httpx
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-DOCUMENT = ("Account record {i}\n\nAccount holder: Dana Lee\nstatus: active\nPlan: business\nRegion: north\n\n"
+DOCUMENT = ("Account record {i}\n\nAccount holder: Dana Lee\nstatus: active\nPlan: business\n"
+            "Region: north\n\n"
             "Access policy\n\nOnly accounts whose status is active may log in. " * 3)
 
 
@@ -57,9 +58,9 @@ def served_app() -> Iterator[str]:
     """uvicorn serving app.main:app with this process's environment on a free loopback port; yields
     its base URL once it answers, stops it after."""
     port = _free_port()
-    server = subprocess.Popen([sys.executable, "-m", "uvicorn", "app.main:app", "--host", "127.0.0.1", "--port",
-                               str(port), "--log-level", "warning"], env={**os.environ, "PYTHONPATH": str(REPO)},
-                              cwd=REPO)
+    server = subprocess.Popen([sys.executable, "-m", "uvicorn", "app.main:app",
+                               "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"],
+                              env={**os.environ, "PYTHONPATH": str(REPO)}, cwd=REPO)
     base = f"http://127.0.0.1:{port}"
     try:
         for _ in range(100):
@@ -77,8 +78,10 @@ def served_app() -> Iterator[str]:
 def seed(data: Path, notebooks: int, database_url: str | None = None) -> dict[str, int]:
     """Fill a fresh database (SQLite under `data`, or `database_url`) through the ORM's tables (bulk
     inserts, one transaction)."""
-    os.environ.update({"KVNOTES_DATA": str(data), "DATABASE_URL": database_url or f"sqlite:///{data}/kvnotes.db",
-                       "BROKER_URL": f"sqla+sqlite:///{data}/broker.db", "RESULT_BACKEND": f"db+sqlite:///{data}/results.db"})
+    os.environ.update({"KVNOTES_DATA": str(data),
+                       "DATABASE_URL": database_url or f"sqlite:///{data}/kvnotes.db",
+                       "BROKER_URL": f"sqla+sqlite:///{data}/broker.db",
+                       "RESULT_BACKEND": f"db+sqlite:///{data}/results.db"})
     from data.db import get_engine
     from data.migrate import upgrade_to_head
     from data.models import Erratum, Field, Notebook, Question, Run, RunResult, Skill
@@ -89,14 +92,17 @@ def seed(data: Path, notebooks: int, database_url: str | None = None) -> dict[st
     with get_engine().begin() as c:
         c.execute(Notebook.__table__.insert(), [
             {"id": i, "title": f"Account {i}", "model": "smollm2-135m", "document": DOCUMENT.format(i=i),
-             "created_at": now - timedelta(minutes=i), "updated_at": now - timedelta(minutes=i), "created_by": "local"}
+             "created_at": now - timedelta(minutes=i), "updated_at": now - timedelta(minutes=i),
+             "created_by": "local"}
             for i in range(1, notebooks + 1)])
         start = DOCUMENT.index("active")
         c.execute(Field.__table__.insert(), [
-            {"notebook_id": i, "start": start, "end": start + 6, "old_value": "active", "new_value": "suspended",
-             "label": "status", "created_at": now} for i in range(1, notebooks + 1)])
+            {"notebook_id": i, "start": start, "end": start + 6, "old_value": "active",
+             "new_value": "suspended", "label": "status", "created_at": now}
+            for i in range(1, notebooks + 1)])
         c.execute(Erratum.__table__.insert(), [
-            {"notebook_id": i, "field_id": i, "text": "[STATE UPDATE] status has changed from active to suspended.",
+            {"notebook_id": i, "field_id": i,
+             "text": "[STATE UPDATE] status has changed from active to suspended.",
              "source": "generated", "position": 0, "created_at": now} for i in range(1, notebooks + 1)])
         c.execute(Question.__table__.insert(), [
             {"notebook_id": i, "text": "Can this account log in?", "choices": ["yes", "no"], "cot": False,
@@ -107,8 +113,9 @@ def seed(data: Path, notebooks: int, database_url: str | None = None) -> dict[st
              "created_by": "local"} for i in range(1, 201)])
         runs = min(2000, notebooks)
         snapshot = {"model": "smollm2-135m", "document": DOCUMENT.format(i=0), "fields": [], "errata": [],
-                    "placements": [], "question": {"text": "Can this account log in?", "choices": ["yes", "no"],
-                                                   "cot": False}, "strategies": ["recompute", "stale"]}
+                    "placements": [],
+                    "question": {"text": "Can this account log in?", "choices": ["yes", "no"], "cot": False},
+                    "strategies": ["recompute", "stale"]}
         c.execute(Run.__table__.insert(), [
             {"id": r, "notebook_id": rng.randint(1, notebooks), "kind": "edit", "snapshot": snapshot,
              "strategies": ["recompute", "stale"], "status": "succeeded", "stage": "done", "progress": 1.0,
@@ -117,8 +124,9 @@ def seed(data: Path, notebooks: int, database_url: str | None = None) -> dict[st
         c.execute(RunResult.__table__.insert(), [
             {"run_id": r, "strategy": s, "decision": "no", "choice_probs": {"yes": 0.2, "no": 0.8},
              "kl_to_recompute": 0.0 if s == "recompute" else 0.3, "top1_agrees": True, "topk_overlap": 10,
-             "logit_cosine": 1.0, "decision_matches_recompute": True, "tokens_computed": 60, "latency_ms": 400.0,
-             "text": "no", "detail": ""} for r in range(1, runs + 1) for s in ("recompute", "stale")])
+             "logit_cosine": 1.0, "decision_matches_recompute": True, "tokens_computed": 60,
+             "latency_ms": 400.0, "text": "no", "detail": ""}
+            for r in range(1, runs + 1) for s in ("recompute", "stale")])
     return {"notebooks": notebooks, "runs": runs, "skills": 200}
 
 
@@ -202,9 +210,11 @@ def main() -> int:
             drive(base, args.users, args.seconds, pages(counts["notebooks"], counts["runs"])))
         load_after = os.getloadavg()[0]
     total = sum(len(v) for v in samples.values())
-    machine = f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"
-    head = (f"{args.users} users, {args.seconds:.0f} s, think time 0.5–1.5 s, {counts['notebooks']:,} notebooks, "
-            f"{counts['runs']:,} runs, {counts['skills']} skills; {total} requests ({total / args.seconds:.1f}/s); "
+    machine = (f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
+               f"Python {platform.python_version()}")
+    head = (f"{args.users} users, {args.seconds:.0f} s, think time 0.5–1.5 s, "
+            f"{counts['notebooks']:,} notebooks, {counts['runs']:,} runs, {counts['skills']} skills; "
+            f"{total} requests ({total / args.seconds:.1f}/s); "
             f"one uvicorn process and the load generator on one machine ({machine}; 1-minute load average "
             f"{load_before:.1f} before, {load_after:.1f} after), {datetime.now(UTC):%Y-%m-%d %H:%M} UTC")
     lines = [head, "", *table(samples, errors, server_ms)]

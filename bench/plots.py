@@ -31,7 +31,8 @@ def speedup_by_position(path: Path, speedups: dict[tuple[str, int], dict[str, fl
     for ax, name in zip(axes.flat, names):
         for i, pos in enumerate(positions):
             xs = [n for n in sizes if (pos, n) in speedups]
-            ax.plot(xs, [speedups[(pos, n)][name] for n in xs], marker="o", color=f"C{i}", label=f"field {pos}")
+            ax.plot(xs, [speedups[(pos, n)][name] for n in xs], marker="o", color=f"C{i}",
+                    label=f"field {pos}")
         ax.axhline(1, color="grey", linewidth=0.8)
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
@@ -62,7 +63,8 @@ def latency(path: Path, sizes: list[int], lat: dict[int, dict[str, float]], devi
     for i, name in enumerate(names):
         a1.plot(sizes, [lat[s][name] for s in sizes], marker="o", label=name, color=f"C{i}")
         if name != "recompute":
-            a2.plot(sizes, [lat[s]["recompute"] / lat[s][name] for s in sizes], marker="o", label=name, color=f"C{i}")
+            a2.plot(sizes, [lat[s]["recompute"] / lat[s][name] for s in sizes], marker="o",
+                    label=name, color=f"C{i}")
     for ax in (a1, a2):
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")

@@ -84,7 +84,8 @@ def parse_example(item: dict, passages: int, where: str) -> Example | None:
     elif "paragraphs" in item:  # MuSiQue's own
         if item.get("answerable") is False:
             return None
-        answers, chunks, body = [_text(item, "answer", where), *(item.get("answer_aliases") or [])], item["paragraphs"], "paragraph_text"
+        answers, chunks, body = ([_text(item, "answer", where), *(item.get("answer_aliases") or [])],
+                                 item["paragraphs"], "paragraph_text")
     else:
         raise DataError(f"{where}: no passages: expected 'ctxs' (CacheBlend) or 'paragraphs' (MuSiQue)")
     if not isinstance(answers, list) or not answers or not all(isinstance(a, str) for a in answers):
