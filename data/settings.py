@@ -70,6 +70,9 @@ class Settings(BaseSettings):
     # What the worker and the command line compute in ("" = bfloat16 on CUDA, float32 on the CPU);
     # a run's report names it, and the KV store keeps notes of each dtype apart.
     dtype: Literal["", "float32", "bfloat16", "float16"] = Field(default="", validation_alias="KVNOTES_DTYPE")
+    # With KVNOTES_DEVICE=auto (a model spread over the GPUs): what each device may hold,
+    # "0=70GiB,1=70GiB,cpu=200GiB" ("" = accelerate's estimate); a model that does not fit is refused.
+    max_memory: str = Field(default="", validation_alias="KVNOTES_MAX_MEMORY")
     task_time_limit_s: int = Field(default=3600, ge=1, validation_alias="KVNOTES_TASK_TIME_LIMIT")
     visibility_timeout_s: int = Field(default=0, ge=0, validation_alias="KVNOTES_VISIBILITY_TIMEOUT")
 

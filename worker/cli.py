@@ -64,10 +64,12 @@ def _load(args):
     converting bundled models under the settings' data folder (`KVNOTES_DATA`)."""
     from data.settings import get_settings
     from worker.engine import load
+    from worker.engine.devices import parse_max_memory
 
     settings = get_settings()
     return load(args.model, device=args.device or settings.device or None,
-                dtype=args.dtype or settings.dtype or None, data_dir=settings.data_dir)
+                dtype=args.dtype or settings.dtype or None, data_dir=settings.data_dir,
+                max_memory=parse_max_memory(args.max_memory or settings.max_memory))
 
 
 def cmd_models(args) -> None:
@@ -165,6 +167,8 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:1, auto … (default: cuda when available)")
     p.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"],
                    help="default: KVNOTES_DTYPE, else bfloat16 on CUDA and float32 on the CPU")
+    p.add_argument("--max-memory", default=None, metavar="0=70GiB,cpu=200GiB",
+                   help="with --device auto: what each device may hold (default: KVNOTES_MAX_MEMORY)")
     p.add_argument("--question", required=True)
     p.add_argument("--choices", default=None, help="comma-separated; without it the decision is generated")
     p.add_argument("--cot", action="store_true", help="chain of thought: generate, then answer")

@@ -11,6 +11,7 @@ from celery.exceptions import SoftTimeLimitExceeded
 
 from data.settings import get_settings
 from worker.engine import Engine, EngineError, load
+from worker.engine.devices import parse_max_memory
 from worker.engine.store import KVStore
 
 
@@ -25,7 +26,7 @@ def get_engine(alias: str) -> Engine:
     (the engine caches it), with the process's KV store."""
     settings = get_settings()
     return load(alias, device=settings.device or None, dtype=settings.dtype or None, store=get_store(),
-                data_dir=settings.data_dir)
+                data_dir=settings.data_dir, max_memory=parse_max_memory(settings.max_memory))
 
 
 def describe_failure(exc: BaseException, device: str, stage: str) -> str:

@@ -52,3 +52,14 @@ def test_the_same_model_spread_or_not_gives_the_same_notes():
 def test_a_model_too_big_for_the_memory_given_is_refused():
     with pytest.raises(DeviceError, match="too big for the memory given .* offloaded to disk"):
         load("tiny-moe", device="auto", max_memory={"cpu": 10_000})
+
+
+def test_max_memory_is_read_from_its_setting_form_with_clear_errors():
+    from worker.engine.devices import parse_max_memory
+
+    assert parse_max_memory("0=70GiB, 1=70GiB,cpu=200GiB") == {0: "70GiB", 1: "70GiB", "cpu": "200GiB"}
+    assert parse_max_memory("") is None
+    with pytest.raises(DeviceError, match="write DEVICE=AMOUNT"):
+        parse_max_memory("gpu0=70GiB")
+    with pytest.raises(DeviceError, match="'lots' is not a size"):
+        parse_max_memory("cpu=lots")

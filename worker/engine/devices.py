@@ -135,3 +135,25 @@ def on_layer_devices(layers: list[tuple[torch.Tensor, torch.Tensor]], model: Pre
     dimension back, each layer's on the device of that layer's weights."""
     devices = layer_devices(model)
     return [(k.unsqueeze(0).to(d), v.unsqueeze(0).to(d)) for (k, v), d in zip(layers, devices)]
+
+
+def parse_max_memory(text: str) -> dict[int | str, str] | None:
+    """`KVNOTES_MAX_MEMORY` / `--max-memory`: "0=70GiB,1=70GiB,cpu=200GiB" → {0: "70GiB", 1: "70GiB",
+    "cpu": "200GiB"} (GPU indices, "cpu" or "mps"); "" → None (accelerate's own estimate)."""
+    from accelerate.utils import convert_file_size_to_int
+
+    if not text.strip():
+        return None
+    out: dict[int | str, str] = {}
+    for part in text.split(","):
+        device, sep, amount = part.strip().partition("=")
+        device, amount = device.strip(), amount.strip()
+        if not sep or not amount or not (device.isdigit() or device in ("cpu", "mps")):
+            raise DeviceError(f"max memory {part.strip()!r}: write DEVICE=AMOUNT, e.g. 0=70GiB,cpu=200GiB "
+                              "(DEVICE a GPU index, cpu or mps)")
+        try:
+            convert_file_size_to_int(amount)
+        except ValueError:
+            raise DeviceError(f"max memory {part.strip()!r}: {amount!r} is not a size (e.g. 70GiB, 500MB)") from None
+        out[int(device) if device.isdigit() else device] = amount
+    return out
