@@ -111,6 +111,21 @@ def _get_or_none(url: str):
 
 def test_a_killed_worker_is_replaced_and_a_killed_serve_leaves_no_worker(tmp_path: Path) -> None:
     env = {**os.environ, **kvnotes_env(tmp_path, KVNOTES_DEFAULT_MODEL=MODEL, KVNOTES_MODELS=MODEL,
+def _restarted_health_does_not_trust_the_killed_worker(env: dict[str, str]) -> None:
+    """Right after `kill -9` of serve, a restarted app (no worker of its own yet) must not answer
+    "ok" on the killed worker's last beat, which is seconds old: its process is gone."""
+    port = _free_port()
+    command = [sys.executable, "-m", "worker.cli", "serve", "--port", str(port), "--no-worker"]
+    again = subprocess.Popen(command, env=env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    health = f"http://127.0.0.1:{port}/api/health"
+    try:
+        status, body = _wait("the restarted app", lambda: _get_or_none(health), 30)
+        assert status == 503 and body["workers"] == f"no live worker for {MODEL}", body
+    finally:
+        again.terminate()
+        again.wait(timeout=30)
+
+
                                        KVNOTES_DEVICE="cpu"), "PYTHONPATH": str(REPO)}
     port = _free_port()
     base = f"http://127.0.0.1:{port}"
@@ -146,3 +161,4 @@ def test_a_killed_worker_is_replaced_and_a_killed_serve_leaves_no_worker(tmp_pat
         if serve.poll() is None:
             serve.kill()
         log.close()
+        _restarted_health_does_not_trust_the_killed_worker(env)
