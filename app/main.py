@@ -1,5 +1,5 @@
 """The FastAPI application: the JSON API under /api, static files, and the HTML pages when the
-`app.web.pages` module is present. Imports no torch and nothing of the worker.
+`app.web.router` module is present. Imports no torch and nothing of the worker.
 
 Every request passes the security middleware (Host allowlist, cross-site refusal, headers) and
 every route the authorization gate (`app.security.guard.authorize`); errors are answered by
@@ -51,8 +51,8 @@ def create_app() -> FastAPI:
     app.add_middleware(CapacityLimit)  # inside the security checks: a refused request takes no slot
     app.add_middleware(SecurityMiddleware)
     app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
-    if _has_module("app.web.pages"):
-        app.include_router(importlib.import_module("app.web.pages").router)
+    if _has_module("app.web.router"):
+        app.include_router(importlib.import_module("app.web.router").router)
     return app
 
 

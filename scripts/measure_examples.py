@@ -22,7 +22,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from app.web.examples import ExampleSpec, cited, example_slugs, measured_path, read_spec  # noqa: E402
+from app.web.notebooks.examples import ExampleSpec, cited, example_slugs, measured_path, read_spec  # noqa: E402
 from data.settings import get_settings  # noqa: E402
 from vocabulary import STRATEGIES  # noqa: E402
 

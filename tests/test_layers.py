@@ -221,3 +221,40 @@ def test_the_metric_list_is_the_vocabulary_everywhere():
     assert tuple(f.name for f in dataclass_fields(StrategyResult)) == METRIC_NAMES
     assert set(METRIC_NAMES) <= set(RunResult.__table__.columns.keys())
     assert tuple(StrategyResultOut.model_fields)[: len(METRIC_NAMES)] == METRIC_NAMES
+
+
+# ---- the web's rooms: app/web/ is the shared part, one folder per page family ----------------------
+
+WEB_FAMILIES = {"accounts", "notebooks", "runs", "serving", "skills"}
+WEB_SHARED = {"templating", "forms", "errors", "paging"}  # below every family
+WEB_TOP = {"app.web", "app.web.router", "app.web.components"} | {f"app.web.{m}" for m in WEB_SHARED}
+WEB_MODULES = sorted(m for m in SOURCES if m.startswith("app.web."))
+
+
+def test_app_web_has_no_flat_page_modules_left():
+    """A page, its routes and its view-model live in their family's folder; the top holds the
+    shared part, the router and the component gallery."""
+    top = {m for m in SOURCES if m == "app.web" or m.count(".") == 2 and m.startswith("app.web.")}
+    assert top == WEB_TOP | {f"app.web.{f}" for f in WEB_FAMILIES}
+    assert {m.split(".")[2] for m in WEB_MODULES if m.count(".") >= 3} == WEB_FAMILIES
+
+
+def test_the_shared_web_modules_import_no_page_family():
+    for shared in sorted(WEB_SHARED):
+        reached = {m.split(".")[2] for m in GRAPH[f"app.web.{shared}"] if m.startswith("app.web.")}
+        assert reached & WEB_FAMILIES == set(), f"app.web.{shared} imports a page family: {sorted(reached)}"
+
+
+@pytest.mark.parametrize("module", [m for m in WEB_MODULES if m.rsplit(".", 1)[1].endswith("view")])
+def test_web_view_models_import_no_fastapi(module: str):
+    """`view` / `*_view` modules turn rows into what a template shows: plain functions, no routing."""
+    assert {m.split(".")[0] for m in imports_of(module)} & {"fastapi", "starlette"} == set()
+
+
+@pytest.mark.parametrize("module", WEB_MODULES)
+def test_web_modules_import_only_public_names_of_one_another(module: str):
+    tree = ast.parse(SOURCES[module].read_text(encoding="utf-8"))
+    private = sorted(f"{node.module}.{alias.name}" for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+                     and (node.module or "").startswith("app.web") for alias in node.names
+                     if alias.name.startswith("_"))
+    assert private == [], f"{module} imports private helpers {private}"

@@ -8,7 +8,7 @@ from types import SimpleNamespace as NS
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from app.web.document_view import build_document_view
+from app.web.notebooks.document_view import build_document_view
 from app.web.templating import render
 
 router = APIRouter()

@@ -102,7 +102,7 @@ def test_a_spliced_skill_sits_where_it_was_placed(client) -> None:
 
 
 def test_lines_and_sentences_align_across_three_texts() -> None:
-    from app.web.compare_view import aligned_units, unit_key, units
+    from app.web.runs.compare_view import aligned_units, unit_key, units
 
     text = "Title\n\nOne sentence here. Another one follows.\nLast line."
     assert [text[a:b] for a, b in units(text)] == [

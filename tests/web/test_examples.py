@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from markupsafe import escape
 
-from app.web.examples import ExampleError, cited, example_slugs, filled, list_examples, read_spec
+from app.web.notebooks.examples import ExampleError, cited, example_slugs, filled, list_examples, read_spec
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "examples"

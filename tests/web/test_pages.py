@@ -280,7 +280,7 @@ def test_attention_from_any_question_or_answer_token(client) -> None:
 
 
 def test_word_diff_of_answers() -> None:
-    from app.web.run_view import word_diff
+    from app.web.runs.view import word_diff
 
     assert word_diff("The status is active.", "The status is suspended.") == [
         ("equal", "The status is "), ("delete", "active."), ("insert", "suspended."),
@@ -306,7 +306,7 @@ def test_skills_library(client) -> None:
 
 
 def test_examples_load_with_fields_question_and_skills(client) -> None:
-    from app.web.examples import list_examples
+    from app.web.notebooks.examples import list_examples
 
     examples = list_examples()
     assert len(examples) >= 2

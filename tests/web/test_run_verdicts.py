@@ -8,8 +8,8 @@ from types import SimpleNamespace as NS
 
 import pytest
 
-from app.web.run_view import decision_rows, run_note
-from app.web.verdict_view import headline, timing
+from app.web.runs.verdict_view import headline, timing
+from app.web.runs.view import decision_rows, run_note
 from data.contracts import RunSnapshot, SnapshotField, SnapshotQuestion
 from data.models import RunResult
 

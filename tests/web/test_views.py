@@ -8,8 +8,8 @@ from types import SimpleNamespace as NS
 import numpy as np
 import pytest
 
-from app.web.document_view import build_document_view, document_tokens_before, paragraph_starts
-from app.web.run_view import align_tokens, head_differences
+from app.web.notebooks.document_view import build_document_view, document_tokens_before, paragraph_starts
+from app.web.runs.view import align_tokens, head_differences
 from data.contracts import TokenRecord
 
 DOC = "Record\n\nstatus: active\n\nOnly active may log in."

@@ -11,10 +11,10 @@ from fastapi.responses import Response
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from app.web.document_view import build_document_view, tokens_for_document
-from app.web.examples import example_named
+from app.web.notebooks.document_view import build_document_view, tokens_for_document
+from app.web.notebooks.examples import example_named
 from app.web.paging import paginate
-from app.web.run_context import run_context
+from app.web.runs.context import run_context
 from app.web.templating import approx_tokens, render
 from data.contracts import TokenRecord
 from data.models import Notebook, Run, Skill

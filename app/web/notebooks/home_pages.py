@@ -1,6 +1,5 @@
-"""The HTML side of kvnotes: the notebooks list and creating a notebook (paste, upload, or a
-bundled example). The notebook, run and skill pages live in their own modules and are included
-here, so `app.main` mounts one `router`.
+"""The home page: the notebooks list, a page at a time, and creating a notebook (paste, upload,
+or a bundled example).
 """
 
 from __future__ import annotations
@@ -10,38 +9,20 @@ from typing import Annotated
 
 from fastapi import APIRouter, File, Form, Query, Request, UploadFile
 from fastapi.responses import RedirectResponse, Response
-from sqlalchemy import select
 
 from app.api.deps import PrincipalDep, SessionDep
 from app.schemas import NotebookCreate
 from app.services.errors import Unprocessable
 from app.services.notebooks import create_notebook as create_notebook_action
-from app.web import (
-    account_pages,
-    compare_pages,
-    components,
-    export_pages,
-    manage_pages,
-    notebook_pages,
-    present_pages,
-    run_pages,
-    serving_pages,
-    skill_pages,
-)
-from app.web.examples import ExampleError, list_examples, load_example, opened_examples
 from app.web.forms import validate
-from app.web.home_view import notebook_cards
-from app.web.paging import page_param, paginate
+from app.web.notebooks.examples import ExampleError, list_examples, load_example, opened_examples
+from app.web.notebooks.home_view import notebook_cards
+from app.web.paging import page_param
 from app.web.templating import render
-from data.models import Run
 from data.queue import QueueUnavailable
 from data.settings import get_settings
 
-router = APIRouter(include_in_schema=False)
-RUNS_PER_PAGE = 50
-for _module in (account_pages, notebook_pages, manage_pages, run_pages, export_pages, present_pages, compare_pages,
-                skill_pages, serving_pages, components):
-    router.include_router(_module.router, include_in_schema=False)
+router = APIRouter()
 
 
 def _index(request: Request, session: SessionDep, status: int = 200, page: int = 1, **extra) -> Response:
@@ -141,9 +122,3 @@ def create_from_example(request: Request, slug: str, session: SessionDep, princi
         session.rollback()
         return _index(request, session, 503, errors={"form": f"Could not load the example, nothing was saved: {exc.reason}"})
     return RedirectResponse(f"/notebooks/{notebook.id}", status_code=303)
-
-
-@router.get("/runs")
-def runs_page(request: Request, session: SessionDep, page: int = page_param()) -> Response:
-    pager, runs = paginate(session, select(Run).order_by(Run.id.desc()), page, RUNS_PER_PAGE, "/runs")
-    return render(request, "runs.html", recent_runs=runs, page=pager, nav="runs")

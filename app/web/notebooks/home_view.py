@@ -13,7 +13,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from app.web.paging import Page
-from app.web.run_view import agreement_summary, decision_rows
+from app.web.runs.view import agreement_summary, decision_rows
 from data.models import Field, Notebook, Placement, Run, RunResult
 
 CARDS_PER_PAGE = 24

@@ -18,7 +18,7 @@ from app.services.errors import Unprocessable
 from app.services.runs import rerun_snapshot
 from app.web.errors import error_page
 from app.web.forms import validate
-from app.web.notebook_context import notebook_context
+from app.web.notebooks.context import notebook_context
 from app.web.templating import render
 from data.models import Notebook, Run
 from data.queue import QueueUnavailable

@@ -20,9 +20,9 @@ from app.schemas import ErratumCreate, ErratumPatch, FieldCreate, FieldPatch, Pl
 from app.services import notebooks as actions
 from app.services.errors import RunLimitReached, Unprocessable
 from app.services.runs import question_for, start_run, waits_without_worker
-from app.web.document_view import hover_tokens, paragraph_starts
 from app.web.forms import lines, parse_int, validate
-from app.web.notebook_context import decision_summary, latest_tokens, notebook_context, regions
+from app.web.notebooks.context import decision_summary, latest_tokens, notebook_context, regions
+from app.web.notebooks.document_view import hover_tokens, paragraph_starts
 from app.web.paging import page_param
 from app.web.templating import render
 from data.models import Erratum, Field, Notebook, Placement, Skill

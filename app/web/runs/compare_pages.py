@@ -1,6 +1,6 @@
 """`/compare?runs=A,B[,C…]`: runs side by side — each run's verdict, every strategy's decision and
 metrics in one table, and one strategy's attention over the text its notes hold in each run, aligned
-line by line (`app.web.compare_view`). Reached from a notebook's history (tick runs) and
+line by line (`app.web.runs.compare_view`). Reached from a notebook's history (tick runs) and
 from a run page ("Compare with the previous run")."""
 
 from __future__ import annotations
@@ -9,8 +9,14 @@ from fastapi import APIRouter, HTTPException, Query, Request
 from fastapi.responses import Response
 
 from app.api.deps import SessionDep, get_or_404
-from app.web.compare_view import aligned_rows, common_attention, run_attention, run_columns, strategy_order
-from app.web.heatmap_view import hex_colour, seq_stops
+from app.web.runs.compare_view import (
+    aligned_rows,
+    common_attention,
+    run_attention,
+    run_columns,
+    strategy_order,
+)
+from app.web.runs.heatmap_view import hex_colour, seq_stops
 from app.web.templating import render
 from data.models import Run
 

@@ -17,8 +17,8 @@ import numpy as np
 from sqlalchemy.orm import Session
 
 from app.services.attention import attention_vector, results_with_attention
-from app.web.heatmap_view import hex_colour, scale_max, seq_colour, text_on
-from app.web.run_view import DecisionRow, agreement_summary, decision_rows
+from app.web.runs.heatmap_view import hex_colour, scale_max, seq_colour, text_on
+from app.web.runs.view import DecisionRow, agreement_summary, decision_rows
 from data.contracts import TokenRecord
 from data.models import Notebook, Run
 

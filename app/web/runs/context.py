@@ -14,10 +14,11 @@ from sqlalchemy.orm import Session
 
 from app.services.errors import Unprocessable
 from app.services.runs import waits_without_worker
-from app.web.heatmap_view import ViewParams, view_params
-from app.web.notes_map_view import lead_parts, notes_map_pieces, remaining, top_spans
-from app.web.regions_view import regions_panel
-from app.web.run_view import (
+from app.web.runs.heatmap_view import ViewParams, view_params
+from app.web.runs.notes_map_view import lead_parts, notes_map_pieces, remaining, top_spans
+from app.web.runs.regions_view import regions_panel
+from app.web.runs.verdict_view import headline
+from app.web.runs.view import (
     agreement_summary,
     answer_of,
     decision_rows,
@@ -27,7 +28,6 @@ from app.web.run_view import (
     snapshot_pieces,
     word_diff,
 )
-from app.web.verdict_view import headline
 from data.models import Notebook, Run
 from vocabulary import METRICS
 

@@ -15,7 +15,7 @@ from sqlalchemy.orm import Session
 
 from app.api.routes.runs import run_out
 from app.services.attention import NoAttention, attention_vector, compare_heads, results_with_attention
-from app.web.heatmap_view import ViewParams, heatmap_panels
+from app.web.runs.heatmap_view import ViewParams, heatmap_panels
 from data.models import Run
 
 EXPORT_VERSION = 1

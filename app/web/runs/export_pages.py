@@ -21,11 +21,11 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response
 
 from app.api.deps import SessionDep, get_or_404
 from app.services.attention import align_tokens, attention_vector, results_with_attention
-from app.web.heatmap_view import ViewParams, div_stops, heatmap_panels, hex_colour, palette, seq_stops
-from app.web.notes_map_view import lead_text
-from app.web.run_context import ViewDep, checked_view, run_context
-from app.web.run_export import run_csv, run_json
-from app.web.svg_export import heatmap_svg, notes_map_svg
+from app.web.runs.context import ViewDep, checked_view, run_context
+from app.web.runs.export import run_csv, run_json
+from app.web.runs.heatmap_view import ViewParams, div_stops, heatmap_panels, hex_colour, palette, seq_stops
+from app.web.runs.notes_map_view import lead_text
+from app.web.runs.svg_export import heatmap_svg, notes_map_svg
 from app.web.templating import ROOT, templates
 from data.models import Run
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from app.web.heatmap_view import text_on
+from app.web.runs.heatmap_view import text_on
 from data.contracts import NotesMap, NotesSpan, RunSnapshot, SnapshotField, SnapshotPlacement
 
 MAP_POS, MAP_NEG = (230, 97, 1), (94, 60, 153)  # kvnotes.css .map-span: orange towards recompute, purple away

@@ -1,6 +1,7 @@
-"""The run permalink (exactly what was run, the decision diff, answers side by side, the
-attention heatmaps), the progress fragment that polls while a run is live and stops when it
-ends, cancelling, and the head-by-head attention difference the heatmap grid is coloured by.
+"""The runs list (newest first, a page at a time); the run permalink (exactly what was run, the
+decision diff, answers side by side, the attention heatmaps), the progress fragment that polls
+while a run is live and stops when it ends, cancelling, and the head-by-head attention difference
+the heatmap grid is coloured by.
 """
 
 from __future__ import annotations
@@ -12,13 +13,21 @@ from sqlalchemy import select
 from app.api.deps import SessionDep, get_or_404
 from app.services.attention import NoAttention, compare_heads, results_with_attention
 from app.services.runs import cancel_run, waits_without_worker
-from app.web.notebook_context import decision_summary
-from app.web.run_context import ViewDep, checked_view, run_page_context
+from app.web.notebooks.context import decision_summary
+from app.web.paging import page_param, paginate
+from app.web.runs.context import ViewDep, checked_view, run_page_context
 from app.web.templating import render
 from data.models import Run
 from data.watchdog import reap_for_reader
 
 router = APIRouter()
+RUNS_PER_PAGE = 50
+
+
+@router.get("/runs")
+def runs_page(request: Request, session: SessionDep, page: int = page_param()) -> Response:
+    pager, runs = paginate(session, select(Run).order_by(Run.id.desc()), page, RUNS_PER_PAGE, "/runs")
+    return render(request, "runs.html", recent_runs=runs, page=pager, nav="runs")
 
 
 @router.get("/runs/{run_id}")

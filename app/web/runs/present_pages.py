@@ -10,8 +10,8 @@ from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import Response
 
 from app.api.deps import SessionDep, get_or_404
-from app.web.heatmap_view import div_stops, heatmap_panels, hex_colour, seq_stops
-from app.web.run_context import ViewDep, checked_view, run_context
+from app.web.runs.context import ViewDep, checked_view, run_context
+from app.web.runs.heatmap_view import div_stops, heatmap_panels, hex_colour, seq_stops
 from app.web.templating import render
 from data.models import Run
 

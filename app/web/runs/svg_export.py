@@ -19,8 +19,8 @@ import textwrap
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from app.web.heatmap_view import Cell, HeatmapPanels, div_stops, hex_colour, seq_stops
-from app.web.notes_map_view import MapPiece
+from app.web.runs.heatmap_view import Cell, HeatmapPanels, div_stops, hex_colour, seq_stops
+from app.web.runs.notes_map_view import MapPiece
 
 CHAR_W, LINE_H, FONT = 7.2, 18, 12  # px: DejaVu Sans Mono 12px advances 7.2px
 PAD = 12

@@ -1,5 +1,5 @@
 """What the run page shows, computed from a run's rows: the decision diff table (one row per
-strategy against recompute, each with whether it follows the edit: `app.web.verdict_view`),
+strategy against recompute, each with whether it follows the edit: `app.web.runs.verdict_view`),
 word-level differences of generated answers, the snapshot drawn with its fields, and the token
 alignment the attention difference needs.
 """
@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass
 
 from app.services.attention import align_tokens, head_differences  # noqa: F401 (the run page's names for them)
-from app.web.verdict_view import (
+from app.web.runs.verdict_view import (
     FOLLOWED_WORDS,
     Mark,
     Timing,

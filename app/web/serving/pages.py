@@ -21,7 +21,7 @@ from app.api.routes.replays import ReplayOut
 from app.services.errors import Unprocessable
 from app.services.replays import ReplayCreate, replays_of, settled, start_replay
 from app.web.forms import lines, validate
-from app.web.serving_view import panel_context, replay_csv
+from app.web.serving.view import panel_context, replay_csv
 from app.web.templating import render
 from data.models import Notebook
 from data.queue import QueueUnavailable

@@ -1,0 +1,1 @@
+"""Replaying a notebook on a vLLM server from the pages, and the replay's results."""

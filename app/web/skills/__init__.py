@@ -1,0 +1,1 @@
+"""The skills library page: writing, compiling and deleting skills."""
