@@ -25,8 +25,9 @@ through `SPLIT`). The split kernels run on the CPU (`_scaled_dot_product_flash_a
 returns the log-sum-exp).
 
 The joined path is what CUDA takes: the notes and the new block are joined and SDPA attends over
-them under an explicit lower-right causal mask (SDPA's own `is_causal` aligns top-left, wrong after
-cached notes). `install(model, joined=…)` chooses it; by default a model joins off the CPU and in
+them, a plain causal forward under a lower-right causal bias (`joined_causal`: no [L, S] mask is
+materialised, so CUDA keeps its fused kernels; SDPA's own `is_causal` aligns top-left, wrong after
+cached notes), any other mask as given. `install(model, joined=…)` chooses it; by default a model joins off the CPU and in
 any dtype but float32: in bfloat16 the split parts are each rounded to bf16 before the merge, which
 measured KL 3.7e-3 between prefix_reuse and recompute on smollm2-135m where the joined path gives 0
 (docs/benchmarks.md). Tests run the joined path on the CPU against the split one.
