@@ -30,7 +30,8 @@ def finished(client, doc: str = DOC, notes_map: bool = True, strategies=STRATEGI
     nb = new_notebook(client, text=doc, title=title)
     at = doc.index("active")
     client.post(f"/notebooks/{nb}/fields", data={"start": at, "end": at + 6, "selected": "active",
-                                                "new_value": "suspended", "label": "status"}, headers={"HX-Request": "true"})
+                                                "new_value": "suspended", "label": "status"},
+                headers={"HX-Request": "true"})
     s = session()
     notebook = s.get(Notebook, nb)
     notebook.questions.append(Question(text="What is the status?", choices=["active", "suspended"]))
@@ -46,7 +47,8 @@ def test_permalink_opens_the_named_view_and_refuses_what_the_run_cannot_show(cli
     # the export links carry the view
     assert f'href="/runs/{run}/heatmap.svg?strategy=field_erratum&amp;layer=2&amp;head=3&amp;agg=max"' in html
     assert 'data-view-query="1"' in client.get(f"/runs/{run}?strategy=stale&query=1").text
-    for bad, words in (("strategy=nope", "has no attention for &#39;nope&#39;; choose one of prefix_reuse, stale, field_erratum"),
+    for bad, words in (("strategy=nope", "has no attention for &#39;nope&#39;; "
+                                         "choose one of prefix_reuse, stale, field_erratum"),
                        (f"layer={LAYERS}", f"layer={LAYERS} is out of range: this model has {LAYERS}"),
                        ("head=1", "a head is picked within a layer"),
                        ("query=1&layer=0", "kept for the decision only"),
@@ -68,7 +70,8 @@ def test_page_routes_answer_errors_as_pages_and_the_api_as_json(make_client) -> 
     assert client.get("/no/such/page").status_code == 404
     assert "Not found" in client.get("/no/such/page").text
     bad = client.get("/runs/abc")
-    assert bad.status_code == 422 and "run_id: Input should be a valid integer" in bad.text and 'class="topbar"' in bad.text
+    assert (bad.status_code == 422 and "run_id: Input should be a valid integer" in bad.text
+            and 'class="topbar"' in bad.text)
     assert client.get("/?page=0").status_code == 422
     api = client.get("/api/runs/987654")
     assert api.status_code == 404 and api.json() == {"detail": "run 987654 not found"}
@@ -76,7 +79,8 @@ def test_page_routes_answer_errors_as_pages_and_the_api_as_json(make_client) -> 
     assert client.get("/runs/987654/export.json").json() == {"detail": "run 987654 not found"}
     from fastapi.testclient import TestClient
 
-    quiet = TestClient(client.app, base_url="http://127.0.0.1", client=("127.0.0.1", 50000), raise_server_exceptions=False)
+    quiet = TestClient(client.app, base_url="http://127.0.0.1", client=("127.0.0.1", 50000),
+                       raise_server_exceptions=False)
     boom = quiet.get("/boom")
     assert boom.status_code == 500 and 'class="topbar"' in boom.text and "Something went wrong" in boom.text
     assert "ZeroDivisionError" not in boom.text  # no stack trace in the page
@@ -94,6 +98,10 @@ def test_export_json_holds_what_the_page_shows(client) -> None:
     stale = next(d for d in data["decisions"] if d["strategy"] == "stale")
     assert stale["same_decision"] is False and stale["speedup"] == pytest.approx(470 / 2.5)
     assert data["notes_map"]["field_share"] == 0.94
+    # every strategy's edit verdict, and the decision's attention by region as the API carries it
+    assert {d["strategy"]: d["edit_followed"] for d in data["decisions"]}["stale"] in ("old", "neither")
+    regions = data["run"]["attention_regions"]
+    assert regions and all(abs(sum(shares.values()) - 1) <= 0.01 for shares in regions.values())
     summary = data["attention"]["stale"]
     assert len(summary["decision_mean"]) == len(summary["tokens"]) == summary["shape"][2]
     assert [len(summary["head_diff"]), len(summary["head_diff"][0])] == [LAYERS, HEADS]
@@ -116,6 +124,7 @@ def test_export_csv_is_the_decision_table_and_safe_in_a_spreadsheet(client) -> N
     assert rows[2]["decision"] == "'=HYPERLINK(\"x\")"  # a formula is kept as text
     assert rows[2]["choice_probs"] == "active: 0.8000; suspended: 0.2000"
     assert float(rows[3]["kl_to_recompute"]) == pytest.approx(0.012)
+    assert {"edit_followed", "ttft_spread_ms", "too_short_to_time"} <= set(rows[0])
 
 
 def test_heatmap_and_notes_map_pictures_are_svg(client) -> None:
@@ -142,7 +151,8 @@ def test_report_is_one_self_contained_file(client) -> None:
     html = response.text
     assert "/static" not in html and "http://" not in html and "https://" not in html
     assert not re.search(r"""(?:src|href|action)\s*=\s*["'](?!#)""", html)  # nothing to load or follow
-    assert "<link" not in html and "@import" not in html and "url(" not in html.split("</style>")[0].split("<style>")[1]
+    assert ("<link" not in html and "@import" not in html
+            and "url(" not in html.split("</style>")[0].split("<style>")[1])
     # the user's text keeps its URL as text (a character reference the browser shows as ':')
     assert "https&#58;//example.org&#47;static/terms" in html
     assert "Decision diff against recompute" in html and html.count('data-strategy="') == len(STRATEGIES)
@@ -151,8 +161,8 @@ def test_report_is_one_self_contained_file(client) -> None:
     script = re.search(r"<script>(.*?)</script>", html, re.S).group(1)
     digest = base64.b64encode(hashlib.sha256(script.encode()).digest()).decode()
     policy = response.headers.get_list("content-security-policy")
-    assert policy == [f"default-src 'none'; script-src 'sha256-{digest}'; style-src 'unsafe-inline'; img-src data:; "
-                      "base-uri 'none'; form-action 'none'; frame-ancestors 'none'"]
+    assert policy == [f"default-src 'none'; script-src 'sha256-{digest}'; style-src 'unsafe-inline'; "
+                      "img-src data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"]
     download = client.get(f"/runs/{run}/report.html?download=1")
     assert download.headers["content-disposition"] == f'attachment; filename="run-{run}-report.html"'
 
@@ -160,12 +170,14 @@ def test_report_is_one_self_contained_file(client) -> None:
 def test_presentation_steps_each_have_a_url(client) -> None:
     _, run = finished(client)
     first = client.get(f"/runs/{run}/present").text
-    assert re.search(r'id="step-1" data-step="1"[^>]*>', first) and 'id="step-1" data-step="1" aria-labelledby="s1-title">' in first
+    assert (re.search(r'id="step-1" data-step="1"[^>]*>', first)
+            and 'id="step-1" data-step="1" aria-labelledby="s1-title">' in first)
     assert 'id="step-2" data-step="2" aria-labelledby="s2-title" hidden>' in first
     third = client.get(f"/runs/{run}/present/3?strategy=field_erratum").text
     assert 'id="step-3" data-step="3" aria-labelledby="s3-title">' in third
     assert f'href="/runs/{run}/present/4?strategy=field_erratum" rel="next"' in third  # links keep the view
-    assert "Refreshing the status field&#39;s own notes closed <strong>94%</strong>" in third  # the field, named
+    # the field, named
+    assert "Refreshing the status field&#39;s own notes closed <strong>94%</strong>" in third
     assert client.get(f"/runs/{run}/present/5").status_code == 404
     assert "steps 1 to 4" in client.get(f"/runs/{run}/present/5").text
 
@@ -181,7 +193,8 @@ def test_compare_two_runs_aligned_line_by_line(client) -> None:
     assert "The documents differ" in html
     changed = re.findall(r'<div class="cell changed" role="cell">(.*?)</div>', html, re.S)
     assert [re.sub(r"<[^>]+>", "", c) for c in changed] == [  # one row: the reworded line
-        "Only accounts whose status is active may log in.", "Just accounts whose status is active may log in."]
+        "Only accounts whose status is active may log in.",
+        "Just accounts whose status is active may log in."]
     assert html.count('data-strategy="') == len(STRATEGIES)  # the decisions table, one row per strategy
     assert client.get(f"/compare?runs={a}&runs={b}").status_code == 200  # the history's checkboxes
     assert client.get(f"/compare?runs={a}").status_code == 422

@@ -14,7 +14,13 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from app.api.routes.runs import run_out
-from app.services.attention import NoAttention, attention_vector, compare_heads, results_with_attention
+from app.services.attention import (
+    NoAttention,
+    attention_vector,
+    compare_heads,
+    results_with_attention,
+    run_attention_regions,
+)
 from app.web.runs.heatmap_view import ViewParams, heatmap_panels
 from data.models import Run
 
@@ -67,7 +73,7 @@ def run_json(session: Session, run: Run, context: dict[str, Any], params: ViewPa
         "kvnotes_export": EXPORT_VERSION,
         "permalink": f"/runs/{run.id}" + (f"?{params.query_string()}" if params else ""),
         "notebook": {"id": context["notebook"].id, "title": context["notebook"].title} if context["notebook"] else None,
-        "run": run_out(run).model_dump(mode="json"),
+        "run": run_out(run, _regions(session, run)).model_dump(mode="json"),
         "verdict": {
             "agree": context["agree"], "compared": context["compared"], "note": context["note"],
             "default_strategy": context["default_strategy"], "speedup_on": "ttft" if context["ttft_measured"] else "latency",
@@ -81,22 +87,31 @@ def run_json(session: Session, run: Run, context: dict[str, Any], params: ViewPa
     }
 
 
+def _regions(session: Session, run: Run) -> dict[str, dict[str, float]]:
+    """The decision's attention by region per strategy, as the API's run carries it."""
+    fields = [(f.start, f.end) for f in run.snapshot.fields] if run.snapshot else []
+    return {name: shares.mean for name, shares in run_attention_regions(session, run.id, fields).items()}
+
+
 def decision_record(row) -> dict[str, Any]:
     r = row.result
     record = {"strategy": row.strategy, "is_reference": row.is_reference, "same_decision": row.agrees,
-              "tokens_pct": row.tokens_pct, "speedup": row.speedup}
+              "edit_followed": row.followed, "tokens_pct": row.tokens_pct, "speedup": row.speedup,
+              "too_short_to_time": row.timing is not None}
     if r is not None:
         record.update(decision=r.decision, choice_probs=r.choice_probs, answer_f1=r.answer_f1,
                       recompute_answer_nll=r.recompute_answer_nll, kl_to_recompute=r.kl_to_recompute,
                       top1_agrees=r.top1_agrees, topk_overlap=r.topk_overlap, tokens_computed=r.tokens_computed,
-                      prefix_cache_share=r.prefix_cache_share, ttft_ms=r.ttft_ms, decode_ms=r.decode_ms,
-                      latency_ms=r.latency_ms, text=r.text)
+                      prefix_cache_share=r.prefix_cache_share, ttft_ms=r.ttft_ms,
+                      ttft_spread_ms=r.ttft_spread_ms, decode_ms=r.decode_ms, latency_ms=r.latency_ms,
+                      text=r.text)
     return record
 
 
-CSV_COLUMNS = ["strategy", "decision", "same_decision", "choice_probs", "answer_f1", "recompute_answer_nll",
-               "kl_to_recompute", "top1_agrees", "topk_overlap", "tokens_computed", "tokens_pct",
-               "prefix_cache_share", "ttft_ms", "decode_ms", "latency_ms", "speedup"]
+CSV_COLUMNS = ["strategy", "decision", "same_decision", "edit_followed", "choice_probs", "answer_f1",
+               "recompute_answer_nll", "kl_to_recompute", "top1_agrees", "topk_overlap", "tokens_computed",
+               "tokens_pct", "prefix_cache_share", "ttft_ms", "ttft_spread_ms", "decode_ms", "latency_ms",
+               "speedup", "too_short_to_time"]
 _FORMULA = ("=", "+", "-", "@", "\t", "\r")
 
 
@@ -118,5 +133,7 @@ def run_csv(rows) -> str:
         record = decision_record(row)
         probs = record.get("choice_probs") or {}
         record["choice_probs"] = "; ".join(f"{k}: {v:.4f}" for k, v in probs.items())
+        spread = record.get("ttft_spread_ms")
+        record["ttft_spread_ms"] = f"{spread[0]:.3f}-{spread[1]:.3f}" if spread else None
         writer.writerow([_cell(record.get(name)) for name in CSV_COLUMNS])
     return out.getvalue()
