@@ -159,3 +159,14 @@ def test_a_run_that_answers_503_sends_no_message(make_client, tmp_path: Path) ->
     run = _run(client, nb)  # once writable, a run is saved and sent (one message, under its token)
     messages = [m for _, m in _broker_messages(tmp_path) if m["task"] == "kvnotes.run"]
     assert messages == [{"task": "kvnotes.run", "id": run["task_id"], "run_id": run["id"]}]
+
+
+def test_on_postgresql_a_deleted_address_says_it_was_deleted_too(make_client, postgres_url: str) -> None:
+    client = make_client(DATABASE_URL=postgres_url)
+    first = _notebook(client)["id"]
+    assert client.delete(f"/api/notebooks/{first}").status_code == 204
+    second = _notebook(client)["id"]
+    assert second == first + 1  # the sequence never goes back
+    r = client.get(f"/api/notebooks/{first}")
+    assert r.status_code == 404 and r.json()["detail"].startswith(f"notebook {first} was deleted"), r.text
+    assert client.get(f"/api/notebooks/{second + 5}").json()["detail"] == f"notebook {second + 5} not found"
