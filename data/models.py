@@ -5,8 +5,9 @@ The database is the source of truth; the broker carries only ids. A run keeps a 
 exactly what it ran on, so editing the notebook afterwards never changes an old result; deleting a
 notebook deletes its runs too (a deleted document must not stay readable in their snapshots).
 Notebooks, skills and runs record who made them (`created_by`: a user name, or "local" on the
-embedded default); users, tokens and share links are in `data.accounts`, workers in `data.workers`. Attention maps
-are stored compactly: float16 bytes `[layers, heads, T]` in a blob column, never JSON floats.
+embedded default); users, tokens and share links are in `data.accounts`, workers in `data.workers`.
+Attention maps are stored compactly: float16 bytes `[layers, heads, T]` in a blob column, never JSON
+floats. Ids are never reused (`NEVER_REUSE_IDS`, migration 0006), and a run's status is a `RunStatus`.
 The web app and the worker import these models; nothing here imports either. JSON columns that
 cross the web ↔ worker boundary hold typed values (`data.contracts`), never loose dicts.
 """
