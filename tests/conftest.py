@@ -81,7 +81,8 @@ def tmpfs(path: Path, size: str) -> Iterator[Path]:
     """A real, small tmpfs mounted at `path` (root only; the test is skipped elsewhere): a disk that
     fills up."""
     path.mkdir(parents=True, exist_ok=True)
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], capture_output=True)
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
+                          capture_output=True)
     if done.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode().strip()}")
     try:
@@ -200,7 +201,8 @@ class ServedApp:
     or call `stop()`. `url`, `port`, `env` (for subprocesses such as `kvnotes_cli`), `db()` (a
     SQLAlchemy session on its database) and `log` (the server's output file)."""
 
-    def __init__(self, data: Path, model: str = "smollm2-135m", worker: bool = False, **overrides: str) -> None:
+    def __init__(self, data: Path, model: str = "smollm2-135m", worker: bool = False,
+                 **overrides: str) -> None:
         self.env = {**os.environ, **kvnotes_env(data, KVNOTES_DEFAULT_MODEL=model,
                                                 KVNOTES_MODELS=f"{model},smollm2-135m", **overrides),
                     "PYTHONPATH": str(REPO)}
@@ -211,13 +213,15 @@ class ServedApp:
                        env=self.env, cwd=REPO, check=True)
         self._out = self.log.open("w")
         self.procs = [subprocess.Popen(
-            [sys.executable, "-m", "uvicorn", "app.main:app", "--port", str(self.port), "--log-level", "warning"],
+            [sys.executable, "-m", "uvicorn", "app.main:app", "--port", str(self.port),
+             "--log-level", "warning"],
             env=self.env, cwd=REPO, stdout=self._out, stderr=subprocess.STDOUT)]
         if worker:
             from worker.serve import worker_command
 
             self.procs.append(subprocess.Popen(worker_command([model], f"test-{self.port}@%h"),
-                                               env=self.env, cwd=REPO, stdout=self._out, stderr=subprocess.STDOUT))
+                                               env=self.env, cwd=REPO, stdout=self._out,
+                                               stderr=subprocess.STDOUT))
         deadline = time.time() + 30
         while time.time() < deadline:
             try:

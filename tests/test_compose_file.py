@@ -43,12 +43,14 @@ def test_the_gpu_profile_has_workers_that_reserve_gpus_and_name_a_model_queue(se
     assert workers, "compose.yaml has no service in the gpu profile"
     for name, service in workers.items():
         devices = service["deploy"]["resources"]["reservations"]["devices"]
-        assert any(d["driver"] == "nvidia" and "gpu" in d["capabilities"] and d.get("device_ids") for d in devices), name
+        assert any(d["driver"] == "nvidia" and "gpu" in d["capabilities"] and d.get("device_ids")
+                   for d in devices), name
         command = service["command"]
         assert command[:2] == ["kvnotes", "worker"] and command[command.index("--model") + 1], name
         env = service["environment"]
         assert env["KVNOTES_DEVICE"].startswith("cuda") and env["KVNOTES_DTYPE"] == "bfloat16"
-        assert env["BROKER_URL"].startswith("redis://") and env["KVNOTES_DATA"] == "/data"  # the shared queue and store
+        # the shared queue and store
+        assert env["BROKER_URL"].startswith("redis://") and env["KVNOTES_DATA"] == "/data"
         assert "/whl/cu" in service["build"]["args"]["TORCH_INDEX"]
         assert "kvdata:/data" in service["volumes"]
 

@@ -34,8 +34,8 @@ RULES: dict[str, tuple[set[str], set[str]]] = {
     "vocabulary": ({"vocabulary"}, set()),  # plus: stdlib only, checked below
     "engine": ({"engine", "vocabulary"}, {"celery", "kombu", "sqlalchemy", "alembic", "fastapi", "starlette",
                                           "uvicorn", "pydantic", "pydantic_settings"}),
-    "serving": ({"serving", "vocabulary"}, {"torch", "transformers", "safetensors", "celery", "kombu", "sqlalchemy",
-                                            "alembic", "fastapi", "starlette", "uvicorn"}),
+    "serving": ({"serving", "vocabulary"}, {"torch", "transformers", "safetensors", "celery", "kombu",
+                                            "sqlalchemy", "alembic", "fastapi", "starlette", "uvicorn"}),
     "data": ({"data", "vocabulary"}, {"torch", "transformers", "fastapi", "starlette", "uvicorn"}),
     "web": ({"web", "data", "serving", "vocabulary"}, {"torch", "transformers", "safetensors"}),
     "worker": ({"worker", "engine", "data", "serving", "vocabulary"}, {"fastapi", "starlette", "uvicorn"}),
@@ -90,7 +90,8 @@ def test_imports_point_down(module: str):
     upward = sorted(m for m in GRAPH[module] if layer_of(m) not in allowed)
     assert upward == [], f"{module} ({layer}) imports {upward}"
     third_party = {m.split(".")[0] for m in imports_of(module) if m.split(".")[0] not in PACKAGES}
-    assert sorted(third_party & forbidden) == [], f"{module} ({layer}) imports {sorted(third_party & forbidden)}"
+    assert sorted(third_party & forbidden) == [], (
+        f"{module} ({layer}) imports {sorted(third_party & forbidden)}")
     if layer == "vocabulary":
         assert third_party <= set(sys.stdlib_module_names) | {"__future__"}
 
@@ -131,8 +132,10 @@ def test_no_two_modules_import_each_other_directly_or_in_a_circle():
 
 
 def test_the_worker_tasks_never_reach_the_web():
-    for module in ("worker.tasks", "worker.celery_app", "worker.run_rows", "worker.mapping", "worker.runtime"):
-        assert not any(m.startswith(("app.", "fastapi", "starlette")) or m == "app" for m in imports_of(module))
+    for module in ("worker.tasks", "worker.celery_app", "worker.run_rows", "worker.mapping",
+                   "worker.runtime"):
+        assert not any(m.startswith(("app.", "fastapi", "starlette")) or m == "app"
+                       for m in imports_of(module))
 
 
 @pytest.mark.parametrize("module", sorted(SOURCES))
@@ -167,8 +170,8 @@ print(*sorted(m for m in sys.modules if m.split('.')[0] in {roots!r} or m in {ex
 
 def loaded_by(module: str, roots: set[str], exact: set[str] = frozenset(), then: str = "") -> list[str]:
     code = PROBE.format(module=module, then=then, roots=sorted(roots), exact=sorted(exact))
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120,
-                         cwd=REPO)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, timeout=120, cwd=REPO)
     return out.stdout.split()
 
 
@@ -194,8 +197,8 @@ def test_importing_the_data_or_web_layer_sets_no_environment_variable():
     code = ("import os; os.environ.pop('OMP_WAIT_POLICY', None); import data.contracts, app.main; "
             "print(os.environ.get('OMP_WAIT_POLICY'))")
     env = {k: v for k, v in __import__("os").environ.items() if k != "OMP_WAIT_POLICY"}
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120,
-                         cwd=REPO, env=env)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, timeout=120, cwd=REPO, env=env)
     assert out.stdout.split() == ["None"]
 
 
@@ -254,7 +257,7 @@ def test_web_view_models_import_no_fastapi(module: str):
 @pytest.mark.parametrize("module", WEB_MODULES)
 def test_web_modules_import_only_public_names_of_one_another(module: str):
     tree = ast.parse(SOURCES[module].read_text(encoding="utf-8"))
-    private = sorted(f"{node.module}.{alias.name}" for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
-                     and (node.module or "").startswith("app.web") for alias in node.names
-                     if alias.name.startswith("_"))
+    private = sorted(f"{node.module}.{alias.name}" for node in ast.walk(tree)
+                     if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("app.web")
+                     for alias in node.names if alias.name.startswith("_"))
     assert private == [], f"{module} imports private helpers {private}"

@@ -140,7 +140,8 @@ def test_errata_order_and_placements(make_client) -> None:
     ).json()
     assert skill["status"] == "draft"
     r = client.post(f"/api/notebooks/{nb}/placements", json={"skill_id": skill["id"], "position": 17})
-    assert r.status_code == 422 and "skill 'policy' is not compiled for smollm2-135m" in r.text  # as the page says
+    # as the page says
+    assert r.status_code == 422 and "skill 'policy' is not compiled for smollm2-135m" in r.text
     _mark_compiled(skill["id"])
     r = client.post(
         f"/api/notebooks/{nb}/placements", json={"skill_id": skill["id"], "position": len(DOC) + 5}
@@ -194,7 +195,8 @@ def test_unreachable_broker_answers_503_and_saves_nothing(make_client, tmp_path:
         f"/api/notebooks/{nb}/runs", json={"question": "Can this user log in?", "choices": ["yes", "no"]}
     )
     assert r.status_code == 503
-    assert "broker" in r.json()["detail"] and "127.0.0.1" not in r.json()["detail"]  # plain: details to the log
+    # plain: details to the log
+    assert "broker" in r.json()["detail"] and "127.0.0.1" not in r.json()["detail"]
     assert _run_count(tmp_path) == 0
     assert client.get(f"/api/notebooks/{nb}").json()["question"] is None  # the question was not saved either
     skill = client.post("/api/skills", json={"name": "s", "text": "t"}).json()
@@ -341,7 +343,8 @@ def test_a_model_no_worker_serves_is_refused(make_client) -> None:
 
 def test_documents_are_stored_with_unix_line_ends(make_client) -> None:
     client = make_client()
-    nb = client.post("/api/notebooks", json={"title": "t", "text": "status: active\r\nplan: basic\rend"}).json()
+    nb = client.post("/api/notebooks", json={"title": "t",
+                                             "text": "status: active\r\nplan: basic\rend"}).json()
     assert nb["text"] == "status: active\nplan: basic\nend"
     r = client.post(f"/api/notebooks/{nb['id']}/fields", json={"start": 8, "end": 14, "new_value": "closed"})
     assert r.status_code == 201 and r.json()["old_value"] == "active"

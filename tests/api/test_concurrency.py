@@ -26,7 +26,8 @@ def test_two_deletes_at_once_never_give_a_server_error(tmp_path: Path) -> None:
                 for i in range(12):
                     start = DOC.index(f"value{i}.")
                     fields.append(client.post(f"/api/notebooks/{nb}/fields", json={
-                        "start": start, "end": start + len(f"value{i}"), "new_value": "x", "label": f"f{i}"}).json())
+                        "start": start, "end": start + len(f"value{i}"), "new_value": "x",
+                        "label": f"f{i}"}).json())
                 errata = [e["id"] for e in client.get(f"/api/notebooks/{nb}/errata").json()]
                 jobs = []
                 for f, e in zip(fields, errata, strict=True):
@@ -36,6 +37,7 @@ def test_two_deletes_at_once_never_give_a_server_error(tmp_path: Path) -> None:
                     statuses += list(pool.map(lambda j: client.request(j[0], j[1]).status_code, jobs))
                 assert client.get(f"/api/notebooks/{nb}/fields").json() == []
                 assert client.delete(f"/api/notebooks/{nb}").status_code == 204
-    print(f"\n{len(statuses)} concurrent deletes: " + ", ".join(f"{s}×{statuses.count(s)}" for s in sorted(set(statuses))))
+    print(f"\n{len(statuses)} concurrent deletes: "
+          + ", ".join(f"{s}×{statuses.count(s)}" for s in sorted(set(statuses))))
     assert set(statuses) <= {200, 204, 404, 409}, sorted(set(statuses))
     assert "Traceback" not in (tmp_path / "server.log").read_text()

@@ -13,7 +13,8 @@ from sqlalchemy import create_engine, text
 from tests.conftest import PG_ADMIN_URL, applied, kvnotes_env, tmpfs
 
 DOC = "Customer record. status: active. Only active customers may log in."
-SQL_WORDS = ("INSERT INTO", "UPDATE notebooks", "VALUES", "SELECT ", "[SQL", "[parameters")  # the statement, not the reason
+# the statement, not the reason
+SQL_WORDS = ("INSERT INTO", "UPDATE notebooks", "VALUES", "SELECT ", "[SQL", "[parameters")
 
 
 def _client() -> TestClient:
@@ -39,13 +40,15 @@ def test_a_read_only_sqlite_database(tmp_path: Path) -> None:
     read_only = f"sqlite:///file:{tmp_path}/kvnotes.db?mode=ro&uri=true"
     with applied({**env, "DATABASE_URL": read_only}):
         client = _client()
-        _assert_plain_503(client.post("/api/notebooks", json={"title": "t", "text": DOC}), "readonly database")
+        _assert_plain_503(client.post("/api/notebooks", json={"title": "t", "text": DOC}),
+                          "readonly database")
         page = client.post("/notebooks", data={"title": "t", "model": "smollm2-135m", "text": DOC})
         assert page.status_code == 503 and "readonly database" in page.text and "INSERT INTO" not in page.text
         assert client.get(f"/api/notebooks/{nb}").status_code == 200  # reads still work
         assert client.get(f"/notebooks/{nb}").status_code == 200
         health = client.get("/api/health")
-        assert health.status_code == 503 and health.json()["database"].startswith("not writable: attempt to write")
+        assert (health.status_code == 503
+                and health.json()["database"].startswith("not writable: attempt to write"))
     with applied(env):
         assert [n["id"] for n in _client().get("/api/notebooks").json()] == [nb]  # nothing half-saved
 
@@ -95,7 +98,8 @@ def test_a_read_only_postgresql_database(tmp_path: Path, postgres_url: str) -> N
 
         reset_engines()  # new connections: read-only from now on
         client = _client()
-        _assert_plain_503(client.post("/api/notebooks", json={"title": "t", "text": DOC}), "read-only transaction")
+        _assert_plain_503(client.post("/api/notebooks", json={"title": "t", "text": DOC}),
+                          "read-only transaction")
         assert client.get("/api/notebooks").status_code == 200
         assert "read-only" in client.get("/api/health").json()["database"]
         with admin.connect() as c:

@@ -26,7 +26,8 @@ def musique(question: str, answer: str, aliases: list[str], n: int, answerable: 
             supporting: tuple[int, ...] = (0,)) -> dict:
     return {"id": question, "question": question, "answer": answer, "answer_aliases": aliases,
             "answerable": answerable,
-            "paragraphs": [{"idx": i, "title": f"P{i}", "paragraph_text": f"text {i}", "is_supporting": i in supporting}
+            "paragraphs": [{"idx": i, "title": f"P{i}", "paragraph_text": f"text {i}",
+                            "is_supporting": i in supporting}
                            for i in range(n)]}
 
 
@@ -74,7 +75,8 @@ def test_start_skips_examples_and_blank_passages_are_dropped(tmp_path):
 @pytest.mark.parametrize("content, message", [
     ("[1, 2]", "example 0 is a int, not an object"),
     ('[{"question": "q", "answers": ["a"]}]', "expected 'ctxs' (CacheBlend) or 'paragraphs'"),
-    ('[{"question": "q", "answers": [], "ctxs": [{"title": "t", "text": "x"}]}]', "non-empty list of strings"),
+    ('[{"question": "q", "answers": [], "ctxs": [{"title": "t", "text": "x"}]}]',
+     "non-empty list of strings"),
     ('[{"question": 3, "answers": ["a"], "ctxs": []}]', "'question' must be a string, got int"),
     ('[{"question": "q", "answers": ["a"], "ctxs": [{"title": "", "text": ""}]}]', "every passage is blank"),
     ('{"question": "q"\n', "line 1 is not a JSON object"),

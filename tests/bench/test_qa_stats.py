@@ -54,7 +54,8 @@ def test_bootstrap_interval_brackets_the_statistic_and_is_degenerate_for_constan
 def test_summary_has_the_json_shape_of_bench_qa():
     rec = {"f1_gold": 0.5, "f1_vs_recompute": 1.0, "first_token_agrees": 1.0, "kl": 0.0, "ttft_speedup": 1.0}
     fast = {"f1_gold": 0.0, "f1_vs_recompute": 0.5, "first_token_agrees": 0.0, "kl": 0.2, "ttft_speedup": 4.0}
-    summary = summarize([{"recompute": rec, "splice": fast}, {"recompute": rec, "splice": {**fast, "kl": 0.4}}])
+    summary = summarize([{"recompute": rec, "splice": fast},
+                         {"recompute": rec, "splice": {**fast, "kl": 0.4}}])
     assert summary["examples"] == 2
     splice = summary["strategies"]["splice"]
     keys = ("f1_gold", "f1_vs_recompute", "first_token_agrees", "kl_median", "ttft_speedup_median")

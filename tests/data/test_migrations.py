@@ -82,7 +82,8 @@ def test_postgresql_cascades(postgres_url: str) -> None:
             c.execute(
                 text(
                     "INSERT INTO runs (id, notebook_id, kind, snapshot, strategies, status, stage, progress, "
-                    "timings, created_at) VALUES (7, 1, 'edit', '{}', '[]', 'queued', 'queued', 0, '{}', now())"
+                    "timings, created_at) "
+                    "VALUES (7, 1, 'edit', '{}', '[]', 'queued', 'queued', 0, '{}', now())"
                 )
             )
             c.execute(text("DELETE FROM notebooks WHERE id = 1"))
@@ -105,9 +106,9 @@ def _one_old_result(url: str) -> None:
                        "created_at) VALUES (3, 'edit', :s, '[\"recompute\"]', 'succeeded', 'done', 1, '{}', "
                        "CURRENT_TIMESTAMP)"), {"s": snapshot})
         c.execute(text("INSERT INTO run_results (run_id, strategy, decision, choice_probs, kl_to_recompute, "
-                       "top1_agrees, topk_overlap, logit_cosine, decision_matches_recompute, tokens_computed, "
-                       "latency_ms, text, detail) VALUES (3, 'recompute', 'yes', '{}', 0, true, 10, 1, true, "
-                       "40, 812.5, '', '')"))
+                       "top1_agrees, topk_overlap, logit_cosine, decision_matches_recompute, "
+                       "tokens_computed, latency_ms, text, detail) "
+                       "VALUES (3, 'recompute', 'yes', '{}', 0, true, 10, 1, true, 40, 812.5, '', '')"))
     engine.dispose()
 
 
@@ -124,7 +125,8 @@ def _check_old_rows_survive(url: str) -> None:
         run = session.get(Run, 3)
         result = run.results[0]
         assert (result.decision, result.latency_ms, result.tokens_computed) == ("yes", 812.5, 40)
-        assert (result.ttft_ms, result.decode_ms, result.answer_f1, result.recompute_answer_nll) == (0, 0, 0, None)
+        assert (result.ttft_ms, result.decode_ms, result.answer_f1,
+                result.recompute_answer_nll) == (0, 0, 0, None)
         assert run.attribution is None and run.snapshot.attribution is False
     engine.dispose()
 

@@ -17,8 +17,9 @@ def test_0005_reads_autos_pick_back_from_its_detail_and_spreads_a_single_timing(
     command.upgrade(alembic_config(url), "0004")
     engine = make_engine(url)
     row = ("INSERT INTO run_results (run_id, strategy, decision, choice_probs, kl_to_recompute, top1_agrees, "
-           "topk_overlap, logit_cosine, decision_matches_recompute, tokens_computed, latency_ms, text, detail, "
-           "ttft_ms) VALUES (3, :strategy, 'yes', '{}', 0, 1, 10, 1, 1, 40, 80.5, '', :detail, :ttft)")
+           "topk_overlap, logit_cosine, decision_matches_recompute, tokens_computed, latency_ms, text, "
+           "detail, ttft_ms) "
+           "VALUES (3, :strategy, 'yes', '{}', 0, 1, 10, 1, 1, 40, 80.5, '', :detail, :ttft)")
     snapshot = ('{"model": "m", "document": "abc", "fields": [], "errata": [], "placements": [], '
                 '"question": {"text": "q?", "choices": [], "cot": false}, "strategies": ["recompute"]}')
     with engine.begin() as c:

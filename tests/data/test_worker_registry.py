@@ -59,7 +59,8 @@ def test_a_dead_workers_runs_fail_at_once_a_live_ones_do_not(session: Session) -
     _worker(session, "alive@h", beat_s_ago=2, idle_s=None, now=now)
     _worker(session, "silent@h", beat_s_ago=60, idle_s=None, now=now)
     alive = _run(session, "running", "alive@h", 30, now)
-    silent = _run(session, "running", "silent@h", 30, now)  # its own heartbeat is fresh: only the registry knows
+    # its own heartbeat is fresh: only the registry knows
+    silent = _run(session, "running", "silent@h", 30, now)
     assert reap_runs_of_dead_workers(session, now) == [silent]
     session.commit()
     assert (session.get(Run, silent).status, session.get(Run, silent).error) == ("failed", WORKER_LOST)
@@ -68,7 +69,8 @@ def test_a_dead_workers_runs_fail_at_once_a_live_ones_do_not(session: Session) -
     assert reap_runs_of_dead_workers(session, now) == [alive]
 
 
-def test_a_queued_run_whose_message_is_gone_fails_but_one_waiting_for_a_worker_does_not(session: Session) -> None:
+def test_a_queued_run_whose_message_is_gone_fails_but_one_waiting_for_a_worker_does_not(
+        session: Session) -> None:
     now = datetime.now(UTC)
     old = _run(session, "queued", None, QUEUED_GRACE_S + 60, now)
     fresh = _run(session, "queued", None, 5, now)

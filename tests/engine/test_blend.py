@@ -55,7 +55,8 @@ def test_skills_keep_their_order_and_places():
     skills = [eng.compile_skill(p) for p in PASSAGES]
     layout = lay_out(context, skills, [context.n_tokens, 5, context.n_tokens])
     assert layout.order == (1, 0, 2)  # by position, then as given
-    assert [layout.token_ids[s:e] for s, e in layout.spans] == [tuple(skills[i].token_ids[1:]) for i in (1, 0, 2)]
+    assert ([layout.token_ids[s:e] for s, e in layout.spans]
+            == [tuple(skills[i].token_ids[1:]) for i in (1, 0, 2)])
     assert layout.token_ids[:5] == tuple(context.token_ids[:5])
     assert layout.segments.count("skill") == sum(s.n_tokens - 1 for s in skills)
 

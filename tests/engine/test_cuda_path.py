@@ -45,8 +45,10 @@ def _block_mask(past: int):
     owner = torch.tensor([-1] * 4 + [0] * 3 + [1] * 2)
     n = len(owner)
     sees = (owner[:, None] == owner[None, :]) | (owner[None, :] == -1)
-    mask = torch.cat([torch.ones(n, past, dtype=torch.bool), torch.ones(n, n, dtype=torch.bool).tril() & sees], 1)
-    positions = [past + j for j in range(4)] + [past + 4 + j for j in range(3)] + [past + 4 + j for j in range(2)]
+    mask = torch.cat([torch.ones(n, past, dtype=torch.bool),
+                      torch.ones(n, n, dtype=torch.bool).tril() & sees], 1)
+    positions = ([past + j for j in range(4)] + [past + 4 + j for j in range(3)]
+                 + [past + 4 + j for j in range(2)])
     return [70, 71, 72, 73, 80, 81, 82, 90, 91], mask[None, None], positions
 
 

@@ -19,7 +19,8 @@ TEXT = ("Account record. status: active. owner: Ada Lovelace. region: north. "
         "Only accounts whose status is active may log in; others are refused at the door.")
 CHOICES = Question("Can this user log in?", ("yes please", "no way"))
 FREE = Question("Can this user log in?", max_new_tokens=6)
-DEFERRING = ["tiny-llama", "tiny-qwen3", "tiny-phi", "tiny-llama3", "tiny-yarn", "tiny-moe"]  # every RoPE family without sliding windows
+# every RoPE family without sliding windows
+DEFERRING = ["tiny-llama", "tiny-qwen3", "tiny-phi", "tiny-llama3", "tiny-yarn", "tiny-moe"]
 
 
 def editor_for(eng, old: str = "active", new: str = "suspended") -> Editor:
@@ -125,11 +126,13 @@ def test_composed_strategies_that_defer_score_as_those_that_compute_first(alias,
     import worker.engine.strategies.compose as compose_strategies
 
     eng = load(alias)
-    skills = ["Rule one: the door opens only for active accounts.", "Rule two: suspended accounts are refused."]
+    skills = ["Rule one: the door opens only for active accounts.",
+              "Rule two: suspended accounts are refused."]
     names = ["seam", "epic", "selective"]
     for question in (CHOICES, FREE):
         deferred = eng.compose(TEXT, skills, question, strategies=names)
-        monkeypatch.setattr(compose_strategies, "has_sliding_window", lambda model: True)  # forces a forward of their own
+        # forces a forward of their own
+        monkeypatch.setattr(compose_strategies, "has_sliding_window", lambda model: True)
         first = eng.compose(TEXT, skills, question, strategies=names)
         monkeypatch.undo()
         for name in names:
@@ -144,10 +147,12 @@ def test_composed_strategies_that_defer_score_as_those_that_compute_first(alias,
 
 def test_completing_a_deferred_surgery_never_writes_into_the_old_notes():
     eng = load("tiny-llama")
-    for old, new in (("active", "suspended"), (TEXT, "A completely different record.")):  # a field; the whole text
+    # a field; the whole text
+    for old, new in (("active", "suspended"), (TEXT, "A completely different record.")):
         editor = editor_for(eng, old, new)
         before = [(k.clone(), v.clone()) for k, v in editor.old.layers]
         for surgery in (editor.in_place(defer=True), editor.selective(0.5, defer=True)):
             ask(eng, surgery, CHOICES)
-        assert all(torch.equal(k, k0) and torch.equal(v, v0) for (k, v), (k0, v0) in zip(editor.old.layers, before))
+        assert all(torch.equal(k, k0) and torch.equal(v, v0)
+                   for (k, v), (k0, v0) in zip(editor.old.layers, before))
 

@@ -44,7 +44,8 @@ def test_bf16_rerotated_keys_match_keys_computed_at_the_shifted_positions(alias,
 
 @pytest.mark.parametrize("alias", list(TINY_MODELS))
 def test_bf16_prefix_reuse_against_bf16_recompute_within_kl_1e_3(alias):
-    report = load(alias, dtype="bfloat16").edit(TEXT, [EDIT], QUESTION, strategies=["recompute", "prefix_reuse"])
+    report = load(alias, dtype="bfloat16").edit(TEXT, [EDIT], QUESTION,
+                                                strategies=["recompute", "prefix_reuse"])
     reuse = report.strategies["prefix_reuse"]
     assert report.dtype == "bfloat16" and report.device == "cpu"
     assert reuse.kl_to_recompute <= 1e-3  # measured 0.0: the joined path leaves recompute's very bits
@@ -52,8 +53,8 @@ def test_bf16_prefix_reuse_against_bf16_recompute_within_kl_1e_3(alias):
 
 
 def test_bf16_reaches_attention_capture_and_the_notes_map():
-    report = load("tiny-llama", dtype="bfloat16").edit(TEXT, [EDIT], QUESTION, attention=["recompute", "in_place"],
-                                                       attribution=True)
+    report = load("tiny-llama", dtype="bfloat16").edit(TEXT, [EDIT], QUESTION,
+                                                       attention=["recompute", "in_place"], attribution=True)
     for name in ("recompute", "in_place"):
         rows = report.attention[name].weights.astype("float32").sum(axis=-1)  # [layers, heads]
         assert abs(float(rows.min()) - 1) <= 1e-2 and abs(float(rows.max()) - 1) <= 1e-2

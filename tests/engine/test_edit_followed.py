@@ -59,7 +59,8 @@ def test_words(text, tokens):
 
 
 def test_any_text_gets_a_verdict():
-    odd = ["", "   ", "x² ½ Ⅻ ٣", "—", "The the a an", "2026-13-45", "one one one", "🙂 Madrid 🙂", "\x00Oslo"]
+    odd = ["", "   ", "x² ½ Ⅻ ٣", "—", "The the a an", "2026-13-45", "one one one",
+           "🙂 Madrid 🙂", "\x00Oslo"]
     verdicts = [edit_followed(text, ["Oslo"], ["Madrid"]) for text in odd]
     assert verdicts == ["neither"] * 7 + ["new", "old"]
     assert edit_followed("Oslo", [""], ["  "]) == "neither"  # blank values name nothing

@@ -20,7 +20,8 @@ def test_gpu_check_runs_end_to_end_on_the_cpu(tmp_path, data_dir):
     docs = tmp_path / "benchmarks.md"
     docs.write_text("# Benchmarks\n\nHand-written prose that must survive.\n")
     env = {**os.environ, "KVNOTES_DATA": str(data_dir)}
-    done = subprocess.run([str(REPO / "scripts" / "gpu-check.sh"), "--device", "cpu", "--quick", "--out", str(docs)],
+    done = subprocess.run([str(REPO / "scripts" / "gpu-check.sh"), "--device", "cpu", "--quick",
+                           "--out", str(docs)],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=1800)
     assert done.returncode == 0, done.stderr[-3000:]
     text = docs.read_text()
@@ -32,8 +33,8 @@ def test_gpu_check_runs_end_to_end_on_the_cpu(tmp_path, data_dir):
     checks = re.findall(r"^\| (tiny-[\w-]+) \| (.+?) \| .+ \| (yes|\*\*no\*\*) \|$", body, re.M)
     assert {family for family, _, _ in checks} == {"tiny-llama", "tiny-gemma3", "tiny-gpt2"}
     assert len(checks) >= 13 and all(ok == "yes" for _, _, ok in checks)
-    bf16 = re.findall(r"^\| smollm2-135m \| (edit|compose) \| bfloat16 \| cpu \| (\w+) \| .+ \| ([\d.e+-]+) \| (yes|no) \|$",
-                      body, re.M)
+    bf16 = re.findall(r"^\| smollm2-135m \| (edit|compose) \| bfloat16 \| cpu \| "
+                      r"(\w+) \| .+ \| ([\d.e+-]+) \| (yes|no) \|$", body, re.M)
     assert {"edit", "compose"} <= {run for run, _, _, _ in bf16}
     assert [float(kl) for run, name, kl, _ in bf16 if name == "prefix_reuse"][0] <= 1e-3
     assert "Speed-up over recompute by field position" in body  # the edit benchmark

@@ -29,7 +29,8 @@ def test_the_fields_line_moves_after_the_document_with_its_new_value():
     assert h.text == "name: Bob\nage: 3\nstatus: suspended\n"
     assert h.tail == "status: suspended\n" and h.tail_start == 17
     assert h.prefix_end == 0 and h.moved == ((0, 15),)
-    assert hoist(DOC, [_field(DOC, "active", "x")], values="old").text == "name: Bob\nage: 3\nstatus: active\n"
+    assert (hoist(DOC, [_field(DOC, "active", "x")], values="old").text
+            == "name: Bob\nage: 3\nstatus: active\n")
 
 
 def test_several_fields_move_in_document_order_and_the_prefix_before_them_is_kept():

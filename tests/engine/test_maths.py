@@ -135,7 +135,8 @@ def test_gemma3_needs_per_layer_rope_bases():
     direct = keys_at(eng, notes.token_ids, delta)
     right = [k for k, _ in notes.shifted(delta).layers]
     global_rope = next(lr for lr in eng.rope.layers if lr.layer_type == "full_attention")
-    one_base = RopeLayout(tuple(dataclasses.replace(global_rope, layer_type=lr.layer_type) for lr in eng.rope.layers))
+    one_base = RopeLayout(tuple(dataclasses.replace(global_rope, layer_type=lr.layer_type)
+                                for lr in eng.rope.layers))
     wrong = [k for k, _ in dataclasses.replace(notes, rope=one_base).shifted(delta).layers]
     err_right, err_wrong = max_rel_error(right, direct), max_rel_error(wrong, direct)
     assert err_right <= 1e-4
@@ -197,7 +198,8 @@ def test_every_strategy_reports_every_metric_and_auto_says_what_it_picked():
         "\n[STATE UPDATE] status has changed from active to suspended; "
         "this overrides any earlier value and any earlier conclusion.\n"))
     sel = report.strategies["selective"]
-    assert report.strategies["in_place"].tokens_computed < sel.tokens_computed < data["strategies"]["recompute"]["tokens_computed"]
+    assert (report.strategies["in_place"].tokens_computed < sel.tokens_computed
+            < data["strategies"]["recompute"]["tokens_computed"])
     att = report.attention["erratum"]
     n_layers, n_heads = eng.model.config.num_hidden_layers, eng.model.config.num_attention_heads
     assert att.weights.shape == (n_layers, n_heads, len(att.tokens))
@@ -212,7 +214,8 @@ def test_several_fields_and_a_placed_skill_run_together():
     skill_at = TEXT.index("Only")
     from worker.engine import Placement, RunRequest
 
-    request = RunRequest(TEXT, QUESTION, fields=tuple(fields), strategies=("recompute", "stale", "in_place", "field_erratum"),
+    request = RunRequest(TEXT, QUESTION, fields=tuple(fields),
+                         strategies=("recompute", "stale", "in_place", "field_erratum"),
                          placements=(Placement(text="Answer in one word. ", at=skill_at),),
                          attention=("recompute", "in_place"))
     report = eng.run(request)
@@ -246,7 +249,8 @@ def test_attribution_patching_every_downstream_note_closes_the_whole_gap():
     assert whole.spans[0].kl_after < 1e-6 and abs(whole.spans[0].share - 1) < 1e-4
     parts = attribute(eng, TEXT, fields, QUESTION, span_tokens=8, coarse=1)  # every 8-token span
     assert len(parts.spans) > 3 and all(s.end - s.start <= 8 + 8 for s in parts.spans)  # 8, cut on words
-    assert parts.kl_stale == pytest.approx(whole.kl_stale) and parts.field_share == pytest.approx(whole.field_share)
+    assert (parts.kl_stale == pytest.approx(whole.kl_stale)
+            and parts.field_share == pytest.approx(whole.field_share))
     # coarse to fine: 32-token spans, refined to 8 where a patch moves at least 5% of the gap
     mixed = attribute(eng, TEXT, fields, QUESTION, span_tokens=8, coarse=4)
     assert [(s.start, s.end) for s in mixed.spans][0][0] == parts.spans[0].start
@@ -254,7 +258,8 @@ def test_attribution_patching_every_downstream_note_closes_the_whole_gap():
     for s in mixed.spans:
         assert s.end - s.start <= 8 + 8 or abs(s.share) < 0.05  # coarse only where little happens
     fine = {(s.start, s.end): s.share for s in parts.spans}
-    assert all(s.share == pytest.approx(fine[(s.start, s.end)], abs=1e-5) for s in mixed.spans if (s.start, s.end) in fine)
+    assert all(s.share == pytest.approx(fine[(s.start, s.end)], abs=1e-5)
+               for s in mixed.spans if (s.start, s.end) in fine)
 
 
 @pytest.mark.parametrize("alias", ["tiny-llama", "tiny-phi", "tiny-gpt2"])
@@ -298,7 +303,8 @@ def test_one_pass_readout_equals_appending_then_asking_step_by_step(alias):
     after_question = extend(eng.model, layers, suffix)
     with torch.inference_mode():
         cache = dataclasses.replace(notes, layers=layers).cache
-        slow_logits = eng.model(input_ids=torch.tensor([suffix]), cache=cache, use_cache=True).logits[0, -1].float()
+        slow_logits = eng.model(input_ids=torch.tensor([suffix]), cache=cache,
+                                use_cache=True).logits[0, -1].float()
     assert torch.allclose(fast.logits, slow_logits, atol=1e-4)
     scores = []
     for choice in q.choices:
@@ -306,7 +312,8 @@ def test_one_pass_readout_equals_appending_then_asking_step_by_step(alias):
         total = float(torch.log_softmax(slow_logits, -1)[ids[0]])
         with torch.inference_mode():
             cache = dataclasses.replace(notes, layers=after_question).cache
-            logp = torch.log_softmax(eng.model(input_ids=torch.tensor([ids[:-1]]), cache=cache).logits[0].float(), -1)
+            logp = torch.log_softmax(
+                eng.model(input_ids=torch.tensor([ids[:-1]]), cache=cache).logits[0].float(), -1)
         scores.append(total + float(sum(logp[j, ids[j + 1]] for j in range(len(ids) - 1))))
     expected = torch.softmax(torch.tensor(scores), 0)
     for (choice, p), e in zip(fast.choice_probs.items(), expected):
@@ -336,5 +343,6 @@ def test_selective_with_every_downstream_token_is_recompute():
     start = TEXT.index("active")
     report = eng.edit(TEXT, [Field(start, start + 6, "closed", "status")], QUESTION,
                       strategies=["recompute", "in_place", "selective"], selective_fraction=1.0)
-    kl_sel, kl_in_place = report.strategies["selective"].kl_to_recompute, report.strategies["in_place"].kl_to_recompute
+    kl_sel, kl_in_place = (report.strategies["selective"].kl_to_recompute,
+                           report.strategies["in_place"].kl_to_recompute)
     assert kl_sel < 1e-4 and kl_sel < kl_in_place / 100  # float noise of a masked path, not stale notes

@@ -10,7 +10,8 @@ from worker.engine import Field, Question, load
 
 pytestmark = pytest.mark.slow
 
-LINES = [f"2026-03-{1 + i % 28:02d} The dispatcher logged pallet {100 + i} after a short delay." for i in range(40)]
+LINES = [f"2026-03-{1 + i % 28:02d} The dispatcher logged pallet {100 + i} after a short delay."
+         for i in range(40)]
 QUESTION = Question("What is the destination of this shipment?", ("Oslo", "Madrid"))
 
 

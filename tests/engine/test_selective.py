@@ -41,11 +41,14 @@ def test_recomputing_every_candidate_equals_recompute():
     exact = eng.prefill(TEXT).layers
     noisy = [(k + 0.1 * torch.randn_like(k), v + 0.1 * torch.randn_like(v)) for k, v in exact]
     start = 10
-    mixed = [(torch.cat([ke[:, :, :start], kn[:, :, start:]], 2), torch.cat([ve[:, :, :start], vn[:, :, start:]], 2))
+    mixed = [(torch.cat([ke[:, :, :start], kn[:, :, start:]], 2),
+              torch.cat([ve[:, :, :start], vn[:, :, start:]], 2))
              for (ke, ve), (kn, vn) in zip(exact, noisy)]
-    chosen = top_fraction(torch.arange(len(ids) - start, dtype=torch.float), list(range(start, len(ids))), start, 1.0)
+    chosen = top_fraction(torch.arange(len(ids) - start, dtype=torch.float),
+                          list(range(start, len(ids))), start, 1.0)
     before = [k.clone() for k, _ in mixed]
     fixed = recompute_selected(eng.model, mixed, ids, chosen)
-    err = max(float((a - b).abs().max()) for (ka, va), (kb, vb) in zip(fixed, exact) for a, b in ((ka, kb), (va, vb)))
+    err = max(float((a - b).abs().max())
+              for (ka, va), (kb, vb) in zip(fixed, exact) for a, b in ((ka, kb), (va, vb)))
     assert err <= 1e-4
     assert all(torch.equal(k, b) for (k, _), b in zip(mixed, before))  # the reused notes are not written

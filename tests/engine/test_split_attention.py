@@ -36,8 +36,8 @@ def _sdpa_and_split(model, layers, ids, mask=None, positions=None):
     finally:
         model.set_attn_implementation(previous)
     assert model.config._attn_implementation == SPLIT
-    return reference, _forward(model, layers, ids, mask, positions), _forward(model, layers, ids, mask, positions,
-                                                                              split_cache=False)
+    return (reference, _forward(model, layers, ids, mask, positions),
+            _forward(model, layers, ids, mask, positions, split_cache=False))
 
 
 def _max_diff(a, b):
@@ -77,9 +77,12 @@ def test_split_attention_equals_sdpa_under_a_custom_block_mask(alias):
     owner = torch.tensor([-1] * 4 + [0] * 3 + [1] * 2)
     n = len(inputs)
     sees = (owner[:, None] == owner[None, :]) | (owner[None, :] == -1)
-    mask = torch.cat([torch.ones(n, past, dtype=torch.bool), torch.ones(n, n, dtype=torch.bool).tril() & sees], 1)
-    positions = [past + j for j in range(4)] + [past + 4 + j for j in range(3)] + [past + 4 + j for j in range(2)]
-    reference, split, split_concatenating = _sdpa_and_split(eng.model, layers, inputs, mask[None, None], positions)
+    mask = torch.cat([torch.ones(n, past, dtype=torch.bool),
+                      torch.ones(n, n, dtype=torch.bool).tril() & sees], 1)
+    positions = ([past + j for j in range(4)] + [past + 4 + j for j in range(3)]
+                 + [past + 4 + j for j in range(2)])
+    reference, split, split_concatenating = _sdpa_and_split(eng.model, layers, inputs,
+                                                            mask[None, None], positions)
     assert _max_diff(split, reference) <= TOL
     assert _max_diff(split_concatenating, reference) <= TOL
 
@@ -145,10 +148,12 @@ def test_split_attention_equals_sdpa_under_a_selective_recompute_mask(alias):
     heads, d = cfg.num_attention_heads, cfg.hidden_size // cfg.num_attention_heads
     kv = getattr(cfg, "num_key_value_heads", None) or heads
     total = 1200
-    sel = torch.cat([torch.tensor([0]), torch.randperm(total - 1, generator=torch.Generator().manual_seed(3))[:299] + 1]).sort().values
+    picked = torch.randperm(total - 1, generator=torch.Generator().manual_seed(3))[:299] + 1
+    sel = torch.cat([torch.tensor([0]), picked]).sort().values
     is_sel = torch.zeros(total, dtype=torch.bool)
     is_sel[sel] = True
-    sees = torch.cat([(torch.arange(total)[None, :] < sel[:, None]) & ~is_sel[None, :], sel[None, :] <= sel[:, None]], 1)
+    sees = torch.cat([(torch.arange(total)[None, :] < sel[:, None]) & ~is_sel[None, :],
+                      sel[None, :] <= sel[:, None]], 1)
     gen = torch.Generator().manual_seed(11)
     q = torch.randn(1, heads, len(sel), d, generator=gen) * 2
     k = torch.randn(1, kv, total + len(sel), d, generator=gen) * 2

@@ -16,7 +16,8 @@ from worker.engine.store import KVStore
 
 
 def _warnings(caplog) -> list[str]:
-    return [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING and "kv store" in r.getMessage()]
+    return [r.getMessage() for r in caplog.records
+            if r.levelno >= logging.WARNING and "kv store" in r.getMessage()]
 
 
 def test_a_deleted_index_is_rebuilt_from_the_files_and_lookups_still_hit(tmp_path: Path, caplog) -> None:

@@ -20,7 +20,8 @@ FREE = Question("What is the status of the account?", max_new_tokens=8)
 
 
 @pytest.mark.parametrize(("prediction", "reference", "f1"), [
-    ("The shipment goes to Madrid.", "Madrid", 0.4),      # 1 common of 5 predicted (article dropped), 1 reference
+    # 1 common of 5 predicted (article dropped), 1 reference
+    ("The shipment goes to Madrid.", "Madrid", 0.4),
     ("à Madrid", "madrid", 2 / 3),
     ("Madrid, Spain", "Madrid Spain", 1.0),
     ("Oslo", "Madrid", 0.0),
@@ -48,7 +49,8 @@ def test_free_answer_verdicts_against_recompute():
     rec, exact = report.strategies["recompute"], report.strategies["prefix_reuse"]
     assert rec.answer_f1 == 1 and rec.decision_matches_recompute and rec.recompute_answer_nll is not None
     # prefix_reuse's notes equal recompute's: the same answer, scored the same
-    assert exact.answer_f1 == 1 and exact.recompute_answer_nll == pytest.approx(rec.recompute_answer_nll, abs=1e-4)
+    assert (exact.answer_f1 == 1
+            and exact.recompute_answer_nll == pytest.approx(rec.recompute_answer_nll, abs=1e-4))
     for name, r in report.strategies.items():
         assert r.ttft_ms > 0 and r.decode_ms >= 0, name
         assert r.ttft_ms + r.decode_ms == pytest.approx(r.latency_ms, abs=0.01), name
@@ -75,13 +77,15 @@ def test_answer_nll_is_the_teacher_forced_mean_of_one_plain_forward(alias):
 
 
 def test_prefix_cache_share_keeps_an_appended_erratum_and_loses_what_follows_a_field():
-    eng, report = _edit(Question("Can this user log in?", ("yes", "no")), strategies=("stale", "erratum", "in_place"))
+    eng, report = _edit(Question("Can this user log in?", ("yes", "no")),
+                        strategies=("stale", "erratum", "in_place"))
     old = eng.tokenize_document(TEXT)[0]
     suffix = eng.encode(eng.frame.suffix(Question("Can this user log in?", ("yes", "no"))))
     s = report.strategies
     assert s["stale"].prefix_cache_share == pytest.approx(len(old) / (len(old) + len(suffix)), abs=1e-4)
     erratum = eng.encode(render_erratum("status", "active", "closed"))
-    assert s["erratum"].prefix_cache_share == pytest.approx(len(old) / (len(old) + len(erratum) + len(suffix)), abs=1e-4)
+    assert s["erratum"].prefix_cache_share == pytest.approx(
+        len(old) / (len(old) + len(erratum) + len(suffix)), abs=1e-4)
     new = eng.tokenize_document(TEXT.replace("active", "closed", 1))[0]
     kept = next(i for i, (a, b) in enumerate(zip(old, new)) if a != b)
     assert s["in_place"].prefix_cache_share == pytest.approx(kept / (len(new) + len(suffix)), abs=1e-4)
@@ -95,7 +99,8 @@ def test_choice_questions_take_their_first_token_in_the_one_forward():
 
 
 def test_notes_map_spans_carry_offsets_inside_the_document():
-    eng, report = _edit(Question("Can this user log in?", ("yes", "no")), strategies=("stale",), attribution=True)
+    eng, report = _edit(Question("Can this user log in?", ("yes", "no")),
+                        strategies=("stale",), attribution=True)
     notes_map = report.attribution
     assert notes_map is not None and notes_map.kl_in_place >= 0 and len(notes_map.spans) >= 2
     start = TEXT.index("active")
@@ -114,11 +119,14 @@ def test_batched_first_token_logits_equal_one_cache_at_a_time(alias):
     batched = _first_token_logits(eng.model, _stack([a, b]), prompt)
     for i, layers in enumerate((a, b)):
         with torch.no_grad():
-            one = eng.model(torch.tensor([prompt]), cache=cache_from_layers(layers), use_cache=True).logits[0, -1]
+            one = eng.model(torch.tensor([prompt]), cache=cache_from_layers(layers),
+                            use_cache=True).logits[0, -1]
         assert torch.allclose(batched[i], one.float(), atol=1e-4)
     # a batch of patched copies: copy i is `a` with tokens bounds[i] of every layer from `b`
     bounds = [(0, 5), (10, 30)]
     for i, (start, end) in enumerate(bounds):
         for (pk, pv), (ak, av), (bk, bv) in zip(_patched(a, b, bounds), a, b):
-            assert torch.equal(pk[i, :, start:end], bk[0, :, start:end]) and torch.equal(pv[i, :, :start], av[0, :, :start])
-            assert torch.equal(pk[i, :, end:], ak[0, :, end:]) and torch.equal(pv[i, :, start:end], bv[0, :, start:end])
+            assert (torch.equal(pk[i, :, start:end], bk[0, :, start:end])
+                    and torch.equal(pv[i, :, :start], av[0, :, :start]))
+            assert (torch.equal(pk[i, :, end:], ak[0, :, end:])
+                    and torch.equal(pv[i, :, start:end], bv[0, :, start:end]))

@@ -18,7 +18,8 @@ def tokens_of(document: str, frame: int = 3, tail: list[tuple[str, str]] | None 
 
     out = [{"id": 1 + i, "text": f"<f{i}>", "start": -1, "end": -1, "segment": "frame"} for i in range(frame)]
     for m in re.finditer(r"\s*\S+", document):
-        out.append({"id": 100 + len(out), "text": m.group(), "start": m.start(), "end": m.end(), "segment": "document"})
+        out.append({"id": 100 + len(out), "text": m.group(), "start": m.start(), "end": m.end(),
+                    "segment": "document"})
     for text, segment in tail or []:
         out.append({"id": 900 + len(out), "text": text, "start": -1, "end": -1, "segment": segment})
     return out
@@ -79,18 +80,21 @@ def finished_run(session: Session, notebook: Notebook, strategies=("recompute", 
             toks = tokens_of(old_doc, tail=question + answer)
         elif name in ("erratum", "field_erratum"):
             toks = tokens_of(new_doc if name == "field_erratum" else old_doc,
-                             tail=[(" [STATE UPDATE]", "erratum"), (" changed", "erratum"), *question, *answer])
+                             tail=[(" [STATE UPDATE]", "erratum"), (" changed", "erratum"),
+                                   *question, *answer])
         else:
             toks = tokens_of(new_doc, tail=question + answer)
         blob, shape = attention_for(toks, seed=k)
         query_start = len(toks) - len(question) - len(answer)
         probs = {c: (0.8 if (i == 1) == agrees else 0.2) for i, c in enumerate(choices[:2])}
-        decision = max(probs, key=probs.get) if probs else ("The status is suspended." if agrees else "The status is active.")
+        decision = (max(probs, key=probs.get) if probs
+                    else ("The status is suspended." if agrees else "The status is active."))
         session.add(RunResult(
             run_id=run.id, strategy=name, decision=decision, choice_probs=probs,
             kl_to_recompute=0.0 if name == "recompute" else (1.7 if name == "stale" else 0.012),
             top1_agrees=agrees, topk_overlap=10 if agrees else 6, logit_cosine=0.99,
-            decision_matches_recompute=agrees, tokens_computed=len(toks) if name == "recompute" else (0 if name == "stale" else 24),
+            decision_matches_recompute=agrees,
+            tokens_computed=len(toks) if name == "recompute" else (0 if name == "stale" else 24),
             latency_ms=480.0 if name == "recompute" else (3.0 if name == "stale" else 41.0),
             ttft_ms=470.0 if name == "recompute" else (2.5 if name == "stale" else 40.0), decode_ms=0.5,
             answer_f1=1.0 if agrees else 0.0, recompute_answer_nll=0.2 if agrees else 2.3,

@@ -16,7 +16,8 @@ DOC = ("Account record\nstatus: active\nregion: north\nplan: basic\n"
 
 def test_token_regions_by_segment_position_and_field():
     frame = [Span(-1, -1, "frame")] * 2
-    doc = [Span(0, 7, "document"), Span(8, 14, "document"), Span(15, 22, "document"),  # ", "status:", " active"
+    # the first three spans: ", "status:", " active"
+    doc = [Span(0, 7, "document"), Span(8, 14, "document"), Span(15, 22, "document"),
            Span(22, 23, "document"), Span(23, 30, "document")]
     tail = [Span(-1, -1, "erratum"), Span(-1, -1, "skill"), Span(-1, -1, "question"), Span(-1, -1, "answer")]
     assert token_regions(frame + doc + tail, [(16, 22)]) == [
@@ -25,8 +26,10 @@ def test_token_regions_by_segment_position_and_field():
         "errata", "skills", "question", "question"]
     assert token_regions(frame + doc, []) == ["sink"] * 4 + ["before_field"] * 3  # no field: all before
     skill_as_text = [Span(-1, -1, "frame")] * 4 + [Span(0, 5, "document"), Span(-1, -1, "document")]
-    assert token_regions(skill_as_text, [])[4:] == ["before_field", "skills"]  # recompute reads a skill as text
-    late = [Span(-1, -1, "frame")] * 4 + [Span(0, 5, "document"), Span(16, 22, "document"), Span(-1, -1, "frame")]
+    # recompute reads a skill as text
+    assert token_regions(skill_as_text, [])[4:] == ["before_field", "skills"]
+    late = [Span(-1, -1, "frame")] * 4 + [Span(0, 5, "document"), Span(16, 22, "document"),
+                                          Span(-1, -1, "frame")]
     assert token_regions(late, [(16, 22)]) == ["sink"] * 4 + ["before_field", "field", "after_field"]
 
 
@@ -59,7 +62,8 @@ def test_every_strategys_regions_sum_to_one_on_a_real_run(real_run):
         assert len(shares.per_layer) == layers
         assert all(sum(layer.values()) == pytest.approx(1.0, abs=0.01) for layer in shares.per_layer)
         # the mean over layers is the mean of the per-layer shares
-        assert shares.mean["sink"] == pytest.approx(np.mean([layer["sink"] for layer in shares.per_layer]), abs=0.01)
+        assert shares.mean["sink"] == pytest.approx(np.mean([layer["sink"] for layer in shares.per_layer]),
+                                                    abs=0.01)
         assert shares.mean["field"] > 0 and shares.mean["skills"] > 0 and shares.mean["question"] > 0, name
     for name in ("erratum", "field_erratum"):
         assert regions[name].mean["errata"] > 0.001
@@ -114,7 +118,8 @@ def test_the_run_page_shows_regions_beside_the_papers_reading(make_client):
     for region in REGIONS:  # the page draws the API's numbers
         assert f'data-region="{region}" data-share="{api["stale"][region]:.5f}"' in html
     assert "the paper's reading" in html and "≈ 0.1%" in html and "≈ 56%" in html and "≈ 36%" in html
-    assert html.count("<svg width=\"56\" height=\"64\"") == 3  # a per-layer plot per strategy: 4 layers × 14 px
+    # a per-layer plot per strategy: 4 layers × 14 px
+    assert html.count("<svg width=\"56\" height=\"64\"") == 3
     assert html.count("<title>layer 3: sink") == 3
     assert "Heads that moved most against recompute" in html and "?strategy=stale&amp;layer=" in html
     assert 'id="hm-top-all"' in html  # the sink, whitespace and punctuation behind a toggle

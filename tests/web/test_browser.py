@@ -85,7 +85,8 @@ def make_field_and_erratum(page) -> None:
     page.wait_for_selector("#document .field-chip")
     assert page.inner_text("#document .field-chip .old") == "active"
     assert page.inner_text("#document .field-chip .new") == "suspended"
-    assert "status has changed from active to suspended" in page.input_value("#errata-panel li textarea >> nth=0")
+    assert ("status has changed from active to suspended"
+            in page.input_value("#errata-panel li textarea >> nth=0"))
     page.fill("#new-erratum", "[NOTE] Dana Lee's plan is unchanged.")
     page.click("#errata-panel >> text=Add erratum")
     page.wait_for_selector("#errata-panel >> text=custom")
@@ -147,7 +148,8 @@ def test_notebook_editing_in_the_browser(tmp_path: Path, browser_page) -> None:
         page.hover("#hm-res .tok >> nth=5")
         assert "recompute" in page.inner_text("#token-tip")
         page.click("#hm-grid button[data-layer='1'][data-head='2']")
-        page.wait_for_function("document.getElementById('hm-status').textContent.startsWith('layer 1, head 2')")
+        page.wait_for_function(
+            "document.getElementById('hm-status').textContent.startsWith('layer 1, head 2')")
         shot(page, "05-finished-run")
         page.goto(f"{server.url}/notebooks/{nb_id}")
         page.hover("#document .t >> nth=0")
@@ -199,7 +201,8 @@ def test_run_with_a_real_worker_on_tiny_llama(tmp_path: Path, browser_page) -> N
         page.click("text=See the decision diff")
         rows = page.locator(".decision-table tbody tr")
         assert rows.count() == 3
-        assert [rows.nth(i).locator(".strategy").inner_text() for i in range(3)] == ["recompute", "stale", "field_erratum"]
+        assert ([rows.nth(i).locator(".strategy").inner_text() for i in range(3)]
+                == ["recompute", "stale", "field_erratum"])
         page.wait_for_function("document.querySelectorAll('#hm-res .tok').length > 10", timeout=30_000)
         page.hover("#hm-res .tok >> nth=3")
         assert "recompute" in page.inner_text("#token-tip")
@@ -230,14 +233,16 @@ def test_run_page_opens_on_the_difference_and_reads_from_any_token(tmp_path: Pat
             add_field(s, nb, at, at + 6, "suspended", "status")
             nb.questions.append(Question(text="What is the status?", choices=[]))
             s.commit()
-            run = finished_run(s, nb, strategies=("recompute", "prefix_reuse", "stale", "field_erratum"), notes_map=True)
+            run = finished_run(s, nb, strategies=("recompute", "prefix_reuse", "stale", "field_erratum"),
+                               notes_map=True)
             free = s.query(RunResult).filter_by(run_id=run.id, strategy="field_erratum").one()
             free.decision = "the status is SUSPENDED"  # the engine's normalised match said: same answer
             s.commit()
             run_id = run.id
         page.goto(f"{server.url}/runs/{run_id}")
         page.wait_for_function("document.querySelectorAll('#hm-diff .tok').length > 100")
-        assert page.input_value("#hm-strategy") == "stale"  # differs from recompute, not the exact prefix_reuse
+        # differs from recompute, not the exact prefix_reuse
+        assert page.input_value("#hm-strategy") == "stale"
         assert page.locator(".column-legend dt").count() >= 6 and page.is_visible(".column-legend")
         row = page.locator('.decision-table tr[data-strategy="field_erratum"]')
         assert "✓ follows the edit" in row.inner_text() and "SUSPENDED" in row.inner_text()
@@ -248,12 +253,15 @@ def test_run_page_opens_on_the_difference_and_reads_from_any_token(tmp_path: Pat
         page.eval_on_selector("#hm-res", "e => { e.scrollTop = (e.scrollHeight - e.clientHeight) / 2; }")
         page.wait_for_timeout(200)
         ratios = page.evaluate("""['hm-ref', 'hm-res', 'hm-diff'].map(id => {
-            const e = document.getElementById(id); return e.scrollTop / (e.scrollHeight - e.clientHeight); })""")
+            const e = document.getElementById(id);
+            return e.scrollTop / (e.scrollHeight - e.clientHeight); })""")
         assert all(abs(r - 0.5) < 0.05 for r in ratios), ratios
-        # a question token becomes the query: its attention is drawn and the grid says per-head is for the decision
+        # a question token becomes the query: its attention is drawn and the grid says per-head is
+        # for the decision
         before = page.inner_text("#hm-status")
         page.click("#hm-res .tok.seg-question >> nth=1")
-        page.wait_for_function("document.getElementById('hm-status').textContent.startsWith('query: question/answer token 2')")
+        page.wait_for_function("document.getElementById('hm-status').textContent"
+                               ".startsWith('query: question/answer token 2')")
         assert before != page.inner_text("#hm-status")
         assert page.locator("#hm-res .tok.query").count() == 1
         assert page.input_value("#hm-query") == "1"

@@ -33,8 +33,10 @@ LIGHT_PANELS = """() => {
     const f = v => { v /= 255; return v <= 0.03928 ? v / 12.92 : ((v + 0.055) / 1.055) ** 2.4; };
     return 0.2126 * f(+m[0]) + 0.7152 * f(+m[1]) + 0.0722 * f(+m[2]); };
   const panels = [document.body, ...document.querySelectorAll(
-      '.present-bar, .present-nav, .slide:not([hidden]) :is(.slide-doc, .heatmap, .decision-card, .slide-note, .slide-side, .tokens, table, .table-wrap)')];
-  return panels.filter(e => { const l = lum(getComputedStyle(e).backgroundColor); return l !== null && l > 0.2; })
+      '.present-bar, .present-nav, .slide:not([hidden]) :is(.slide-doc, .heatmap, .decision-card, '
+      + '.slide-note, .slide-side, .tokens, table, .table-wrap)')];
+  return panels.filter(e => { const l = lum(getComputedStyle(e).backgroundColor);
+                              return l !== null && l > 0.2; })
                .map(e => e.tagName + '.' + e.className);
 }"""
 
@@ -62,13 +64,15 @@ def site(tmp_path_factory):
         live = Notebook(title="A run that ends while you watch", model="smollm2-135m", document=LONG_DOC)
         s.add(live)
         s.flush()
-        add_field(s, live, live.document.index("active"), live.document.index("active") + 6, "suspended", "status")
+        add_field(s, live, live.document.index("active"), live.document.index("active") + 6,
+                  "suspended", "status")
         live.questions.append(Question(text="What is the status?", choices=["active", "suspended"]))
         s.commit()
         ids["live_run"] = finished_run(s, live, strategies=("recompute", "stale", "field_erratum")).id
         ids["live"] = live.id
-        s.add(Skill(name="a house style with a long name that goes on and on: answer in French", text=LONG_SKILL,
-                    model="smollm2-135m", status="compiled", token_count=260, compile_ms=812.0))
+        s.add(Skill(name="a house style with a long name that goes on and on: answer in French",
+                    text=LONG_SKILL, model="smollm2-135m", status="compiled", token_count=260,
+                    compile_ms=812.0))
         s.commit()
     ARTIFACTS.mkdir(exist_ok=True)
     yield server, ids
@@ -120,19 +124,22 @@ def test_a_click_on_the_slide_advances_and_dark_is_dark_throughout(site, browser
     page.context.close()
 
 
-PAGES_390 = ["home", "notebook", "run", "runs", "skills", "present", "compare", "report", "delete", "components",
-             "login", "missing"]
+PAGES_390 = ["home", "notebook", "run", "runs", "skills", "present", "compare", "report",
+             "delete", "components", "login", "missing"]
 
 
 @pytest.mark.parametrize("where", PAGES_390)
 def test_no_page_scrolls_sideways_at_390px(site, browser, where) -> None:
     server, ids = site
-    path = {"home": "/", "notebook": f"/notebooks/{ids['notebook']}", "run": f"/runs/{ids['run']}", "runs": "/runs",
+    path = {"home": "/", "notebook": f"/notebooks/{ids['notebook']}",
+            "run": f"/runs/{ids['run']}", "runs": "/runs",
             "skills": "/skills", "present": f"/runs/{ids['run']}/present/2",
-            "compare": f"/compare?runs={ids['live_run']},{ids['run']}", "report": f"/runs/{ids['run']}/report.html",
+            "compare": f"/compare?runs={ids['live_run']},{ids['run']}",
+            "report": f"/runs/{ids['run']}/report.html",
             "delete": f"/notebooks/{ids['notebook']}/delete", "components": "/_components", "login": "/login",
             "missing": "/runs/987654"}[where]
-    page = browser.new_context(viewport={"width": 390, "height": 844}, device_scale_factor=2, bypass_csp=True).new_page()
+    page = browser.new_context(viewport={"width": 390, "height": 844}, device_scale_factor=2,
+                               bypass_csp=True).new_page()
     page.goto(server.url + path)
     page.screenshot(path=str(ARTIFACTS / f"42-390px-{where}.png"), full_page=True)
     width = page.evaluate("document.scrollingElement.scrollWidth")
@@ -158,7 +165,8 @@ def test_header_follows_the_run_and_its_notebook_shows_the_summary_without_a_cli
     expect(page.locator(".page-head h1 .badge")).to_have_text("queued")
     with server.db() as s:
         run = s.get(Run, ids["live_run"])
-        run.status, run.stage, run.progress, run.heartbeat_at = "running", "strategies", 0.5, datetime.now(UTC)
+        run.status, run.stage, run.progress, run.heartbeat_at = ("running", "strategies", 0.5,
+                                                                 datetime.now(UTC))
         s.commit()
     # one state: the header follows the progress box, which polls
     expect(page.locator(".page-head h1 .badge")).to_have_text("running", timeout=10_000)

@@ -35,7 +35,8 @@ def test_regions_verdicts_and_words_first(tmp_path: Path) -> None:
             s.commit()
             run_id = finished_run(s, nb, strategies=("recompute", "stale", "in_place", "field_erratum")).id
             for result in s.query(RunResult).filter_by(run_id=run_id):  # the sink's last token draws the most
-                w = np.frombuffer(result.attention, dtype=np.float16).reshape(result.attention_shape).astype(np.float32)
+                w = (np.frombuffer(result.attention, dtype=np.float16)
+                     .reshape(result.attention_shape).astype(np.float32))
                 w[:, :, 3] += 1.0
                 result.attention = (w / w.sum(-1, keepdims=True)).astype(np.float16).tobytes()
             s.commit()
@@ -57,10 +58,12 @@ def test_regions_verdicts_and_words_first(tmp_path: Path) -> None:
             page.locator(".decision-table").screenshot(path=str(ARTIFACTS / "verdicts-table.png"))
             # most attended: words only, then the sink, whitespace and punctuation on request
             words = page.locator("#hm-top tbody tr td:nth-child(2)").all_inner_texts()
-            rows = [int(i) for i in page.eval_on_selector_all("#hm-top tbody tr", "rs => rs.map(r => r.dataset.i)")]
+            rows = [int(i) for i in page.eval_on_selector_all("#hm-top tbody tr",
+                                                              "rs => rs.map(r => r.dataset.i)")]
             assert all(re.search(r"\w", w) for w in words) and min(rows) >= 4, (words, rows)
             page.check("#hm-top-all")
-            page.wait_for_function("document.querySelector('#hm-top tbody tr').dataset.i === '3'")  # the sink first
+            # the sink first
+            page.wait_for_function("document.querySelector('#hm-top tbody tr').dataset.i === '3'")
             assert page.inner_text("#hm-top tbody tr td:nth-child(2) >> nth=0") == '"Account"'
             assert not errors, errors
             browser.close()

@@ -35,19 +35,31 @@ expect = sync_api.expect
 CONTRAST_AUDIT = """() => {
   function parse(c) {
     let m = c.match(/^rgba?\\(([^)]+)\\)/);
-    if (m) { const p = m[1].split(/[\\s,\\/]+/).filter(Boolean).map(Number); return [p[0], p[1], p[2], p.length > 3 ? p[3] : 1]; }
+    if (m) {
+      const p = m[1].split(/[\\s,\\/]+/).filter(Boolean).map(Number);
+      return [p[0], p[1], p[2], p.length > 3 ? p[3] : 1];
+    }
     m = c.match(/^color\\(srgb ([\\d.e-]+) ([\\d.e-]+) ([\\d.e-]+)(?: \\/ ([\\d.e-]+))?\\)/);
     if (m) return [m[1] * 255, m[2] * 255, m[3] * 255, m[4] === undefined ? 1 : +m[4]];
     return null;
   }
-  function over(top, under) { const a = top[3]; return [0, 1, 2].map(k => top[k] * a + under[k] * (1 - a)).concat([1]); }
-  function lum(c) { const l = c.slice(0, 3).map(v => { v /= 255; return v <= 0.03928 ? v / 12.92 : Math.pow((v + 0.055) / 1.055, 2.4); });
-    return 0.2126 * l[0] + 0.7152 * l[1] + 0.0722 * l[2]; }
+  function over(top, under) {
+    const a = top[3];
+    return [0, 1, 2].map(k => top[k] * a + under[k] * (1 - a)).concat([1]);
+  }
+  function lum(c) {
+    const l = c.slice(0, 3).map(v => {
+      v /= 255;
+      return v <= 0.03928 ? v / 12.92 : Math.pow((v + 0.055) / 1.055, 2.4);
+    });
+    return 0.2126 * l[0] + 0.7152 * l[1] + 0.0722 * l[2];
+  }
   function background(el) {  // the colours under `el`, composited down to the first opaque one
     const layers = [];
     for (let e = el; e; e = e.parentElement) {
       const cs = getComputedStyle(e);
-      if (cs.backgroundImage !== "none" && !cs.backgroundImage.startsWith("repeating-linear-gradient")) return null;
+      if (cs.backgroundImage !== "none"
+          && !cs.backgroundImage.startsWith("repeating-linear-gradient")) return null;
       const c = parse(cs.backgroundColor);
       if (c && c[3] > 0) { layers.push(c); if (c[3] >= 1) break; }
     }
@@ -59,15 +71,21 @@ CONTRAST_AUDIT = """() => {
   let checked = 0;
   while (walker.nextNode()) {
     const node = walker.currentNode, el = node.parentElement;
-    if (!node.data.trim() || !el || el.closest("[hidden], .sr-only, [aria-hidden=true], option, script, style, :disabled, [aria-disabled=true], .disabled")) continue;
+    const skipped = "[hidden], .sr-only, [aria-hidden=true], option, script, style, :disabled, "
+                    + "[aria-disabled=true], .disabled";
+    if (!node.data.trim() || !el || el.closest(skipped)) continue;
     const r = el.getBoundingClientRect(), cs = getComputedStyle(el);
     if (!r.width || !r.height || cs.visibility === "hidden") continue;
     const bg = background(el), fg = parse(cs.color);
     if (!bg || !fg) continue;
-    const c = over(fg, bg), x = lum(c), y = lum(bg), ratio = (Math.max(x, y) + 0.05) / (Math.min(x, y) + 0.05);
+    const c = over(fg, bg), x = lum(c), y = lum(bg);
+    const ratio = (Math.max(x, y) + 0.05) / (Math.min(x, y) + 0.05);
     const size = parseFloat(cs.fontSize), large = size >= 24 || (size >= 18.66 && +cs.fontWeight >= 700);
     checked++;
-    if (ratio < (large ? 3 : 4.5)) bad.push(node.data.trim().slice(0, 24) + " " + ratio.toFixed(2) + ":1 " + cs.color + " on " + bg.map(Math.round));
+    if (ratio < (large ? 3 : 4.5)) {
+      bad.push(node.data.trim().slice(0, 24) + " " + ratio.toFixed(2) + ":1 " + cs.color
+               + " on " + bg.map(Math.round));
+    }
   }
   return {checked: checked, bad: bad.slice(0, 20)};
 }"""
@@ -99,7 +117,8 @@ def site(tmp_path_factory):
             return nb
 
         long = notebook("Long record", LONG_DOC)
-        ids["run"] = finished_run(s, long, strategies=("recompute", "prefix_reuse", "stale", "field_erratum"), notes_map=True).id
+        ids["run"] = finished_run(s, long, strategies=("recompute", "prefix_reuse", "stale", "field_erratum"),
+                                  notes_map=True).id
         ids["earlier"] = finished_run(s, long, strategies=("recompute", "stale", "field_erratum")).id
         ids["long"] = long.id
         reworded = notebook("Long record, reworded", LONG_DOC.replace("Only accounts", "Just accounts"))
@@ -164,7 +183,8 @@ def test_permalink_round_trip(site, page) -> None:
     status_is(page, "query: question/answer token 2")
     assert page.url.endswith(f"/runs/{run}?strategy=stale&query=1")
     assert page.evaluate("history.length") == depth  # the URL was rewritten in place, no entry per change
-    assert page.get_attribute('a[data-view-link$="report.html"]', "href") == f"/runs/{run}/report.html?strategy=stale&query=1"
+    assert (page.get_attribute('a[data-view-link$="report.html"]', "href")
+            == f"/runs/{run}/report.html?strategy=stale&query=1")
     page.reload()
     status_is(page, "query: question/answer token 2")
     assert page.input_value("#hm-strategy") == "stale" and page.input_value("#hm-query") == "1"
@@ -175,10 +195,12 @@ def test_permalink_round_trip(site, page) -> None:
     with page.expect_download() as png:
         page.click("text=Heatmap (PNG)")
     path = png.value.path()
-    assert png.value.suggested_filename == f"run-{run}-heatmap.png" and Path(path).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (png.value.suggested_filename == f"run-{run}-heatmap.png"
+            and Path(path).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n")
     data = json.loads(page.request.get(f"{server.url}/runs/{run}/export.json").text())
     assert data["run"]["id"] == run and data["decisions"][0]["strategy"] == "recompute"
-    assert page.request.get(f"{server.url}/runs/{run}/export.csv").text().startswith("strategy,decision,same_decision")
+    assert (page.request.get(f"{server.url}/runs/{run}/export.csv").text()
+            .startswith("strategy,decision,same_decision"))
 
 
 def test_report_renders_with_every_outside_request_blocked(site, chromium, tmp_path: Path) -> None:
@@ -255,7 +277,8 @@ def test_presentation_steps_by_keyboard_and_click(site, page) -> None:
     page.keyboard.press("ArrowRight")
     expect(page.locator("#step-2")).to_be_visible()
     assert page.url.endswith(f"/runs/{run}/present/2")
-    assert page.locator(".decision-card").count() == 4 and page.locator(".decision-card.disagrees").count() == 1
+    assert (page.locator(".decision-card").count() == 4
+            and page.locator(".decision-card.disagrees").count() == 1)
     shot(page, "24-present-2-decisions")
     page.keyboard.press("ArrowRight")
     expect(page.locator("#step-3")).to_be_visible()
@@ -292,8 +315,10 @@ def test_compare_two_runs_from_the_notebook_history(site, page) -> None:
     page.click("text=Compare the ticked runs")
     page.wait_for_url("**/compare?**")
     assert page.locator(".run-card").count() == 2
-    assert page.locator(".compare-table tbody tr").count() == 4  # recompute, prefix_reuse, stale, field_erratum
-    assert page.locator(".compare-table tbody tr[data-strategy=prefix_reuse] td").nth(2).inner_text().strip() == "not run"
+    # recompute, prefix_reuse, stale, field_erratum
+    assert page.locator(".compare-table tbody tr").count() == 4
+    assert (page.locator(".compare-table tbody tr[data-strategy=prefix_reuse] td").nth(2).inner_text().strip()
+            == "not run")
     shot(page, "27-compare-same-document")
     # documents that differ: the reworded line sits on its own marked row, in line across the runs
     page.goto(f"{server.url}/compare?runs={ids['run']},{ids['reworded_run']}")
@@ -342,7 +367,8 @@ def focus_by_tab(page, selector: str, limit: int = 80) -> list[dict]:
         page.keyboard.press("Tab")
         stop = page.evaluate("""() => { const e = document.activeElement, cs = getComputedStyle(e);
             return {tag: e.tagName, id: e.id, text: (e.innerText || e.value || '').slice(0, 30),
-                    outline: cs.outlineStyle !== 'none' && parseFloat(cs.outlineWidth) >= 2 ? cs.outlineWidth : '',
+                    outline: cs.outlineStyle !== 'none' && parseFloat(cs.outlineWidth) >= 2
+                             ? cs.outlineWidth : '',
                     shadow: cs.boxShadow !== 'none'}; }""")
         stops.append(stop)
         if page.evaluate("(s) => document.activeElement.matches(s)", selector):
@@ -354,7 +380,8 @@ def test_a_field_by_keyboard_only(site, page) -> None:
     server, ids = site
     page.goto(f"{server.url}/notebooks/{ids['short']}")
     stops = focus_by_tab(page, "#document")
-    assert all(s["outline"] or s["shadow"] for s in stops), [s for s in stops if not (s["outline"] or s["shadow"])]
+    assert all(s["outline"] or s["shadow"] for s in stops), [
+        s for s in stops if not (s["outline"] or s["shadow"])]
     at = DOC.index("active")
     for _ in range(at):
         page.keyboard.press("ArrowRight")
@@ -396,27 +423,36 @@ def test_a_field_by_keyboard_only(site, page) -> None:
 def test_no_horizontal_scroll_at_390px(site, chromium, where: str) -> None:
     server, ids = site
     path = {"home": "/", "notebook": f"/notebooks/{ids['long']}", "run": f"/runs/{ids['run']}",
-            "compare": f"/compare?runs={ids['run']},{ids['reworded_run']}", "present": f"/runs/{ids['run']}/present/3"}[where]
-    context = chromium.new_context(viewport={"width": 390, "height": 844}, device_scale_factor=2, bypass_csp=True)
+            "compare": f"/compare?runs={ids['run']},{ids['reworded_run']}",
+            "present": f"/runs/{ids['run']}/present/3"}[where]
+    context = chromium.new_context(viewport={"width": 390, "height": 844},
+                                   device_scale_factor=2, bypass_csp=True)
     page = context.new_page()
     page.goto(server.url + path)
     if where == "run":
         expect(page.locator("#hm-status")).to_contain_text("all layers", timeout=10_000)
-    widths = page.evaluate("[document.documentElement.scrollWidth, document.documentElement.clientWidth, window.innerWidth]")
+    widths = page.evaluate("[document.documentElement.scrollWidth, document.documentElement.clientWidth, "
+                           "window.innerWidth]")
     shot(page, f"34-390px-{where}")
     wide = page.evaluate("""() => [...document.querySelectorAll('body *')].filter(e => {
-        const r = e.getBoundingClientRect(); return r.width && r.right > window.innerWidth + 1 && !e.closest('.table-wrap, .aligned-wrap, .tokens, .snapshot-doc, .head-grid, .menu-list');
-      }).slice(0, 5).map(e => e.tagName + '.' + e.className + ' ' + Math.round(e.getBoundingClientRect().right))""")
+        const r = e.getBoundingClientRect();
+        return r.width && r.right > window.innerWidth + 1
+               && !e.closest('.table-wrap, .aligned-wrap, .tokens, .snapshot-doc, .head-grid, .menu-list');
+      }).slice(0, 5)
+        .map(e => e.tagName + '.' + e.className + ' ' + Math.round(e.getBoundingClientRect().right))""")
     context.close()
     assert widths[0] <= 390, (widths, wide)
 
 
-@pytest.mark.parametrize("where", ["home", "notebook", "run", "compare", "present-light", "present-dark", "report"])
+@pytest.mark.parametrize("where", ["home", "notebook", "run", "compare", "present-light",
+                                   "present-dark", "report"])
 def test_text_contrast_meets_wcag_aa(site, chromium, where: str) -> None:
     server, ids = site
     path = {"home": "/", "notebook": f"/notebooks/{ids['long']}", "run": f"/runs/{ids['run']}",
-            "compare": f"/compare?runs={ids['run']},{ids['reworded_run']}", "present-light": f"/runs/{ids['run']}/present/3",
-            "present-dark": f"/runs/{ids['run']}/present/3", "report": f"/runs/{ids['run']}/report.html"}[where]
+            "compare": f"/compare?runs={ids['run']},{ids['reworded_run']}",
+            "present-light": f"/runs/{ids['run']}/present/3",
+            "present-dark": f"/runs/{ids['run']}/present/3",
+            "report": f"/runs/{ids['run']}/report.html"}[where]
     context = chromium.new_context(viewport={"width": 1400, "height": 1000}, bypass_csp=True,
                                    color_scheme="dark" if where == "present-dark" else "light")
     page = context.new_page()

@@ -34,11 +34,13 @@ def test_rename_from_the_page_and_the_api(client) -> None:
     assert resp.status_code == 303 and resp.headers["location"] == f"/notebooks/{nb}"
     assert session().get(Notebook, nb).title == "Access review"
     blank = client.post(f"/notebooks/{nb}/rename", data={"title": "   "})
-    assert blank.status_code == 422 and 'id="err-title"' in blank.text and "<details class=\"menu\" open>" in blank.text
+    assert (blank.status_code == 422 and 'id="err-title"' in blank.text
+            and "<details class=\"menu\" open>" in blank.text)
     too_long = client.post(f"/notebooks/{nb}/rename", data={"title": "x" * 300})
     assert too_long.status_code == 422 and "at most 200 characters" in too_long.text
     assert session().get(Notebook, nb).title == "Access review"
-    assert client.patch(f"/api/notebooks/{nb}", json={"title": "Via the API"}).json()["title"] == "Via the API"
+    assert (client.patch(f"/api/notebooks/{nb}", json={"title": "Via the API"}).json()["title"]
+            == "Via the API")
 
 
 def test_duplicate_copies_the_edits_but_not_the_runs(client) -> None:
@@ -59,14 +61,16 @@ def test_duplicate_copies_the_edits_but_not_the_runs(client) -> None:
     assert copy.title == "Copy of Original" and copy.document == original.document
     assert [(f.start, f.end, f.old_value, f.new_value, f.label) for f in copy.fields] == \
            [(f.start, f.end, f.old_value, f.new_value, f.label) for f in original.fields]
-    assert [(e.text, e.source, e.position) for e in copy.errata] == [(e.text, e.source, e.position) for e in original.errata]
+    assert ([(e.text, e.source, e.position) for e in copy.errata]
+            == [(e.text, e.source, e.position) for e in original.errata])
     generated = next(e for e in copy.errata if e.source == "generated")
     assert generated.field_id == copy.fields[0].id  # tied to the copied field, not the original's
     assert [p.skill_id for p in copy.placements] == [skill.id]
     assert copy.question.text == "What is the status?" and copy.question.choices == ["active", "suspended"]
     assert s.query(Run).filter_by(notebook_id=copy_id).count() == 0
     api = client.post(f"/api/notebooks/{nb}/duplicate")
-    assert api.status_code == 201 and api.json()["title"] == "Copy of Original" and len(api.json()["fields"]) == 1
+    assert (api.status_code == 201 and api.json()["title"] == "Copy of Original"
+            and len(api.json()["fields"]) == 1)
 
 
 def test_delete_asks_first_and_says_the_runs_go_too(client) -> None:
@@ -96,7 +100,8 @@ def test_history_shows_each_snapshot_and_runs_it_again(client) -> None:
     s = session()
     run = finished_run(s, with_question(s, nb))
     run_id, snapshot = run.id, run.snapshot
-    client.post(f"/notebooks/{nb}/errata", data={"text": "[NOTE] added after the run"}, headers=HX)  # the notebook moves on
+    # the notebook moves on
+    client.post(f"/notebooks/{nb}/errata", data={"text": "[NOTE] added after the run"}, headers=HX)
     page = client.get(f"/notebooks/{nb}").text
     assert "History: every run and its snapshot" in page
     assert f'<form method="post" action="/runs/{run_id}/rerun">' in page and "Run this snapshot again" in page
@@ -186,7 +191,8 @@ def test_a_field_from_the_nth_occurrence_of_a_text(client) -> None:
     second = DOC.index("active", DOC.index("active") + 1)
     assert (field.start, field.end, field.label) == (second, second + 6, "rule")
     for data, where, words in (
-        ({"find": "active", "occurrence": "3", "new_value": "x"}, "occurrence", "&#39;active&#39; occurs 2 times; there is no occurrence 3"),
+        ({"find": "active", "occurrence": "3", "new_value": "x"}, "occurrence",
+         "&#39;active&#39; occurs 2 times; there is no occurrence 3"),
         ({"find": "missing", "occurrence": "1", "new_value": "x"}, "find", "is not in the document"),
         ({"find": "Dana", "occurrence": "1", "new_value": ""}, "new_value", "give the field its new value"),
         ({"find": "active", "occurrence": "two", "new_value": "x"}, "occurrence", "must be a whole number"),

@@ -65,4 +65,5 @@ def test_a_run_that_ends_on_the_notebook_shows_its_decision_summary(client) -> N
     assert "run-headline" in summary and "of 3</strong>" in summary
     assert 'id="runs-table" hx-swap-oob="true"' in polled  # the history gains the finished run too
     # the page opened afterwards shows the same summary
-    assert re.findall(r'<li data-strategy="(\w+)"', client.get(f"/notebooks/{nb}").text) == [r[0] for r in rows]
+    assert (re.findall(r'<li data-strategy="(\w+)"', client.get(f"/notebooks/{nb}").text)
+            == [r[0] for r in rows])

@@ -33,7 +33,8 @@ def evil_url(tmp_path: Path):
     """Another origin on this machine serving one page: a form that posts to the app."""
     folder = tmp_path / "evil"
     folder.mkdir()
-    handler = lambda *a, **k: http.server.SimpleHTTPRequestHandler(*a, directory=str(folder), **k)  # noqa: E731
+    handler = lambda *a, **k: http.server.SimpleHTTPRequestHandler(  # noqa: E731
+        *a, directory=str(folder), **k)
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     yield folder, f"http://127.0.0.1:{server.server_address[1]}"
@@ -47,7 +48,8 @@ def test_sign_in_edits_under_the_csp_and_a_cross_site_form_is_refused(app_url, e
     with sync_api.sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
         page = browser.new_page(viewport={"width": 1400, "height": 1000})
-        page.on("console", lambda m: violations.append(m.text) if "Content Security Policy" in m.text else None)
+        page.on("console",
+                lambda m: violations.append(m.text) if "Content Security Policy" in m.text else None)
         page.on("pageerror", lambda exc: violations.append(str(exc)))
 
         page.goto(url + "/")

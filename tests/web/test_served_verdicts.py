@@ -23,7 +23,8 @@ RECORD = ("Account record\n\nAccount holder: Dana Lee\nstatus: active\nPlan: bus
 
 def _call(url: str, method: str = "GET", body: dict | None = None) -> dict:
     data = json.dumps(body).encode() if body is not None else None
-    request = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
+    request = urllib.request.Request(url, data=data, method=method,
+                                     headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(request, timeout=60) as response:
         return json.loads(response.read())
 
@@ -32,12 +33,14 @@ def test_a_served_read_back_run_knows_the_edit(tmp_path: Path) -> None:
     (tmp_path / "models").symlink_to(REPO / "var" / "test-data" / "models")  # the converted bundled model
     with ServedApp(tmp_path, "smollm2-135m", worker=True) as server:
         api = f"{server.url}/api"
-        nb = _call(f"{api}/notebooks", "POST", {"title": "access", "model": "smollm2-135m", "text": RECORD})["id"]
+        nb = _call(f"{api}/notebooks", "POST",
+                   {"title": "access", "model": "smollm2-135m", "text": RECORD})["id"]
         start = RECORD.index("active")
         _call(f"{api}/notebooks/{nb}/fields", "POST",
               {"start": start, "end": start + 6, "new_value": "suspended", "label": "status"})
-        run = _call(f"{api}/notebooks/{nb}/runs", "POST", {"question": "What is the account status?",
-                                                           "strategies": ["recompute", "stale", "field_erratum"]})
+        run = _call(f"{api}/notebooks/{nb}/runs", "POST",
+                    {"question": "What is the account status?",
+                     "strategies": ["recompute", "stale", "field_erratum"]})
         deadline = time.time() + 900
         while run["status"] in ("queued", "running") and time.time() < deadline:
             time.sleep(2)
@@ -48,9 +51,10 @@ def test_a_served_read_back_run_knows_the_edit(tmp_path: Path) -> None:
     for name, result in results.items():
         said = words(result["decision"])
         names_new, names_old = "suspended" in said, "active" in said
-        expected = {(True, False): "new", (False, True): "old", (True, True): "both"}.get((names_new, names_old),
-                                                                                          "neither")
-        assert result["edit_followed"] == expected == edit_followed(result["decision"], ["active"], ["suspended"])
+        expected = {(True, False): "new", (False, True): "old",
+                    (True, True): "both"}.get((names_new, names_old), "neither")
+        assert result["edit_followed"] == expected == edit_followed(result["decision"],
+                                                                    ["active"], ["suspended"])
         low, high = result["ttft_spread_ms"]
         assert 0 < low <= result["ttft_ms"] <= high, name
         assert list(regions[name]) == list(REGIONS)

@@ -14,7 +14,8 @@ DOC = "Account record.\nstatus: active\nowner: Ada\nOnly active accounts may log
 
 
 def kvnotes(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "worker.cli", *args], capture_output=True, text=True, timeout=300)
+    return subprocess.run([sys.executable, "-m", "worker.cli", *args], capture_output=True,
+                          text=True, timeout=300)
 
 
 @pytest.fixture
@@ -48,8 +49,10 @@ def test_compose_reports_recompute_and_splice(doc):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["edit", "--document", "/nope/doc.txt", "--replace", "a", "b", "--question", "q"], "document file not found"),
-    (["edit", "--document", "{doc}", "--replace", "zzz", "b", "--question", "q"], "'zzz' is not in the document"),
+    (["edit", "--document", "/nope/doc.txt", "--replace", "a", "b", "--question", "q"],
+     "document file not found"),
+    (["edit", "--document", "{doc}", "--replace", "zzz", "b", "--question", "q"],
+     "'zzz' is not in the document"),
     (["edit", "--model", "no-such-model", "--document", "{doc}", "--replace", "Ada", "b", "--question", "q"],
      "unknown model 'no-such-model'"),
     (["compose", "--model", "tiny-gpt2", "--context", "{doc}", "--skill", "{doc}", "--question", "q"],

@@ -28,5 +28,6 @@ def test_snapshot_becomes_engine_arguments_and_the_token_limit_is_enforced(isola
     assert request.errata == tuple(SNAPSHOT["errata"])
     n_tokens = len(SNAPSHOT["document"]) + 1  # byte tokens + the start token
     isolated(KVNOTES_MAX_DOCUMENT_TOKENS=str(n_tokens - 1))
-    with pytest.raises(EngineError, match=f"the document is {n_tokens} tokens on tiny-llama; the limit is {n_tokens - 1}"):
+    with pytest.raises(EngineError,
+                       match=f"the document is {n_tokens} tokens on tiny-llama; the limit is {n_tokens - 1}"):
         run_request(eng, snapshot)

@@ -46,7 +46,8 @@ def plain_shell(script: str, data: Path) -> subprocess.CompletedProcess:
     """`script` in bash from the repository root, with a PATH that has no kvnotes on it."""
     venv_bin = str(REPO / ".venv" / "bin")
     path = os.pathsep.join(p for p in os.environ.get("PATH", "").split(os.pathsep) if p and p != venv_bin)
-    env = {**{k: v for k, v in os.environ.items() if k != "VIRTUAL_ENV"}, "PATH": path, "KVNOTES_DATA": str(data)}
+    env = {**{k: v for k, v in os.environ.items() if k != "VIRTUAL_ENV"}, "PATH": path,
+           "KVNOTES_DATA": str(data)}
     return subprocess.run(["bash", "-euo", "pipefail", "-c", script], cwd=REPO, env=env, capture_output=True,
                           text=True, timeout=900)
 
@@ -56,14 +57,17 @@ def test_the_readme_says_how_kvnotes_gets_on_path_and_documents_the_port() -> No
     assert listed[0] == "source .venv/bin/activate"
     assert plain_shell("command -v kvnotes || echo missing", REPO / "var").stdout.strip() == "missing"
     assert "scripts/run.sh --port 8001" in section("Start")
-    assert "source" in (REPO / "scripts" / "run.sh").read_text() and "activate" in (REPO / "scripts" / "run.sh").read_text()
+    assert ("source" in (REPO / "scripts" / "run.sh").read_text()
+            and "activate" in (REPO / "scripts" / "run.sh").read_text())
 
 
 def test_one_default_data_folder_whatever_the_directory(tmp_path) -> None:
     """`kvnotes` typed anywhere reads the folder `scripts/run.sh` serves from (the checkout's var/)."""
-    env = {k: v for k, v in os.environ.items() if k not in ("KVNOTES_DATA", "DATABASE_URL", "BROKER_URL", "RESULT_BACKEND")}
+    env = {k: v for k, v in os.environ.items() if k not in ("KVNOTES_DATA", "DATABASE_URL",
+                                                            "BROKER_URL", "RESULT_BACKEND")}
     probe = "from data.settings import get_settings; print(get_settings().data_dir)"
-    elsewhere = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, env={**env, "PYTHONPATH": str(REPO)},
+    elsewhere = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path,
+                               env={**env, "PYTHONPATH": str(REPO)},
                                capture_output=True, text=True, timeout=60)
     assert elsewhere.stdout.strip() == str(REPO / "var"), elsewhere.stderr
 

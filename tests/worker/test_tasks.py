@@ -310,7 +310,8 @@ def test_a_killed_worker_never_leaves_its_run_running(worker: Worker) -> None:
         # acks_late on Redis: the message comes back after the visibility timeout and the run is
         # restarted to the end (a reaped "failed" on the way is allowed; the end state is not)
         run, _ = _poll_run(run_id, lambda r: r.status == "succeeded", timeout=150)
-    print(f"\n[{worker.broker}] killed mid-run → {run.status} {time.perf_counter() - t_kill:.1f} s after the kill")
+    print(f"\n[{worker.broker}] killed mid-run → {run.status} "
+          f"{time.perf_counter() - t_kill:.1f} s after the kill")
     if worker.broker == "redis":
         assert {r.strategy for r in run.results} == {"recompute", "stale", "in_place", "selective"}
 
