@@ -72,7 +72,8 @@ def test_descriptions_are_on_the_home_page_and_atop_their_notebook(client) -> No
 def test_the_stored_measurements_hold_on_the_bundled_model(data_dir) -> None:
     """Every strategy a description cites, and recompute, measured again: same answers and verdicts,
     KL and F1 within the script's tolerance."""
-    done = subprocess.run([sys.executable, "scripts/measure_examples.py", "--check"], cwd=REPO, capture_output=True,
-                          text=True, timeout=1500, env={**os.environ, "KVNOTES_DATA": str(data_dir)})
+    done = subprocess.run([sys.executable, "scripts/measure_examples.py", "--check"], cwd=REPO,
+                          capture_output=True, text=True, timeout=1500,
+                          env={**os.environ, "KVNOTES_DATA": str(data_dir)})
     assert done.returncode == 0, done.stdout + done.stderr[-3000:]
     assert done.stdout.count("as stored") == 3, done.stdout

@@ -57,7 +57,8 @@ def test_upload_json_and_markdown(client) -> None:
     )
     assert resp.status_code == 422 and 'id="err-file"' in resp.text
     resp = client.post(
-        "/notebooks", data={"model": "smollm2-135m"}, files={"file": ("a.md", b"# Title\n\nbody", "text/markdown")},
+        "/notebooks", data={"model": "smollm2-135m"},
+        files={"file": ("a.md", b"# Title\n\nbody", "text/markdown")},
         follow_redirects=True,
     )
     assert "# Title" in resp.text
@@ -86,7 +87,8 @@ def test_field_errors_come_back_in_the_popover_with_values_kept(client) -> None:
     resp = add_field(client, nb, find="owner", new="", label="who")
     assert resp.status_code == 422 and 'id="err-new_value"' in resp.text
     # a selection that no longer matches the text is refused with a reason
-    resp = client.post(f"/notebooks/{nb}/fields", data={"start": 0, "end": 5, "selected": "Other", "new_value": "x"}, headers=HX)
+    resp = client.post(f"/notebooks/{nb}/fields",
+                       data={"start": 0, "end": 5, "selected": "Other", "new_value": "x"}, headers=HX)
     assert resp.status_code == 422 and "select the span again" in resp.text
 
 
@@ -94,7 +96,8 @@ def test_edit_and_remove_field(client) -> None:
     nb = new_notebook(client)
     add_field(client, nb)
     fid = session().get(Notebook, nb).fields[0].id
-    resp = client.post(f"/notebooks/{nb}/fields/{fid}", data={"label": "state", "new_value": "closed"}, headers=HX)
+    resp = client.post(f"/notebooks/{nb}/fields/{fid}",
+                       data={"label": "state", "new_value": "closed"}, headers=HX)
     assert resp.status_code == 200 and "state has changed from active to closed" in resp.text
     resp = client.post(f"/notebooks/{nb}/fields/{fid}", data={"label": "state", "new_value": ""}, headers=HX)
     assert resp.status_code == 422 and f'id="field-{fid}"' in resp.text and 'id="err-new_value"' in resp.text
@@ -126,7 +129,8 @@ def test_errata_add_edit_reorder_remove(client) -> None:
 
 def _compiled_skill(name: str = "one word", model: str = "smollm2-135m") -> int:
     s = session()
-    skill = Skill(name=name, text="Answer with one word.", model=model, status="compiled", token_count=7, compile_ms=80.0)
+    skill = Skill(name=name, text="Answer with one word.", model=model, status="compiled",
+                  token_count=7, compile_ms=80.0)
     s.add(skill)
     s.commit()
     return skill.id
@@ -160,7 +164,8 @@ def test_run_is_queued_and_polling_stops_when_it_ends(client) -> None:
     add_field(client, nb)
     resp = client.post(
         f"/notebooks/{nb}/runs",
-        data={"question": "What is the status?", "choices": "active\nsuspended", "strategies": ["recompute", "stale", "field_erratum"]},
+        data={"question": "What is the status?", "choices": "active\nsuspended",
+              "strategies": ["recompute", "stale", "field_erratum"]},
         headers=HX,
     )
     assert resp.status_code == 200, resp.text
@@ -191,7 +196,8 @@ def test_run_form_errors_and_cancel(client, make_client) -> None:
     nb = new_notebook(client)
     resp = client.post(f"/notebooks/{nb}/runs", data={"question": "", "choices": "a"}, headers=HX)
     assert resp.status_code == 422 and 'id="err-question"' in resp.text and ">a</textarea>" in resp.text
-    resp = client.post(f"/notebooks/{nb}/runs", data={"question": "q?", "strategies": ["recompute", "telepathy"]}, headers=HX)
+    resp = client.post(f"/notebooks/{nb}/runs",
+                       data={"question": "q?", "strategies": ["recompute", "telepathy"]}, headers=HX)
     assert resp.status_code == 422 and "unknown strategy &#39;telepathy&#39;" in resp.text
     client.post(f"/notebooks/{nb}/runs", data={"question": "q?", "strategies": ["recompute"]}, headers=HX)
     run = session().query(Run).one()
@@ -203,7 +209,8 @@ def test_run_form_errors_and_cancel(client, make_client) -> None:
 def test_unreachable_broker_shows_the_reason_and_keeps_the_question(make_client) -> None:
     client = make_client(broker_url="redis://127.0.0.1:1/0")
     nb = new_notebook(client)
-    resp = client.post(f"/notebooks/{nb}/runs", data={"question": "Still here?", "strategies": ["recompute"]}, headers=HX)
+    resp = client.post(f"/notebooks/{nb}/runs",
+                       data={"question": "Still here?", "strategies": ["recompute"]}, headers=HX)
     assert resp.status_code == 503
     assert "could not be queued" in resp.text and "Still here?" in resp.text
     assert session().query(Run).count() == 0
@@ -245,7 +252,8 @@ def test_finished_run_page_decision_table_answers_and_heatmap(client) -> None:
     assert all(0.0 <= v <= 1.0 for row in heads["head_diff"] for v in row)
     # the notebook hovers the stale strategy's tokens (they index the document as it is)
     tokens = client.get(f"/notebooks/{nb}/tokens.json").json()
-    assert tokens["run_id"] == run.id and tokens["tokens"][0] == {"i": 3, "id": 103, "text": "Account", "start": 0, "end": 7}
+    assert tokens["run_id"] == run.id and tokens["tokens"][0] == {
+        "i": 3, "id": 103, "text": "Account", "start": 0, "end": 7}
 
 
 def test_notes_map_is_drawn_over_the_document_with_the_fields_share(client) -> None:
@@ -291,7 +299,8 @@ def test_skills_library(client) -> None:
     assert "No skills yet" in client.get("/skills").text
     resp = client.post("/skills", data={"name": "", "text": "Answer briefly.", "model": "smollm2-135m"})
     assert resp.status_code == 422 and 'id="err-name"' in resp.text and "Answer briefly." in resp.text
-    resp = client.post("/skills", data={"name": "brief", "text": "Answer briefly.", "model": "smollm2-135m", "compile": "1"}, follow_redirects=False)
+    resp = client.post("/skills", data={"name": "brief", "text": "Answer briefly.", "model": "smollm2-135m",
+                                        "compile": "1"}, follow_redirects=False)
     assert resp.status_code == 303
     skill = session().query(Skill).one()
     assert skill.status == "compiling" and skill.task_id

@@ -20,7 +20,8 @@ START = DOC.index("active")
 def snapshot(choices: tuple[str, ...] = (), old: str = "active", new: str = "suspended") -> RunSnapshot:
     field = SnapshotField(start=START, end=START + 6, old=old, new=new, label="status")
     return RunSnapshot(model="m", document=DOC, fields=[field], errata=[], placements=[],
-                       question=SnapshotQuestion(text="What is the status?", choices=list(choices), cot=False),
+                       question=SnapshotQuestion(text="What is the status?",
+                                                 choices=list(choices), cot=False),
                        strategies=[])
 
 
@@ -59,7 +60,8 @@ def test_a_strategy_that_follows_the_edit_in_other_words_is_not_a_different_deci
     top = headline(list(rows.values()), True)
     assert (top.count, top.text) == ("2 of 4", "strategies follow the edit, as recompute does")
     note = run_note(list(rows.values()), run.snapshot)
-    assert note.startswith("Follows the edit: in_place, field_erratum · keeps the old value: stale, erratum. ")
+    assert note.startswith("Follows the edit: in_place, field_erratum · "
+                           "keeps the old value: stale, erratum. ")
     assert "The edit moved recompute's answer from “The account status is active.” (stale notes)" in note
 
 
@@ -68,7 +70,8 @@ def test_when_the_edit_did_not_change_recomputes_answer_the_headline_does_not_co
                  old="Oslo", new="Madrid")
     rows = decision_rows(run)
     top = headline(rows, True)
-    assert top.count == "" and top.text == "the edit did not change recompute's answer: it keeps the old value"
+    assert (top.count == ""
+            and top.text == "the edit did not change recompute's answer: it keeps the old value")
     assert "of 3" not in top.text
     assert [r.agrees for r in rows] == [True, True, True, False]  # erratum names the new value, recompute not
     assert "Recompute's answer still names the old value" in run_note(rows, run.snapshot)
@@ -91,11 +94,13 @@ def test_a_yes_no_choice_is_judged_on_the_decision_not_on_named_values():
     rows = decision_rows(run)
     assert [r.followed for r in rows] == [None, None, None]
     assert [r.mark.text for r in rows[1:]] == ["✗ different decision", "✓ same decision"]
-    assert (headline(rows, True).count, headline(rows, True).text) == ("1 of 2", "strategies give recompute's decision")
+    assert ((headline(rows, True).count, headline(rows, True).text)
+            == ("1 of 2", "strategies give recompute's decision"))
 
 
 def test_a_page_without_a_snapshot_still_has_rows():  # the home page's summary passes results only
-    rows = decision_rows(NS(results=[result("recompute", "a", True), result("stale", "b", False)], strategies=[]))
+    rows = decision_rows(NS(results=[result("recompute", "a", True), result("stale", "b", False)],
+                            strategies=[]))
     assert [(r.followed, r.agrees) for r in rows] == [(None, True), (None, False)]
 
 
@@ -107,7 +112,8 @@ def test_a_page_without_a_snapshot_still_has_rows():  # the home page's summary 
     (240.0, None, 20.0, None, True),
 ])
 def test_too_short_to_time(ref_ms, ref_spread, ms, spread, too_short):
-    tip = timing(result("in_place", "x", True, ms, spread), result("recompute", "x", True, ref_ms, ref_spread))
+    tip = timing(result("in_place", "x", True, ms, spread),
+                 result("recompute", "x", True, ref_ms, ref_spread))
     assert (tip is not None) == too_short
     if tip is not None:
         assert f"recompute {ref_ms:.1f} ms" in tip.tip and f"this strategy {ms:.1f} ms" in tip.tip
@@ -161,11 +167,13 @@ def test_a_speed_up_too_short_to_time_says_so_with_the_numbers(make_client):
     from tests.web.conftest import session
 
     client = make_client()
-    run = _free_answer_run(client, {"recompute": "Suspended.", "stale": "Active.", "field_erratum": "Suspended."})
+    run = _free_answer_run(client, {"recompute": "Suspended.", "stale": "Active.",
+                                    "field_erratum": "Suspended."})
     s = session()
     s.query(RunResult).filter_by(run_id=run.id, strategy="recompute").one().ttft_ms = 180.0
     s.commit()
     html = client.get(f"/runs/{run.id}").text
     assert html.count(">too short to time</span>") == 2  # both strategies against a 180 ms recompute
-    assert 'title="recompute&#39;s time to first token is under 250 ms: recompute 180.0 ms, this strategy 2.5 ms"' in html
+    assert ('title="recompute&#39;s time to first token is under 250 ms: '
+            'recompute 180.0 ms, this strategy 2.5 ms"') in html
     assert "72.0×" not in html  # 180 / 2.5 is not shown as a speed-up

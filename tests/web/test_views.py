@@ -50,7 +50,8 @@ def test_without_tokens_a_shift_is_four_characters_a_token():
 
 def test_alignment_skips_what_recompute_does_not_have():
     reference = [tok("<s>", segment="frame"), tok("a", 0), tok("b", 1), tok("Q", segment="question")]
-    erratum = [*reference[:3], tok(" [STATE", segment="erratum"), tok(" UPDATE]", segment="erratum"), reference[3]]
+    erratum = [*reference[:3], tok(" [STATE", segment="erratum"),
+               tok(" UPDATE]", segment="erratum"), reference[3]]
     assert align_tokens(erratum, reference) == [0, 1, 2, -1, -1, 3]
     changed = [reference[0], tok("a", 0), tok("x", 1), reference[3]]  # a changed field's token
     assert align_tokens(changed, reference) == [0, 1, -1, 3]
