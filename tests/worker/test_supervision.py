@@ -109,8 +109,6 @@ def _get_or_none(url: str):
         return None
 
 
-def test_a_killed_worker_is_replaced_and_a_killed_serve_leaves_no_worker(tmp_path: Path) -> None:
-    env = {**os.environ, **kvnotes_env(tmp_path, KVNOTES_DEFAULT_MODEL=MODEL, KVNOTES_MODELS=MODEL,
 def _restarted_health_does_not_trust_the_killed_worker(env: dict[str, str]) -> None:
     """Right after `kill -9` of serve, a restarted app (no worker of its own yet) must not answer
     "ok" on the killed worker's last beat, which is seconds old: its process is gone."""
@@ -126,6 +124,8 @@ def _restarted_health_does_not_trust_the_killed_worker(env: dict[str, str]) -> N
         again.wait(timeout=30)
 
 
+def test_a_killed_worker_is_replaced_and_a_killed_serve_leaves_no_worker(tmp_path: Path) -> None:
+    env = {**os.environ, **kvnotes_env(tmp_path, KVNOTES_DEFAULT_MODEL=MODEL, KVNOTES_MODELS=MODEL,
                                        KVNOTES_DEVICE="cpu"), "PYTHONPATH": str(REPO)}
     port = _free_port()
     base = f"http://127.0.0.1:{port}"
@@ -157,8 +157,8 @@ def _restarted_health_does_not_trust_the_killed_worker(env: dict[str, str]) -> N
         serve.send_signal(signal.SIGKILL)
         serve.wait()
         _wait("the worker to die with serve", lambda: not _alive(new_pid), 10, every=0.1)
+        _restarted_health_does_not_trust_the_killed_worker(env)
     finally:
         if serve.poll() is None:
             serve.kill()
         log.close()
-        _restarted_health_does_not_trust_the_killed_worker(env)
