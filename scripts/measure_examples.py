@@ -71,7 +71,8 @@ def differences(stored: dict, fresh: dict) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("slugs", nargs="*", help="examples to measure (default: every one)")
-    parser.add_argument("--check", action="store_true", help="measure again and compare with the stored files")
+    parser.add_argument("--check", action="store_true",
+                        help="measure again and compare with the stored files")
     args = parser.parse_args(argv)
     slugs = args.slugs or example_slugs()
     drift = []
