@@ -240,6 +240,8 @@ class RunOut(BaseModel):
     finished_at: Timestamp | None
     heartbeat_at: Timestamp | None
     timings: dict[str, float]
+    dtype: str | None = None  # what the engine computed in ("float32", "bfloat16"); None until it ran
+    device: str | None = None  # where ("cpu", "cuda:0")
     snapshot: RunSnapshot
     results: dict[str, StrategyResultOut]
     attribution: NotesMap | None = None

@@ -277,6 +277,9 @@ class Run(Base):
     finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     heartbeat_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     timings: Mapped[dict[str, float]] = mapped_column(JSON, default=dict)
+    # what the run computed in and where (the engine's report): "bfloat16", "cuda:0"; None until it ran
+    dtype: Mapped[str | None] = mapped_column(String(16))
+    device: Mapped[str | None] = mapped_column(String(64))
     # which notes carry the decision (asked for with the snapshot's `attribution`); None otherwise
     attribution: Mapped[NotesMap | None] = mapped_column(Typed(NotesMap))
 

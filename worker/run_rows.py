@@ -186,9 +186,9 @@ def fail(run_id: int, hostname: str, message: str) -> bool:
 
 
 def succeed(run_id: int, hostname: str, rows: list[RunResult], timings: dict[str, float],
-            attribution: NotesMap | None = None) -> bool:
-    """Results (and the notes map) and `succeeded` in one transaction; nothing is written if the
-    run was cancelled."""
+            attribution: NotesMap | None = None, dtype: str | None = None, device: str | None = None) -> bool:
+    """Results (and the notes map, the dtype and device it computed in) and `succeeded` in one
+    transaction; nothing is written if the run was cancelled."""
     with session() as s:
         run = s.get(Run, run_id, with_for_update=True)
         if run is None or run.status != RunStatus.RUNNING or run.worker != hostname:
@@ -199,6 +199,7 @@ def succeed(run_id: int, hostname: str, rows: list[RunResult], timings: dict[str
         run.finished_at = run.heartbeat_at = now()
         run.timings = {**(run.timings or {}), **timings}
         run.attribution = attribution
+        run.dtype, run.device = dtype or None, device or None
         s.commit()
         return True
 

@@ -65,7 +65,8 @@ def run(self, run_id: int) -> dict[str, Any]:
         timings = {"load_ms": round((t_load - t0) * 1000, 1),
                    "engine_ms": round((t_engine - t_load) * 1000, 1)}
         notes_map = notes_map_record(report.attribution)
-        if run_rows.succeed(run_id, hostname, result_rows(run_id, report), timings, notes_map):
+        if run_rows.succeed(run_id, hostname, result_rows(run_id, report), timings, notes_map,
+                            dtype=report.dtype, device=report.device):
             log.info("run %s succeeded in %.0f ms", run_id, (time.perf_counter() - t0) * 1000)
             return {"run_id": run_id, "status": RunStatus.SUCCEEDED}
         run_rows.stopped(run_id)

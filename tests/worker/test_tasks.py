@@ -184,6 +184,7 @@ def test_run_through_the_queue_equals_the_direct_engine_call(worker: Worker) -> 
     assert progresses == sorted(progresses) and progresses[-1] == 1.0
     assert any(0 < p < 1 for p in progresses), seen  # we saw it in the middle, not only the ends
     assert {"queue_wait_ms", "load_ms", "engine_ms"} <= set(run.timings)
+    assert (run.dtype, run.device) == ("float32", "cpu")  # what the worker computed in, as its report says
 
     eng = load(MODEL, device="cpu")
     i = document.index("active")
