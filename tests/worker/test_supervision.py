@@ -73,7 +73,8 @@ def _worker_row(env: dict[str, str]) -> tuple[str, int] | None:
 
     db = Path(env["KVNOTES_DATA"]) / "kvnotes.db"
     with sqlite3.connect(db) as c:
-        row = c.execute("SELECT name, pid FROM workers WHERE stopped_at IS NULL ORDER BY started_at DESC").fetchone()
+        row = c.execute("SELECT name, pid FROM workers WHERE stopped_at IS NULL "
+                        "ORDER BY started_at DESC").fetchone()
     return (row[0], row[1]) if row else None
 
 
@@ -86,12 +87,15 @@ def test_serve_refuses_a_public_address_without_a_secret_key_or_a_user(tmp_path:
     env["KVNOTES_SECRET_KEY"] = "Vq3xR8mZ2pLw9TfK7cYb4NhJ6sGd1EaU5oXi0QrW"
     done = _kvnotes("serve", "--host", "0.0.0.0", "--port", str(_free_port()), "--no-worker", env=env)
     assert done.returncode == 2 and "kvnotes users add NAME" in done.stderr
-    assert _kvnotes("users", "add", "ops", "--password-stdin", env=env, stdin="a-long-password\n").returncode == 0
+    assert _kvnotes("users", "add", "ops", "--password-stdin", env=env,
+                    stdin="a-long-password\n").returncode == 0
     token = _kvnotes("tokens", "create", "ops", env=env)
-    assert token.returncode == 0 and token.stdout.strip().startswith("kvn_") and len(token.stdout.splitlines()) == 1
+    assert (token.returncode == 0 and token.stdout.strip().startswith("kvn_")
+            and len(token.stdout.splitlines()) == 1)
     port = _free_port()
-    server = subprocess.Popen([sys.executable, "-m", "worker.cli", "serve", "--host", "0.0.0.0", "--port", str(port),
-                               "--no-worker"], env=env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    server = subprocess.Popen([sys.executable, "-m", "worker.cli", "serve", "--host", "0.0.0.0",
+                               "--port", str(port), "--no-worker"],
+                              env=env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         base = f"http://127.0.0.1:{port}"
         _wait("the app", lambda: _get_or_none(base + "/api/health"), 30)
@@ -130,7 +134,8 @@ def test_a_killed_worker_is_replaced_and_a_killed_serve_leaves_no_worker(tmp_pat
     port = _free_port()
     base = f"http://127.0.0.1:{port}"
     log = (tmp_path / "serve.log").open("wb")
-    serve = subprocess.Popen([sys.executable, "-m", "worker.cli", "serve", "--port", str(port), "--model", MODEL],
+    serve = subprocess.Popen([sys.executable, "-m", "worker.cli", "serve",
+                              "--port", str(port), "--model", MODEL],
                              env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
     try:
         _wait("a healthy start", lambda: (_get_or_none(base + "/api/health") or (0,))[0] == 200, 90)
@@ -143,12 +148,15 @@ def test_a_killed_worker_is_replaced_and_a_killed_serve_leaves_no_worker(tmp_pat
         replaced_after = time.monotonic() - t_kill
         new_name, new_pid = _worker_row(env)
         assert new_name != name and new_pid != pid and replaced_after < 30
-        (Path(env["KVNOTES_DATA"]) / "kv" / "index.sqlite").unlink(missing_ok=True)  # the KV store is only a cache
+        # the KV store is only a cache
+        (Path(env["KVNOTES_DATA"]) / "kv" / "index.sqlite").unlink(missing_ok=True)
         nb = _post(base + "/api/notebooks", {"title": "t", "model": MODEL, "text": DOC})[1]["id"]
-        field = {"start": DOC.index("active"), "end": DOC.index("active") + 6, "new_value": "banned", "label": "status"}
+        field = {"start": DOC.index("active"), "end": DOC.index("active") + 6,
+                 "new_value": "banned", "label": "status"}
         assert _post(f"{base}/api/notebooks/{nb}/fields", field)[0] == 201
-        run = _post(f"{base}/api/notebooks/{nb}/runs", {"question": "Can Alice log in?", "choices": ["yes", "no"],
-                                                          "strategies": ["recompute", "stale"]})[1]
+        run = _post(f"{base}/api/notebooks/{nb}/runs",
+                    {"question": "Can Alice log in?", "choices": ["yes", "no"],
+                     "strategies": ["recompute", "stale"]})[1]
         done = _wait("the run", lambda: (r := _get(f"{base}/api/runs/{run['id']}")[1])["status"] in
                      ("succeeded", "failed") and r, 90)
         assert done["status"] == "succeeded", done["error"]
