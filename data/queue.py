@@ -5,8 +5,8 @@ work for it. The broker carries ids only; everything else is in the database. A 
 sent only once its row is committed, under the run's own token (`runs.task_id`, the Celery task id):
 a worker runs a message only for the run that holds its token (`worker.run_rows.claim`), so a
 message whose run was deleted, or never saved, is dropped at once and never starts another run.
-Enqueueing fails fast: if the broker cannot be reached within `broker_connect_timeout_s`, `QueueUnavailable` is
-raised with the reason (routes answer 503 and save nothing), instead of Celery's default of
+Enqueueing fails fast: if the broker cannot be reached within `broker_connect_timeout_s`, `QueueUnavailable`
+is raised with the reason (routes answer 503 and save nothing), instead of Celery's default of
 retrying the publish for as long as it takes.
 """
 
@@ -31,7 +31,9 @@ TASK_REPLAY = "kvnotes.replay"
 TASK_NAMES = (TASK_RUN, TASK_COMPILE_SKILL, TASK_REPLAY)
 
 
-BROKER_DOWN = "the work queue (broker) cannot take work right now; try again shortly (details in the server log)"
+BROKER_DOWN = (
+    "the work queue (broker) cannot take work right now; try again shortly (details in the server log)"
+)
 
 
 class QueueUnavailable(RuntimeError):
@@ -105,8 +107,10 @@ def _send(name: str, kwargs: dict[str, Any], queue: str, task_id: str | None = N
             )
     except Exception as exc:  # any failure to hand over the message means: not enqueued
         # the details (the broker's address, SQL, file paths) go to the log only; the answer is plain
-        log.warning("enqueue failed", extra={"task": name, "queue": queue, "broker": redact(settings.broker_url),
-                                             "reason": f"{type(exc).__name__}: {exc}"})
+        log.warning("enqueue failed", extra={
+            "task": name, "queue": queue, "broker": redact(settings.broker_url),
+            "reason": f"{type(exc).__name__}: {exc}",
+        })
         raise QueueUnavailable(BROKER_DOWN) from exc
     log.info("enqueued", extra={"task": name, "queue": queue, "task_id": task_id, **kwargs})
     return task_id

@@ -61,7 +61,9 @@ class Settings(BaseSettings):
     broker_connect_timeout_s: float = Field(default=3.0, validation_alias="KVNOTES_BROKER_TIMEOUT")
     # How often a worker polls a broker that cannot push (the embedded SQLAlchemy broker; kombu's
     # default is once a second, which a run then waits half of on average). Redis pushes.
-    broker_poll_interval_s: float = Field(default=0.05, gt=0, le=5, validation_alias="KVNOTES_BROKER_POLL_INTERVAL")
+    broker_poll_interval_s: float = Field(
+        default=0.05, gt=0, le=5, validation_alias="KVNOTES_BROKER_POLL_INTERVAL"
+    )
 
     # The worker: the torch device it loads models on ("" = CUDA when available, else the CPU), how
     # long one task may run, and (Redis only) after how long an unacknowledged message is delivered
@@ -84,11 +86,14 @@ class Settings(BaseSettings):
     auth: Literal["auto", "required"] = Field(default="auto", validation_alias="KVNOTES_AUTH")
     bind_host: str = Field(default="127.0.0.1", validation_alias="KVNOTES_BIND_HOST")  # set by `serve`
     allowed_hosts_csv: str = Field(default="", validation_alias="KVNOTES_ALLOWED_HOSTS")
-    https: bool = Field(default=False, validation_alias="KVNOTES_HTTPS")  # served behind TLS: Secure cookies, HSTS
+    # served behind TLS: Secure cookies, HSTS
+    https: bool = Field(default=False, validation_alias="KVNOTES_HTTPS")
     session_max_age_s: int = Field(default=14 * 86400, ge=60, validation_alias="KVNOTES_SESSION_MAX_AGE")
 
     # Work limits: queued + running runs per user, and in all (beyond them: 429 with the reason).
-    max_active_runs_per_user: int = Field(default=8, ge=1, validation_alias="KVNOTES_MAX_ACTIVE_RUNS_PER_USER")
+    max_active_runs_per_user: int = Field(
+        default=8, ge=1, validation_alias="KVNOTES_MAX_ACTIVE_RUNS_PER_USER"
+    )
     max_active_runs: int = Field(default=64, ge=1, validation_alias="KVNOTES_MAX_ACTIVE_RUNS")
     # A worker whose beat is older than this is dead (health says so; its runs are failed).
     worker_stale_s: float = Field(default=30.0, gt=0, validation_alias="KVNOTES_WORKER_STALE_S")
