@@ -81,7 +81,8 @@ def cmd_models(args) -> None:
         print(json.dumps(rows, indent=2))
     else:
         for m in rows:
-            print(f"{m['alias']:<16} {m['family']:<10} {'chat' if m['chat'] else 'base':<5} {m['description']}")
+            print(f"{m['alias']:<16} {m['family']:<10} "
+                  f"{'chat' if m['chat'] else 'base':<5} {m['description']}")
 
 
 def cmd_edit(args) -> None:
@@ -163,7 +164,8 @@ def _fields(document: str, replaces) -> list:
 def _common(p: argparse.ArgumentParser) -> None:
     from worker.engine.models import DEFAULT_MODEL
 
-    p.add_argument("--model", default=DEFAULT_MODEL, help="alias (see `kvnotes models`), local path or hub id")
+    p.add_argument("--model", default=DEFAULT_MODEL,
+                   help="alias (see `kvnotes models`), local path or hub id")
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:1, auto … (default: cuda when available)")
     p.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"],
                    help="default: KVNOTES_DTYPE, else bfloat16 on CUDA and float32 on the CPU")
@@ -179,7 +181,9 @@ def _common(p: argparse.ArgumentParser) -> None:
 def build_parser() -> argparse.ArgumentParser:
     from vocabulary import COMPOSE_INFO, DEFAULT_COMPOSE_STRATEGIES, EDIT_INFO
 
-    parser = argparse.ArgumentParser(prog="kvnotes", description="Edit and compose a language model's notes (KV cache).")
+    parser = argparse.ArgumentParser(
+        prog="kvnotes", description="Edit and compose a language model's notes (KV cache)."
+    )
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("models", help="list the models that can be loaded")
@@ -191,7 +195,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--replace", nargs=2, action="append", metavar=("OLD", "NEW"),
                    help="replace the first occurrence of OLD by NEW (repeatable)")
     p.add_argument("--strategies", default=None, help=_strategy_help(EDIT_INFO, "all"))
-    p.add_argument("--selective", type=float, default=0.15, help="fraction of downstream tokens for `selective`")
+    p.add_argument("--selective", type=float, default=0.15,
+                   help="fraction of downstream tokens for `selective`")
     p.add_argument("--erratum-template", default=None, help="format string with {label}, {old}, {new}")
     p.add_argument("--attribution", action="store_true", help="also map which notes carry the decision")
     _common(p)
@@ -201,7 +206,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--context", required=True)
     p.add_argument("--skill", action="append", required=True, help="a skill text file (repeatable)")
     p.add_argument("--at", default="end", help="'end' or a character offset in the context")
-    p.add_argument("--seam", type=int, default=0, help="recompute the first K skill tokens with the real prefix")
+    p.add_argument("--seam", type=int, default=0,
+                   help="recompute the first K skill tokens with the real prefix")
     p.add_argument("--strategies", default=None,
                    help=_strategy_help(COMPOSE_INFO, ",".join(DEFAULT_COMPOSE_STRATEGIES)))
     _common(p)
@@ -211,7 +217,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--document", required=True)
     p.add_argument("--replace", nargs=2, action="append", metavar=("OLD", "NEW"))
     p.add_argument("--span-tokens", type=int, default=16, help="tokens per patched span where it matters")
-    p.add_argument("--coarse", type=int, default=4, help="first pass in spans of COARSE × span tokens (1: every span)")
+    p.add_argument("--coarse", type=int, default=4,
+                   help="first pass in spans of COARSE × span tokens (1: every span)")
     _common(p)
     p.set_defaults(func=cmd_attribute)
 

@@ -72,16 +72,19 @@ def result_row(run_id: int, strategy: str, result: StrategyResult, attention: At
         row.attention = weights.tobytes()
         row.attention_shape = list(weights.shape)
         row.tokens = [
-            TokenRecord(id=t.id, text=t.text, start=t.start, end=t.end, segment=t.segment) for t in attention.tokens
+            TokenRecord(id=t.id, text=t.text, start=t.start, end=t.end, segment=t.segment)
+            for t in attention.tokens
         ]
         row.decision_index = attention.decision
         row.query_start = attention.query_start
-        row.query_attention = np.ascontiguousarray(attention.query_weights, dtype=np.float16).tobytes()  # [Q, T]
+        # [Q, T]
+        row.query_attention = np.ascontiguousarray(attention.query_weights, dtype=np.float16).tobytes()
     return row
 
 
 def result_rows(run_id: int, report: Report) -> list[RunResult]:
-    return [result_row(run_id, name, result, report.attention.get(name)) for name, result in report.strategies.items()]
+    return [result_row(run_id, name, result, report.attention.get(name))
+            for name, result in report.strategies.items()]
 
 
 def notes_map_record(attribution: Attribution | None) -> NotesMap | None:
@@ -94,5 +97,6 @@ def notes_map_record(attribution: Attribution | None) -> NotesMap | None:
         kl_in_place=attribution.kl_in_place,
         spans=[NotesSpan(start_char=s.start_char, end_char=s.end_char, text=s.text, share=s.share)
                for s in attribution.spans],
-        edits=[EditSpan(start_char=e.start_char, end_char=e.end_char, share=e.share) for e in attribution.edits],
+        edits=[EditSpan(start_char=e.start_char, end_char=e.end_char, share=e.share)
+               for e in attribution.edits],
     )

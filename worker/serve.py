@@ -47,8 +47,10 @@ def startup_problem() -> str | None:
     exposed = not settings.loopback_bind
     where = f"on {settings.bind_host}" if exposed else "with KVNOTES_AUTH=required"
     if exposed and not settings.secret_key:
-        return (f"kvnotes: serving {where} needs KVNOTES_SECRET_KEY (at least {MIN_KEY_CHARS} random characters, "
-                "e.g. `python -c 'import secrets; print(secrets.token_urlsafe(48))'`) and a user (`kvnotes users add NAME`)")
+        return (f"kvnotes: serving {where} needs KVNOTES_SECRET_KEY "
+                f"(at least {MIN_KEY_CHARS} random characters, "
+                "e.g. `python -c 'import secrets; print(secrets.token_urlsafe(48))'`) "
+                "and a user (`kvnotes users add NAME`)")
     try:
         ensure_secret_key()
     except SecretKeyProblem as exc:
@@ -90,7 +92,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if supervisor is not None:
         supervisor.start()
     print(f"kvnotes: open http://{args.host}:{args.port}/  "
-          f"({'no worker' if supervisor is None else f'worker {supervisor.name}'}, models {', '.join(models)})")
+          f"({'no worker' if supervisor is None else f'worker {supervisor.name}'}, "
+          f"models {', '.join(models)})")
     settings = get_settings()
     if not settings.loopback_bind or settings.auth == "required":
         print(f"kvnotes: sign-in required; answering the host names {', '.join(settings.allowed_hosts)} "
@@ -123,13 +126,18 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 def add_commands(subparsers: argparse._SubParsersAction) -> None:
     """Register `serve` and `worker` on the `kvnotes` command line."""
-    p = subparsers.add_parser("serve", help="start the web app and one supervised worker (migrates the database first)")
-    p.add_argument("--host", default="127.0.0.1", help="bind address; anything but loopback needs sign-in (README)")
+    p = subparsers.add_parser(
+        "serve", help="start the web app and one supervised worker (migrates the database first)"
+    )
+    p.add_argument("--host", default="127.0.0.1",
+                   help="bind address; anything but loopback needs sign-in (README)")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument(
-        "--model", default=None, help="model(s) the worker serves, comma-separated (default: every model offered, KVNOTES_MODELS)"
+        "--model", default=None,
+        help="model(s) the worker serves, comma-separated (default: every model offered, KVNOTES_MODELS)",
     )
-    p.add_argument("--name", default=None, help="worker node name (default kvnotes-<model>-<random>@<host>, new each start)")
+    p.add_argument("--name", default=None,
+                   help="worker node name (default kvnotes-<model>-<random>@<host>, new each start)")
     p.add_argument("--no-worker", action="store_true", help="serve the web app only (workers run elsewhere)")
     p.set_defaults(func=cmd_serve)
 

@@ -131,8 +131,8 @@ class WorkerSupervisor:
                 return
             lost = forget_worker(self.name)
             backoff = 1.0 if time.monotonic() - born > HEALTHY_AFTER_S else backoff
-            log.error("worker %s exited (code %s)%s; starting a new one in %.0f s", self.name, self.proc.returncode,
-                      f", runs {lost} failed" if lost else "", backoff)
+            log.error("worker %s exited (code %s)%s; starting a new one in %.0f s",
+                      self.name, self.proc.returncode, f", runs {lost} failed" if lost else "", backoff)
             if self._stopping.wait(backoff):
                 return
             backoff = min(backoff * 2, MAX_BACKOFF_S)

@@ -29,7 +29,8 @@ def eager_attention(model):
 
 
 @torch.inference_mode()
-def capture_attention(model, layers: list[KV], ids: list[int], decision: int) -> tuple[np.ndarray, np.ndarray]:
+def capture_attention(model, layers: list[KV], ids: list[int],
+                      decision: int) -> tuple[np.ndarray, np.ndarray]:
     """Attention of the tokens `ids` fed after the notes `layers` (T = cached + len(ids) tokens).
 
     Returns the decision position's (`ids[decision]`) attention per layer and head, float16

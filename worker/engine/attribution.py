@@ -5,7 +5,8 @@ other token still holds the notes it took about the OLD value. Patch one span of
 notes with its K/V from a full recompute and read the decision again: the share of the gap to
 recompute that the patch closes is that span's attribution,
 
-    share(S) = (KL(recompute ‖ in_place) − KL(recompute ‖ in_place + S from recompute)) / KL(recompute ‖ in_place)
+    share(S) = (KL(recompute ‖ in_place) − KL(recompute ‖ in_place + S from recompute))
+               / KL(recompute ‖ in_place)
 
 and the field's own share is how much of the stale → recompute gap refreshing the field alone closed.
 The paper found the field's own K/V drives under 1% of the decision on its models; this measures it
@@ -72,11 +73,14 @@ def notes_map(model, tokenizer, editor: Editor, full: list[KV], in_place: list[K
         out = []
         for i in range(0, len(bounds), BATCH):
             batch = bounds[i : i + BATCH]
-            for (s, e), row in zip(batch, _first_token_logits(model, _patched(in_place, full, batch), prompt)):
+            for (s, e), row in zip(
+                batch, _first_token_logits(model, _patched(in_place, full, batch), prompt)
+            ):
                 kl = fidelity(ref, row).kl_to_recompute
                 chars = [o for o in editor.new_offsets[s:e] if o[0] >= 0]
                 out.append(SpanShare(s, e, tokenizer.decode(editor.new_ids[s:e]), _share(kl_base, kl), kl,
-                                     min((c[0] for c in chars), default=-1), max((c[1] for c in chars), default=-1)))
+                                     min((c[0] for c in chars), default=-1),
+                                     max((c[1] for c in chars), default=-1)))
         return out
 
     spans = measure(word_spans(starts, first, n, span_tokens * coarse))
@@ -191,13 +195,14 @@ def attribute(engine, document: str, fields: list[Field], question: Question | s
     if len(new_ids) != old.n_tokens:
         engine.require_portable()
     prompt = engine.encode(engine.frame.suffix(question))
-    return notes_map(engine.model, engine.tokenizer, editor, editor.recompute().layers, editor.in_place().layers,
-                     editor.stale().layers, prompt, span_tokens, coarse)
+    return notes_map(engine.model, engine.tokenizer, editor, editor.recompute().layers,
+                     editor.in_place().layers, editor.stale().layers, prompt, span_tokens, coarse)
 
 
 def _stack(caches: list[list[KV]]) -> list[KV]:
     """Caches of equal length side by side: per layer [len(caches), kv_heads, T, head_dim]."""
-    return [(torch.cat([c[i][0] for c in caches]), torch.cat([c[i][1] for c in caches])) for i in range(len(caches[0]))]
+    return [(torch.cat([c[i][0] for c in caches]), torch.cat([c[i][1] for c in caches]))
+            for i in range(len(caches[0]))]
 
 
 def _patched(base: list[KV], donor: list[KV], bounds: list[tuple[int, int]]) -> list[KV]:

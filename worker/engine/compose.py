@@ -99,7 +99,8 @@ def lay_out(context: Notes, skills: list[Notes], at_tokens: list[int]) -> Layout
     return Layout(tuple(at_tokens), tuple(order), tuple(spans), tuple(ids), tuple(offsets), tuple(segments))
 
 
-def splice_all(model, context: Notes, skills: list[Notes], layout: Layout, seams: list[int] | None = None) -> Notes:
+def splice_all(model, context: Notes, skills: list[Notes], layout: Layout,
+               seams: list[int] | None = None) -> Notes:
     """Every skill spliced into `context` as `layout` says (one copy per layer), then the first
     `seams[i]` tokens of skill i recomputed with the real prefix before them (one forward)."""
     pieces = []

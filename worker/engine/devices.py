@@ -21,7 +21,9 @@ class DeviceError(EngineError):
 
 
 # The dtypes a model can run in (`KVNOTES_DTYPE`, `--dtype`).
-DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16
+}
 AUTO = "auto"  # the device that spreads a model over every GPU (then the CPU): accelerate's device_map
 
 
@@ -41,8 +43,8 @@ def resolve_device(device: str | None) -> str:
     if dev.type == "cuda":
         count = torch.cuda.device_count()
         if count == 0:
-            raise DeviceError(f"device {device!r} is not there: torch {torch.__version__} sees no CUDA device "
-                              "(a CPU build, or no GPU); use --device cpu")
+            raise DeviceError(f"device {device!r} is not there: torch {torch.__version__} sees no CUDA "
+                              "device (a CPU build, or no GPU); use --device cpu")
         if dev.index is not None and dev.index >= count:
             raise DeviceError(f"device {device!r} is not there: torch sees {count} CUDA device(s), "
                               f"cuda:0 to cuda:{count - 1}")
@@ -154,6 +156,8 @@ def parse_max_memory(text: str) -> dict[int | str, str] | None:
         try:
             convert_file_size_to_int(amount)
         except ValueError:
-            raise DeviceError(f"max memory {part.strip()!r}: {amount!r} is not a size (e.g. 70GiB, 500MB)") from None
+            raise DeviceError(
+                f"max memory {part.strip()!r}: {amount!r} is not a size (e.g. 70GiB, 500MB)"
+            ) from None
         out[int(device) if device.isdigit() else device] = amount
     return out

@@ -9,10 +9,10 @@ recompute:
 | recompute       | every token (the oracle)                                       |
 | prefix_reuse    | every token from the first change on (exact, a serving engine's prefix cache) |
 | stale           | nothing                                                        |
-| in_place        | the changed blocks; equal blocks keep their old K/V, keys re-rotated by the length change Δ |
+| in_place        | the changed blocks; equal blocks keep their K/V, keys re-rotated by the length change Δ |
 | erratum         | an appended correction only                                    |
 | field_erratum   | in_place + the appended correction                             |
-| selective       | in_place + the top fraction of downstream tokens whose notes moved most (CacheBlend-like) |
+| selective       | in_place + top fraction of downstream tokens whose notes moved most (CacheBlend-like) |
 
 `selective` ranks downstream tokens by CacheBlend's rule (`worker.engine.selective`): decoder layer 0
 is re-run over the tokens after the first change, each reused token is scored by how far its layer-1
@@ -120,7 +120,8 @@ class Editor:
         self.blocks = diff_blocks(old.token_ids, new_ids)
 
     def _surgery(self, layers: list[KV], computed: int, detail: str = "") -> Surgery:
-        return Surgery(layers, list(self.new_ids), list(self.new_segments), list(self.new_offsets), computed, detail)
+        return Surgery(layers, list(self.new_ids), list(self.new_segments), list(self.new_offsets),
+                       computed, detail)
 
     def recompute(self) -> Surgery:
         return self._surgery(extend(self.model, None, self.new_ids), len(self.new_ids))
@@ -193,7 +194,8 @@ class Editor:
 
     def _placeholder(self, b: Block) -> list[KV]:
         """Zeros where a changed block goes: recomputed before anything reads it."""
-        return [(k.new_zeros(*k.shape[:2], b.j2 - b.j1, k.shape[3]), v.new_zeros(*v.shape[:2], b.j2 - b.j1, v.shape[3]))
+        return [(k.new_zeros(*k.shape[:2], b.j2 - b.j1, k.shape[3]),
+                 v.new_zeros(*v.shape[:2], b.j2 - b.j1, v.shape[3]))
                 for k, v in self.old.layers]
 
     def erratum(self, erratum_ids: list[int]) -> Surgery:
@@ -203,6 +205,7 @@ class Editor:
 
     def field_erratum(self, erratum_ids: list[int], defer: bool = False) -> Surgery:
         base = self.in_place(defer)
-        return Surgery(base.layers, base.token_ids + erratum_ids, base.segments + ["erratum"] * len(erratum_ids),
+        return Surgery(base.layers, base.token_ids + erratum_ids,
+                       base.segments + ["erratum"] * len(erratum_ids),
                        base.offsets + [(-1, -1)] * len(erratum_ids), base.tokens_computed + len(erratum_ids),
                        pending=list(erratum_ids), deferred=base.deferred)

@@ -157,7 +157,8 @@ def _convert_gguf(alias: str, tmp: Path) -> None:
     out = tmp / "model"
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
-    marker = {"alias": alias, "source": source, "gguf": gguf.name, "seconds": round(time.perf_counter() - t0, 1)}
+    marker = {"alias": alias, "source": source, "gguf": gguf.name,
+              "seconds": round(time.perf_counter() - t0, 1)}
     (out / CONVERTED_MARKER).write_text(json.dumps(marker, indent=2))
     for f in out.iterdir():
         f.chmod(0o644)  # some writers create 0600 files; a shared data folder must be readable
@@ -251,7 +252,8 @@ def load_model(
             f"known aliases: {', '.join(known_aliases())}"
         ) from e
     family = getattr(model.config, "model_type", "unknown")
-    return model, tokenizer, ModelInfo(name, family, source, f"{family} model from {source}", bool(tokenizer.chat_template))
+    return model, tokenizer, ModelInfo(name, family, source, f"{family} model from {source}",
+                                       bool(tokenizer.chat_template))
 
 
 @functools.cache
@@ -285,7 +287,8 @@ def _load_pretrained(
         model = AutoModelForCausalLM.from_pretrained(source, attn_implementation="sdpa", **kwargs)
     except ValueError as exc:
         if "offload" in str(exc) or "disk" in str(exc):
-            raise DeviceError(f"model {source!r} is too big for the memory given ({max_memory or 'every device'}): "
+            raise DeviceError(f"model {source!r} is too big for the memory given "
+                              f"({max_memory or 'every device'}): "
                               "part of it would be offloaded to disk; give more memory, more GPUs or a "
                               "smaller dtype") from None
         model = AutoModelForCausalLM.from_pretrained(source, **kwargs)  # architecture without SDPA support

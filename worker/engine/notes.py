@@ -77,7 +77,9 @@ class Notes:
         if self.rope is None:
             from worker.engine.rope import NotPortableError
 
-            raise NotPortableError(self.immobile_reason or "these notes carry no RoPE description, so they cannot be moved")
+            raise NotPortableError(
+                self.immobile_reason or "these notes carry no RoPE description, so they cannot be moved"
+            )
         if delta == 0:
             return self
         layers = [

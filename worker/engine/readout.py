@@ -147,7 +147,8 @@ def _mask(past: int, deferred: Deferred | None, owner: list[int], device: torch.
     if deferred is not None:
         pos, n_def = torch.tensor(deferred.positions, device=device), len(deferred.positions)
         cached[:, pos] = False  # nobody reads the stale K/V at a deferred position
-        cached[:n_def] &= torch.arange(past, device=device)[None, :] < pos[:, None]  # a deferred row: the notes before it
+        # a deferred row: the notes before it
+        cached[:n_def] &= torch.arange(past, device=device)[None, :] < pos[:, None]
         new[n_def:, :n_def] = True  # every later row sees every deferred one (tril covers deferred rows)
     return torch.cat([cached, new], dim=1)[None, None]
 
@@ -223,14 +224,16 @@ def _one_pass_readout(model, tokenizer, frame: Frame, base: list[KV], prompt: li
                    deferred_kv=_deferred_kv(cache, deferred))
 
 
-def _prompt_forward(model, base: list[KV], prompt: list[int], deferred: Deferred) -> tuple[torch.Tensor, object, list[KV]]:
+def _prompt_forward(model, base: list[KV], prompt: list[int],
+                    deferred: Deferred) -> tuple[torch.Tensor, object, list[KV]]:
     """The deferred rows and the prompt in one forward; (logits [vocab] after the prompt, a cache of
     the completed notes + the prompt to keep generating from, the deferred rows' K/V)."""
     logits, _, cache = _branches(model, base, prompt, [], deferred)
     fresh = _deferred_kv(cache, deferred)
     n = len(deferred.positions)
     tails = [(layer.tail_keys[:, :, n:], layer.tail_values[:, :, n:]) for layer in cache.layers]
-    after = cache_from_layers(fill(base, deferred, fresh), model)  # the strategy's own notes, completed in place
+    # the strategy's own notes, completed in place
+    after = cache_from_layers(fill(base, deferred, fresh), model)
     for layer, (k, v) in zip(after.layers, tails):
         layer.tail_keys, layer.tail_values = k, v
     return logits, after, fresh
@@ -245,7 +248,8 @@ def decide(model, tokenizer, frame: Frame, cache, suffix_ids: list[int], questio
     `deferred_kv` completes the notes (`fill`)."""
     prompt = list(pending) + list(suffix_ids)
     if deferred is not None and has_sliding_window(model):
-        raise ValueError("a sliding-window model cannot defer tokens to the readout (one mask cannot carry its windows)")
+        raise ValueError("a sliding-window model cannot defer tokens to the readout "
+                         "(one mask cannot carry its windows)")
     if question.choices and not question.cot and not has_sliding_window(model):
         return _one_pass_readout(model, tokenizer, frame, layers_of(cache), prompt, question, deferred)
     fresh = None
@@ -257,7 +261,8 @@ def decide(model, tokenizer, frame: Frame, cache, suffix_ids: list[int], questio
     reasoning: list[int] = []
     if question.cot:
         reasoning = _greedy(model, tokenizer, logits, cache, max(question.max_new_tokens, 48))
-        cue = tokenizer(ANSWER_CUE if question.choices else ANSWER_CUE + " ", add_special_tokens=False)["input_ids"]
+        cue = tokenizer(ANSWER_CUE if question.choices else ANSWER_CUE + " ",
+                        add_special_tokens=False)["input_ids"]
         reasoning += cue
         logits = _forward(model, cue, cache)
     text = tokenizer.decode(reasoning, skip_special_tokens=True) if question.cot else ""
@@ -267,7 +272,8 @@ def decide(model, tokenizer, frame: Frame, cache, suffix_ids: list[int], questio
         chosen = _choice_ids(tokenizer, frame, [decision])[0]
         return Readout(logits=logits, decision=decision, choice_probs=probs, text=text,
                        answer_ids=reasoning + chosen, first_token_at=first_token_at, deferred_kv=fresh)
-    generated = _greedy(model, tokenizer, logits, cache_from_layers(layers_of(cache), model), question.max_new_tokens)
+    generated = _greedy(model, tokenizer, logits, cache_from_layers(layers_of(cache), model),
+                        question.max_new_tokens)
     answer = tokenizer.decode(generated, skip_special_tokens=True).strip()
     full = f"{text.rstrip()} {answer}" if question.cot else answer
     return Readout(logits=logits, decision=answer.split("\n")[0].strip(), choice_probs={}, text=full,

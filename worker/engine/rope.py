@@ -83,7 +83,8 @@ def rope_layout(model: nn.Module) -> RopeLayout:
         )
     if name in _INTERLEAVED:
         raise NotPortableError(
-            f"model type '{name}' uses interleaved (GPT-J style) rotary pairs, which kvnotes does not re-rotate"
+            f"model type '{name}' uses interleaved (GPT-J style) rotary pairs, "
+            "which kvnotes does not re-rotate"
         )
     n_layers = config.num_hidden_layers
     layer_types = list(getattr(config, "layer_types", None) or ["full_attention"] * n_layers)
@@ -103,7 +104,9 @@ def rope_layout(model: nn.Module) -> RopeLayout:
         inv_freq = inv_freq.detach().to(torch.float32).cpu()
         rotary_dim = 2 * inv_freq.shape[0]
         if rotary_dim > head_dim:
-            raise NotPortableError(f"model type '{name}': rotary dimension {rotary_dim} > head dim {head_dim}")
+            raise NotPortableError(
+                f"model type '{name}': rotary dimension {rotary_dim} > head dim {head_dim}"
+            )
         layers.append(LayerRope(inv_freq=inv_freq, rotary_dim=rotary_dim, layer_type=layer_type))
     return RopeLayout(layers=tuple(layers))
 

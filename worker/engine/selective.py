@@ -24,7 +24,8 @@ from worker.engine.forward import cut, extend, join, join_all
 from worker.engine.notes import KV, cache_from_layers
 from worker.engine.split_attention import NotesLayer, forget_pending
 
-SELECTION_LAYERS = 2  # layer 0 is re-run; tokens are ranked by the K/V of layer 1 (CacheBlend's "first layer")
+# layer 0 is re-run; tokens are ranked by the K/V of layer 1 (CacheBlend's "first layer")
+SELECTION_LAYERS = 2
 GAP_MERGE = 4  # run by run: selected tokens this close together are recomputed as one run
 
 

@@ -27,10 +27,11 @@ returns the log-sum-exp).
 The joined path is what CUDA takes: the notes and the new block are joined and SDPA attends over
 them, a plain causal forward under a lower-right causal bias (`joined_causal`: no [L, S] mask is
 materialised, so CUDA keeps its fused kernels; SDPA's own `is_causal` aligns top-left, wrong after
-cached notes), any other mask as given. `install(model, joined=…)` chooses it; by default a model joins off the CPU and in
-any dtype but float32: in bfloat16 the split parts are each rounded to bf16 before the merge, which
-measured KL 3.7e-3 between prefix_reuse and recompute on smollm2-135m where the joined path gives 0
-(docs/benchmarks.md). Tests run the joined path on the CPU against the split one.
+cached notes), any other mask as given. `install(model, joined=…)` chooses it; by default a model
+joins off the CPU and in any dtype but float32: in bfloat16 the split parts are each rounded to bf16
+before the merge, which measured KL 3.7e-3 between prefix_reuse and recompute on smollm2-135m where
+the joined path gives 0 (docs/benchmarks.md). Tests run the joined path on the CPU against the split
+one.
 """
 
 from __future__ import annotations
@@ -171,7 +172,8 @@ def _take_notes(module, key: torch.Tensor) -> NotesLayer | None:
 
 # ---- the two parts ------------------------------------------------------------------------------
 
-ROW_GROUPS = 8  # a masked cached part is cut into this many row groups, each reading keys up to its last visible one
+# a masked cached part is cut into this many row groups, each reading keys up to its last visible one
+ROW_GROUPS = 8
 
 
 @dataclass
@@ -199,7 +201,8 @@ def _visible(mask: torch.Tensor) -> torch.Tensor:
     return mask if mask.dtype == torch.bool else mask > torch.finfo(mask.dtype).min / 2
 
 
-def _bias_of(sees: torch.Tensor, dtype: torch.dtype, rep: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+def _bias_of(sees: torch.Tensor, dtype: torch.dtype,
+             rep: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """(additive bias, blind rows) of a visibility mask [B|1, 1, M, S], repeated `rep` times along
     the rows for folded heads; (None, None) when everything is visible."""
     if bool(sees.all()):
@@ -234,7 +237,8 @@ def _plan(mask: torch.Tensor | None, p: int, n: int, dtype: torch.dtype, rep: in
 
 
 def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None,
-            blind: torch.Tensor | None, causal: bool, scale: float | None) -> tuple[torch.Tensor, torch.Tensor]:
+            blind: torch.Tensor | None, causal: bool,
+            scale: float | None) -> tuple[torch.Tensor, torch.Tensor]:
     """q [B, h, M, d] against k, v [B, h, S, d] (same heads) → out [B, h, M, d], lse [B, h, M]
     (float32; −inf for a `blind` row, which sees no key)."""
     out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
@@ -261,7 +265,8 @@ def _cached_part(q, k, v, pieces: list[_Piece], scale):
             continue
         rows = q[:, :, piece.start:piece.end] if len(pieces) > 1 else q
         folded = rows.reshape(b, kv, rep * n, d)  # row r·n + l of group g = head g·rep + r, query l
-        out, lse = _attend(folded, k[:, :, :piece.keys], v[:, :, :piece.keys], piece.bias, piece.blind, False, scale)
+        out, lse = _attend(folded, k[:, :, :piece.keys], v[:, :, :piece.keys], piece.bias, piece.blind,
+                           False, scale)
         outs.append(out.reshape(b, h, n, d))
         lses.append(lse.reshape(b, h, n))
     if len(outs) == 1:
@@ -279,7 +284,8 @@ def _new_part(q, k, v, bias, blind, scale):
         return _attend(q, k, v, None, blind, n > 1, scale)
     if bias is None and n > 1:
         sees = torch.ones(n, t, dtype=torch.bool, device=q.device).tril(t - n)
-        bias = torch.zeros(n, t, dtype=q.dtype, device=q.device).masked_fill_(~sees, float("-inf"))[None, None]
+        bias = (torch.zeros(n, t, dtype=q.dtype, device=q.device)
+                .masked_fill_(~sees, float("-inf"))[None, None])
     return _attend(q, k, v, bias, blind, False, scale)
 
 

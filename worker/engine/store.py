@@ -147,9 +147,11 @@ class KVStore:
         _check_shapes(layers, len(ids))
         if segments and (len(segments) != len(ids) or any("," in s for s in segments)):
             raise ValueError(f"segments: one comma-free word per token ({len(ids)}), got {len(segments)}")
-        return self._guarded("writing notes", None, self._put, model_key, ids, layers, segments, first_position)
+        return self._guarded("writing notes", None, self._put, model_key, ids, layers, segments,
+                             first_position)
 
-    def _put(self, model_key: str, ids: list[int], layers: Layers, segments: Sequence[str], first_position: int) -> str:
+    def _put(self, model_key: str, ids: list[int], layers: Layers, segments: Sequence[str],
+             first_position: int) -> str:
         block_keys = self._block_keys(model_key, ids)
         known = self.index.known(block_keys)
         written: list[tuple[str, str, int]] = []
@@ -183,7 +185,8 @@ class KVStore:
         """The longest stored block prefix of `token_ids`: (n_tokens, layers cut to n_tokens).
 
         Counts one hit per block found and one miss per full block of the query not found."""
-        return self._guarded("reading notes", (0, None), self._get_prefix, model_key, [int(t) for t in token_ids])
+        return self._guarded("reading notes", (0, None), self._get_prefix, model_key,
+                             [int(t) for t in token_ids])
 
     def _get_prefix(self, model_key: str, ids: list[int]) -> tuple[int, Layers | None]:
         block_keys = self._block_keys(model_key, ids)

@@ -46,7 +46,8 @@ class CacheGuard:
         kind = f"{what}:{type(exc).__name__}:{getattr(exc, 'errno', '')}"
         if kind not in self._logged:
             self._logged.add(kind)
-            log.warning("kv store: %s failed (%s: %s); runs compute without the cache", what, type(exc).__name__, exc)
+            log.warning("kv store: %s failed (%s: %s); runs compute without the cache",
+                        what, type(exc).__name__, exc)
         if cooldown:
             self._down_until = time.monotonic() + COOLDOWN_S
 
@@ -62,7 +63,8 @@ def quarantine(index_path: Path) -> Path | None:
         return None
     folder = index_path.parent / "quarantine"
     folder.mkdir(exist_ok=True)
-    target = folder / f"{index_path.stem}-{time.strftime('%Y%m%d-%H%M%S')}-{time.monotonic_ns() % 10**6}.sqlite"
+    target = folder / (f"{index_path.stem}-{time.strftime('%Y%m%d-%H%M%S')}"
+                       f"-{time.monotonic_ns() % 10**6}.sqlite")
     for suffix in ("", "-wal", "-shm"):
         part = Path(str(index_path) + suffix)
         if part.exists():

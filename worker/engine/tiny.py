@@ -22,7 +22,8 @@ BYTE_OFFSET = 3
 
 def _byte_to_unicode() -> list[str]:
     """GPT-2's printable stand-in for each byte value (what the ByteLevel pre-tokenizer emits)."""
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
+                 *range(ord("®"), ord("ÿ") + 1)]
     chars, extra = [], 0
     for b in range(256):
         if b in printable:
@@ -140,7 +141,8 @@ def _tiny_llama3() -> PretrainedConfig:
 def _tiny_yarn() -> PretrainedConfig:
     from transformers import LlamaConfig
 
-    rope = {"rope_type": "yarn", "rope_theta": 10_000.0, "factor": 4.0, "original_max_position_embeddings": 2048}
+    rope = {"rope_type": "yarn", "rope_theta": 10_000.0, "factor": 4.0,
+            "original_max_position_embeddings": 2048}
     return LlamaConfig(**_common(rope_parameters=rope))
 
 
