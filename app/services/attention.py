@@ -195,11 +195,16 @@ class MovedHead:
     moved: float  # total variation against recompute's same head, 0..1
 
 
+MOVED_AT_LEAST = 0.005  # a head whose attention moved less than 0.5% has not moved: it is not named
+
+
 def heads_moved_most(comparison: HeadComparison, n: int = 3) -> list[MovedHead]:
-    """The `n` heads whose decision attention moved furthest from recompute's."""
+    """The `n` heads whose decision attention moved furthest from recompute's, leaving out heads
+    that moved less than `MOVED_AT_LEAST` (an exact strategy names none)."""
     diff = comparison.head_diff
     order = np.argsort(diff, axis=None)[::-1][:n]
-    return [MovedHead(int(i // diff.shape[1]), int(i % diff.shape[1]), float(diff.flat[i])) for i in order]
+    return [MovedHead(int(i // diff.shape[1]), int(i % diff.shape[1]), float(diff.flat[i])) for i in order
+            if diff.flat[i] >= MOVED_AT_LEAST]
 
 
 def run_attention_regions(session: Session, run_id: int, fields: Iterable[tuple[int, int]]) -> dict[str, RegionShares]:

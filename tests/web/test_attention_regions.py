@@ -78,6 +78,9 @@ def test_the_heads_that_moved_most_are_ranked_against_recompute(real_run):
     assert len(moved) == 3 and moved[0].moved == pytest.approx(float(diff.max()))
     assert moved[0].moved >= moved[1].moved >= moved[2].moved > 0
     assert diff[moved[0].layer, moved[0].head] == pytest.approx(moved[0].moved)
+    # attention that did not move names no head (not "layer 14 head 8, 0% moved")
+    same = compare_heads(results["recompute"], results["recompute"], "recompute")
+    assert float(same.head_diff.max()) == 0.0 and heads_moved_most(same) == []
 
 
 def _finished(client):
