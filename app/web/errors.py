@@ -19,7 +19,8 @@ TITLES = {
 }
 
 
-def error_page(request: Request, status: int, message: str, headers: dict[str, str] | None = None) -> Response:
+def error_page(request: Request, status: int, message: str,
+               headers: dict[str, str] | None = None) -> Response:
     response = render(request, "error.html", status, status=status, title=TITLES.get(status, "Error"),
                       message=message)
     for name, value in (headers or {}).items():

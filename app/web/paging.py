@@ -57,7 +57,8 @@ class Page:
         return self.path + query + (f"#{self.fragment}" if self.fragment else "")
 
 
-def paginate(session: Session, query: Select, number: int, size: int, path: str, **options) -> tuple[Page, list]:
+def paginate(session: Session, query: Select, number: int, size: int, path: str,
+             **options) -> tuple[Page, list]:
     """The `number`-th page of `query` (ordered by the caller) and its rows (scalars when the query
     selects one entity or column, else rows); `number` past the end gives the last page."""
     total = session.scalar(select(func.count()).select_from(query.order_by(None).subquery())) or 0

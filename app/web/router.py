@@ -17,6 +17,6 @@ from app.web.serving import pages as serving_pages
 from app.web.skills import pages as skill_pages
 
 router = APIRouter(include_in_schema=False)
-for _module in (account_pages, notebook_pages, manage_pages, run_pages, export_pages, present_pages, compare_pages,
-                skill_pages, serving_pages, components, home_pages):
+for _module in (account_pages, notebook_pages, manage_pages, run_pages, export_pages, present_pages,
+                compare_pages, skill_pages, serving_pages, components, home_pages):
     router.include_router(_module.router, include_in_schema=False)

@@ -61,7 +61,8 @@ def fmt_when(value: datetime | None) -> str:
 
 templates.env.filters.update(approx_tokens=approx_tokens, ms=fmt_ms, f=fmt_float, when=fmt_when)
 templates.env.globals.update(
-    STRATEGIES=STRATEGIES, STRATEGY_HELP=STRATEGY_HELP, DEFAULT_STRATEGIES=DEFAULT_STRATEGIES, HTMX_FILE=HTMX_FILE,
+    STRATEGIES=STRATEGIES, STRATEGY_HELP=STRATEGY_HELP, DEFAULT_STRATEGIES=DEFAULT_STRATEGIES,
+    HTMX_FILE=HTMX_FILE,
     STRATEGY_INFO=EDIT_INFO, REFERENCE=REFERENCE,  # the run form reads each strategy's descriptor
 )
 

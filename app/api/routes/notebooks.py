@@ -39,10 +39,12 @@ def create_notebook(body: NotebookCreate, session: SessionDep, principal: Princi
 @router.get("/notebooks", response_model=list[NotebookSummary])
 def list_notebooks(
     session: SessionDep,
-    limit: int = Query(default=100, ge=1, le=1000, description="at most this many, most recently edited first"),
+    limit: int = Query(default=100, ge=1, le=1000,
+                       description="at most this many, most recently edited first"),
     offset: int = Query(default=0, ge=0, le=2**62, description="skip this many"),
 ) -> list[Notebook]:
-    query = select(Notebook).order_by(Notebook.updated_at.desc(), Notebook.id.desc()).limit(limit).offset(offset)
+    query = (select(Notebook).order_by(Notebook.updated_at.desc(), Notebook.id.desc())
+             .limit(limit).offset(offset))
     return list(session.scalars(query))
 
 
@@ -65,8 +67,8 @@ def update_notebook(notebook_id: int, body: NotebookPatch, session: SessionDep) 
     return notebook_out(notebook)
 
 
-@router.post("/notebooks/{notebook_id}/duplicate", response_model=NotebookOut, status_code=status.HTTP_201_CREATED,
-             responses=errors(404))
+@router.post("/notebooks/{notebook_id}/duplicate", response_model=NotebookOut,
+             status_code=status.HTTP_201_CREATED, responses=errors(404))
 def duplicate_notebook(notebook_id: int, session: SessionDep, principal: PrincipalDep) -> NotebookOut:
     """A copy with the same document, fields, errata, skill placements and question; no runs."""
     copy = actions.duplicate_notebook(session, get_or_404(session, Notebook, notebook_id, "notebook"),

@@ -77,7 +77,8 @@ def list_runs(
     offset: int = Query(default=0, ge=0, le=2**62, description="skip this many"),
 ) -> list[Run]:
     get_or_404(session, Notebook, notebook_id, "notebook")
-    query = select(Run).where(Run.notebook_id == notebook_id).order_by(Run.id.desc()).limit(limit).offset(offset)
+    query = (select(Run).where(Run.notebook_id == notebook_id).order_by(Run.id.desc())
+             .limit(limit).offset(offset))
     return list(session.scalars(query))
 
 
@@ -121,7 +122,9 @@ def read_attention(
     layer: int | None = Query(default=None, ge=0),
     head: int | None = Query(default=None, ge=0),
     agg: Literal["mean", "max"] | None = None,
-    query: int | None = Query(default=None, ge=0, description="index of a question or answer token; default: the decision"),
+    query: int | None = Query(
+        default=None, ge=0, description="index of a question or answer token; default: the decision"
+    ),
 ) -> AttentionOut:
     """Where a token looked over the others. The decision (the default query) has a map per layer
     and head: `layer` and `head` pick one, a missing one is aggregated over (`agg`, default mean).
@@ -131,7 +134,9 @@ def read_attention(
     try:
         view = attention_vector(result, strategy, layer, head, agg, query)
     except NoAttention:
-        raise HTTPException(status_code=404, detail=f"run {run_id} has no attention for strategy {strategy}") from None
+        raise HTTPException(
+            status_code=404, detail=f"run {run_id} has no attention for strategy {strategy}"
+        ) from None
     return AttentionOut(
         run_id=run_id, strategy=strategy, layer=view.layer, head=view.head, agg=view.agg,  # type: ignore[arg-type]
         shape=view.shape, query=view.query, decision=view.decision, query_start=view.query_start,

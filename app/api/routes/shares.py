@@ -24,8 +24,9 @@ class ShareOut(BaseModel):
 
 
 def share_out(link: ShareLink) -> ShareOut:
-    return ShareOut(id=link.id, run_id=link.run_id, url=f"/share/{share_token(link)}", created_by=link.created_by,
-                    created_at=link.created_at, revoked=link.revoked_at is not None)
+    return ShareOut(id=link.id, run_id=link.run_id, url=f"/share/{share_token(link)}",
+                    created_by=link.created_by, created_at=link.created_at,
+                    revoked=link.revoked_at is not None)
 
 
 @router.post("/runs/{run_id}/shares", response_model=ShareOut, status_code=status.HTTP_201_CREATED,

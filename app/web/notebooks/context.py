@@ -23,7 +23,8 @@ from data.models import Notebook, Run, Skill
 def latest_tokens(session: Session, notebook: Notebook) -> tuple[Run | None, list[TokenRecord]]:
     """The newest succeeded run of this notebook on this very document, and its fitting tokens."""
     runs = session.scalars(
-        select(Run).where(Run.notebook_id == notebook.id, Run.status == "succeeded").order_by(Run.id.desc()).limit(5)
+        select(Run).where(Run.notebook_id == notebook.id, Run.status == "succeeded")
+        .order_by(Run.id.desc()).limit(5)
     )
     for run in runs:
         if run.snapshot.document == notebook.document:
@@ -42,20 +43,23 @@ def decision_summary(session: Session, run: Run | None) -> dict[str, Any] | None
     if run is None or run.status != "succeeded" or not run.results:
         return None
     context = run_context(session, run)
-    return {"run_id": run.id, "headline": context["headline"], "rows": [r for r in context["rows"] if r.result]}
+    return {"run_id": run.id, "headline": context["headline"],
+            "rows": [r for r in context["rows"] if r.result]}
 
 
-def notebook_context(session: Session, notebook: Notebook, history_number: int = 1, **extra: Any) -> dict[str, Any]:
+def notebook_context(session: Session, notebook: Notebook, history_number: int = 1,
+                     **extra: Any) -> dict[str, Any]:
     token_run, tokens = latest_tokens(session, notebook)
     doc_token_count = sum(1 for t in tokens if t.segment == "document")
     skills = list(
         session.scalars(
-            select(Skill).where(Skill.model == notebook.model, Skill.status == "compiled").order_by(Skill.name)
+            select(Skill).where(Skill.model == notebook.model, Skill.status == "compiled")
+            .order_by(Skill.name)
         )
     )
     runs = select(Run).where(Run.notebook_id == notebook.id).order_by(Run.id.desc())
-    history_page, history = paginate(session, runs, history_number, HISTORY_PER_PAGE, f"/notebooks/{notebook.id}",
-                                     param="history", fragment="history")
+    history_page, history = paginate(session, runs, history_number, HISTORY_PER_PAGE,
+                                     f"/notebooks/{notebook.id}", param="history", fragment="history")
     recent_runs = history if history_page.number == 1 else list(session.scalars(runs.limit(HISTORY_PER_PAGE)))
     context: dict[str, Any] = {
         "notebook": notebook,

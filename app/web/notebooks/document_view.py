@@ -85,7 +85,8 @@ def build_document_view(
                 shift = exact if exact is not None else approx_tokens(document[:pos])
                 at_end = thing.position is None
                 view.pieces.append(
-                    Piece("placement", pos, pos, placement=thing, shift=shift, shift_exact=exact is not None, at_end=at_end)
+                    Piece("placement", pos, pos, placement=thing, shift=shift, shift_exact=exact is not None,
+                          at_end=at_end)
                 )
 
     live = [f for f in sorted(fields, key=lambda f: f.start) if 0 <= f.start < f.end <= length]

@@ -97,7 +97,8 @@ def read_spec(slug: str, directory: Path = EXAMPLES_DIR) -> ExampleSpec:
         data: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
         document = str(data["document"])
         fields = tuple(SpecField(at := _find(document, f["find"], "field", slug), at + len(f["find"]),
-                                 str(f["new_value"]), str(f.get("label", ""))) for f in data.get("fields", []))
+                                 str(f["new_value"]), str(f.get("label", "")))
+                       for f in data.get("fields", []))
         skills = tuple(SpecSkill(s["name"], s["text"], None if s.get("position_find") is None
                                  else _find(document, s["position_find"], "skill position", slug))
                        for s in data.get("skills", []))
@@ -105,7 +106,8 @@ def read_spec(slug: str, directory: Path = EXAMPLES_DIR) -> ExampleSpec:
         if isinstance(exc, ExampleError):
             raise
         raise ExampleError(f"example {slug}: {type(exc).__name__} {exc}") from None
-    return ExampleSpec(slug, str(data.get("title", slug)), str(data.get("model") or get_settings().default_model),
+    return ExampleSpec(slug, str(data.get("title", slug)),
+                       str(data.get("model") or get_settings().default_model),
                        str(data.get("description", "")), document, fields, str(data.get("question") or ""),
                        tuple(str(c) for c in data.get("choices") or ()), bool(data.get("cot")), skills)
 
@@ -194,7 +196,8 @@ def opened_examples(session: Session, slugs: list[str]) -> dict[str, Notebook]:
     return {nb.example or "": nb for nb in session.scalars(select(Notebook).where(Notebook.id.in_(newest)))}
 
 
-def load_example(session: Session, slug: str, directory: Path = EXAMPLES_DIR, created_by: str = LOCAL_USER) -> Notebook:
+def load_example(session: Session, slug: str, directory: Path = EXAMPLES_DIR,
+                 created_by: str = LOCAL_USER) -> Notebook:
     """Create the notebook of `examples/<slug>.json` (committed by the caller)."""
     spec = read_spec(slug, directory)
     notebook = create_notebook(session, spec.title, spec.model, spec.document, created_by)
@@ -204,5 +207,6 @@ def load_example(session: Session, slug: str, directory: Path = EXAMPLES_DIR, cr
     if spec.question:
         set_question(notebook, spec.question, list(spec.choices), spec.cot)
     for s in spec.skills:
-        add_placement(notebook, _skill(session, s.name, s.text, spec.model, created_by), s.position, compiling_ok=True)
+        add_placement(notebook, _skill(session, s.name, s.text, spec.model, created_by), s.position,
+                      compiling_ok=True)
     return notebook

@@ -48,7 +48,8 @@ def _index(request: Request, session: SessionDep, status: int = 200, page: int =
 def index(request: Request, session: SessionDep, page: int = page_param(), deleted: str | None = None,
           runs: int | None = Query(default=None, ge=0)) -> Response:
     """The notebooks, a page at a time; after a delete, says what went (`deleted`, `runs`)."""
-    return _index(request, session, page=page, deleted=deleted[:200] if deleted else None, deleted_runs=runs or 0)
+    return _index(request, session, page=page, deleted=deleted[:200] if deleted else None,
+                  deleted_runs=runs or 0)
 
 
 async def _uploaded_text(file: UploadFile | None) -> str | None:
@@ -96,7 +97,8 @@ async def create_notebook(
             raise Unprocessable("text", "paste a document or upload a file")
         if model not in get_settings().models:
             raise Unprocessable("model", f"choose one of: {', '.join(get_settings().models)}")
-        body = validate(NotebookCreate, {"title": title.strip() or "Untitled", "model": model, "text": document})
+        body = validate(NotebookCreate,
+                        {"title": title.strip() or "Untitled", "model": model, "text": document})
     except Unprocessable as exc:
         return _index(request, session, 422, values=values, errors=exc.errors)
     notebook = create_notebook_action(session, body.title, body.model, body.text, principal.name)
@@ -120,5 +122,6 @@ def create_from_example(request: Request, slug: str, session: SessionDep, princi
         return _index(request, session, 422, errors={"form": f"Could not load the example: {exc}"})
     except QueueUnavailable as exc:  # its skills could not be sent to compile: nothing is saved
         session.rollback()
-        return _index(request, session, 503, errors={"form": f"Could not load the example, nothing was saved: {exc.reason}"})
+        return _index(request, session, 503,
+                      errors={"form": f"Could not load the example, nothing was saved: {exc.reason}"})
     return RedirectResponse(f"/notebooks/{notebook.id}", status_code=303)

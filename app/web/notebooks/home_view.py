@@ -57,7 +57,8 @@ def notebook_cards(session: Session, number: int, path: str = "/") -> tuple[Page
     fields = _counts(session, Field.notebook_id, ids)
     skills = _counts(session, Placement.notebook_id, ids)
     outcomes = last_run_outcomes(session, ids)
-    cards = [NotebookCard(i, title, model, excerpt or "", updated, fields.get(i, 0), skills.get(i, 0), outcomes.get(i))
+    cards = [NotebookCard(i, title, model, excerpt or "", updated, fields.get(i, 0), skills.get(i, 0),
+                          outcomes.get(i))
              for i, title, model, excerpt, updated in rows]
     return page, cards
 
@@ -74,7 +75,9 @@ def last_run_outcomes(session: Session, notebook_ids: list[int]) -> dict[int, Ru
     if not notebook_ids:
         return {}
     newest = select(func.max(Run.id)).where(Run.notebook_id.in_(notebook_ids)).group_by(Run.notebook_id)
-    runs = session.execute(select(Run.id, Run.notebook_id, Run.status, Run.created_at).where(Run.id.in_(newest))).all()
+    runs = session.execute(
+        select(Run.id, Run.notebook_id, Run.status, Run.created_at).where(Run.id.in_(newest))
+    ).all()
     results: dict[int, list] = {}
     query = select(RunResult.run_id, RunResult.strategy, RunResult.decision_matches_recompute,
                    RunResult.tokens_computed, RunResult.ttft_ms, RunResult.latency_ms,
@@ -85,8 +88,8 @@ def last_run_outcomes(session: Session, notebook_ids: list[int]) -> dict[int, Ru
     for run in runs:
         rows = decision_rows(SimpleNamespace(results=results.get(run.id, []), strategies=[]))
         agree, compared = agreement_summary(rows)
-        best = max((r for r in rows if not r.is_reference and r.agrees and r.speedup), key=lambda r: r.speedup,
-                   default=None)
+        best = max((r for r in rows if not r.is_reference and r.agrees and r.speedup),
+                   key=lambda r: r.speedup, default=None)
         out[run.notebook_id] = RunOutcome(run.id, run.status, run.created_at, agree, compared,
                                           best.speedup if best else None, best.strategy if best else None)
     return out

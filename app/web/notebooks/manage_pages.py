@@ -27,7 +27,8 @@ router = APIRouter()
 
 
 @router.post("/notebooks/{notebook_id}/rename")
-def rename(request: Request, notebook_id: int, session: SessionDep, title: Annotated[str, Form()] = "") -> Response:
+def rename(request: Request, notebook_id: int, session: SessionDep,
+           title: Annotated[str, Form()] = "") -> Response:
     notebook = get_or_404(session, Notebook, notebook_id, "notebook")
     try:
         body = validate(NotebookPatch, {"title": title.strip()})

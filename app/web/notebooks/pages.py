@@ -38,7 +38,8 @@ def _notebook(session: SessionDep, notebook_id: int) -> Notebook:
 
 
 @router.get("/notebooks/{notebook_id}")
-def notebook_page(request: Request, notebook_id: int, session: SessionDep, history: int = page_param()) -> Response:
+def notebook_page(request: Request, notebook_id: int, session: SessionDep,
+                  history: int = page_param()) -> Response:
     notebook = _notebook(session, notebook_id)
     context = notebook_context(session, notebook, history)
     context["run"] = context["recent_runs"][0] if context["recent_runs"] else None
@@ -91,14 +92,16 @@ def create_field(
     start: OptText = None, end: OptText = None, new_value: Text = "", label: Text = "", selected: Text = "",
 ) -> Response:
     notebook = _notebook(session, notebook_id)
-    values = {"start": start or "", "end": end or "", "new_value": new_value, "label": label, "selected": selected}
+    values = {"start": start or "", "end": end or "", "new_value": new_value, "label": label,
+              "selected": selected}
 
     def add() -> None:
         s, e = parse_int(start, "start"), parse_int(end, "end")
         if s is None or e is None:
             raise Unprocessable("start", "select a span of the document first")
         if selected and notebook.document[s:e] != selected:
-            raise Unprocessable("start", "the selection no longer matches the document; select the span again")
+            raise Unprocessable("start",
+                                "the selection no longer matches the document; select the span again")
         if not new_value.strip():
             raise Unprocessable("new_value", "give the field its new value")
         body = validate(FieldCreate, {"start": s, "end": e, "new_value": new_value, "label": label})
@@ -125,8 +128,8 @@ def create_field_by_search(
         session.commit()
     except Unprocessable as exc:
         session.rollback()
-        return render(request, "_find_field.html", 422, notebook=notebook, find_values=values, find_errors=exc.errors,
-                      find_open=True)
+        return render(request, "_find_field.html", 422, notebook=notebook, find_values=values,
+                      find_errors=exc.errors, find_open=True)
     shown = find if len(find) <= 40 else find[:39] + "…"
     return regions(request, session, notebook, find_open=True,
                    find_done=f"Made a field of “{shown}” at characters {start}–{end}.")
@@ -134,7 +137,8 @@ def create_field_by_search(
 
 @router.post("/notebooks/{notebook_id}/fields/{field_id}")
 def edit_field(
-    request: Request, notebook_id: int, field_id: int, session: SessionDep, new_value: Text = "", label: Text = ""
+    request: Request, notebook_id: int, field_id: int, session: SessionDep,
+    new_value: Text = "", label: Text = "",
 ) -> Response:
     notebook = _notebook(session, notebook_id)
     field = _child(session, Field, field_id, notebook, "field")
@@ -179,7 +183,8 @@ def add_erratum(request: Request, notebook_id: int, session: SessionDep, text: T
 
 
 @router.post("/notebooks/{notebook_id}/errata/{erratum_id}")
-def edit_erratum(request: Request, notebook_id: int, erratum_id: int, session: SessionDep, text: Text = "") -> Response:
+def edit_erratum(request: Request, notebook_id: int, erratum_id: int, session: SessionDep,
+                 text: Text = "") -> Response:
     notebook = _notebook(session, notebook_id)
     erratum = _child(session, Erratum, erratum_id, notebook, "erratum")
 
@@ -193,7 +198,8 @@ def edit_erratum(request: Request, notebook_id: int, erratum_id: int, session: S
 
 
 @router.post("/notebooks/{notebook_id}/errata/{erratum_id}/move")
-def move_erratum(request: Request, notebook_id: int, erratum_id: int, session: SessionDep, move: Text = "0") -> Response:
+def move_erratum(request: Request, notebook_id: int, erratum_id: int, session: SessionDep,
+                 move: Text = "0") -> Response:
     """One place up (`move` = -1) or down (1)."""
     notebook = _notebook(session, notebook_id)
     _child(session, Erratum, erratum_id, notebook, "erratum")
@@ -216,7 +222,8 @@ def remove_erratum(request: Request, notebook_id: int, erratum_id: int, session:
 
 @router.post("/notebooks/{notebook_id}/placements")
 def place_skill(
-    request: Request, notebook_id: int, session: SessionDep, skill_id: OptText = None, position: OptText = None
+    request: Request, notebook_id: int, session: SessionDep, skill_id: OptText = None,
+    position: OptText = None,
 ) -> Response:
     """Drop a compiled skill at a character offset (empty: at the end)."""
     notebook = _notebook(session, notebook_id)
@@ -252,7 +259,8 @@ def move_placement(
 def _step(notebook: Notebook, position: int | None, step: int) -> int | None:
     """The neighbouring drop spot: paragraph starts, then the end (None)."""
     spots: list[int | None] = [0, *paragraph_starts(notebook.document), None]
-    here = len(spots) - 1 if position is None else max(i for i, p in enumerate(spots) if p is not None and p <= position)
+    here = (len(spots) - 1 if position is None
+            else max(i for i, p in enumerate(spots) if p is not None and p <= position))
     return spots[min(max(here + step, 0), len(spots) - 1)]
 
 

@@ -32,33 +32,41 @@ def _run_ids(values: list[str]) -> list[int]:
             if not part:
                 continue
             if not part.isdigit():
-                raise HTTPException(status_code=422, detail=f"runs: {part[:20]!r} is not a run number; write runs=12,15")
+                raise HTTPException(status_code=422,
+                                    detail=f"runs: {part[:20]!r} is not a run number; write runs=12,15")
             if int(part) not in ids:
                 ids.append(int(part))
     if len(ids) < 2:
-        raise HTTPException(status_code=422, detail="runs: name two or more runs to compare, e.g. /compare?runs=12,15 "
-                                                    "(or tick them in a notebook's history)")
+        raise HTTPException(status_code=422,
+                            detail="runs: name two or more runs to compare, e.g. /compare?runs=12,15 "
+                                   "(or tick them in a notebook's history)")
     if len(ids) > MAX_RUNS:
-        raise HTTPException(status_code=422, detail=f"runs: at most {MAX_RUNS} runs side by side; got {len(ids)}")
+        raise HTTPException(status_code=422,
+                            detail=f"runs: at most {MAX_RUNS} runs side by side; got {len(ids)}")
     return sorted(ids)  # in the order they ran: before, then after
 
 
 @router.get("/compare")
-def compare(request: Request, session: SessionDep, runs: list[str] = Query(default=[]), strategy: str | None = None) -> Response:
+def compare(request: Request, session: SessionDep, runs: list[str] = Query(default=[]),
+            strategy: str | None = None) -> Response:
     """`runs` as `A,B` (or repeated, as the history's checkboxes send it), shown in the order they
-    ran; `strategy`: whose attention to draw (any strategy every run kept attention for; recompute by default)."""
+    ran; `strategy`: whose attention to draw (any strategy every run kept attention for; recompute by
+    default)."""
     picked = [get_or_404(session, Run, ident, "run") for ident in _run_ids(runs)]
     columns = run_columns(session, picked)
     shared = common_attention(picked)
     if strategy is not None and strategy not in shared:
         choices = ", ".join(shared) or "none: these runs share no attention maps"
-        raise HTTPException(status_code=422, detail=f"strategy: {strategy[:40]!r} has no attention in every run; choose one of {choices}")
+        raise HTTPException(status_code=422,
+                            detail=f"strategy: {strategy[:40]!r} has no attention in every run; "
+                                   f"choose one of {choices}")
     chosen = strategy or (shared[0] if shared else None)
     attention = [run_attention(session, run, chosen) for run in picked] if chosen else None
     rows, vmax = aligned_rows(picked, attention)
     same_document = len({r.snapshot.document for r in picked}) == 1
     return render(
-        request, "compare.html", columns=columns, strategies=strategy_order(columns), shared=shared, chosen=chosen,
-        rows=rows, vmax=vmax, same_document=same_document, run_ids=",".join(str(r.id) for r in picked),
+        request, "compare.html", columns=columns, strategies=strategy_order(columns), shared=shared,
+        chosen=chosen, rows=rows, vmax=vmax, same_document=same_document,
+        run_ids=",".join(str(r.id) for r in picked),
         seq_ramp=[hex_colour(c) for c in seq_stops()], nav="runs",
     )

@@ -58,7 +58,9 @@ def checked_view(run: Run, context: dict[str, Any], asked: AskedView) -> ViewPar
         return view_params(run, context["attention_strategies"], context["default_strategy"], asked.strategy,
                            asked.layer, asked.head, asked.agg, asked.query)
     except Unprocessable as exc:
-        raise HTTPException(status_code=422, detail=f"This run cannot show that view: {exc.message}.") from None
+        raise HTTPException(
+            status_code=422, detail=f"This run cannot show that view: {exc.message}."
+        ) from None
 
 
 def run_page_context(session: Session, run: Run) -> dict[str, Any]:
@@ -77,7 +79,8 @@ def run_context(session: Session, run: Run) -> dict[str, Any]:
         if row.result is None:
             continue
         text = answer_of(row.result)
-        diff = word_diff(answer_of(reference), text) if reference is not None and not row.is_reference else [("equal", text)]
+        diff = (word_diff(answer_of(reference), text) if reference is not None and not row.is_reference
+                else [("equal", text)])
         answers.append({"row": row, "diff": diff, "same": all(op == "equal" for op, _ in diff)})
     with_attention = [r.strategy for r in run.results if r.attention_shape]
     notes_map = run.attribution

@@ -67,20 +67,24 @@ def view_data(session: Session, run: Run, params: ViewParams) -> dict[str, Any]:
     }
 
 
-def run_json(session: Session, run: Run, context: dict[str, Any], params: ViewParams | None) -> dict[str, Any]:
+def run_json(session: Session, run: Run, context: dict[str, Any],
+             params: ViewParams | None) -> dict[str, Any]:
     rows = context["rows"]
     return {
         "kvnotes_export": EXPORT_VERSION,
         "permalink": f"/runs/{run.id}" + (f"?{params.query_string()}" if params else ""),
-        "notebook": {"id": context["notebook"].id, "title": context["notebook"].title} if context["notebook"] else None,
+        "notebook": ({"id": context["notebook"].id, "title": context["notebook"].title}
+                     if context["notebook"] else None),
         "run": run_out(run, _regions(session, run)).model_dump(mode="json"),
         "verdict": {
             "agree": context["agree"], "compared": context["compared"], "note": context["note"],
-            "default_strategy": context["default_strategy"], "speedup_on": "ttft" if context["ttft_measured"] else "latency",
+            "default_strategy": context["default_strategy"],
+            "speedup_on": "ttft" if context["ttft_measured"] else "latency",
         },
         "decisions": [decision_record(row) for row in rows],
         "answers": [{"strategy": a["row"].strategy, "same_as_recompute": a["same"],
-                     "diff": [{"op": op, "text": text} for op, text in a["diff"]]} for a in context["answers"]],
+                     "diff": [{"op": op, "text": text} for op, text in a["diff"]]}
+                    for a in context["answers"]],
         "attention": attention_summary(session, run) if context["attention_strategies"] else {},
         "view": view_data(session, run, params) if params else None,
         "notes_map": run.attribution.model_dump() if run.attribution else None,
@@ -101,7 +105,8 @@ def decision_record(row) -> dict[str, Any]:
     if r is not None:
         record.update(decision=r.decision, choice_probs=r.choice_probs, answer_f1=r.answer_f1,
                       recompute_answer_nll=r.recompute_answer_nll, kl_to_recompute=r.kl_to_recompute,
-                      top1_agrees=r.top1_agrees, topk_overlap=r.topk_overlap, tokens_computed=r.tokens_computed,
+                      top1_agrees=r.top1_agrees, topk_overlap=r.topk_overlap,
+                      tokens_computed=r.tokens_computed,
                       prefix_cache_share=r.prefix_cache_share, ttft_ms=r.ttft_ms,
                       ttft_spread_ms=r.ttft_spread_ms, decode_ms=r.decode_ms, latency_ms=r.latency_ms,
                       text=r.text)

@@ -67,8 +67,10 @@ def export_heatmap_svg(run_id: int, session: SessionDep, asked: ViewDep) -> Resp
     run = get_or_404(session, Run, run_id, "run")
     context = run_context(session, run)
     view = _view_or_404(run, context, asked)
-    heading = f"Run #{run.id} · {run.snapshot.model} · {view.strategy} against recompute · Q: {run.snapshot.question.text}"
-    return Response(heatmap_svg(heatmap_panels(session, run.id, view), heading[:200]), media_type="image/svg+xml")
+    heading = (f"Run #{run.id} · {run.snapshot.model} · {view.strategy} against recompute · "
+               f"Q: {run.snapshot.question.text}")
+    return Response(heatmap_svg(heatmap_panels(session, run.id, view), heading[:200]),
+                    media_type="image/svg+xml")
 
 
 @router.get("/runs/{run_id}/notes-map.svg")
@@ -77,11 +79,14 @@ def export_notes_map_svg(run_id: int, session: SessionDep) -> Response:
     run = get_or_404(session, Run, run_id, "run")
     context = run_context(session, run)
     if not context["notes_map"]:
-        raise HTTPException(status_code=404, detail=f"run {run_id} has no notes map (run it with the notes map asked for)")
-    summary = (f"{lead_text(run.snapshot, context['notes_map'])} Orange: later notes that close it, each patch alone "
-               "(shares do not add up).")
-    return Response(notes_map_svg(context["map_pieces"], f"Run #{run.id} · which notes carry the decision", summary),
-                    media_type="image/svg+xml")
+        raise HTTPException(status_code=404,
+                            detail=f"run {run_id} has no notes map (run it with the notes map asked for)")
+    summary = (f"{lead_text(run.snapshot, context['notes_map'])} Orange: later notes that close it, "
+               "each patch alone (shares do not add up).")
+    return Response(
+        notes_map_svg(context["map_pieces"], f"Run #{run.id} · which notes carry the decision", summary),
+        media_type="image/svg+xml",
+    )
 
 
 @lru_cache(maxsize=1)
@@ -97,14 +102,16 @@ def _json_for_html(data: object) -> str:
     """JSON that is safe inside <script type="application/json">, with every / escaped (so neither
     '</script>' nor a URL appears in the file)."""
     text = json.dumps(data, ensure_ascii=False, separators=(",", ":"))
-    return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026").replace("/", "\\u002f")
+    return (text.replace("<", "\\u003c").replace(">", "\\u003e")
+            .replace("&", "\\u0026").replace("/", "\\u002f"))
 
 
 def _unlinked(page: str) -> str:
     """User text that looks like a URL or a /static path is kept as text: the colon or slash is
     written as a character reference, which the browser shows unchanged but which no longer reads
     as a reference to anything (the report references nothing outside itself)."""
-    return page.replace("http://", "http&#58;//").replace("https://", "https&#58;//").replace("/static", "&#47;static")
+    return (page.replace("http://", "http&#58;//").replace("https://", "https&#58;//")
+            .replace("/static", "&#47;static"))
 
 
 def report_data(session: SessionDep, run: Run, strategies: list[str]) -> dict:
@@ -114,7 +121,8 @@ def report_data(session: SessionDep, run: Run, strategies: list[str]) -> dict:
 
     def side(name: str) -> dict:
         vector = attention_vector(results[name], name)
-        return {"tokens": [[t.text, t.segment] for t in vector.tokens], "values": [round(float(v), 6) for v in vector.values]}
+        return {"tokens": [[t.text, t.segment] for t in vector.tokens],
+                "values": [round(float(v), 6) for v in vector.values]}
 
     colours = {"seq": [hex_colour(c) for c in seq_stops()], "div": [hex_colour(c) for c in div_stops()],
                "faint": hex_colour(palette()["ink-faint"])}
@@ -129,7 +137,8 @@ def report_data(session: SessionDep, run: Run, strategies: list[str]) -> dict:
 
 
 @router.get("/runs/{run_id}/report.html")
-def report(request: Request, run_id: int, session: SessionDep, asked: ViewDep, download: str = "") -> Response:
+def report(request: Request, run_id: int, session: SessionDep, asked: ViewDep,
+           download: str = "") -> Response:
     """The standalone report: decision table, answers, the heatmaps of the view the link names (and
     any strategy, with its script), the notes map and exactly what was run. `download=1` saves it."""
     run = get_or_404(session, Run, run_id, "run")
@@ -140,10 +149,12 @@ def report(request: Request, run_id: int, session: SessionDep, asked: ViewDep, d
     data = report_data(session, run, context["attention_strategies"]) if view else None
     page = templates.get_template("report.html").render(
         **context, view=view, panels=panels, css=css, script=script,
-        data_json=_json_for_html(data) if data else "", generated=datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        data_json=_json_for_html(data) if data else "",
+        generated=datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
         seq_ramp=[hex_colour(c) for c in seq_stops()], div_ramp=[hex_colour(c) for c in div_stops()],
     )
     policy = (f"default-src 'none'; script-src {script_hash}; style-src 'unsafe-inline'; img-src data:; "
               "base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
-    headers = {"Content-Security-Policy": policy, **(_download(f"run-{run_id}-report.html") if download else {})}
+    headers = {"Content-Security-Policy": policy,
+               **(_download(f"run-{run_id}-report.html") if download else {})}
     return HTMLResponse(_unlinked(page), headers=headers)

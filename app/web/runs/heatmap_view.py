@@ -106,7 +106,9 @@ class ViewParams:
 
     def query_string(self, **extra: str) -> str:
         pairs = [("strategy", self.strategy)]
-        pairs += [(k, str(v)) for k, v in (("layer", self.layer), ("head", self.head), ("query", self.query)) if v is not None]
+        pairs += [(k, str(v))
+                  for k, v in (("layer", self.layer), ("head", self.head), ("query", self.query))
+                  if v is not None]
         if self.agg != "mean":
             pairs.append(("agg", self.agg))
         return urlencode(pairs + list(extra.items()))
@@ -132,22 +134,26 @@ def view_params(run: Run, with_attention: list[str], default: str | None, strate
         return None
     chosen = strategy or (default if default in choices else choices[0])
     if chosen not in choices:
-        raise Unprocessable("strategy", f"run {run.id} has no attention for {chosen!r}; choose one of {', '.join(choices)}")
+        raise Unprocessable("strategy", f"run {run.id} has no attention for {chosen!r}; "
+                                        f"choose one of {', '.join(choices)}")
     if agg not in (None, "", "mean", "max"):
         raise Unprocessable("agg", f"agg is mean or max; got {agg[:20]!r}")
     by_name = {r.strategy: r for r in run.results}
     shape = [int(n) for n in by_name[chosen].attention_shape or [0, 0, 0]]
     for name, value, size in (("layer", layer, shape[0]), ("head", head, shape[1])):
         if value is not None and value >= size:
-            raise Unprocessable(name, f"{name}={value} is out of range: this model has {size} (0..{size - 1})")
+            raise Unprocessable(name,
+                                f"{name}={value} is out of range: this model has {size} (0..{size - 1})")
     if head is not None and layer is None:
         raise Unprocessable("head", "a head is picked within a layer: give layer= too")
     if query is not None:
         if layer is not None:
-            raise Unprocessable("query", "per-layer and per-head maps are kept for the decision only; drop layer/head")
+            raise Unprocessable("query", "per-layer and per-head maps are kept for the decision only; "
+                                         "drop layer/head")
         count = min(_query_count(by_name["recompute"]), _query_count(by_name[chosen]))
         if query >= count:
-            raise Unprocessable("query", f"query={query} is past the question and answer tokens (0..{count - 1})")
+            raise Unprocessable("query",
+                                f"query={query} is past the question and answer tokens (0..{count - 1})")
     return ViewParams(chosen, layer, head, agg or "mean", query)
 
 
@@ -212,7 +218,8 @@ def heatmap_panels(session: Session, run_id: int, params: ViewParams,
     ref_r, res_r = results["recompute"], results[params.strategy]
 
     def vector(result: RunResult, name: str):
-        query = None if params.query is None or result.query_start is None else result.query_start + params.query
+        query = (None if params.query is None or result.query_start is None
+                 else result.query_start + params.query)
         return attention_vector(result, name, params.layer, params.head, params.agg, query)
 
     ref, res = vector(ref_r, "recompute"), vector(res_r, params.strategy)
@@ -242,9 +249,10 @@ def heatmap_panels(session: Session, run_id: int, params: ViewParams,
         c = div_colour(d, dmax)
         sign = "pos" if d > 0.1 * dmax else "neg" if d < -0.1 * dmax else ""
         diff_cells.append(Cell(t.text, t.segment, d, hex_colour(c), text_on(c),
-                               tip(mapping[i], i) + f" · difference {d:+.5f}", mapping[i] < 0, sign, i == res.query))
-    return HeatmapPanels(params, ref_cells, res_cells, diff_cells, vmax, dmax, _top(res.tokens, rv, sv, mapping),
-                         ref.tokens, res.tokens, rv, sv, mapping)
+                               tip(mapping[i], i) + f" · difference {d:+.5f}", mapping[i] < 0, sign,
+                               i == res.query))
+    return HeatmapPanels(params, ref_cells, res_cells, diff_cells, vmax, dmax,
+                         _top(res.tokens, rv, sv, mapping), ref.tokens, res.tokens, rv, sv, mapping)
 
 
 WORDY = re.compile(r"[^\W_]")  # a word has a letter or a digit (heatmap.js: WORDY)
@@ -256,10 +264,13 @@ def is_word(i: int, token: TokenRecord) -> bool:
     return i >= SINK_TOKENS and bool(WORDY.search(token.text))
 
 
-def _top(tokens: list[TokenRecord], rv: np.ndarray, sv: np.ndarray, mapping: list[int], n: int = 10) -> list[TopToken]:
+def _top(tokens: list[TokenRecord], rv: np.ndarray, sv: np.ndarray, mapping: list[int],
+         n: int = 10) -> list[TopToken]:
     """The words the view attends to most in either cache (the sink, whitespace and punctuation
     aside), as heatmap.js ranks them by default."""
     candidates = [i for i in range(1, len(tokens)) if is_word(i, tokens[i])]
-    order = sorted(candidates, key=lambda i: -max(float(sv[i]), float(rv[mapping[i]]) if mapping[i] >= 0 else 0.0))
-    return [TopToken(k + 1, i, mapping[i], tokens[i].text, tokens[i].segment, float(rv[mapping[i]]) if mapping[i] >= 0 else None,
-                     float(sv[i])) for k, i in enumerate(order[:n])]
+    order = sorted(candidates,
+                   key=lambda i: -max(float(sv[i]), float(rv[mapping[i]]) if mapping[i] >= 0 else 0.0))
+    return [TopToken(k + 1, i, mapping[i], tokens[i].text, tokens[i].segment,
+                     float(rv[mapping[i]]) if mapping[i] >= 0 else None, float(sv[i]))
+            for k, i in enumerate(order[:n])]

@@ -79,7 +79,9 @@ def attention_heads(run_id: int, session: SessionDep, strategy: str) -> JSONResp
     try:
         compared = compare_heads(results.get(strategy), results.get("recompute"), strategy)
     except NoAttention:
-        raise HTTPException(status_code=404, detail=f"run {run_id} has no attention for {strategy} and recompute") from None
+        raise HTTPException(
+            status_code=404, detail=f"run {run_id} has no attention for {strategy} and recompute"
+        ) from None
     heads = compared.head_diff
     return JSONResponse({
         "strategy": strategy,

@@ -33,7 +33,9 @@ def present_start(request: Request, run_id: int, session: SessionDep, asked: Vie
 @router.get("/runs/{run_id}/present/{step}")
 def present(request: Request, run_id: int, step: int, session: SessionDep, asked: ViewDep) -> Response:
     if not 1 <= step <= len(STEPS):
-        raise HTTPException(status_code=404, detail=f"a presentation has steps 1 to {len(STEPS)}; there is no step {step}")
+        raise HTTPException(
+            status_code=404, detail=f"a presentation has steps 1 to {len(STEPS)}; there is no step {step}"
+        )
     run = get_or_404(session, Run, run_id, "run")
     context = run_context(session, run)
     view = checked_view(run, context, asked)

@@ -23,7 +23,8 @@ from data.models import Run
 from vocabulary.regions import PAPER_READING, REGION_HELP, REGIONS
 
 REGION_LABELS = {"sink": "sink", "before_field": "before the field", "field": "field",
-                 "after_field": "downstream notes", "errata": "errata", "skills": "skills", "question": "question"}
+                 "after_field": "downstream notes", "errata": "errata", "skills": "skills",
+                 "question": "question"}
 # One colour per region (Okabe–Ito-like, distinct in greyscale order too).
 REGION_COLOURS = {"sink": "#9aa0ab", "before_field": "#a6cee3", "field": "#d9a400", "after_field": "#1f78b4",
                   "errata": "#cc79a7", "skills": "#33a02c", "question": "#5e3c99"}
@@ -80,7 +81,8 @@ def per_layer_plot(shares: RegionShares) -> RegionPlot:
             if height <= 0:
                 continue
             bottom -= height
-            bars.append(Bar(layer * step, step - 1, round(bottom, 2), round(height, 2), REGION_COLOURS[region],
+            bars.append(Bar(layer * step, step - 1, round(bottom, 2), round(height, 2),
+                            REGION_COLOURS[region],
                             f"layer {layer}: {REGION_LABELS[region]} {100 * row[region]:.1f}%"))
     return RegionPlot(shares.strategy, len(shares.per_layer) * step, PLOT_H, bars)
 

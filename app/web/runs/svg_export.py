@@ -32,7 +32,8 @@ _CHUNKS = re.compile(r"\s+|\S+")
 
 
 def xml_text(text: str) -> str:
-    return html.escape(_CONTROL.sub("", text), quote=True).replace("\r", "&#13;")  # kept through XML's newline rule
+    # a carriage return as &#13;: kept through XML's newline rule
+    return html.escape(_CONTROL.sub("", text), quote=True).replace("\r", "&#13;")
 
 
 @dataclass(frozen=True)
@@ -72,7 +73,8 @@ def layout(runs: Iterable[Stretch], width: int) -> tuple[list[Placed], int]:
                 line, col = line + 1, 0
             while part:
                 room = width - col
-                if room <= 0 or (len(part) <= width and len(part) > room and col > 0):  # wrap before a token that fits a line
+                # wrap before a token that fits a line
+                if room <= 0 or (len(part) <= width and len(part) > room and col > 0):
                     line, col = line + 1, 0
                     continue
                 piece, part = part[:room], part[room:]
@@ -85,7 +87,8 @@ def _tspans(text: str, x: float, y: float) -> str:
     """`text` as tspans, each run of spaces or of other characters placed on the grid by itself."""
     out, col = [], 0
     for chunk in _CHUNKS.findall(text):
-        fit = "" if chunk.isspace() else f' textLength="{len(chunk) * CHAR_W:.1f}" lengthAdjust="spacingAndGlyphs"'
+        fit = ("" if chunk.isspace()
+               else f' textLength="{len(chunk) * CHAR_W:.1f}" lengthAdjust="spacingAndGlyphs"')
         out.append(f'<tspan x="{x + col * CHAR_W:.1f}" y="{y:.1f}"{fit}>{xml_text(chunk)}</tspan>')
         col += len(chunk)
     return "".join(out)
@@ -102,12 +105,15 @@ def _draw(placed: list[Placed], x0: float, y0: float) -> list[str]:
         tip = f"<title>{xml_text(r.title)}</title>" if r.title else ""
         if r.bg:
             stroke = OUTLINE if r.outline else ""
-            out.append(f'<rect x="{x:.1f}" y="{y:.1f}" width="{w:.1f}" height="{LINE_H - 2}" fill="{r.bg}"{stroke}>{tip}</rect>')
+            out.append(f'<rect x="{x:.1f}" y="{y:.1f}" width="{w:.1f}" height="{LINE_H - 2}" '
+                       f'fill="{r.bg}"{stroke}>{tip}</rect>')
         if r.hatched:
-            out.append(f'<rect x="{x:.1f}" y="{y:.1f}" width="{w:.1f}" height="{LINE_H - 2}" fill="url(#hatch)"/>')
+            out.append(f'<rect x="{x:.1f}" y="{y:.1f}" width="{w:.1f}" height="{LINE_H - 2}" '
+                       'fill="url(#hatch)"/>')
         if r.underline:
             dash = ' stroke-dasharray="2 2"' if r.underline == "dotted" else ""
-            out.append(f'<line x1="{x:.1f}" x2="{x + w:.1f}" y1="{y + LINE_H - 3:.1f}" y2="{y + LINE_H - 3:.1f}" '
+            out.append(f'<line x1="{x:.1f}" x2="{x + w:.1f}" '
+                       f'y1="{y + LINE_H - 3:.1f}" y2="{y + LINE_H - 3:.1f}" '
                        f'stroke="{r.fg or "#1d2330"}" stroke-width="1.5"{dash}/>')
         out.append(_text(r, p.text, x, y))
     return out
@@ -124,20 +130,23 @@ def _svg(width: float, height: float, body: list[str], title: str) -> str:
     return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{width:.0f}" height="{height:.0f}" '
             f'viewBox="0 0 {width:.0f} {height:.0f}" font-family="{FONT_FAMILY}" font-size="{FONT}">'
             f"<title>{xml_text(title)}</title>"
-            '<defs><pattern id="hatch" width="4" height="4" patternUnits="userSpaceOnUse" patternTransform="rotate(45)">'
+            '<defs><pattern id="hatch" width="4" height="4" patternUnits="userSpaceOnUse" '
+            'patternTransform="rotate(45)">'
             '<rect width="1" height="4" fill="rgba(0,0,0,.18)"/></pattern></defs>'
             f'<rect width="100%" height="100%" fill="#ffffff"/>{"".join(body)}</svg>')
 
 
 def _ramp_bar(x: float, y: float, stops: list[str], ident: str, label: str) -> list[str]:
-    gradient = "".join(f'<stop offset="{i / (len(stops) - 1):.2f}" stop-color="{c}"/>' for i, c in enumerate(stops))
+    gradient = "".join(f'<stop offset="{i / (len(stops) - 1):.2f}" stop-color="{c}"/>'
+                       for i, c in enumerate(stops))
     return [f'<defs><linearGradient id="{ident}">{gradient}</linearGradient></defs>',
             f'<rect x="{x}" y="{y}" width="120" height="10" fill="url(#{ident})" stroke="#c4c9d3"/>',
             f'<text x="{x + 128}" y="{y + 9}" fill="#4d5566">{xml_text(label)}</text>']
 
 
 def _cells(cells: list[Cell], diff: bool = False) -> list[Stretch]:
-    return [Stretch(c.text, c.bg, c.fg or None, c.title, underline={"pos": "solid", "neg": "dotted"}.get(c.sign, "") if diff else "",
+    return [Stretch(c.text, c.bg, c.fg or None, c.title,
+                    underline={"pos": "solid", "neg": "dotted"}.get(c.sign, "") if diff else "",
                     hatched=c.unmatched, outline=c.query, segment=c.segment) for c in cells]
 
 
@@ -147,9 +156,11 @@ def heatmap_svg(panels: HeatmapPanels, heading: str, width_chars: int = 56) -> s
     columns = [_cells(panels.ref), _cells(panels.res), _cells(panels.diff, diff=True)]
     panel_w = width_chars * CHAR_W + 2 * PAD
     top = 84
-    body = [f'<text x="{PAD}" y="22" font-size="14" font-weight="700" fill="#1d2330">{xml_text(heading)}</text>',
+    body = [f'<text x="{PAD}" y="22" font-size="14" font-weight="700" fill="#1d2330">'
+            f'{xml_text(heading)}</text>',
             f'<text x="{PAD}" y="42" fill="#4d5566">{xml_text(panels.params.label)}</text>']
-    body += _ramp_bar(PAD, 52, [hex_colour(c) for c in seq_stops()], "seq", f"attention 0 … {panels.vmax:.4f}")
+    body += _ramp_bar(PAD, 52, [hex_colour(c) for c in seq_stops()], "seq",
+                      f"attention 0 … {panels.vmax:.4f}")
     body += _ramp_bar(PAD + 3 * panel_w / 2, 52, [hex_colour(c) for c in div_stops()], "div",
                       f"strategy − recompute ±{panels.dmax:.4f}")
     lines = 0
@@ -181,7 +192,8 @@ def notes_map_svg(pieces: list[MapPiece], heading: str, summary: str, width_char
     placed, lines = layout(runs, width_chars)
     said = textwrap.wrap(summary, width_chars) or [""]
     top = 48 + LINE_H * len(said)
-    body = [f'<text x="{PAD}" y="22" font-size="14" font-weight="700" fill="#1d2330">{xml_text(heading)}</text>']
+    body = [f'<text x="{PAD}" y="22" font-size="14" font-weight="700" fill="#1d2330">'
+            f'{xml_text(heading)}</text>']
     body += [f'<text x="{PAD}" y="{42 + LINE_H * k}" fill="#4d5566">{xml_text(line)}</text>'
              for k, line in enumerate(said)]
     body += _draw(placed, PAD, top)

@@ -59,7 +59,8 @@ class Mark:
 def mark(is_reference: bool, agrees: bool, mine: str | None, reference: str | None) -> Mark:
     """The verdict the decision cell leads with."""
     if is_reference:
-        return Mark("ref", "the reference" + (f" · {FOLLOWED_WORDS[mine]}" if mine and mine != "neither" else ""))
+        return Mark("ref", "the reference"
+                    + (f" · {FOLLOWED_WORDS[mine]}" if mine and mine != "neither" else ""))
     if mine is None or reference in (None, "neither"):
         if mine == "new":  # recompute's answer names no value, this one names the new one
             return Mark("neutral", "names the new value (recompute's answer names neither)")
@@ -134,7 +135,8 @@ def timing(result: Any, reference: Any) -> Timing | None:
     if mine and theirs and mine[0] > 0 and mine[1] > 0:
         low, high = theirs[0] / mine[1], theirs[1] / mine[0]
         if low <= 1.0 <= high:
-            return Timing(f"the speed-up ranges {low:.1f}×–{high:.1f}× over the repeats, across 1×: {numbers}")
+            return Timing(f"the speed-up ranges {low:.1f}×–{high:.1f}× over the repeats, "
+                          f"across 1×: {numbers}")
     return None
 
 

@@ -105,7 +105,8 @@ def agreement_summary(rows: list[DecisionRow]) -> tuple[int, int]:
 def default_strategy(rows: list[DecisionRow], with_attention: list[str]) -> str | None:
     """The strategy the attention view opens on: one whose decision differs from recompute's (the
     largest KL first), else the largest KL; never an exact strategy when another one exists."""
-    candidates = [r for r in rows if not r.is_reference and r.result is not None and r.strategy in with_attention]
+    candidates = [r for r in rows
+                  if not r.is_reference and r.result is not None and r.strategy in with_attention]
     if not candidates:
         return None
 
@@ -134,8 +135,8 @@ def run_note(rows: list[DecisionRow], snapshot: RunSnapshot) -> str:
     if ref.followed is not None:
         return _verdict_note(rows, ref.followed, kind, moved)
     if stale is not None and stale.agrees:
-        return (f"The edit did not change recompute's {kind}: the stale notes give it too, so no strategy can "
-                "be told apart on the decision. Look at KL, the NLL of recompute's answer and attention.")
+        return (f"The edit did not change recompute's {kind}: the stale notes give it too, so no strategy "
+                "can be told apart on the decision. Look at KL, the NLL of recompute's answer and attention.")
     follow = [r.strategy for r in others if r.agrees]
     keep = [r.strategy for r in others if not r.agrees]
     follows = f"Following it: {', '.join(follow)}." if follow else "No strategy follows it."
@@ -150,13 +151,14 @@ def _verdict_note(rows: list[DecisionRow], reference: str, kind: str, moved: str
     if reference == "new":
         return lead + (moved or f"Recompute's {kind} names the new value. ")
     if reference == "old":
-        return lead + (f"Recompute's {kind} still names the old value: the edit did not change it, so the "
-                       "decision cannot tell the strategies apart. Read KL and the NLL of recompute's answer.")
+        return lead + (f"Recompute's {kind} still names the old value: the edit did not change it, so "
+                       "the decision cannot tell the strategies apart. Read KL and the NLL of recompute's "
+                       "answer.")
     if reference == "both":
         return lead + f"Recompute's {kind} names both the old and the new value."
-    return lead + (f"Recompute's own {kind} names neither the old nor the new value: this model does not read "
-                   "the field back here, so the decision cannot tell the strategies apart. Read KL and the NLL "
-                   "of recompute's answer instead.")
+    return lead + (f"Recompute's own {kind} names neither the old nor the new value: this model does not "
+                   "read the field back here, so the decision cannot tell the strategies apart. Read KL "
+                   "and the NLL of recompute's answer instead.")
 
 
 WORD = re.compile(r"\s+|[^\s]+")

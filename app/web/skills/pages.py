@@ -26,7 +26,8 @@ router = APIRouter()
 SKILLS_PER_PAGE = 50
 
 
-def _skills_page(request: Request, session: SessionDep, status: int = 200, page: int = 1, **extra) -> Response:
+def _skills_page(request: Request, session: SessionDep, status: int = 200, page: int = 1,
+                 **extra) -> Response:
     query = select(Skill).order_by(Skill.updated_at.desc(), Skill.id.desc())
     pager, skills = paginate(session, query, page, SKILLS_PER_PAGE, "/skills")
     context = {"skills": skills, "page": pager, "models": get_settings().models, "values": {}, "errors": {},
