@@ -47,7 +47,8 @@ class AttentionVector:
     values: np.ndarray  # float32 [T]
 
 
-def results_with_attention(session: Session, run_id: int, strategies: Iterable[str] | None = None) -> dict[str, RunResult]:
+def results_with_attention(session: Session, run_id: int,
+                           strategies: Iterable[str] | None = None) -> dict[str, RunResult]:
     """The run's results (only `strategies`, when given) with their attention blobs loaded."""
     query = (select(RunResult).where(RunResult.run_id == run_id)
              .options(undefer(RunResult.attention), undefer(RunResult.query_attention)))
@@ -56,8 +57,9 @@ def results_with_attention(session: Session, run_id: int, strategies: Iterable[s
     return {r.strategy: r for r in session.scalars(query)}
 
 
-def attention_vector(result: RunResult | None, strategy: str, layer: int | None = None, head: int | None = None,
-                     agg: str | None = None, query: int | None = None) -> AttentionVector:
+def attention_vector(result: RunResult | None, strategy: str, layer: int | None = None,
+                     head: int | None = None, agg: str | None = None,
+                     query: int | None = None) -> AttentionVector:
     """`strategy`'s view: the decision's map for one `layer`/`head` or aggregated over the missing
     ones (`agg` mean | max), or — `query` being another question/answer token's absolute index —
     that token's map (averaged over layers and heads; the only one kept for it)."""
@@ -68,25 +70,31 @@ def attention_vector(result: RunResult | None, strategy: str, layer: int | None 
     tokens = result.tokens or []
     if query is not None and query != decision:
         values = _query_values(result, query, shape[2], layer, head)
-        return AttentionVector(strategy, None, None, "mean", shape, query, decision, result.query_start, tokens, values)
+        return AttentionVector(strategy, None, None, "mean", shape, query, decision, result.query_start,
+                               tokens, values)
     for name, value, size in (("layer", layer, shape[0]), ("head", head, shape[1])):
         if value is not None and not 0 <= value < size:
-            raise Unprocessable(name, f"{name}={value} is out of range: this model has {size} (0..{size - 1})")
+            raise Unprocessable(name,
+                                f"{name}={value} is out of range: this model has {size} (0..{size - 1})")
     weights = np.frombuffer(result.attention, dtype=np.float16).reshape(shape).astype(np.float32)  # [L, H, T]
     picked = weights[layer : layer + 1] if layer is not None else weights
     picked = picked[:, head : head + 1] if head is not None else picked
     reduce = np.max if agg == "max" else np.mean
     values = reduce(picked.reshape(-1, shape[2]), axis=0)  # [T]
     shown_agg = None if (layer is not None and head is not None) else (agg or "mean")
-    return AttentionVector(strategy, layer, head, shown_agg, shape, decision, decision, result.query_start, tokens, values)
+    return AttentionVector(strategy, layer, head, shown_agg, shape, decision, decision, result.query_start,
+                           tokens, values)
 
 
-def _query_values(result: RunResult, query: int, n_tokens: int, layer: int | None, head: int | None) -> np.ndarray:
+def _query_values(result: RunResult, query: int, n_tokens: int, layer: int | None,
+                  head: int | None) -> np.ndarray:
     start = result.query_start
     if result.query_attention is None or start is None:
-        raise Unprocessable("query", "this run kept only the decision's attention (it ran before per-token queries)")
+        raise Unprocessable("query", "this run kept only the decision's attention "
+                                     "(it ran before per-token queries)")
     if not start <= query < n_tokens:
-        raise Unprocessable("query", f"query={query} is not a question or answer token: choose {start}..{n_tokens - 1}")
+        raise Unprocessable("query", f"query={query} is not a question or answer token: "
+                                     f"choose {start}..{n_tokens - 1}")
     if layer is not None or head is not None:
         raise Unprocessable("query", "per-layer and per-head maps are kept for the decision only; "
                                      "other queries are averaged over layers and heads")
@@ -102,7 +110,8 @@ def align_tokens(tokens: list[TokenRecord], reference: list[TokenRecord]) -> lis
     """For each token of a strategy's cache, the index of the same token in recompute's cache, or
     -1 where it has no counterpart (an erratum, a changed field, a spliced skill's seam)."""
     mapping = [-1] * len(tokens)
-    matcher = difflib.SequenceMatcher(None, [_key(t) for t in reference], [_key(t) for t in tokens], autojunk=False)
+    matcher = difflib.SequenceMatcher(None, [_key(t) for t in reference], [_key(t) for t in tokens],
+                                      autojunk=False)
     for block in matcher.get_matching_blocks():
         for k in range(block.size):
             mapping[block.b + k] = block.a + k
@@ -134,7 +143,8 @@ def compare_heads(result: RunResult | None, reference: RunResult | None, strateg
         raise NoAttention(f"no attention for {strategy} and recompute")
     mapping = align_tokens(result.tokens or [], reference.tokens or [])
     w = np.frombuffer(result.attention, dtype=np.float16).reshape(result.attention_shape).astype(np.float32)
-    r = np.frombuffer(reference.attention, dtype=np.float16).reshape(reference.attention_shape).astype(np.float32)
+    r = (np.frombuffer(reference.attention, dtype=np.float16).reshape(reference.attention_shape)
+         .astype(np.float32))
     if w.shape[:2] != r.shape[:2] or len(mapping) != w.shape[2]:
         raise Unprocessable("strategy", "the attention shapes of the two strategies do not line up")
     return HeadComparison(mapping, head_differences(w, r, mapping))
@@ -180,7 +190,8 @@ def _named(shares: np.ndarray) -> dict[str, float]:
     return {region: round(float(share), 5) for region, share in zip(REGIONS, shares)}
 
 
-def attention_regions(results: dict[str, RunResult], fields: Iterable[tuple[int, int]]) -> dict[str, RegionShares]:
+def attention_regions(results: dict[str, RunResult],
+                      fields: Iterable[tuple[int, int]]) -> dict[str, RegionShares]:
     """Every strategy's regions (recompute first) for the results that kept attention."""
     spans = list(fields)
     order = sorted(results, key=lambda name: name != "recompute")
@@ -207,7 +218,8 @@ def heads_moved_most(comparison: HeadComparison, n: int = 3) -> list[MovedHead]:
             if diff.flat[i] >= MOVED_AT_LEAST]
 
 
-def run_attention_regions(session: Session, run_id: int, fields: Iterable[tuple[int, int]]) -> dict[str, RegionShares]:
+def run_attention_regions(session: Session, run_id: int,
+                          fields: Iterable[tuple[int, int]]) -> dict[str, RegionShares]:
     """The run's attention by region for every strategy that kept attention (the API's and the
     run page's `attention_regions`); {} for a run without attention."""
     return attention_regions(results_with_attention(session, run_id), fields)

@@ -67,7 +67,8 @@ def duplicate_notebook(session: Session, notebook: Notebook, title: str | None =
                            notebook.document, created_by)
     new_field: dict[int, Field] = {}
     for f in notebook.fields:
-        new_field[f.id] = Field(start=f.start, end=f.end, old_value=f.old_value, new_value=f.new_value, label=f.label)
+        new_field[f.id] = Field(start=f.start, end=f.end, old_value=f.old_value, new_value=f.new_value,
+                                label=f.label)
         copy.fields.append(new_field[f.id])
     session.flush()
     for e in notebook.errata:
@@ -98,7 +99,8 @@ def find_span(document: str, text: str, occurrence: int = 1) -> tuple[int, int]:
         seen += 1
     if at < 0:
         if seen == 0:
-            raise Unprocessable("find", f"{text[:60]!r} is not in the document (the search is case-sensitive)")
+            raise Unprocessable("find",
+                                f"{text[:60]!r} is not in the document (the search is case-sensitive)")
         raise Unprocessable("occurrence", f"{text[:60]!r} occurs {seen} time{'s' if seen != 1 else ''}; "
                                           f"there is no occurrence {occurrence}")
     return at, at + len(text)
@@ -217,7 +219,8 @@ def change_document(session: Session, notebook: Notebook, text: str) -> None:
         if placement.position is not None and placement.position > len(text):
             raise Unprocessable(
                 "text",
-                f"placement {placement.id} sits at {placement.position}, past the new text's end ({len(text)})",
+                f"placement {placement.id} sits at {placement.position}, "
+                f"past the new text's end ({len(text)})",
             )
     notebook.document = text
     for field in notebook.fields:
@@ -272,7 +275,8 @@ def add_placement(notebook: Notebook, skill: Skill, position: int | None,
     if len(notebook.placements) >= limit:
         raise Unprocessable("skill_id", f"a notebook holds at most {limit} placements")
     if skill.model != notebook.model:
-        raise Unprocessable("skill_id", f"skill {skill.name!r} is for {skill.model}, this notebook runs {notebook.model}")
+        raise Unprocessable("skill_id",
+                            f"skill {skill.name!r} is for {skill.model}, this notebook runs {notebook.model}")
     if skill.status != "compiled" and not (compiling_ok and skill.status == "compiling"):
         raise Unprocessable("skill_id", f"skill {skill.name!r} is not compiled for {notebook.model}")
     check_position(notebook, position)

@@ -26,7 +26,8 @@ def create_skill(session: Session, name: str, text: str, model: str, created_by:
     return skill
 
 
-def change_skill(skill: Skill, name: str | None = None, text: str | None = None, model: str | None = None) -> None:
+def change_skill(skill: Skill, name: str | None = None, text: str | None = None,
+                 model: str | None = None) -> None:
     """Renaming keeps the compiled notes; a new text or model makes the skill a draft again."""
     if name is not None:
         skill.name = name
