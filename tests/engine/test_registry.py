@@ -46,8 +46,10 @@ def test_a_composite_is_measured_through_its_parts_only():
 def test_a_strategy_is_timed_again_until_300_ms_or_5_timings():
     assert (REPEAT_BUDGET_MS, MAX_SAMPLES) == (300.0, 5)
     assert not due_again([Sample(320.0, 300.0)])  # slow: one timing covers the budget
-    assert due_again([Sample(100.0, 90.0)] * 2) and not due_again([Sample(100.0, 90.0)] * 3)
+    assert due_again([Sample(100.0, 90.0)] * 2) and not due_again([Sample(100.0, 100.0)] * 3)
     assert due_again([Sample(10.0, 5.0)] * 4) and not due_again([Sample(10.0, 5.0)] * 5)
+    # the budget counts first-token times: a free answer's 250 ms of decoding does not use it up
+    assert due_again([Sample(350.0, 60.0), Sample(None, 60.0)])
 
 
 def test_fast_strategies_are_timed_again_round_robin_and_keep_their_first_notes():
@@ -65,8 +67,11 @@ def test_fast_strategies_are_timed_again_round_robin_and_keep_their_first_notes(
     outcomes = measure(bench, case, runners)
     n = {name: len(out.samples) for name, out in outcomes.items()}
     assert all(calls.count(name) == n[name] for name in runners)  # every timing ran the surgery again
-    assert all(n[name] == MAX_SAMPLES or sum(s.latency_ms for s in outcomes[name].samples) >= REPEAT_BUDGET_MS
+    assert all(n[name] == MAX_SAMPLES or sum(s.ttft_ms for s in outcomes[name].samples) >= REPEAT_BUDGET_MS
                for name in runners)
+    # a repeat stops at the first token: only the first timing decoded
+    assert all(out.samples[0].latency_ms is not None and all(s.latency_ms is None for s in out.samples[1:])
+               for out in outcomes.values())
     again = [name for name in runners if n[name] >= 2]
     assert calls[:4] == list(runners) and calls[4:4 + len(again)] == again  # interleaved, not back to back
     for out in outcomes.values():

@@ -240,12 +240,13 @@ def _prompt_forward(model, base: list[KV], prompt: list[int],
 
 
 def decide(model, tokenizer, frame: Frame, cache, suffix_ids: list[int], question: Question,
-           pending: list[int] = (), deferred: Deferred | None = None) -> Readout:
+           pending: list[int] = (), deferred: Deferred | None = None, first_token_only: bool = False) -> Readout:
     """Ask `question` after the notes in `cache` (mutated) and take the decision. `pending` are
     tokens a strategy appends (an erratum), `deferred` cached positions it left to recompute
     (`worker.engine.forward.Deferred`): both go through the model in the same forward as the
     question, so neither costs an extra pass over the weights. With `deferred`, the readout's
-    `deferred_kv` completes the notes (`fill`)."""
+    `deferred_kv` completes the notes (`fill`). `first_token_only` stops at the first answer token's
+    logits (a timing repeat: no decision, no generation)."""
     prompt = list(pending) + list(suffix_ids)
     if deferred is not None and has_sliding_window(model):
         raise ValueError("a sliding-window model cannot defer tokens to the readout "
@@ -258,6 +259,9 @@ def decide(model, tokenizer, frame: Frame, cache, suffix_ids: list[int], questio
     else:
         logits = _forward(model, prompt, cache)
     first_token_at = time.perf_counter()
+    if first_token_only:
+        return Readout(logits=logits, decision="", choice_probs={}, text="", answer_ids=[],
+                       first_token_at=first_token_at, deferred_kv=fresh)
     reasoning: list[int] = []
     if question.cot:
         reasoning = _greedy(model, tokenizer, logits, cache, max(question.max_new_tokens, 48))

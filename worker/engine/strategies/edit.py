@@ -117,6 +117,9 @@ def _summed(probes: list[Outcome], chosen: Outcome) -> list[Sample]:
     """Auto's timings as three samples (fastest, median, slowest): every probe's latency summed, and
     its first token after all of them but its pick's decoding."""
     decode = chosen.latency_ms - chosen.ttft_ms
-    totals = [sum(min(s.latency_ms for s in p.samples) for p in probes), sum(p.latency_ms for p in probes),
-              sum(max(s.latency_ms for s in p.samples) for p in probes)]
+
+    def summed(pick) -> float:  # a probe's decoding is its first run's; its first token varies
+        return sum(p.latency_ms - p.ttft_ms + pick(s.ttft_ms for s in p.samples) for p in probes)
+
+    totals = [summed(min), sum(p.latency_ms for p in probes), summed(max)]
     return [Sample(total, total - decode) for total in totals]
