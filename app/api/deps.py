@@ -26,6 +26,16 @@ PrincipalDep = Annotated[Principal, Depends(current_principal)]
 T = TypeVar("T")
 
 
+class Deleted(HTTPException):
+    """404 for the address of a notebook or run that was deleted (its id is never given to another):
+    the page is titled "Deleted" and says so."""
+
+    title = "Deleted"
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(status_code=404, detail=detail)
+
+
 def get_or_404(session: Session, model: type[T], ident: int, name: str) -> T:
     """The row `ident` of `model`, or a 404 that names what was missing, and says so when it was
     deleted (ids are never reused: an id at or below the highest one issued and missing is gone)."""
@@ -33,8 +43,7 @@ def get_or_404(session: Session, model: type[T], ident: int, name: str) -> T:
     if row is None:
         table = getattr(model, "__tablename__", "")
         if 0 < ident <= MAX_DB_ID and ident <= highest_issued_id(session, table):
-            raise HTTPException(status_code=404, detail=f"{name} {ident} was deleted; this address will "
-                                                        f"never show anything else")
+            raise Deleted(f"{name} {ident} was deleted; this address will never show anything else")
         raise HTTPException(status_code=404, detail=f"{name} {ident} not found")
     return row
 

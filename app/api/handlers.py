@@ -61,14 +61,16 @@ def wants_json(request: Request) -> bool:
             or "application/json" in request.headers.get("accept", ""))
 
 
-def answer(request: Request, status: int, message: str, headers: dict[str, str] | None = None) -> Response:
-    """`message` as JSON for the API, an alert fragment for htmx, a page in the app's layout otherwise."""
+def answer(request: Request, status: int, message: str, headers: dict[str, str] | None = None,
+           title: str | None = None) -> Response:
+    """`message` as JSON for the API, an alert fragment for htmx, a page in the app's layout otherwise
+    (titled `title`, else by its status)."""
     if wants_json(request):
         return JSONResponse({"detail": message}, status_code=status, headers=headers)
     if request.headers.get("HX-Request") == "true":
         alert = f'<div class="form-error" role="alert">{html.escape(message)}</div>'
         return HTMLResponse(alert, status, headers)
-    return error_page(request, status, message, headers)
+    return error_page(request, status, message, headers, title)
 
 
 BODY_PARSE_ERROR = "There was an error parsing the body"  # FastAPI's 400 for a body it cannot decode
@@ -106,7 +108,7 @@ async def _http(request: Request, exc: Exception) -> Response:
         exc.headers = {**(exc.headers or {}), "Allow": allowed_methods(request)}
     if not isinstance(exc.detail, str):
         return JSONResponse({"detail": exc.detail}, status_code=exc.status_code, headers=exc.headers)
-    return answer(request, exc.status_code, exc.detail, exc.headers)
+    return answer(request, exc.status_code, exc.detail, exc.headers, getattr(exc, "title", None))
 
 
 async def _server_error(request: Request, exc: Exception) -> Response:

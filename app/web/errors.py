@@ -20,9 +20,9 @@ TITLES = {
 
 
 def error_page(request: Request, status: int, message: str,
-               headers: dict[str, str] | None = None) -> Response:
-    response = render(request, "error.html", status, status=status, title=TITLES.get(status, "Error"),
-                      message=message)
+               headers: dict[str, str] | None = None, title: str | None = None) -> Response:
+    response = render(request, "error.html", status, status=status,
+                      title=title or TITLES.get(status, "Error"), message=message)
     for name, value in (headers or {}).items():
         response.headers[name] = value
     return response
