@@ -10,6 +10,7 @@ from fastapi.responses import Response
 
 from app.web.notebooks.document_view import build_document_view
 from app.web.templating import render
+from data.models import RUN_FINISHED
 
 router = APIRouter()
 
@@ -18,7 +19,7 @@ DOC = "Account record\n\nstatus: active\nowner: Dana Lee\n\nOnly accounts whose 
 
 def _run(ident: int, status: str, stage: str, progress: float, error: str | None = None) -> NS:
     return NS(id=ident, status=status, stage=stage, progress=progress, error=error, model="smollm2-135m",
-              is_finished=status in ("succeeded", "failed", "cancelled"))
+              is_finished=status in RUN_FINISHED)
 
 
 @router.get("/_components")

@@ -17,13 +17,13 @@ from app.web.paging import paginate
 from app.web.runs.context import run_context
 from app.web.templating import approx_tokens, render
 from data.contracts import TokenRecord
-from data.models import Notebook, Run, Skill
+from data.models import Notebook, Run, RunStatus, Skill
 
 
 def latest_tokens(session: Session, notebook: Notebook) -> tuple[Run | None, list[TokenRecord]]:
     """The newest succeeded run of this notebook on this very document, and its fitting tokens."""
     runs = session.scalars(
-        select(Run).where(Run.notebook_id == notebook.id, Run.status == "succeeded")
+        select(Run).where(Run.notebook_id == notebook.id, Run.status == RunStatus.SUCCEEDED)
         .order_by(Run.id.desc()).limit(5)
     )
     for run in runs:
@@ -40,7 +40,7 @@ HISTORY_PER_PAGE = 10
 def decision_summary(session: Session, run: Run | None) -> dict[str, Any] | None:
     """What the notebook shows under its latest run once it succeeded, without a click: the run
     page's headline and one line per strategy (its verdict, its answer, its speed-up)."""
-    if run is None or run.status != "succeeded" or not run.results:
+    if run is None or run.status != RunStatus.SUCCEEDED or not run.results:
         return None
     context = run_context(session, run)
     return {"run_id": run.id, "headline": context["headline"],
