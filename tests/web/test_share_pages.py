@@ -179,6 +179,14 @@ def test_presentation_steps_each_have_a_url(client) -> None:
     # the field, named
     assert "Refreshing the status field&#39;s own notes closed <strong>94%</strong>" in third
     assert client.get(f"/runs/{run}/present/5").status_code == 404
+    # step 2 and compare lead with the run page's verdicts: who follows the edit, in the header's words
+    second = client.get(f"/runs/{run}/present/2").text
+    _, other = finished(client, title="Again")
+    compared = client.get(f"/compare?runs={run},{other}").text
+    for html in (second, compared):
+        marks = re.findall(r'<span class="agree-mark[^"]*" data-followed="(\w*)">([^<]+)</span>', html)
+        assert marks and "give recompute's decision" not in html and "agree with recompute" not in html
+        assert all(text.startswith(("✓", "✗", "names", "the reference")) for _, text in marks), marks
     assert "steps 1 to 4" in client.get(f"/runs/{run}/present/5").text
 
 

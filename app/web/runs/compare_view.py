@@ -18,6 +18,7 @@ from sqlalchemy.orm import Session
 
 from app.services.attention import attention_vector, results_with_attention
 from app.web.runs.heatmap_view import hex_colour, scale_max, seq_colour, text_on
+from app.web.runs.verdict_view import Headline, headline
 from app.web.runs.view import DecisionRow, agreement_summary, decision_rows
 from data.contracts import TokenRecord
 from data.models import Notebook, Run
@@ -62,6 +63,7 @@ class RunColumn:
     agree: int
     compared: int
     best: DecisionRow | None  # the fastest strategy that gives recompute's decision
+    headline: Headline | None = None  # what the run page's header says (who follows the edit)
 
 
 def run_columns(session: Session, runs: list[Run]) -> list[RunColumn]:
@@ -69,10 +71,11 @@ def run_columns(session: Session, runs: list[Run]) -> list[RunColumn]:
     for run in runs:
         rows = decision_rows(run)
         agree, compared = agreement_summary(rows)
-        fast = [r for r in rows if not r.is_reference and r.agrees and r.speedup]
+        fast = [r for r in rows if not r.is_reference and r.agrees and r.speedup and r.timing is None]
         best = max(fast, key=lambda r: r.speedup, default=None)
         notebook = session.get(Notebook, run.notebook_id) if run.notebook_id else None
-        out.append(RunColumn(run, notebook, {r.strategy: r for r in rows}, agree, compared, best))
+        said = headline(rows, bool(run.snapshot.fields)) if run.snapshot else None
+        out.append(RunColumn(run, notebook, {r.strategy: r for r in rows}, agree, compared, best, said))
     return out
 
 
