@@ -60,8 +60,9 @@ from plots import latency as plot_latency  # noqa: E402
 from plots import speedup_by_position  # noqa: E402
 
 from vocabulary import render_erratum  # noqa: E402
+from vocabulary.prefix import common_prefix  # noqa: E402
 from worker.engine import STRATEGIES, Field, Question, load  # noqa: E402
-from worker.engine.edit import Editor, common_prefix, diff_blocks, extend  # noqa: E402
+from worker.engine.edit import Editor, diff_blocks, extend  # noqa: E402
 from worker.engine.notes import cache_from_layers  # noqa: E402
 from worker.engine.offsets import apply_fields  # noqa: E402
 from worker.engine.readout import _forward, _score_choices  # noqa: E402

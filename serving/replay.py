@@ -23,6 +23,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 from serving.server import Completion, Counters, ReplayError, Server, ServerInfo
 from serving.streams import PlannedRequest, ReplaySpec, plan_variant
+from vocabulary.prefix import common_prefix
 from vocabulary.replay import ReplayResult, VariantResult
 from vocabulary.verdicts import edit_followed
 
@@ -155,7 +156,7 @@ def _summarise(spec: ReplaySpec, planned: list[PlannedRequest], completions: lis
     cached = sum(c.cached_tokens for c in completions)
     answers = [c.text for c in completions]
     followed = [_follows(spec, r.value, a) for r, a in zip(planned, answers)]
-    shares = [_common_prefix(warm_ids, ids[r.content]) / max(1, len(ids[r.content])) for r in planned]
+    shares = [common_prefix(warm_ids, ids[r.content]) / max(1, len(ids[r.content])) for r in planned]
     return VariantResult(
         requests=len(completions), prefix_hit_rate=round(cached / max(1, prompt), 4),
         ttft_p50_ms=round(percentile(ttfts, 50), 1), ttft_p90_ms=round(percentile(ttfts, 90), 1),
@@ -172,15 +173,6 @@ def _follows(spec: ReplaySpec, value: str, answer: str) -> bool:
     """The answer names the field's current value and no other (the run page's `edit_followed`)."""
     others = [v for v in dict.fromkeys((spec.old_value, *spec.values)) if v != value]
     return edit_followed(answer, others, [value], spec.choices) == "new"
-
-
-def _common_prefix(a: list[int], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 def percentile(values: list[float], q: float) -> float:

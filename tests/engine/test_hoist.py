@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from vocabulary.hoist import hoist
+from vocabulary.prefix import common_prefix
 from worker.engine import Field, Question, RunRequest, load
-from worker.engine.edit import common_prefix
 from worker.engine.forward import extend
 from worker.engine.run import _plan
 from worker.engine.strategies import EDITS

@@ -32,6 +32,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from difflib import SequenceMatcher
 
+from vocabulary.prefix import common_prefix
 from worker.engine.forward import Deferred, cut, extend, fill, fresh, join_all
 from worker.engine.notes import KV, Notes
 from worker.engine.rope import RopeLayout, shift_keys
@@ -99,15 +100,6 @@ def diff_blocks(old_ids: list[int], new_ids: list[int]) -> list[Block]:
             continue  # pure deletion: nothing of it survives in the new sequence
         blocks.append(Block(j1, j2, tag == "equal", i1 if tag == "equal" else -1))
     return blocks
-
-
-def common_prefix(a: list[int], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 class Editor:

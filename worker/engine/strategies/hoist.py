@@ -18,7 +18,8 @@ from __future__ import annotations
 
 from vocabulary import EDIT_INFO
 from vocabulary.hoist import Hoisted, hoist
-from worker.engine.edit import Surgery, common_prefix
+from vocabulary.prefix import common_prefix
+from worker.engine.edit import Surgery
 from worker.engine.forward import cut, extend
 from worker.engine.notes import KV
 from worker.engine.offsets import NO_SPAN

@@ -24,8 +24,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from vocabulary.prefix import common_prefix
 from worker.engine.compare import fidelity, same_answer, token_f1
-from worker.engine.edit import Surgery, common_prefix
+from worker.engine.edit import Surgery
 from worker.engine.notes import cache_from_layers
 from worker.engine.readout import Readout, answer_nll, decide
 from worker.engine.strategies.base import Strategy
