@@ -240,7 +240,8 @@ def _prompt_forward(model, base: list[KV], prompt: list[int],
 
 
 def decide(model, tokenizer, frame: Frame, cache, suffix_ids: list[int], question: Question,
-           pending: list[int] = (), deferred: Deferred | None = None, first_token_only: bool = False) -> Readout:
+           pending: list[int] = (), deferred: Deferred | None = None,
+           first_token_only: bool = False) -> Readout:
     """Ask `question` after the notes in `cache` (mutated) and take the decision. `pending` are
     tokens a strategy appends (an erratum), `deferred` cached positions it left to recompute
     (`worker.engine.forward.Deferred`): both go through the model in the same forward as the
