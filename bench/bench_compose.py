@@ -84,21 +84,29 @@ def compose_row(eng, size: int, repeats: int, seam: int, max_new: int) -> str:
     skills = [eng.compile_skill(t) for t in texts]  # precompiled: outside timing
     q = Question(question, max_new_tokens=max_new)
     reports = [eng.compose(INSTRUCTION, skills, q, at=None, seam=seam) for _ in range(repeats)]
-    ttft = {name: statistics.median(r.strategies[name].ttft_ms for r in reports) for name in ("recompute", "splice")}
+    ttft = {
+        name: statistics.median(r.strategies[name].ttft_ms for r in reports)
+        for name in ("recompute", "splice")
+    }
     s, r = reports[0].strategies["splice"], reports[0].strategies["recompute"]
-    return (f"| {reports[0].document_tokens:,} | {n} × {size // n:,} | "
-            f"{ttft['recompute']:,.0f} | {ttft['splice']:,.0f} | {ttft['recompute'] / ttft['splice']:.1f}× | "
-            f"{PAPER_SPEEDUP.get(size, '—')} | {s.kl_to_recompute:.3g} | {'yes' if s.top1_agrees else 'no'} | "
-            f"{'yes' if s.decision_matches_recompute else 'no'} ({s.answer_f1:.2f}) | {s.text.strip()[:30]!r} / "
-            f"{r.text.strip()[:30]!r} |")
+    return (
+        f"| {reports[0].document_tokens:,} | {n} × {size // n:,} | "
+        f"{ttft['recompute']:,.0f} | {ttft['splice']:,.0f} | {ttft['recompute'] / ttft['splice']:.1f}× | "
+        f"{PAPER_SPEEDUP.get(size, '—')} | {s.kl_to_recompute:.3g} | {'yes' if s.top1_agrees else 'no'} | "
+        f"{'yes' if s.decision_matches_recompute else 'no'} ({s.answer_f1:.2f}) | {s.text.strip()[:30]!r} / "
+        f"{r.text.strip()[:30]!r} |"
+    )
 
 
 def compose_table(eng, sizes: list[int], repeats: int, seam: int, max_new: int) -> str:
-    lines = [f"Compose on `{eng.device}` in {eng.model.dtype}, {eng.info.alias}: skills precompiled once, spliced "
-             f"with seam repair ({seam} tokens per skill) after a one-line instruction; median TTFT of {repeats}.\n",
-             "| prompt tokens | skills × tokens | recompute TTFT ms | splice TTFT ms | speed-up | paper (8B, GPU) "
-             "| KL | top-1 | same answer (F1) | answers (splice / recompute) |",
-             "|---:|---|---:|---:|---:|---:|---:|:-:|:-:|---|"]
+    lines = [
+        f"Compose on `{eng.device}` in {eng.model.dtype}, {eng.info.alias}: skills precompiled once, "
+        f"spliced with seam repair ({seam} tokens per skill) after a one-line instruction; "
+        f"median TTFT of {repeats}.\n",
+        "| prompt tokens | skills × tokens | recompute TTFT ms | splice TTFT ms | speed-up | paper (8B, GPU) "
+        "| KL | top-1 | same answer (F1) | answers (splice / recompute) |",
+        "|---:|---|---:|---:|---:|---:|---:|:-:|:-:|---|",
+    ]
     lines += [compose_row(eng, size, repeats, seam, max_new) for size in sizes]
     return "\n".join(lines) + "\n"
 
@@ -116,23 +124,30 @@ def dtype_row(model: str, device: str, dtype: str, document: str, repeats: int) 
     per_k = 1000 / notes.n_tokens
     weights = sum(p.numel() * p.element_size() for p in eng.model.parameters())
     start = document.index("Oslo")
-    report = eng.edit(notes, [Field(start, start + 4, "Madrid", "destination")],
-                      Question("What is the destination of the shipment?", ("Oslo", "Madrid")),
-                      strategies=["recompute", "prefix_reuse", "erratum"])
+    report = eng.edit(
+        notes,
+        [Field(start, start + 4, "Madrid", "destination")],
+        Question("What is the destination of the shipment?", ("Oslo", "Madrid")),
+        strategies=["recompute", "prefix_reuse", "erratum"],
+    )
     st = report.strategies
-    return (f"| {dtype} | {statistics.median(times) * per_k:,.0f} | {notes.nbytes() * per_k / 2**20:.1f} | "
-            f"{weights / 2**20:,.0f} | {st['recompute'].ttft_ms:,.0f} | {st['prefix_reuse'].ttft_ms:,.0f} | "
-            f"{st['erratum'].ttft_ms:,.0f} | {st['prefix_reuse'].kl_to_recompute:.2g} | "
-            f"{st['erratum'].kl_to_recompute:.2g} | {st['recompute'].decision} |")
+    return (
+        f"| {dtype} | {statistics.median(times) * per_k:,.0f} | {notes.nbytes() * per_k / 2**20:.1f} | "
+        f"{weights / 2**20:,.0f} | {st['recompute'].ttft_ms:,.0f} | {st['prefix_reuse'].ttft_ms:,.0f} | "
+        f"{st['erratum'].ttft_ms:,.0f} | {st['prefix_reuse'].kl_to_recompute:.2g} | "
+        f"{st['erratum'].kl_to_recompute:.2g} | {st['recompute'].decision} |"
+    )
 
 
 def dtype_table(model: str, device: str, dtypes: list[str], repeats: int) -> str:
     document = json.loads((ROOT / "examples" / "shipment-log.json").read_text(encoding="utf-8"))["document"]
-    lines = [f"{model} on `{device}`, the 1,040-token shipment log, side by side in one process; prefill "
-             f"median of {repeats}; the edit's TTFTs are the engine's medians.\n",
-             "| dtype | prefill ms per 1k tokens | notes MiB per 1k tokens | weights MiB | recompute TTFT ms "
-             "| prefix_reuse TTFT ms | erratum TTFT ms | prefix_reuse KL | erratum KL | decision |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+    lines = [
+        f"{model} on `{device}`, the 1,040-token shipment log, side by side in one process; prefill "
+        f"median of {repeats}; the edit's TTFTs are the engine's medians.\n",
+        "| dtype | prefill ms per 1k tokens | notes MiB per 1k tokens | weights MiB | recompute TTFT ms "
+        "| prefix_reuse TTFT ms | erratum TTFT ms | prefix_reuse KL | erratum KL | decision |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
     lines += [dtype_row(model, device, d, document, repeats) for d in dtypes]
     return "\n".join(lines) + "\n"
 
@@ -153,13 +168,18 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.quick:
         args.sizes, args.repeats, args.max_new_tokens = "512", 1, 3
-    torch.set_num_threads(min(torch.get_num_threads(), 2) if args.device == "cpu" else torch.get_num_threads())
+    torch.set_num_threads(
+        min(torch.get_num_threads(), 2) if args.device == "cpu" else torch.get_num_threads()
+    )
     eng = load(args.model, device=args.device, dtype=args.dtype)
     eng.warm_up()
-    body = (f"- machine: {platform.machine()}, {os.cpu_count()} cores, device `{args.device}`, torch "
-            f"{torch.__version__}, load average {os.getloadavg()[0]:.1f} at the start\n\n")
-    body += compose_table(eng, [int(s) for s in args.sizes.split(",") if s], args.repeats, args.seam,
-                          args.max_new_tokens)
+    body = (
+        f"- machine: {platform.machine()}, {os.cpu_count()} cores, device `{args.device}`, torch "
+        f"{torch.__version__}, load average {os.getloadavg()[0]:.1f} at the start\n\n"
+    )
+    body += compose_table(
+        eng, [int(s) for s in args.sizes.split(",") if s], args.repeats, args.seam, args.max_new_tokens
+    )
     dtypes = [d for d in args.dtypes.split(",") if d]
     if dtypes:
         body += "\n" + dtype_table(args.model, args.device, dtypes, args.repeats)

@@ -95,8 +95,12 @@ def median_ms(reports, name: str) -> float:
 def speedups(reports) -> dict[str, float]:
     """Per strategy: the median over calls of recompute's time over its time in the same call."""
     names = reports[0].strategies
-    return {n: statistics.median(r.strategies["recompute"].latency_ms / r.strategies[n].latency_ms for r in reports)
-            for n in names}
+    return {
+        n: statistics.median(
+            r.strategies["recompute"].latency_ms / r.strategies[n].latency_ms for r in reports
+        )
+        for n in names
+    }
 
 
 def fmt_kl(x: float) -> str:
@@ -112,19 +116,24 @@ def edit_table(reports, position: str) -> str:
     rows = [
         f"**{first.document_tokens} document tokens, field at {position}** (recompute decision: "
         f"`{first.strategies['recompute'].decision}`; {len(reports)} calls)\n",
-        "| strategy | latency ms (median) | speed-up per call | speed-up (median) | tokens computed | % of recompute "
-        "| KL to recompute | top-1 | decision | matches |",
+        "| strategy | latency ms (median) | speed-up per call | speed-up (median) | tokens computed "
+        "| % of recompute | KL to recompute | top-1 | decision | matches |",
         "|---|---:|---|---:|---:|---:|---:|:-:|---|:-:|",
     ]
     for name, r in first.strategies.items():
-        per_call = ", ".join(f"{rep.strategies['recompute'].latency_ms / rep.strategies[name].latency_ms:.1f}"
-                             for rep in reports)
+        per_call = ", ".join(
+            f"{rep.strategies['recompute'].latency_ms / rep.strategies[name].latency_ms:.1f}"
+            for rep in reports
+        )
         extra = f" ({r.detail})" if name == "selective" and r.detail else ""
         extra = f" (picked {r.picked})" if r.picked else extra
+        kl = fmt_kl(max(x.strategies[name].kl_to_recompute for x in reports))
+        top1 = "yes" if r.top1_agrees else "no"
+        matches = "yes" if r.decision_matches_recompute else "**no**"
         rows.append(
-            f"| {name}{extra} | {median_ms(reports, name):.1f} | {per_call} | {ratio[name]:.1f}× | {r.tokens_computed} | "
-            f"{100 * r.tokens_computed / rec_tokens:.1f}% | {fmt_kl(max(x.strategies[name].kl_to_recompute for x in reports))} | "
-            f"{'yes' if r.top1_agrees else 'no'} | {r.decision} | {'yes' if r.decision_matches_recompute else '**no**'} |"
+            f"| {name}{extra} | {median_ms(reports, name):.1f} | {per_call} | {ratio[name]:.1f}× "
+            f"| {r.tokens_computed} | {100 * r.tokens_computed / rec_tokens:.1f}% | {kl} | {top1} "
+            f"| {r.decision} | {matches} |"
         )
     return "\n".join(rows) + "\n"
 
@@ -132,17 +141,25 @@ def edit_table(reports, position: str) -> str:
 def speedup_table(results: dict[tuple[str, int], list], positions: list[str], sizes: list[int]) -> str:
     """Median speed-up per strategy, one row per (position, size): the field-position axis."""
     names = [n for n in STRATEGIES if n != "recompute"]
-    rows = ["| field | document tokens | " + " | ".join(names) + " | prefix_reuse KL | selective KL |",
-            "|---|---:|" + "---:|" * (len(names) + 2)]
+    rows = [
+        "| field | document tokens | " + " | ".join(names) + " | prefix_reuse KL | selective KL |",
+        "|---|---:|" + "---:|" * (len(names) + 2),
+    ]
     for pos in positions:
         for size in sizes:
             reports = results.get((pos, size))
             if not reports:
                 continue
             ratio = speedups(reports)
-            kl = {n: max(r.strategies[n].kl_to_recompute for r in reports) for n in ("prefix_reuse", "selective")}
-            rows.append(f"| {pos} | {reports[0].document_tokens} | " + " | ".join(f"{ratio[n]:.1f}×" for n in names)
-                        + f" | {fmt_kl(kl['prefix_reuse'])} | {fmt_kl(kl['selective'])} |")
+            kl = {
+                n: max(r.strategies[n].kl_to_recompute for r in reports)
+                for n in ("prefix_reuse", "selective")
+            }
+            rows.append(
+                f"| {pos} | {reports[0].document_tokens} | "
+                + " | ".join(f"{ratio[n]:.1f}×" for n in names)
+                + f" | {fmt_kl(kl['prefix_reuse'])} | {fmt_kl(kl['selective'])} |"
+            )
     return "\n".join(rows) + "\n"
 
 
@@ -151,30 +168,47 @@ def edit_shape(eng, notes, field: Field, question: Question, report) -> EditShap
     new_ids = eng.tokenize_document(apply_fields(notes.text, [field]))[0]
     prefix = common_prefix(notes.token_ids, new_ids)
     changed = sum(b.j2 - b.j1 for b in diff_blocks(notes.token_ids, new_ids) if not b.reuse)
-    choices = [eng.tokenizer(eng.frame.choice_text(c), add_special_tokens=False)["input_ids"] for c in question.choices]
-    erratum = eng.encode(render_erratum(field.label, notes.text[field.start:field.end], field.new_value))
+    choices = [
+        eng.tokenizer(eng.frame.choice_text(c), add_special_tokens=False)["input_ids"]
+        for c in question.choices
+    ]
+    erratum = eng.encode(render_erratum(field.label, notes.text[field.start : field.end], field.new_value))
     selected = report.strategies["selective"].tokens_computed - changed
-    return EditShape(old=notes.n_tokens, new=len(new_ids), prefix=prefix, changed=changed,
-                     downstream=len(new_ids) - prefix - changed, erratum=len(erratum),
-                     question=len(eng.encode(eng.frame.suffix(question))), branches=sum(len(c) - 1 for c in choices),
-                     choices=len(choices), selected=selected)
+    return EditShape(
+        old=notes.n_tokens,
+        new=len(new_ids),
+        prefix=prefix,
+        changed=changed,
+        downstream=len(new_ids) - prefix - changed,
+        erratum=len(erratum),
+        question=len(eng.encode(eng.frame.suffix(question))),
+        branches=sum(len(c) - 1 for c in choices),
+        choices=len(choices),
+        selected=selected,
+    )
 
 
 def floor_table(eng, machine, cases: list[tuple]) -> str:
     """Per checked case (notes, field, question, reports): each strategy's floor and how close it came."""
     shape = shape_of(eng.model)
-    rows = ["| document tokens, field | strategy | measured ms (median) | floor ms | measured / floor "
-            "| speed-up measured | speed-up its floor allows |",
-            "|---|---|---:|---:|---:|---:|---:|"]
+    rows = [
+        "| document tokens, field | strategy | measured ms (median) | floor ms | measured / floor "
+        "| speed-up measured | speed-up its floor allows |",
+        "|---|---|---:|---:|---:|---:|---:|",
+    ]
     for notes, field, question, position, reports in cases:
         e = edit_shape(eng, notes, field, question, reports[0])
         flops = strategy_flops(shape, e)
-        floors = {n: floor_ms(machine, f, notes.n_tokens * shape.kv_bytes_per_token) for n, f in flops.items()}
+        floors = {
+            n: floor_ms(machine, f, notes.n_tokens * shape.kv_bytes_per_token) for n, f in flops.items()
+        }
         ratio = speedups(reports)
         for name in ("recompute", *FAST):
             ms = median_ms(reports, name)
-            rows.append(f"| {notes.n_tokens}, {position} | {name} | {ms:.0f} | {floors[name]:.0f} | "
-                        f"{ms / floors[name]:.2f} | {ratio[name]:.1f}× | {floors['recompute'] / floors[name]:.1f}× |")
+            rows.append(
+                f"| {notes.n_tokens}, {position} | {name} | {ms:.0f} | {floors[name]:.0f} | "
+                f"{ms / floors[name]:.2f} | {ratio[name]:.1f}× | {floors['recompute'] / floors[name]:.1f}× |"
+            )
     return "\n".join(rows) + "\n"
 
 
@@ -189,15 +223,22 @@ def breakdown(eng, notes, field: Field, question: Question, device: str, repeats
     new_text = apply_fields(notes.text, [field])
     new_ids, new_offsets, new_segments = eng.tokenize_document(new_text)
     editor = Editor(eng.model, eng.rope, notes, new_ids, new_segments, new_offsets)
-    err_ids = eng.encode(render_erratum(field.label, notes.text[field.start:field.end], field.new_value))
+    err_ids = eng.encode(render_erratum(field.label, notes.text[field.start : field.end], field.new_value))
     suffix_ids = eng.encode(eng.frame.suffix(question))
-    choice_tokens = sum(len(eng.tokenizer(eng.frame.choice_text(c), add_special_tokens=False)["input_ids"])
-                        for c in question.choices)
-    rows = ["| strategy | surgery ms | one-pass readout ms (pending + question + choices) | total ms "
-            "| same readout as 3 separate forwards ms | tokens (surgery + pending + question + choices) |",
-            "|---|---:|---:|---:|---:|---|"]
-    for name, fn in (("recompute", editor.recompute), ("erratum", lambda: editor.erratum(err_ids)),
-                     ("prefix_reuse", editor.prefix_reuse)):
+    choice_tokens = sum(
+        len(eng.tokenizer(eng.frame.choice_text(c), add_special_tokens=False)["input_ids"])
+        for c in question.choices
+    )
+    rows = [
+        "| strategy | surgery ms | one-pass readout ms (pending + question + choices) | total ms "
+        "| same readout as 3 separate forwards ms | tokens (surgery + pending + question + choices) |",
+        "|---|---:|---:|---:|---:|---|",
+    ]
+    for name, fn in (
+        ("recompute", editor.recompute),
+        ("erratum", lambda: editor.erratum(err_ids)),
+        ("prefix_reuse", editor.prefix_reuse),
+    ):
         parts = []
         for _ in range(repeats):
             sync(device)
@@ -205,8 +246,15 @@ def breakdown(eng, notes, field: Field, question: Question, device: str, repeats
             s = fn()
             sync(device)
             t1 = time.perf_counter()
-            decide(eng.model, eng.tokenizer, eng.frame, cache_from_layers(s.layers, eng.model), suffix_ids, question,
-                   pending=s.pending)
+            decide(
+                eng.model,
+                eng.tokenizer,
+                eng.frame,
+                cache_from_layers(s.layers, eng.model),
+                suffix_ids,
+                question,
+                pending=s.pending,
+            )
             sync(device)
             t2 = time.perf_counter()
             layers = extend(eng.model, s.layers, s.pending) if s.pending else s.layers
@@ -218,23 +266,30 @@ def breakdown(eng, notes, field: Field, question: Question, device: str, repeats
             parts.append(((t1 - t0) * 1e3, (t2 - t1) * 1e3, (t3 - t2) * 1e3))
         a, b, c = (statistics.median(p[i] for p in parts) for i in range(3))
         computed = s.tokens_computed - len(s.pending)
-        rows.append(f"| {name} | {a:.1f} | {b:.1f} | {a + b:.1f} | {c:.1f} | "
-                    f"{computed} + {len(s.pending)} + {len(suffix_ids)} + {choice_tokens} ({len(question.choices)} choices) |")
+        rows.append(
+            f"| {name} | {a:.1f} | {b:.1f} | {a + b:.1f} | {c:.1f} | "
+            f"{computed} + {len(s.pending)} + {len(suffix_ids)} + {choice_tokens} "
+            f"({len(question.choices)} choices) |"
+        )
     return "\n".join(rows) + "\n"
 
 
 def run_compose(eng, repeats: int, size: int) -> tuple[str, dict]:
-    context = text_of_tokens(eng, "DISPATCH LOG\ncarrier: NordFreight\nwarehouse: Gdansk-2\n", CONTEXT_SEED, size, True)
+    context = text_of_tokens(
+        eng, "DISPATCH LOG\ncarrier: NordFreight\nwarehouse: Gdansk-2\n", CONTEXT_SEED, size, True
+    )
     skill_text = text_of_tokens(eng, SKILL_HEAD, SKILL_SEED, size, False)
     ctx_notes = eng.prefill(context)  # outside timing
     skill = eng.compile_skill(skill_text)  # outside timing
     question = Question("Within how many days can a customer return unused goods?", choices=("30", "7"))
     middle = context.index("\n", len(context) // 2) + 1
-    rows = [f"Context {ctx_notes.n_tokens} tokens (frame included), skill {skill.n_tokens - 1} tokens "
-            f"(+1 sink, dropped when spliced); median of {repeats} runs.\n",
-            "| placement | seam K | recompute ms | splice ms | speed-up | tokens computed (splice / recompute) "
-            "| KL to recompute | top-1 | top-10 overlap | decision (splice / recompute) |",
-            "|---|---:|---:|---:|---:|---|---:|:-:|---:|---|"]
+    rows = [
+        f"Context {ctx_notes.n_tokens} tokens (frame included), skill {skill.n_tokens - 1} tokens "
+        f"(+1 sink, dropped when spliced); median of {repeats} runs.\n",
+        "| placement | seam K | recompute ms | splice ms | speed-up | tokens computed (splice / recompute) "
+        "| KL to recompute | top-1 | top-10 overlap | decision (splice / recompute) |",
+        "|---|---:|---:|---:|---:|---|---:|:-:|---:|---|",
+    ]
     summary = {}
     for where, at in (("end", None), ("middle", middle)):
         for seam in (0, 4):
@@ -242,9 +297,11 @@ def run_compose(eng, repeats: int, size: int) -> tuple[str, dict]:
             rec, spl = median_ms(reps, "recompute"), median_ms(reps, "splice")
             r, s = reps[0].strategies["recompute"], reps[0].strategies["splice"]
             summary[(where, seam)] = (rec, spl, s.kl_to_recompute)
-            rows.append(f"| {where} | {seam} | {rec:.1f} | {spl:.1f} | {rec / spl:.1f}× | "
-                        f"{s.tokens_computed} / {r.tokens_computed} | {fmt_kl(s.kl_to_recompute)} | "
-                        f"{'yes' if s.top1_agrees else 'no'} | {s.topk_overlap} | {s.decision} / {r.decision} |")
+            rows.append(
+                f"| {where} | {seam} | {rec:.1f} | {spl:.1f} | {rec / spl:.1f}× | "
+                f"{s.tokens_computed} / {r.tokens_computed} | {fmt_kl(s.kl_to_recompute)} | "
+                f"{'yes' if s.top1_agrees else 'no'} | {s.topk_overlap} | {s.decision} / {r.decision} |"
+            )
     return "\n".join(rows) + "\n", summary
 
 
@@ -252,16 +309,25 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model", default="smollm2-135m")
     p.add_argument("--sizes", default="512,1024,2048,4096")
-    p.add_argument("--positions", default=",".join(POSITIONS), help="where the field sits: top,10%%,50%%,90%%")
-    p.add_argument("--detail-position", default="50%", help="position whose full tables and floors are printed")
+    p.add_argument(
+        "--positions", default=",".join(POSITIONS), help="where the field sits: top,10%%,50%%,90%%"
+    )
+    p.add_argument(
+        "--detail-position", default="50%", help="position whose full tables and floors are printed"
+    )
     p.add_argument("--device", default="cpu")
     p.add_argument("--threads", type=int, default=2, help="torch.set_num_threads (CPU)")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--compose-size", type=int, default=1024)
-    p.add_argument("--skip", default="", help="comma-separated sections to skip: edit,breakdown,compose,agreement")
+    p.add_argument(
+        "--skip", default="", help="comma-separated sections to skip: edit,breakdown,compose,agreement"
+    )
     p.add_argument("--out", default=None, help="markdown file to write the results block into")
-    p.add_argument("--block", default=None,
-                   help="the block's name in --out and the plots' suffix (default: the device kind, cpu or cuda)")
+    p.add_argument(
+        "--block",
+        default=None,
+        help="the block's name in --out and the plots' suffix (default: the device kind, cpu or cuda)",
+    )
     args = p.parse_args(argv)
     sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
     positions = [s.strip() for s in args.positions.split(",") if s.strip()]
@@ -280,22 +346,35 @@ def main(argv=None) -> int:
         print(s, flush=True)
         out.append(s)
 
-    hw = (torch.cuda.get_device_name(0) if device_kind == "cuda" else
-          f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores")
+    hw = (
+        torch.cuda.get_device_name(0)
+        if device_kind == "cuda"
+        else f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores"
+    )
     mlp = (eng.model.config.hidden_size, getattr(eng.model.config, "intermediate_size", 1536))
     samples = [measure_machine(*mlp)]  # re-measured after every edit case: floors use the best seen
     machine = samples[0]
     emit(f"### Run ({device_kind})\n")
-    emit(f"- machine: {hw}; device `{args.device}`, dtype `{eng.model.dtype}`; torch {torch.__version__}, "
-         f"torch threads {torch.get_num_threads()}, OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY')}; "
-         f"Python {platform.python_version()}")
-    emit(f"- measured at start: matmul {machine.gflops:.0f} GFLOP/s (fp32, 2048×{eng.model.config.hidden_size} · "
-         f"{eng.model.config.hidden_size}×{getattr(eng.model.config, 'intermediate_size', 1536)}), "
-         f"read {machine.read_gbs:.1f} GB/s (sum over 256 MiB)")
-    emit(f"- model `{args.model}` ({sum(p.numel() for p in eng.model.parameters()) / 1e6:.1f} M parameters, "
-         f"{eng.model.config.num_hidden_layers} layers, {eng.model.config.num_key_value_heads} KV heads), "
-         f"attention `{eng.model.config._attn_implementation}`")
-    emit(f"- command: `.venv/bin/python bench/bench_engine.py {' '.join(argv if argv is not None else sys.argv[1:])}`")
+    emit(
+        f"- machine: {hw}; device `{args.device}`, dtype `{eng.model.dtype}`; torch {torch.__version__}, "
+        f"torch threads {torch.get_num_threads()}, OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY')}; "
+        f"Python {platform.python_version()}"
+    )
+    emit(
+        f"- measured at start: matmul {machine.gflops:.0f} GFLOP/s "
+        f"(fp32, 2048×{eng.model.config.hidden_size} · "
+        f"{eng.model.config.hidden_size}×{getattr(eng.model.config, 'intermediate_size', 1536)}), "
+        f"read {machine.read_gbs:.1f} GB/s (sum over 256 MiB)"
+    )
+    emit(
+        f"- model `{args.model}` ({sum(p.numel() for p in eng.model.parameters()) / 1e6:.1f} M parameters, "
+        f"{eng.model.config.num_hidden_layers} layers, {eng.model.config.num_key_value_heads} KV heads), "
+        f"attention `{eng.model.config._attn_implementation}`"
+    )
+    emit(
+        f"- command: `.venv/bin/python bench/bench_engine.py "
+        f"{' '.join(argv if argv is not None else sys.argv[1:])}`"
+    )
     emit(f"- load average (1 / 5 / 15 min) at start: {load_before}")
     emit(f"- date: {time.strftime('%Y-%m-%d %H:%M %Z')}")
     emit()
@@ -308,11 +387,14 @@ def main(argv=None) -> int:
     suffix = "" if block == "cpu" else f"_{block}"
     if "edit" not in skip:
         emit("#### 1. Edit: `destination: Oslo → Madrid`, question with choices (Oslo, Madrid)\n")
-        emit("Document: a shipment record then log and policy lines; the edited line sits in the record head "
-             "(top, line 4) or is moved to 10%, 50% or 90% of the document. Latency = the engine's own timing, "
-             "cached notes → decision (question and choice scoring included for every strategy, recompute "
-             "included); speed-up = recompute's time over the strategy's in the same call, median over calls. "
-             "KL: the largest over the calls. `auto` is the sum of every probe it ran.\n")
+        emit(
+            "Document: a shipment record then log and policy lines; the edited line sits in the record "
+            "head (top, line 4) or is moved to 10%, 50% or 90% of the document. Latency = the engine's own "
+            "timing, "
+            "cached notes → decision (question and choice scoring included for every strategy, recompute "
+            "included); speed-up = recompute's time over the strategy's in the same call, median over calls. "
+            "KL: the largest over the calls. `auto` is the sum of every probe it ran.\n"
+        )
         for pos in positions:
             for size in sizes:
                 doc, field, question = build(eng, shipment(size), pos)
@@ -322,7 +404,9 @@ def main(argv=None) -> int:
                 if pos == positions[0]:
                     mem_rows.append((notes.n_tokens, notes.nbytes()))
                 samples.append(measure_machine(*mlp))
-                print(f"  edit {pos} {size}: done ({time.time() - t_start:.0f} s)", file=sys.stderr, flush=True)
+                print(
+                    f"  edit {pos} {size}: done ({time.time() - t_start:.0f} s)", file=sys.stderr, flush=True
+                )
         machine = Machine(max(m.gflops for m in samples), max(m.read_gbs for m in samples))
         emit("Speed-up over recompute by field position:\n")
         emit(speedup_table(results, positions, sizes))
@@ -330,31 +414,52 @@ def main(argv=None) -> int:
         for size in sizes:
             if size >= 2048 and (detail, size) in results:
                 emit(edit_table(results[(detail, size)], detail))
-        cases = [(*kept[(pos, size)], pos, results[(pos, size)]) for pos in positions for size in sizes
-                 if size >= 2048 and pos in (detail, "top")]
+        cases = [
+            (*kept[(pos, size)], pos, results[(pos, size)])
+            for pos in positions
+            for size in sizes
+            if size >= 2048 and pos in (detail, "top")
+        ]
         if cases:
             emit("#### Floors: FLOPs at the measured matmul rate + one read of the notes\n")
-            emit(f"Rates: the best of {len(samples)} measurements taken between the cases (matmul "
-                 f"{machine.gflops:.0f} GFLOP/s, read {machine.read_gbs:.1f} GB/s): a floor is what the "
-                 "strategy's work would take at the machine's best pace. Measured / floor above 1 is overhead "
-                 "(or a busier machine than at its best moment).\n")
+            emit(
+                f"Rates: the best of {len(samples)} measurements taken between the cases (matmul "
+                f"{machine.gflops:.0f} GFLOP/s, read {machine.read_gbs:.1f} GB/s): a floor is what the "
+                "strategy's work would take at the machine's best pace. Measured / floor above 1 is overhead "
+                "(or a busier machine than at its best moment).\n"
+            )
             emit(floor_table(eng, machine, cases))
         speed = {key: speedups(reps) for key, reps in results.items()}
         emit(speedup_by_position(docs / f"bench_speedup_positions{suffix}.png", speed, args.device))
         emit()
-        lat = {size: {n: median_ms(results[(detail, size)], n) for n in STRATEGIES} for size in sizes
-               if (detail, size) in results}
+        lat = {
+            size: {n: median_ms(results[(detail, size)], n) for n in STRATEGIES}
+            for size in sizes
+            if (detail, size) in results
+        }
         if lat:
-            emit(plot_latency(docs / f"bench_latency{suffix}.png", sorted(lat), lat, args.device,
-                              f"Edit latency per strategy, field at {detail}"))
+            emit(
+                plot_latency(
+                    docs / f"bench_latency{suffix}.png",
+                    sorted(lat),
+                    lat,
+                    args.device,
+                    f"Edit latency per strategy, field at {detail}",
+                )
+            )
             emit()
         if "breakdown" not in skip and (detail, 2048) in kept:
             notes, field, question = kept[(detail, 2048)]
-            emit(f"#### Where the time goes ({notes.n_tokens} tokens, field at {detail}, engine pieces called "
-                 "directly, median of 3)\n")
+            emit(
+                f"#### Where the time goes ({notes.n_tokens} tokens, field at {detail}, engine pieces called "
+                "directly, median of 3)\n"
+            )
             emit(breakdown(eng, notes, field, question, args.device))
     if "compose" not in skip:
-        emit(f"#### 2. Compose: a ~{args.compose_size}-token skill spliced into a ~{args.compose_size}-token context\n")
+        emit(
+            f"#### 2. Compose: a ~{args.compose_size}-token skill spliced into "
+            f"a ~{args.compose_size}-token context\n"
+        )
         table, _ = run_compose(eng, args.repeats, args.compose_size)
         emit(table)
     emit("#### 3. Memory\n")
@@ -364,21 +469,31 @@ def main(argv=None) -> int:
             emit(f"| {n} | {b / 2**20:.1f} MiB | {b / n * 1000 / 2**20:.2f} MiB |")
         emit()
     kv_per_token = shape_of(eng.model).kv_bytes_per_token
-    emit(f"Notes are the full K/V: 2 × layers × KV heads × head_dim × bytes = {kv_per_token:,} bytes per token "
-         f"in `{eng.model.dtype}` ({kv_per_token * 1000 / 2**20:.2f} MiB per 1,000 tokens); measured with "
-         "`Notes.nbytes()`, scaled to 1,000 tokens.")
+    emit(
+        f"Notes are the full K/V: 2 × layers × KV heads × head_dim × bytes = {kv_per_token:,} bytes "
+        f"per token "
+        f"in `{eng.model.dtype}` ({kv_per_token * 1000 / 2**20:.2f} MiB per 1,000 tokens); measured with "
+        "`Notes.nbytes()`, scaled to 1,000 tokens."
+    )
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
-    emit(f"Peak resident set size of the whole benchmark process (`resource.getrusage(RUSAGE_SELF).ru_maxrss`: "
-         f"model weights, every report's caches, Python, torch) so far: **{rss:.0f} MiB**.")
+    emit(
+        f"Peak resident set size of the whole benchmark process "
+        f"(`resource.getrusage(RUSAGE_SELF).ru_maxrss`: "
+        f"model weights, every report's caches, Python, torch) so far: **{rss:.0f} MiB**."
+    )
     if device_kind == "cuda":
-        emit(f"Peak CUDA memory allocated (`torch.cuda.max_memory_allocated`): "
-             f"**{torch.cuda.max_memory_allocated() / 2**20:.0f} MiB**.")
+        emit(
+            f"Peak CUDA memory allocated (`torch.cuda.max_memory_allocated`): "
+            f"**{torch.cuda.max_memory_allocated() / 2**20:.0f} MiB**."
+        )
     emit()
     if "agreement" not in skip:
         emit(f"#### 4. Agreement with recompute over {len(AGREEMENT_CASES)} field edits\n")
-        emit("Cases fixed before measuring (record-style documents of 512–1,024 tokens, one field changed, "
-             "read-back question with two choices; choice order alternates old/new to offset the model's "
-             "first-option bias). Not tuned afterwards.\n")
+        emit(
+            "Cases fixed before measuring (record-style documents of 512–1,024 tokens, one field changed, "
+            "read-back question with two choices; choice order alternates old/new to offset the model's "
+            "first-option bias). Not tuned afterwards.\n"
+        )
         emit(run_agreement(eng))
     emit(f"- load average at end: {loadavg()}; wall time {time.time() - t_start:.0f} s")
     if args.out:

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Install if needed, make sure the browser (and under CI the database and broker) are there, run
-# every test. Arguments go to pytest, e.g. `scripts/test.sh -m "not slow"` or `-k models`.
+# Install if needed, make sure the browser (and under CI the database and broker) are there, lint
+# with ruff (lines within 110 characters included), run every test. Arguments go to pytest, e.g.
+# `scripts/test.sh -m "not slow"` or `-k models`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install.sh
@@ -36,5 +37,8 @@ if [[ "${CI:-}" == true ]]; then
     export KVNOTES_VLLM_VENV="${KVNOTES_VLLM_VENV:-$HOME/.cache/kvnotes/venv-vllm}"
     scripts/vllm.sh --install
 fi
+
+echo "test: ruff (lint and lines within 110 characters)" >&2
+.venv/bin/ruff check .
 
 exec .venv/bin/python -m pytest tests -v --timeout 1800 "$@"
