@@ -14,6 +14,7 @@ from sqlalchemy import inspect, text
 from data.db import make_engine
 from data.migrate import alembic_config, downgrade_to_base, upgrade_to_head
 from data.models import Base
+from tests.data.conftest import insert_old_run
 
 TABLES = {"notebooks", "fields", "errata", "skills", "placements", "questions", "runs", "run_results"}
 HEAD = ScriptDirectory.from_config(alembic_config("sqlite://")).get_current_head()
@@ -99,12 +100,8 @@ def _one_old_result(url: str) -> None:
     """A database at revision 0001 holding one run with one result, as the first release wrote it."""
     command.upgrade(alembic_config(url), "0001")
     engine = make_engine(url)
-    snapshot = ('{"model": "m", "document": "abc", "fields": [], "errata": [], "placements": [], '
-                '"question": {"text": "q?", "choices": [], "cot": false}, "strategies": ["recompute"]}')
     with engine.begin() as c:
-        c.execute(text("INSERT INTO runs (id, kind, snapshot, strategies, status, stage, progress, timings, "
-                       "created_at) VALUES (3, 'edit', :s, '[\"recompute\"]', 'succeeded', 'done', 1, '{}', "
-                       "CURRENT_TIMESTAMP)"), {"s": snapshot})
+        insert_old_run(c)
         c.execute(text("INSERT INTO run_results (run_id, strategy, decision, choice_probs, kl_to_recompute, "
                        "top1_agrees, topk_overlap, logit_cosine, decision_matches_recompute, "
                        "tokens_computed, latency_ms, text, detail) "

@@ -10,6 +10,7 @@ from sqlalchemy import text
 
 from data.db import make_engine
 from data.migrate import alembic_config
+from tests.data.conftest import insert_old_run
 
 
 def test_0005_reads_autos_pick_back_from_its_detail_and_spreads_a_single_timing(tmp_path: Path) -> None:
@@ -20,12 +21,8 @@ def test_0005_reads_autos_pick_back_from_its_detail_and_spreads_a_single_timing(
            "topk_overlap, logit_cosine, decision_matches_recompute, tokens_computed, latency_ms, text, "
            "detail, ttft_ms) "
            "VALUES (3, :strategy, 'yes', '{}', 0, 1, 10, 1, 1, 40, 80.5, '', :detail, :ttft)")
-    snapshot = ('{"model": "m", "document": "abc", "fields": [], "errata": [], "placements": [], '
-                '"question": {"text": "q?", "choices": [], "cot": false}, "strategies": ["recompute"]}')
     with engine.begin() as c:
-        c.execute(text("INSERT INTO runs (id, kind, snapshot, strategies, status, stage, progress, timings, "
-                       "created_at) VALUES (3, 'edit', :s, '[\"recompute\"]', 'succeeded', 'done', 1, '{}', "
-                       "CURRENT_TIMESTAMP)"), {"s": snapshot})
+        insert_old_run(c)
         c.execute(text(row), {"strategy": "auto", "detail": "picked erratum", "ttft": 61.25})
         c.execute(text(row), {"strategy": "selective", "detail": "3 of 20 downstream tokens", "ttft": 70.0})
     command.upgrade(alembic_config(url), "0005")

@@ -43,3 +43,35 @@ def add_field(client, nb: int, find: str = "active", new: str = "suspended", lab
         data={"start": start, "end": start + len(find), "selected": find, "new_value": new, "label": label},
         headers=HX,
     )
+
+
+def long_record_run(s, strategies: tuple[str, ...], notes_map: bool = False):
+    """In session `s`: a notebook on `LONG_DOC` with a field on "active" ("suspended") and a free
+    question, and a finished run of `strategies` written as a worker writes one; the run."""
+    from app.services.notebooks import add_field
+    from data.models import Notebook, Question
+    from tests.web.finished_run import finished_run
+
+    nb = Notebook(title="Long record", model="smollm2-135m", document=LONG_DOC)
+    s.add(nb)
+    s.flush()
+    at = LONG_DOC.index("active")
+    add_field(s, nb, at, at + 6, "suspended", "status")
+    nb.questions.append(Question(text="What is the status?", choices=[]))
+    s.commit()
+    return finished_run(s, nb, strategies=strategies, notes_map=notes_map)
+
+
+def page_run(client, **kw):
+    """A notebook (through the form) with a field and a choice question, and a finished run of it
+    written as a worker writes one (`finished_run`'s keywords): (notebook id, notebook, run)."""
+    from data.models import Notebook, Question
+    from tests.web.finished_run import finished_run
+
+    nb = new_notebook(client)
+    add_field(client, nb)
+    s = session()
+    notebook = s.get(Notebook, nb)
+    notebook.questions.append(Question(text="What is the status?", choices=["active", "suspended"]))
+    s.commit()
+    return nb, notebook, finished_run(s, notebook, **kw)

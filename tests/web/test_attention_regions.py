@@ -85,17 +85,9 @@ def test_the_heads_that_moved_most_are_ranked_against_recompute(real_run):
 
 def _finished(client):
     """A notebook with a field on "active" and a finished run written as a worker writes one."""
-    from data.models import Notebook, Question
-    from tests.web.conftest import add_field, new_notebook, session
-    from tests.web.finished_run import finished_run
+    from tests.web.conftest import page_run
 
-    nb = new_notebook(client)
-    add_field(client, nb)
-    s = session()
-    notebook = s.get(Notebook, nb)
-    notebook.questions.append(Question(text="What is the status?", choices=["active", "suspended"]))
-    s.commit()
-    return finished_run(s, notebook, strategies=("recompute", "stale", "field_erratum"))
+    return page_run(client, strategies=("recompute", "stale", "field_erratum"))[2]
 
 
 def test_the_api_carries_attention_regions_summing_to_one(make_client):

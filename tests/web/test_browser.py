@@ -18,7 +18,7 @@ import pytest
 
 from tests.conftest import CHROMIUM, ServedApp, chromium
 from tests.conftest import CHROMIUM_ARGS as ARGS
-from tests.web.conftest import ARTIFACTS, LONG_DOC
+from tests.web.conftest import ARTIFACTS, long_record_run
 from tests.web.conftest import BROWSER_DOC as DOC
 
 sync_api = chromium()
@@ -221,20 +221,10 @@ def test_run_page_opens_on_the_difference_and_reads_from_any_token(tmp_path: Pat
     page, errors = browser_page
     server = ServedApp(tmp_path, "smollm2-135m")
     try:
-        from app.services.notebooks import add_field
-        from data.models import Notebook, Question, RunResult
-        from tests.web.finished_run import finished_run
+        from data.models import RunResult
 
         with server.db() as s:
-            nb = Notebook(title="Long record", model="smollm2-135m", document=LONG_DOC)
-            s.add(nb)
-            s.flush()
-            at = LONG_DOC.index("active")
-            add_field(s, nb, at, at + 6, "suspended", "status")
-            nb.questions.append(Question(text="What is the status?", choices=[]))
-            s.commit()
-            run = finished_run(s, nb, strategies=("recompute", "prefix_reuse", "stale", "field_erratum"),
-                               notes_map=True)
+            run = long_record_run(s, ("recompute", "prefix_reuse", "stale", "field_erratum"), notes_map=True)
             free = s.query(RunResult).filter_by(run_id=run.id, strategy="field_erratum").one()
             free.decision = "the status is SUSPENDED"  # the engine's normalised match said: same answer
             s.commit()

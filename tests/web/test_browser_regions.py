@@ -12,7 +12,7 @@ import pytest
 
 from tests.conftest import CHROMIUM, ServedApp, chromium
 from tests.conftest import CHROMIUM_ARGS as ARGS
-from tests.web.conftest import ARTIFACTS, LONG_DOC
+from tests.web.conftest import ARTIFACTS, long_record_run
 
 sync_api = chromium()
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
@@ -21,19 +21,10 @@ pytestmark = [pytest.mark.browser, pytest.mark.slow]
 def test_regions_verdicts_and_words_first(tmp_path: Path) -> None:
     server = ServedApp(tmp_path, "smollm2-135m")
     try:
-        from app.services.notebooks import add_field
-        from data.models import Notebook, Question, RunResult
-        from tests.web.finished_run import finished_run
+        from data.models import RunResult
 
         with server.db() as s:
-            nb = Notebook(title="Long record", model="smollm2-135m", document=LONG_DOC)
-            s.add(nb)
-            s.flush()
-            at = LONG_DOC.index("active")
-            add_field(s, nb, at, at + 6, "suspended", "status")
-            nb.questions.append(Question(text="What is the status?", choices=[]))
-            s.commit()
-            run_id = finished_run(s, nb, strategies=("recompute", "stale", "in_place", "field_erratum")).id
+            run_id = long_record_run(s, ("recompute", "stale", "in_place", "field_erratum")).id
             for result in s.query(RunResult).filter_by(run_id=run_id):  # the sink's last token draws the most
                 w = (np.frombuffer(result.attention, dtype=np.float16)
                      .reshape(result.attention_shape).astype(np.float32))

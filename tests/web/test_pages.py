@@ -7,8 +7,9 @@ import re
 
 import pytest
 
-from data.models import Notebook, Question, Run, Skill, utcnow
+from data.models import Notebook, Run, Skill, utcnow
 from tests.web.conftest import DOC, HX, add_field, new_notebook, session  # noqa: F401
+from tests.web.conftest import page_run as finished
 
 
 @pytest.fixture
@@ -216,18 +217,6 @@ def test_unreachable_broker_shows_the_reason_and_keeps_the_question(make_client)
     assert session().query(Run).count() == 0
 
 
-def finished(client, **kw):
-    """A notebook with a field and a choice question, and a finished run of it written as a worker
-    writes one: (notebook id, notebook, run)."""
-    from tests.web.finished_run import finished_run
-
-    nb = new_notebook(client)
-    add_field(client, nb)
-    s = session()
-    notebook = s.get(Notebook, nb)
-    notebook.questions.append(Question(text="What is the status?", choices=["active", "suspended"]))
-    s.commit()
-    return nb, notebook, finished_run(s, notebook, **kw)
 
 
 def test_finished_run_page_decision_table_answers_and_heatmap(client) -> None:
