@@ -6,6 +6,7 @@ from the n-th occurrence of a text."""
 
 from __future__ import annotations
 
+import html
 import re
 
 import pytest
@@ -147,9 +148,25 @@ def test_home_paginates_and_shows_each_notebooks_last_outcome(client) -> None:
     second = client.get("/?page=2").text
     assert second.count('<li class="card">') == 6
     card = second.split("With a run")[1].split("</li>")[0]  # the oldest edit: last on the last page
-    assert "<strong>2 of 3</strong> agree with recompute" in card and "best <strong>11.8×</strong>" in card
+    assert "<strong>2 of 3</strong> strategies follow the edit, as recompute does" in card  # the run page's
+    assert "best <strong>11.8×</strong>" in card
     assert "no runs yet" in second
     assert client.get("/?page=99").text.count('<li class="card">') == 6  # past the end: the last page
+
+
+def test_home_card_says_when_the_edit_did_not_change_recompute(client) -> None:
+    """Recompute keeps the old value: the card says so instead of counting strategies, and names no
+    best speed-up (nothing can be told apart on the decision)."""
+    nb = new_notebook(client, title="Kept the old value")
+    add_field(client, nb)
+    s = session()
+    run = finished_run(s, with_question(s, nb))
+    for r in run.results:
+        r.edit_followed = "old"
+    s.commit()
+    card = html.unescape(client.get("/").text.split("Kept the old value")[1].split("</li>")[0])
+    assert "the edit did not change recompute's answer: it keeps the old value" in card
+    assert "of 2</strong>" not in card and "best <strong>" not in card
 
 
 def test_runs_and_skills_lists_paginate(client) -> None:

@@ -125,6 +125,7 @@ def _free_answer_run(client, decisions: dict[str, str]):
     from data.models import Notebook, Question
     from tests.web.conftest import add_field, new_notebook, session
     from tests.web.finished_run import finished_run
+    from vocabulary.verdicts import edit_followed
 
     nb = new_notebook(client)
     add_field(client, nb)
@@ -136,6 +137,7 @@ def _free_answer_run(client, decisions: dict[str, str]):
     for row in s.query(RunResult).filter_by(run_id=run.id):
         row.decision = row.text = decisions[row.strategy]
         row.decision_matches_recompute = decisions[row.strategy] == decisions["recompute"]
+        row.edit_followed = edit_followed(row.decision, ["active"], ["suspended"])  # as the worker would
     s.commit()
     return run
 

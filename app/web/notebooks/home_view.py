@@ -1,7 +1,7 @@
 """The home page's notebook cards, one page at a time, in a fixed number of queries whatever the
 number of notebooks: the page of notebooks (an excerpt, not the whole document), their field and
-skill counts, and their last run's outcome (how many strategies gave recompute's decision, the
-best speed-up among those that did). 10,000 notebooks cost what 24 do, plus one count."""
+skill counts, and their last run's outcome (the run page's headline, from the stored verdicts,
+and the best speed-up that stands among the strategies it counts). 10,000 notebooks cost what 24 do, plus one count."""
 
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from app.web.paging import Page
-from app.web.runs.view import agreement_summary, decision_rows
+from app.web.runs.verdict_view import Headline, headline
+from app.web.runs.view import decision_rows
 from data.models import Field, Notebook, Placement, Run, RunResult
 
 CARDS_PER_PAGE = 24
@@ -25,9 +26,8 @@ class RunOutcome:
     run_id: int
     status: str
     created_at: datetime
-    agree: int = 0
-    compared: int = 0
-    best_speedup: float | None = None  # among the strategies that gave recompute's decision
+    headline: Headline | None = None  # the run page's, e.g. "3 of 5" "strategies follow the edit, …"
+    best_speedup: float | None = None  # among the strategies it counts, when the timing stands
     best_strategy: str | None = None
 
 
@@ -81,15 +81,18 @@ def last_run_outcomes(session: Session, notebook_ids: list[int]) -> dict[int, Ru
     results: dict[int, list] = {}
     query = select(RunResult.run_id, RunResult.strategy, RunResult.decision_matches_recompute,
                    RunResult.tokens_computed, RunResult.ttft_ms, RunResult.latency_ms,
+                   RunResult.ttft_spread_ms, RunResult.edit_followed, RunResult.decision,
                    ).where(RunResult.run_id.in_([r.id for r in runs])).order_by(RunResult.id)
     for row in session.execute(query):
         results.setdefault(row.run_id, []).append(row)
     out = {}
     for run in runs:
         rows = decision_rows(SimpleNamespace(results=results.get(run.id, []), strategies=[]))
-        agree, compared = agreement_summary(rows)
-        best = max((r for r in rows if not r.is_reference and r.agrees and r.speedup),
-                   key=lambda r: r.speedup, default=None)
-        out[run.notebook_id] = RunOutcome(run.id, run.status, run.created_at, agree, compared,
+        ref = next((r.result for r in rows if r.is_reference and r.result is not None), None)
+        line = headline(rows, has_fields=getattr(ref, "edit_followed", None) is not None)
+        counted = line is not None and bool(line.count)
+        best = max((r for r in rows if counted and not r.is_reference and r.agrees and r.speedup
+                    and r.timing is None), key=lambda r: r.speedup, default=None)
+        out[run.notebook_id] = RunOutcome(run.id, run.status, run.created_at, line,
                                           best.speedup if best else None, best.strategy if best else None)
     return out

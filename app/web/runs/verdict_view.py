@@ -40,10 +40,10 @@ def verdict_applies(snapshot: Any) -> bool:
 
 def followed(result: Any, snapshot: Any) -> str:
     """The stored `edit_followed` of `result`, or (runs stored before it existed) computed from its
-    decision and the snapshot's values."""
+    decision and the snapshot's values ("neither" when there is neither)."""
     stored = getattr(result, "edit_followed", None)
-    if stored:
-        return stored
+    if stored or snapshot is None:
+        return stored or "neither"
     old, new = values_of(snapshot)
     return edit_followed(result.decision or "", old, new, snapshot.question.choices)
 

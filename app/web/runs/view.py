@@ -48,11 +48,11 @@ EXACT_KL = 1e-6  # below this a strategy's first-token distribution is recompute
 
 def decision_rows(run: Run) -> list[DecisionRow]:
     """One row per strategy, recompute first. `run` may lack a snapshot (the home page's summary):
-    then no edit verdict is drawn and rows agree on the decision alone."""
+    then the stored verdicts are read when recompute's names a value, else the decision alone."""
     by_name = {r.strategy: r for r in run.results}
     ref = by_name.get("recompute")
     snapshot = getattr(run, "snapshot", None)
-    judged = verdict_applies(snapshot)
+    judged = verdict_applies(snapshot) if snapshot is not None else _stored_verdict(ref)
     ref_followed = followed(ref, snapshot) if judged and ref is not None else None
     order = ["recompute", *[s for s in run.strategies if s != "recompute"]]
     order += [s for s in by_name if s not in order]
@@ -72,6 +72,13 @@ def decision_rows(run: Run) -> list[DecisionRow]:
         rows.append(DecisionRow(name, r, name == "recompute", agrees, pct, speed, mine,
                                 mark(name == "recompute", agrees, mine, ref_followed), tip))
     return rows
+
+
+def _stored_verdict(ref: RunResult | None) -> bool:
+    """Without the snapshot (the home page's summary), answers are judged by the stored verdicts
+    when recompute's names a value: only then can its question name one (free, or a choice naming
+    a value); "neither" falls back to the decision, as a yes/no question would."""
+    return getattr(ref, "edit_followed", None) in ("new", "old", "both")
 
 
 def _agrees(name: str, result: RunResult | None, mine: str | None, reference: str | None) -> bool:
