@@ -95,8 +95,9 @@ def finished_run(session: Session, notebook: Notebook, strategies=("recompute", 
             kl_to_recompute=0.0 if name == "recompute" else (1.7 if name == "stale" else 0.012),
             top1_agrees=agrees, topk_overlap=10 if agrees else 6, logit_cosine=0.99,
             decision_matches_recompute=agrees,
-            edit_followed=(edit_followed(decision, [f.old_value for f in fields], [f.new_value for f in fields],
-                                         choices) if fields else None),  # as the worker stores it
+            edit_followed=(edit_followed(decision, [f.old_value for f in fields],
+                                         [f.new_value for f in fields], choices)
+                           if fields else None),  # as the worker stores it
             tokens_computed=len(toks) if name == "recompute" else (0 if name == "stale" else 24),
             latency_ms=480.0 if name == "recompute" else (3.0 if name == "stale" else 41.0),
             ttft_ms=470.0 if name == "recompute" else (2.5 if name == "stale" else 40.0), decode_ms=0.5,

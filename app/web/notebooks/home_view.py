@@ -1,7 +1,8 @@
 """The home page's notebook cards, one page at a time, in a fixed number of queries whatever the
 number of notebooks: the page of notebooks (an excerpt, not the whole document), their field and
 skill counts, and their last run's outcome (the run page's headline, from the stored verdicts,
-and the best speed-up that stands among the strategies it counts). 10,000 notebooks cost what 24 do, plus one count."""
+and the best speed-up that stands among the strategies it counts). 10,000 notebooks cost what 24
+do, plus one count."""
 
 from __future__ import annotations
 
