@@ -188,36 +188,23 @@
   }
   function decisionUrl(strategy) { return "/api/runs/" + runId + "/attention?strategy=" + encodeURIComponent(strategy) + "&agg=mean"; }
 
-  // --- the most-attended tokens, and how each changed ---------------------------------------------
-  var NOTES = { document: true, erratum: true, skill: true }; // the notes, not the frame or the question
-  var SINK = 4, WORDY = /[\p{L}\p{N}]/u; // the first 4 tokens are the sink; a word has a letter or digit
-  var allTokens = root.querySelector("#hm-top-all");
-  function topIndices(n) { // strategy-side indices of the notes the query attends to most
-    var c = current, order = [], words = !(allTokens && allTokens.checked);
-    for (var i = 1; i < c.res.values.length; i++) {
-      if (!NOTES[c.res.tokens[i].segment]) continue;
-      if (words && (i < SINK || !WORDY.test(c.res.tokens[i].text))) continue; // sink, whitespace, punctuation
-
-      var r = c.map[i] >= 0 ? c.ref.values[c.map[i]] : 0;
-      order.push([Math.max(c.res.values[i], r), i]);
-    }
-    return order.sort(function (a, b) { return b[0] - a[0]; }).slice(0, n).map(function (x) { return x[1]; });
+  // --- the most-attended notes of the view, ranked by the server as every other view ranks them ---
+  var allTokens = root.querySelector("#hm-top-all"), topSeq = 0, topShown = [];
+  function drawTop() { // GET /runs/{id}/attention/top: the table's rows; the newest request wins
+    var body = root.querySelector("#hm-top tbody"), seq = ++topSeq;
+    topShown = [];
+    var url = "/runs/" + runId + "/attention/top?" + viewQuery() + (allTokens && allTokens.checked ? "&all=1" : "");
+    fetch(url, { headers: { Accept: "text/html" } }).then(function (r) {
+      if (!r.ok) return r.text().then(function (t) { throw new Error(t); });
+      return r.text();
+    }).then(function (html) {
+      if (seq !== topSeq) return;
+      body.innerHTML = html;
+      topShown = Array.prototype.map.call(body.querySelectorAll("tr[data-i]"), function (tr) { return +tr.dataset.i; });
+      drawOverview();
+    }).catch(function (err) { if (seq === topSeq) statusEl.textContent = "Could not load the most-attended notes: " + err.message; });
   }
-  function drawTop() {
-    var body = root.querySelector("#hm-top tbody"), c = current;
-    body.textContent = "";
-    topIndices(10).forEach(function (i, k) {
-      var tok = c.res.tokens[i], r = c.map[i] >= 0 ? c.ref.values[c.map[i]] : null, s = c.res.values[i];
-      var tr = document.createElement("tr");
-      tr.dataset.i = i; tr.tabIndex = 0; tr.title = "show this token in the panels";
-      [String(k + 1), JSON.stringify(tok.text), tok.segment, r === null ? "—" : r.toFixed(4), s.toFixed(4),
-        r === null ? "new" : (s - r >= 0 ? "+" : "") + (s - r).toFixed(4) + (s > r ? " ▲" : s < r ? " ▽" : "")].forEach(function (v, j) {
-        var td = document.createElement("td"); td.textContent = v; if (j >= 3) td.className = "num"; tr.appendChild(td);
-      });
-      body.appendChild(tr);
-    });
-  }
-  if (allTokens) allTokens.addEventListener("change", function () { if (current) { drawTop(); drawOverview(); } });
+  if (allTokens) allTokens.addEventListener("change", function () { if (current) drawTop(); });
   root.querySelector("#hm-top").addEventListener("click", function (e) {
     var tr = e.target.closest("tr[data-i]"); if (tr) jumpTo(+tr.dataset.i);
   });
@@ -243,7 +230,9 @@
         fields.forEach(function (f) { if (t.start < f[1] && f[0] < t.end && (i === 0 || !(c.res.tokens[i - 1].start < f[1] && f[0] < c.res.tokens[i - 1].end))) mark(i, "field", "the changed field"); });
       }
     });
-    topIndices(5).forEach(function (i, k) { mark(i, "top", "most attended #" + (k + 1) + ": " + JSON.stringify(c.res.tokens[i].text)); });
+    topShown.slice(0, 5).forEach(function (i, k) {
+      if (c.res.tokens[i]) mark(i, "top", "most attended #" + (k + 1) + ": " + JSON.stringify(c.res.tokens[i].text));
+    });
     overview.textContent = "";
     overview.appendChild(frag);
   }

@@ -1,7 +1,7 @@
 // report.js — inlined into the standalone report (/runs/{id}/report.html), which must work as a
 // file with no network: it reads the data embedded beside it (#report-data) and lets the reader
 // switch the strategy shown against recompute (the decision's attention, mean over layers and
-// heads), repainting the panels and the most-attended tokens as the run page would. Without it
+// heads), repainting the panels and showing its most-attended notes as the server ranked them. Without it
 // the report still shows the view it was made from, drawn by the server.
 (function () {
   "use strict";
@@ -66,20 +66,27 @@
     document.querySelector("[data-label]").textContent = "all layers, mean over heads";
     document.querySelector("[data-seq-scale]").textContent = "0 … " + vmax.toFixed(4);
     document.querySelector("[data-div-scale]").textContent = "±" + dmax.toFixed(4);
-    var order = [];
-    for (var i = 1; i < sv.length; i++) order.push([Math.max(sv[i], map[i] >= 0 ? rv[map[i]] : 0), i]);
-    order.sort(function (a, b) { return b[0] - a[0]; });
     var body = document.querySelector("#rp-top tbody");
     body.textContent = "";
     document.querySelector('#rp-top [data-col="strategy"]').textContent = name;
-    order.slice(0, 10).forEach(function (o, k) {
-      var j = o[1], r = map[j] >= 0 ? rv[map[j]] : null, v = sv[j], tr = document.createElement("tr");
-      [String(k + 1), JSON.stringify(s.tokens[j][0]), s.tokens[j][1], fixed(r, 4), v.toFixed(4),
-        r === null ? "new" : (v - r >= 0 ? "+" : "") + (v - r).toFixed(4) + (v > r ? " ▲" : v < r ? " ▽" : "")].forEach(function (text, col) {
-        var td = document.createElement("td"); td.textContent = text; if (col >= 3) td.className = "num"; tr.appendChild(td);
+    s.top.forEach(function (t, k) { // ranked by the server (top_tokens), as every view ranks them
+      var tr = document.createElement("tr");
+      [String(k + 1), JSON.stringify(t.text), null, t.segment, fixed(t.recompute, 4), t.strategy.toFixed(4),
+        t.change].forEach(function (text, col) {
+        var td = document.createElement("td");
+        if (text === null) { td.className = "in-context"; td.appendChild(inContext(t)); } else td.textContent = text;
+        if (col >= 4) td.className = "num";
+        tr.appendChild(td);
       });
       body.appendChild(tr);
     });
+  }
+  function inContext(t) {
+    var frag = document.createDocumentFragment();
+    [["span", t.before], ["mark", t.inline], ["span", t.after]].forEach(function (p) {
+      var el = document.createElement(p[0]); el.textContent = p[1]; if (p[0] === "span") el.className = "faint"; frag.appendChild(el);
+    });
+    return frag;
   }
 
   document.querySelectorAll("[data-needs-script]").forEach(function (el) { el.hidden = false; });

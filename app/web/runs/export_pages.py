@@ -23,7 +23,15 @@ from app.api.deps import SessionDep, get_or_404
 from app.services.attention import align_tokens, attention_vector, results_with_attention
 from app.web.runs.context import ViewDep, checked_view, run_context
 from app.web.runs.export import run_csv, run_json
-from app.web.runs.heatmap_view import ViewParams, div_stops, heatmap_panels, hex_colour, palette, seq_stops
+from app.web.runs.heatmap_view import (
+    ViewParams,
+    div_stops,
+    heatmap_panels,
+    hex_colour,
+    palette,
+    seq_stops,
+    top_tokens,
+)
 from app.web.runs.notes_map_view import lead_text
 from app.web.runs.svg_export import heatmap_svg, notes_map_svg
 from app.web.templating import ROOT, templates
@@ -116,11 +124,14 @@ def _unlinked(page: str) -> str:
 
 def report_data(session: SessionDep, run: Run, strategies: list[str]) -> dict:
     """What the report's script needs to redraw the panels for any strategy: each strategy's tokens,
-    the decision's attention (mean over layers and heads) and its tokens' places in recompute's."""
+    the decision's attention (mean over layers and heads), its tokens' places in recompute's, and its
+    most-attended notes (ranked here, as every view ranks them)."""
     results = results_with_attention(session, run.id, strategies)
 
+    vectors = {name: attention_vector(results[name], name) for name in strategies}
+
     def side(name: str) -> dict:
-        vector = attention_vector(results[name], name)
+        vector = vectors[name]
         return {"tokens": [[t.text, t.segment] for t in vector.tokens],
                 "values": [round(float(v), 6) for v in vector.values]}
 
@@ -132,6 +143,11 @@ def report_data(session: SessionDep, run: Run, strategies: list[str]) -> dict:
         if name != "recompute":
             entry = side(name)
             entry["map"] = align_tokens(results[name].tokens or [], results["recompute"].tokens or [])
+            ref, res = vectors["recompute"], vectors[name]
+            entry["top"] = [{"text": t.text, "segment": t.segment, "inline": t.inline,
+                             "before": t.before, "after": t.after,
+                             "recompute": t.recompute, "strategy": t.strategy, "change": t.change}
+                            for t in top_tokens(res.tokens, ref.values, res.values, entry["map"])]
             data["strategies"][name] = entry
     return data
 

@@ -1,8 +1,9 @@
 """The attention view as the server draws it, for the exports, the report, the presentation and
 the comparison: which view a permalink names (`?strategy=&layer=&head=&agg=&query=`, checked
 against the run), and the three panels — recompute, the strategy, their difference — as coloured
-token cells, with the scales and the most-attended tokens, computed exactly as `heatmap.js` does
-on the run page. The colour stops are read from `static/css/kvnotes.css` (one place for them).
+token cells, with the scales (computed exactly as `heatmap.js` paints them on the run page) and
+the most-attended notes (`top_tokens`: the one ranking every view shows). The colour stops are
+read from `static/css/kvnotes.css` (one place for them).
 
 `query` in a permalink counts the question and answer tokens from 0 (the same token in every
 strategy); the API's `query` is the absolute token index, which differs between strategies.
@@ -187,6 +188,13 @@ class TopToken:
     segment: str
     recompute: float | None
     strategy: float
+    before: str = ""  # the text just before it in its segment (which " the" this is)
+    after: str = ""
+
+    @property
+    def inline(self) -> str:
+        """The token on one line, as it sits between `before` and `after`."""
+        return _one_line(self.text)
 
     @property
     def change(self) -> str:
@@ -252,10 +260,12 @@ def heatmap_panels(session: Session, run_id: int, params: ViewParams,
                                tip(mapping[i], i) + f" · difference {d:+.5f}", mapping[i] < 0, sign,
                                i == res.query))
     return HeatmapPanels(params, ref_cells, res_cells, diff_cells, vmax, dmax,
-                         _top(res.tokens, rv, sv, mapping), ref.tokens, res.tokens, rv, sv, mapping)
+                         top_tokens(res.tokens, rv, sv, mapping), ref.tokens, res.tokens, rv, sv, mapping)
 
 
-WORDY = re.compile(r"[^\W_]")  # a word has a letter or a digit (heatmap.js: WORDY)
+WORDY = re.compile(r"[^\W_]")  # a word has a letter or a digit
+NOTE_SEGMENTS = frozenset({"document", "erratum", "skill"})  # the notes: not the frame or the question
+CONTEXT_CHARS = 24
 
 
 def is_word(i: int, token: TokenRecord) -> bool:
@@ -264,13 +274,35 @@ def is_word(i: int, token: TokenRecord) -> bool:
     return i >= SINK_TOKENS and bool(WORDY.search(token.text))
 
 
-def _top(tokens: list[TokenRecord], rv: np.ndarray, sv: np.ndarray, mapping: list[int],
-         n: int = 10) -> list[TopToken]:
-    """The words the view attends to most in either cache (the sink, whitespace and punctuation
-    aside), as heatmap.js ranks them by default."""
-    candidates = [i for i in range(1, len(tokens)) if is_word(i, tokens[i])]
+def top_tokens(tokens: list[TokenRecord], rv: np.ndarray, sv: np.ndarray, mapping: list[int],
+               n: int = 10, words: bool = True) -> list[TopToken]:
+    """The notes (document, errata, skills) the view attends to most in either cache, each with the
+    text around it; `words` leaves out the sink, whitespace and punctuation. The one ranking the
+    run page (through `/runs/{id}/attention/top`), the report, the presentation and the exports show."""
+    candidates = [i for i in range(1, len(tokens))
+                  if tokens[i].segment in NOTE_SEGMENTS and (not words or is_word(i, tokens[i]))]
     order = sorted(candidates,
                    key=lambda i: -max(float(sv[i]), float(rv[mapping[i]]) if mapping[i] >= 0 else 0.0))
     return [TopToken(k + 1, i, mapping[i], tokens[i].text, tokens[i].segment,
-                     float(rv[mapping[i]]) if mapping[i] >= 0 else None, float(sv[i]))
+                     float(rv[mapping[i]]) if mapping[i] >= 0 else None, float(sv[i]),
+                     *_context(tokens, i))
             for k, i in enumerate(order[:n])]
+
+
+def _one_line(text: str) -> str:
+    return text.replace("\n", " ").replace("\t", " ")
+
+
+def _context(tokens: list[TokenRecord], i: int) -> tuple[str, str]:
+    """Up to CONTEXT_CHARS of the text either side of token `i` within its segment, on one line."""
+    def gather(step: int) -> str:
+        text, j = "", i + step
+        while 0 <= j < len(tokens) and tokens[j].segment == tokens[i].segment and len(text) < CONTEXT_CHARS:
+            text = tokens[j].text + text if step < 0 else text + tokens[j].text
+            j += step
+        return _one_line(text)
+
+    before, after = gather(-1), gather(1)
+    before = ("…" + before[-CONTEXT_CHARS:]) if len(before) > CONTEXT_CHARS else before
+    after = (after[:CONTEXT_CHARS] + "…") if len(after) > CONTEXT_CHARS else after
+    return before, after

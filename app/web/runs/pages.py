@@ -1,7 +1,7 @@
 """The runs list (newest first, a page at a time); the run permalink (exactly what was run, the
 decision diff, answers side by side, the attention heatmaps), the progress fragment that polls
-while a run is live and stops when it ends, cancelling, and the head-by-head attention difference
-the heatmap grid is coloured by.
+while a run is live and stops when it ends, cancelling, the head-by-head attention difference
+the heatmap grid is coloured by, and the most-attended notes of the view on screen.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from app.services.runs import cancel_run, waits_without_worker
 from app.web.notebooks.context import decision_summary
 from app.web.paging import page_param, paginate
 from app.web.runs.context import ViewDep, checked_view, run_page_context
+from app.web.runs.heatmap_view import heatmap_panels, top_tokens
 from app.web.templating import render
 from data.models import Run
 from data.watchdog import reap_for_reader
@@ -67,6 +68,22 @@ def run_cancel(request: Request, run_id: int, session: SessionDep, compact: str 
     run = get_or_404(session, Run, run_id, "run")
     cancel_run(session, run)
     return render(request, "_run_progress.html", run=run, compact=bool(compact))
+
+
+@router.get("/runs/{run_id}/attention/top")
+def attention_top(request: Request, run_id: int, session: SessionDep, asked: ViewDep,
+                  all: str = "") -> Response:
+    """The most-attended notes of one view (`?strategy=&layer=&head=&agg=&query=`, as a permalink
+    names it), as the rows of the run page's table: ranked on the server, as the report, the
+    presentation and the exports rank them. `all=1` keeps the sink, whitespace and punctuation."""
+    run = get_or_404(session, Run, run_id, "run")
+    with_attention = [r.strategy for r in run.results if r.attention_shape]
+    view = checked_view(run, {"attention_strategies": with_attention, "default_strategy": None}, asked)
+    if view is None:
+        raise HTTPException(status_code=404, detail=f"run {run_id} stored no attention maps")
+    p = heatmap_panels(session, run_id, view)
+    top = p.top if not all else top_tokens(p.res_tokens, p.ref_values, p.res_values, p.mapping, words=False)
+    return render(request, "_top_rows.html", top=top)
 
 
 @router.get("/runs/{run_id}/attention/heads")
