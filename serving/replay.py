@@ -101,7 +101,8 @@ def _run_variant(server: Server, spec: ReplaySpec, warm: str, planned: list[Plan
 def _stream_all(server: Server, spec: ReplaySpec, planned: list[PlannedRequest],
                 progress: Callable[[int], None] | None) -> list[Completion]:
     """Send each request at its arrival time through `concurrency` workers; the first failure stops
-    the replay and names its request."""
+    the replay and names its request. An exception from `progress` (the caller cancelling) stops it
+    too: no request is sent after it, and those waiting for a connection are dropped."""
     futures: list[Future] = []
     finished, lock = [0], threading.Lock()
 
@@ -122,7 +123,7 @@ def _stream_all(server: Server, spec: ReplaySpec, planned: list[PlannedRequest],
                 futures.append(pool.submit(one, request))
             for i, future in enumerate(futures):
                 _result(future, planned[i])
-        except ReplayError:
+        except BaseException:  # a failed request, or the caller's progress stopping the replay
             pool.shutdown(wait=True, cancel_futures=True)
             raise
     return [future.result() for future in futures]

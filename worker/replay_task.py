@@ -64,7 +64,8 @@ class _Progress:
             return
         self.last = time.monotonic()
         if not _write(self.replay_id, stage=f"{variant}: {done}/{total} requests", progress=done / total):
-            raise Cancelled(f"replay {self.replay_id} is no longer running")
+            raise Cancelled(f"replay {self.replay_id} is no longer running: stopped after {done} of "
+                            f"{total} requests")
 
 
 @app.task(name="kvnotes.replay", bind=True)
@@ -78,7 +79,8 @@ def replay_task(self, replay_id: int) -> dict[str, Any]:
     try:
         result = replay(ReplaySpec.of(snapshot.model_dump()), snapshot.url, snapshot.model or None,
                         on_progress=_Progress(replay_id))
-    except Cancelled:
+    except Cancelled as exc:
+        log.info("%s", exc)
         return {"replay_id": replay_id, "status": "cancelled"}
     except ReplayError as exc:
         _write(replay_id, status=RunStatus.FAILED.value, error=str(exc), finished_at=run_rows.now())

@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session
 from app.services.errors import Unprocessable
 from data.accounts import LOCAL_USER
 from data.models import Notebook, RunStatus, as_utc, utcnow
-from data.queue import QueueUnavailable, enqueue_replay
+from data.queue import QueueUnavailable, enqueue_replay, revoke
 from data.replays import Replay, ReplaySnapshot
 from data.settings import get_settings
 from serving import ReplayError, ReplaySpec, preflight
@@ -113,3 +113,15 @@ def settled(session: Session, replay: Replay) -> Replay:
                     "worker stopped or its message was lost; start it again")
     session.commit()
     return replay
+
+
+def cancel_replay(session: Session, replay: Replay) -> bool:
+    """Mark an unfinished replay cancelled and revoke its message; False (nothing changed) when it
+    already finished. The worker stops at its next finished request and keeps no result."""
+    if replay.is_finished:
+        return False
+    replay.status, replay.stage, replay.finished_at = RunStatus.CANCELLED.value, "cancelled", utcnow()
+    session.commit()
+    if replay.task_id:
+        revoke(replay.task_id)
+    return True

@@ -57,3 +57,29 @@ def test_a_replay_past_the_time_limit_reads_as_failed(make_client):
     assert read["status"] == "failed" and "did not finish within 120 s" in read["error"]
     assert client.get(f"/api/replays/{fresh_id}").json()["status"] == "running"
     assert "did not finish within 120 s" in client.get(f"/replays/{old_id}").text
+
+
+def test_a_queued_or_running_replay_can_be_cancelled_once(make_client):
+    client = make_client()
+    nid = _notebook(client)
+    from data.db import get_sessionmaker
+
+    snapshot = ReplaySnapshot(url="http://127.0.0.1:9", document=DOC, start=21, end=25, label="destination",
+                              values=["Rome"], question="Where?")
+    with get_sessionmaker()() as s:
+        rows = [Replay(notebook_id=nid, snapshot=snapshot, status=status, stage=status, progress=0.0)
+                for status in ("queued", "running", "succeeded")]
+        s.add_all(rows)
+        s.commit()
+        queued, running, done = (r.id for r in rows)
+    box = client.get(f"/replays/{running}/panel").text
+    assert f'hx-post="/replays/{running}/cancel"' in box and ">Cancel</button>" in box
+    r = client.post(f"/api/replays/{queued}/cancel")
+    assert r.status_code == 200 and r.json()["status"] == "cancelled" and r.json()["finished_at"]
+    box = client.post(f"/replays/{running}/cancel").text  # the panel's button
+    assert "Cancelled: no more requests were sent" in box and ">Cancel</button>" not in box
+    assert "hx-trigger" not in box  # no more polling
+    for rid, status in ((queued, "cancelled"), (running, "cancelled"), (done, "succeeded")):
+        again = client.post(f"/api/replays/{rid}/cancel")
+        assert again.status_code == 409 and f"replay {rid} already {status}" in again.text
+    assert client.post("/api/replays/987654/cancel").status_code == 404

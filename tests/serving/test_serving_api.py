@@ -4,6 +4,7 @@ server measured, and the notebook's Serving panel and the replay's permalink sho
 
 from __future__ import annotations
 
+import re
 import time
 
 import httpx
@@ -64,3 +65,29 @@ def test_a_replay_runs_on_the_worker_and_the_panel_shows_its_numbers(served):
         csv = client.get(f"/replays/{rid}/export.csv").text.splitlines()
         assert csv[0] == "variant,request,value,ttft_ms,hit_rate,answer" and len(csv) == 1 + 4
         assert client.get(f"/replays/{rid}/export.json").json()["result"] == replay["result"]
+
+
+def test_a_replay_cancelled_while_it_runs_sends_no_more_requests_and_keeps_nothing(served):
+    with httpx.Client(base_url=served.url, timeout=120) as client:
+        nid = make_notebook(client)
+        values = ["Madrid", "Rome", "Lisbon"] * 8  # 24 requests per variant, 48 in all, ≥ 24 s at 2/s
+        started = client.post(f"/api/notebooks/{nid}/replays",
+                              json={"values": values, "rate": 2, "concurrency": 1,
+                                    "variants": ["in_place", "erratum"]})
+        assert started.status_code == 201, started.text
+        rid = started.json()["id"]
+        deadline = time.monotonic() + 300
+        while (replay := client.get(f"/api/replays/{rid}").json())["progress"] == 0:
+            assert time.monotonic() < deadline and replay["status"] in ("queued", "running"), replay
+            time.sleep(0.2)
+        cancelled = client.post(f"/api/replays/{rid}/cancel")
+        assert cancelled.status_code == 200 and cancelled.json()["status"] == "cancelled", cancelled.text
+        said = f"replay {rid} is no longer running: stopped after"
+        while said not in served.log.read_text(errors="replace"):
+            assert time.monotonic() < deadline, "the worker never noticed the cancel"
+            time.sleep(0.5)
+        done, total = map(int, re.search(rf"{said} (\d+) of (\d+) requests", served.log.read_text()).groups())
+        assert total == 48 and done < total, (done, total)
+        final = client.get(f"/api/replays/{rid}").json()
+        assert final["status"] == "cancelled" and final["result"] is None and final["error"] is None
+        assert client.post(f"/api/replays/{rid}/cancel").status_code == 409

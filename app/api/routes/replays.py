@@ -1,6 +1,6 @@
 """Serving replays of a notebook's field edit on a vLLM server: start one (checked first: a 422
 naming the problem and nothing saved, or 503 when the broker cannot take it), list a notebook's,
-and read one with its result (docs/serving.md)."""
+read one with its result, and cancel one (docs/serving.md)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from fastapi import APIRouter, HTTPException, Query, status
 from pydantic import BaseModel
 
 from app.api.deps import PrincipalDep, SessionDep, errors, get_or_404
-from app.services.replays import ReplayCreate, replays_of, settled, start_replay
+from app.services.replays import ReplayCreate, cancel_replay, replays_of, settled, start_replay
 from data.models import Notebook
 from data.queue import QueueUnavailable
 from data.replays import Replay, ReplaySnapshot
@@ -68,3 +68,12 @@ def list_replays(notebook_id: int, session: SessionDep,
 @router.get("/replays/{replay_id}", response_model=ReplayOut, responses=errors(404))
 def read_replay(replay_id: int, session: SessionDep) -> ReplayOut:
     return ReplayOut.of(settled(session, get_or_404(session, Replay, replay_id, "replay")))
+
+
+@router.post("/replays/{replay_id}/cancel", response_model=ReplayOut, responses=errors(404, 409))
+def cancel(replay_id: int, session: SessionDep) -> ReplayOut:
+    """Stop a queued or running replay: the worker sends no more requests and keeps no result."""
+    replay = settled(session, get_or_404(session, Replay, replay_id, "replay"))
+    if not cancel_replay(session, replay):
+        raise HTTPException(status_code=409, detail=f"replay {replay_id} already {replay.status}")
+    return ReplayOut.of(replay)

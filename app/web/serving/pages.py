@@ -4,6 +4,7 @@ and messages as `POST /api/notebooks/{id}/replays`), watch it, and its permalink
     GET  /notebooks/{id}/serving     the panel (the notebook page loads it into place)
     POST /notebooks/{id}/replays     the panel's form: 422 with the message beside its field
     GET  /replays/{id}/panel         the replay's box, polled while it runs
+    POST /replays/{id}/cancel        the box's Cancel button (a finished replay is left as it is)
     GET  /replays/{id}               the permalink page
     GET  /replays/{id}/export.json   the replay as the API returns it
     GET  /replays/{id}/export.csv    one line per request
@@ -19,7 +20,7 @@ from fastapi.responses import JSONResponse, Response
 from app.api.deps import PrincipalDep, SessionDep, get_or_404
 from app.api.routes.replays import ReplayOut
 from app.services.errors import Unprocessable
-from app.services.replays import ReplayCreate, replays_of, settled, start_replay
+from app.services.replays import ReplayCreate, cancel_replay, replays_of, settled, start_replay
 from app.web.forms import lines, validate
 from app.web.serving.view import panel_context, replay_csv
 from app.web.templating import render
@@ -74,6 +75,13 @@ def create_replay(request: Request, notebook_id: int, session: SessionDep, princ
 @router.get("/replays/{replay_id}/panel")
 def replay_box(request: Request, replay_id: int, session: SessionDep) -> Response:
     replay = settled(session, get_or_404(session, Replay, replay_id, "replay"))
+    return render(request, "_replay.html", **panel_context(replay))
+
+
+@router.post("/replays/{replay_id}/cancel")
+def replay_cancel(request: Request, replay_id: int, session: SessionDep) -> Response:
+    replay = settled(session, get_or_404(session, Replay, replay_id, "replay"))
+    cancel_replay(session, replay)
     return render(request, "_replay.html", **panel_context(replay))
 
 
