@@ -3,8 +3,9 @@
 // drawn as a solid / dotted underline for greyscale). The query is the decision by default; any
 // question or answer token can be picked. For the decision: one head in the layer × head grid, a
 // whole layer, or all layers, mean or max over heads (other queries are kept averaged over both).
-// The server sends one vector per view (/api/runs/{id}/attention), cached here; the grid is
-// coloured on an absolute scale by how far each head moved from recompute (/runs/{id}/attention/heads).
+// The server sends one vector per view (/api/runs/{id}/attention), cached here, and every colour:
+// the panels' (/runs/{id}/attention/paint) and the grid's, on an absolute scale of how far each head
+// moved from recompute (/runs/{id}/attention/heads). No colour is computed here.
 // The view is a permalink: it opens from ?strategy=&layer=&head=&agg=&query= (checked by the server,
 // `query` counting the question and answer tokens from 0) and every change rewrites the URL in place
 // (history.replaceState: no history entry per click) and the export links that carry the view.
@@ -17,44 +18,12 @@
   function intOrNull(v) { return v === undefined || v === "" ? null : +v; }
   var state = { strategy: document.getElementById("hm-strategy").value, layer: intOrNull(root.dataset.viewLayer),
     head: intOrNull(root.dataset.viewHead), agg: root.dataset.viewAgg || "mean", query: intOrNull(root.dataset.viewQuery) };
-  var GRID_ZERO = 0.005; // head differences below this (0.5% of the attention) draw as no change
   var cache = {}; // url → promise of json
   var rendered = { ref: null, res: null };
   var current = null; // {ref, res, map, inverse, diff}
   var tip = document.getElementById("token-tip");
   var statusEl = document.getElementById("hm-status");
   var boxes = { ref: document.getElementById("hm-ref"), res: document.getElementById("hm-res"), diff: document.getElementById("hm-diff") };
-
-  function cssColor(name) {
-    var hex = getComputedStyle(document.documentElement).getPropertyValue(name).trim().replace("#", "");
-    return [parseInt(hex.slice(0, 2), 16), parseInt(hex.slice(2, 4), 16), parseInt(hex.slice(4, 6), 16)];
-  }
-  var SEQ = ["--seq-0", "--seq-1", "--seq-2", "--seq-3", "--seq-4"].map(cssColor);
-  var DIV = ["--div-neg-2", "--div-neg-1", "--div-0", "--div-pos-1", "--div-pos-2"].map(cssColor);
-
-  function ramp(stops, t) { // t in [0, 1]
-    t = Math.max(0, Math.min(1, t));
-    var x = t * (stops.length - 1), i = Math.min(Math.floor(x), stops.length - 2), f = x - i;
-    var a = stops[i], b = stops[i + 1];
-    return [0, 1, 2].map(function (k) { return Math.round(a[k] + (b[k] - a[k]) * f); });
-  }
-  function rgb(c) { return "rgb(" + c[0] + "," + c[1] + "," + c[2] + ")"; }
-  // text on a coloured token: the page's own colour while even the faint grey reads at WCAG AA
-  // (4.5:1), else white or black, whichever contrasts more (always ≥ 4.58:1)
-  function luminance(c) {
-    var l = c.map(function (v) { v /= 255; return v <= 0.03928 ? v / 12.92 : Math.pow((v + 0.055) / 1.055, 2.4); });
-    return 0.2126 * l[0] + 0.7152 * l[1] + 0.0722 * l[2];
-  }
-  function contrast(a, b) { var x = luminance(a), y = luminance(b); return (Math.max(x, y) + 0.05) / (Math.min(x, y) + 0.05); }
-  var FAINT = cssColor("--ink-faint");
-  function textOn(c) {
-    if (contrast(FAINT, c) >= 4.5) return "";
-    return contrast([255, 255, 255], c) >= contrast([0, 0, 0], c) ? "#fff" : "#000";
-  }
-  function gradient(el, stops) { el.style.background = "linear-gradient(90deg," + stops.map(rgb).join(",") + ")"; }
-  gradient(document.getElementById("ramp-seq"), SEQ);
-  gradient(document.getElementById("ramp-div"), DIV);
-  gradient(document.getElementById("ramp-grid"), DIV.slice(2));
 
   function get(url) {
     if (!cache[url]) cache[url] = fetch(url, { headers: { Accept: "application/json" } }).then(function (r) {
@@ -84,18 +53,11 @@
     box.appendChild(frag);
   }
 
-  // the colour scale's top: the largest value away from the first token (the attention sink)
-  function scaleMax(values) {
-    var m = 0;
-    for (var i = 1; i < values.length; i++) if (Math.abs(values[i]) > m) m = Math.abs(values[i]);
-    return m || 1e-9;
-  }
-  function paint(box, values, colour) {
+  function paint(box, side) { // the colours the server computed (/runs/{id}/attention/paint)
     var spans = box.children;
     for (var i = 0; i < spans.length; i++) {
-      var c = colour(values[i], i);
-      spans[i].style.backgroundColor = rgb(c);
-      spans[i].style.color = textOn(c);
+      spans[i].style.backgroundColor = side.bg[i];
+      spans[i].style.color = side.fg[i];
     }
   }
 
@@ -157,29 +119,28 @@
     Promise.all([get(decisionUrl("recompute")), get(decisionUrl(strategy))]).then(function (base) {
       return Promise.all([
         get(attentionUrl("recompute", base[0].query_start)), get(attentionUrl(strategy, base[1].query_start)),
-        get("/runs/" + runId + "/attention/heads?strategy=" + encodeURIComponent(strategy))]);
+        get("/runs/" + runId + "/attention/heads?strategy=" + encodeURIComponent(strategy)),
+        get("/runs/" + runId + "/attention/paint?" + viewQuery())]);
     }).then(function (parts) {
-      var ref = parts[0], res = parts[1], headData = parts[2];
+      var ref = parts[0], res = parts[1], headData = parts[2], colours = parts[3];
       fillQueries(ref);
       if (rendered.ref !== "recompute") { drawTokens(boxes.ref, ref.tokens); rendered.ref = "recompute"; }
       if (rendered.res !== strategy) { drawTokens(boxes.res, res.tokens); drawTokens(boxes.diff, res.tokens); rendered.res = strategy; paintGrid(headData); }
       var map = headData.map, inverse = new Array(ref.values.length).fill(-1);
       map.forEach(function (j, i) { if (j >= 0) inverse[j] = i; });
       var diff = res.values.map(function (v, i) { return map[i] >= 0 ? v - ref.values[map[i]] : v; });
-      var vmax = Math.max(scaleMax(ref.values), scaleMax(res.values)), dmax = scaleMax(diff);
-      function seq(v) { return ramp(SEQ, 0.9 * Math.pow(Math.max(0, v) / vmax, 0.6)); }
-      paint(boxes.ref, ref.values, seq);
-      paint(boxes.res, res.values, seq);
-      paint(boxes.diff, diff, function (d) { return ramp(DIV, 0.5 + 0.5 * Math.sign(d) * Math.sqrt(Math.abs(d) / dmax)); });
+      paint(boxes.ref, colours.ref);
+      paint(boxes.res, colours.res);
+      paint(boxes.diff, colours.diff);
       Array.prototype.forEach.call(boxes.diff.children, function (s, i) {
-        s.classList.toggle("unmatched", map[i] < 0);
-        s.classList.toggle("sign-pos", diff[i] > 0.1 * dmax);
-        s.classList.toggle("sign-neg", diff[i] < -0.1 * dmax);
+        s.classList.toggle("unmatched", colours.diff.unmatched[i]);
+        s.classList.toggle("sign-pos", colours.diff.sign[i] === "pos");
+        s.classList.toggle("sign-neg", colours.diff.sign[i] === "neg");
       });
       markQuery(boxes.ref, ref); markQuery(boxes.res, res); markQuery(boxes.diff, res);
       current = { ref: ref, res: res, map: map, inverse: inverse, diff: diff };
-      document.getElementById("seq-scale").textContent = "0 … " + vmax.toFixed(4);
-      document.getElementById("div-scale").textContent = "±" + dmax.toFixed(4);
+      document.getElementById("seq-scale").textContent = "0 … " + colours.vmax.toFixed(4);
+      document.getElementById("div-scale").textContent = "±" + colours.dmax.toFixed(4);
       root.querySelector('[data-max="ref"]').textContent = ref.tokens.length + " tokens";
       root.querySelector('[data-max="res"]').textContent = res.tokens.length + " tokens";
       drawTop(); drawOverview();
@@ -287,12 +248,12 @@
       }
     }
   }
-  function paintGrid(data) { // absolute: 0 → 100% of the head's attention moved, square-root spaced
+  function paintGrid(data) { // absolute: 0 → 100% of the head's attention moved; the server's colours
     grid.querySelectorAll("button[data-head]").forEach(function (cell) {
-      var v = data.head_diff[+cell.dataset.layer][+cell.dataset.head], shown = v < GRID_ZERO ? 0 : v;
-      cell.style.background = rgb(ramp(DIV.slice(2), Math.sqrt(Math.min(1, shown))));
-      cell.title = "layer " + cell.dataset.layer + " head " + cell.dataset.head + ": " + (100 * v).toFixed(2) +
-        "% of its attention moved (total variation vs recompute)" + (shown === 0 ? ", drawn as no change" : "");
+      var layer = +cell.dataset.layer, head = +cell.dataset.head, v = data.head_diff[layer][head];
+      cell.style.background = data.colours[layer][head];
+      cell.title = "layer " + layer + " head " + head + ": " + (100 * v).toFixed(2) +
+        "% of its attention moved (total variation vs recompute)" + (v < data.zero ? ", drawn as no change" : "");
     });
   }
   grid.addEventListener("click", function (event) {

@@ -1,6 +1,6 @@
 """The run page in Chromium: attention by region above the heatmap (its per-layer plots drawn),
-verdicts that lead with the edit, and "most attended" listing words unless the toggle asks for
-the sink, whitespace and punctuation too."""
+verdicts that lead with the edit, the panels painted with the server's colours, and "most
+attended" listing words unless the toggle asks for the sink, whitespace and punctuation too."""
 
 from __future__ import annotations
 
@@ -52,6 +52,17 @@ def test_regions_verdicts_and_words_first(tmp_path: Path) -> None:
             rows = [int(i) for i in page.eval_on_selector_all("#hm-top tbody tr",
                                                               "rs => rs.map(r => r.dataset.i)")]
             assert all(re.search(r"\w", w) for w in words) and min(rows) >= 4, (words, rows)
+            # the panels carry the server's colours (/runs/{id}/attention/paint), token for token
+            strategy = page.input_value("#hm-strategy")
+            paint = page.evaluate(f"fetch('/runs/{run_id}/attention/paint?strategy={strategy}')"
+                                  ".then(r => r.json())")
+            for box, side in (("#hm-ref", "ref"), ("#hm-res", "res"), ("#hm-diff", "diff")):
+                drawn = page.eval_on_selector_all(f"{box} .tok", "ts => ts.map(t => t.style.backgroundColor)")
+                wanted = [f"rgb({int(c[1:3], 16)}, {int(c[3:5], 16)}, {int(c[5:7], 16)})"
+                          for c in paint[side]["bg"]]
+                assert drawn == wanted, box
+            grid = page.eval_on_selector("#hm-grid button[data-head]", "b => b.style.background")
+            assert grid.startswith("rgb("), grid
             page.check("#hm-top-all")
             # the sink first
             page.wait_for_function("document.querySelector('#hm-top tbody tr').dataset.i === '3'")

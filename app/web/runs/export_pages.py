@@ -20,7 +20,7 @@ from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 
 from app.api.deps import SessionDep, get_or_404
-from app.services.attention import align_tokens, attention_vector, results_with_attention
+from app.services.attention import attention_vector, results_with_attention
 from app.web.runs.context import ViewDep, checked_view, run_context
 from app.web.runs.export import run_csv, run_json
 from app.web.runs.heatmap_view import (
@@ -28,9 +28,8 @@ from app.web.runs.heatmap_view import (
     div_stops,
     heatmap_panels,
     hex_colour,
-    palette,
+    paint,
     seq_stops,
-    top_tokens,
 )
 from app.web.runs.notes_map_view import lead_text
 from app.web.runs.svg_export import heatmap_svg, notes_map_svg
@@ -123,32 +122,24 @@ def _unlinked(page: str) -> str:
 
 
 def report_data(session: SessionDep, run: Run, strategies: list[str]) -> dict:
-    """What the report's script needs to redraw the panels for any strategy: each strategy's tokens,
-    the decision's attention (mean over layers and heads), its tokens' places in recompute's, and its
-    most-attended notes (ranked here, as every view ranks them)."""
+    """What the report's script needs to show any strategy against recompute (the decision's
+    attention, mean over layers and heads): the tokens, and per strategy the panels' colours and
+    its most-attended notes, all computed here (the script computes nothing)."""
     results = results_with_attention(session, run.id, strategies)
 
-    vectors = {name: attention_vector(results[name], name) for name in strategies}
-
-    def side(name: str) -> dict:
-        vector = vectors[name]
-        return {"tokens": [[t.text, t.segment] for t in vector.tokens],
-                "values": [round(float(v), 6) for v in vector.values]}
-
-    colours = {"seq": [hex_colour(c) for c in seq_stops()], "div": [hex_colour(c) for c in div_stops()],
-               "faint": hex_colour(palette()["ink-faint"])}
-    data = {"colours": colours,
-            "recompute": side("recompute"), "strategies": {}}
+    recompute = attention_vector(results["recompute"], "recompute").tokens
+    data: dict = {"recompute": {"tokens": [[t.text, t.segment] for t in recompute]}, "strategies": {}}
     for name in strategies:
-        if name != "recompute":
-            entry = side(name)
-            entry["map"] = align_tokens(results[name].tokens or [], results["recompute"].tokens or [])
-            ref, res = vectors["recompute"], vectors[name]
-            entry["top"] = [{"text": t.text, "segment": t.segment, "inline": t.inline,
-                             "before": t.before, "after": t.after,
-                             "recompute": t.recompute, "strategy": t.strategy, "change": t.change}
-                            for t in top_tokens(res.tokens, ref.values, res.values, entry["map"])]
-            data["strategies"][name] = entry
+        if name == "recompute":
+            continue
+        panels = heatmap_panels(session, run.id, ViewParams(name), results)
+        data["strategies"][name] = {
+            "tokens": [[t.text, t.segment] for t in panels.res_tokens],
+            "paint": paint(panels),
+            "top": [{"text": t.text, "inline": t.inline, "segment": t.segment, "before": t.before,
+                     "after": t.after, "recompute": t.recompute, "strategy": t.strategy, "change": t.change}
+                    for t in panels.top],
+        }
     return data
 
 

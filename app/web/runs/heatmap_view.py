@@ -88,6 +88,22 @@ def div_colour(delta: float, dmax: float) -> RGB:
     return ramp(div_stops(), 0.5 + 0.5 * float(np.sign(delta)) * (abs(delta) / dmax) ** 0.5)
 
 
+GRID_ZERO = 0.005  # a head whose attention moved less than this (0.5%) draws as no change
+
+
+def grid_colour(moved: float) -> str:
+    """A layer × head cell: how far the head's attention moved from recompute (total variation,
+    0 … 1), on the warm half of the diverging scale, square-root spaced."""
+    shown = 0.0 if moved < GRID_ZERO else min(1.0, moved)
+    return hex_colour(ramp(div_stops()[2:], shown ** 0.5))
+
+
+def ramps() -> dict[str, list[str]]:
+    """The legends' colour stops: attention, the difference, and the grid's."""
+    div = [hex_colour(c) for c in div_stops()]
+    return {"seq": [hex_colour(c) for c in seq_stops()], "div": div, "grid": div[2:]}
+
+
 def scale_max(values: np.ndarray) -> float:
     """The colour scale's top: the largest value away from the first token (the attention sink)."""
     rest = np.abs(values[1:]) if len(values) > 1 else np.zeros(1)
@@ -306,3 +322,16 @@ def _context(tokens: list[TokenRecord], i: int) -> tuple[str, str]:
     before = ("…" + before[-CONTEXT_CHARS:]) if len(before) > CONTEXT_CHARS else before
     after = (after[:CONTEXT_CHARS] + "…") if len(after) > CONTEXT_CHARS else after
     return before, after
+
+
+def paint(p: HeatmapPanels) -> dict:
+    """What the run page's script paints the three panels with, the colours all computed here:
+    per token its background and text colour (`""`: the page's), the difference's sign (`pos` |
+    `neg` | `""`) and whether it has a counterpart in recompute, and the scales' tops."""
+    def side(cells: list[Cell]) -> dict[str, list[str]]:
+        return {"bg": [c.bg for c in cells], "fg": [c.fg for c in cells]}
+
+    return {"ref": side(p.ref), "res": side(p.res),
+            "diff": {**side(p.diff), "sign": [c.sign for c in p.diff],
+                     "unmatched": [c.unmatched for c in p.diff]},
+            "vmax": round(p.vmax, 6), "dmax": round(p.dmax, 6), "label": p.params.label}

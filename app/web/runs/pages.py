@@ -16,7 +16,15 @@ from app.services.runs import cancel_run, waits_without_worker
 from app.web.notebooks.context import decision_summary
 from app.web.paging import page_param, paginate
 from app.web.runs.context import ViewDep, checked_view, run_page_context
-from app.web.runs.heatmap_view import heatmap_panels, top_tokens
+from app.web.runs.heatmap_view import (
+    GRID_ZERO,
+    HeatmapPanels,
+    grid_colour,
+    heatmap_panels,
+    paint,
+    ramps,
+    top_tokens,
+)
 from app.web.templating import render
 from data.models import Run
 from data.watchdog import reap_for_reader
@@ -37,7 +45,8 @@ def run_page(request: Request, run_id: int, session: SessionDep, asked: ViewDep)
     `head`, `agg`, `query`); the page keeps the URL in step as the view changes."""
     run = get_or_404(session, Run, run_id, "run")
     context = run_page_context(session, run)
-    return render(request, "run.html", **context, view=checked_view(run, context, asked), nav="runs")
+    return render(request, "run.html", **context, view=checked_view(run, context, asked), ramps=ramps(),
+                  nav="runs")
 
 
 @router.get("/runs/{run_id}/progress")
@@ -70,18 +79,31 @@ def run_cancel(request: Request, run_id: int, session: SessionDep, compact: str 
     return render(request, "_run_progress.html", run=run, compact=bool(compact))
 
 
-@router.get("/runs/{run_id}/attention/top")
-def attention_top(request: Request, run_id: int, session: SessionDep, asked: ViewDep,
-                  all: str = "") -> Response:
-    """The most-attended notes of one view (`?strategy=&layer=&head=&agg=&query=`, as a permalink
-    names it), as the rows of the run page's table: ranked on the server, as the report, the
-    presentation and the exports rank them. `all=1` keeps the sink, whitespace and punctuation."""
+def _panels(session: SessionDep, run_id: int, asked) -> HeatmapPanels:
+    """The three panels of the view `asked` names (as a permalink names it): 422 naming what it
+    cannot show, 404 when the run stored no attention."""
     run = get_or_404(session, Run, run_id, "run")
     with_attention = [r.strategy for r in run.results if r.attention_shape]
     view = checked_view(run, {"attention_strategies": with_attention, "default_strategy": None}, asked)
     if view is None:
         raise HTTPException(status_code=404, detail=f"run {run_id} stored no attention maps")
-    p = heatmap_panels(session, run_id, view)
+    return heatmap_panels(session, run_id, view)
+
+
+@router.get("/runs/{run_id}/attention/paint")
+def attention_paint(run_id: int, session: SessionDep, asked: ViewDep) -> JSONResponse:
+    """The colours of one view's three panels (`?strategy=&layer=&head=&agg=&query=`), computed
+    by the one colour model the report, the presentation, compare and the SVG share."""
+    return JSONResponse(paint(_panels(session, run_id, asked)))
+
+
+@router.get("/runs/{run_id}/attention/top")
+def attention_top(request: Request, run_id: int, session: SessionDep, asked: ViewDep,
+                  all: str = "") -> Response:
+    """The most-attended notes of one view, as the rows of the run page's table: ranked on the
+    server, as the report, the presentation and the exports rank them. `all=1` keeps the sink,
+    whitespace and punctuation."""
+    p = _panels(session, run_id, asked)
     top = p.top if not all else top_tokens(p.res_tokens, p.ref_values, p.res_values, p.mapping, words=False)
     return render(request, "_top_rows.html", top=top)
 
@@ -106,4 +128,6 @@ def attention_heads(run_id: int, session: SessionDep, strategy: str) -> JSONResp
         "map": compared.mapping,
         "head_diff": [[round(float(v), 5) for v in row] for row in heads],
         "mean_diff": [round(float(v), 5) for v in heads.mean(axis=1)],
+        "colours": [[grid_colour(float(v)) for v in row] for row in heads],
+        "zero": GRID_ZERO,  # below this a head draws as no change
     })

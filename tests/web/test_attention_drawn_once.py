@@ -1,7 +1,8 @@
-"""The most-attended notes, ranked once on the server (`top_tokens`): the run page's rows
+"""Attention drawn once, on the server. The most-attended notes (`top_tokens`): the run page's rows
 (`GET /runs/{id}/attention/top`, what heatmap.js shows), the report's data and the JSON export
 list the same tokens; only notes (document, errata, skills), words unless asked, each with the
-text around it, so ten " the"s say which ones they are."""
+text around it, so ten " the"s say which ones they are. The colours (`paint`): what the run
+page's script and the report's paint is what the server-drawn panels carry."""
 
 from __future__ import annotations
 
@@ -59,3 +60,28 @@ def test_the_rows_follow_the_view_and_the_toggle(make_client):
     assert min(r[0] for r in words) >= 4  # the sink aside unless asked
     assert _rows(client, run.id, "strategy=stale&query=0")  # a question token as the query
     assert client.get(f"/runs/{run.id}/attention/top?strategy=in_place").status_code == 422
+
+
+def test_one_colour_model_for_the_run_page_and_the_report(make_client):
+    """The run page's script paints what `/runs/{id}/attention/paint` computes: the colours the
+    report's server-drawn panels carry for the same view, token for token, scales included."""
+    client = make_client()
+    run = long_record_run(session(), ("recompute", "stale", "field_erratum"))
+    for view in ("strategy=field_erratum", "strategy=stale&layer=2&head=1", "strategy=stale&query=1"):
+        paint = client.get(f"/runs/{run.id}/attention/paint?{view}").json()
+        report = client.get(f"/runs/{run.id}/report.html?{view}").text
+        for side, box in (("ref", "rp-ref"), ("res", "rp-res"), ("diff", "rp-diff")):
+            cells = report.split(f'id="{box}">')[1].split("</div>")[0]
+            drawn = re.findall(r'style="background-color:(#[0-9a-f]{6})(?:;color:(#[0-9a-f]{3}))?"', cells)
+            assert [bg for bg, _ in drawn] == paint[side]["bg"], (view, side)
+            assert [fg for _, fg in drawn] == paint[side]["fg"], (view, side)
+        assert f"0 … {paint['vmax']:.4f}" in report and f"±{paint['dmax']:.4f}" in report
+        assert len(set(paint["res"]["bg"])) > 5 and paint["diff"]["sign"].count("pos") > 0
+    heads = client.get(f"/runs/{run.id}/attention/heads?strategy=stale").json()
+    assert len(heads["colours"]) == len(heads["head_diff"]) and heads["zero"] == 0.005
+    assert all(re.fullmatch(r"#[0-9a-f]{6}", c) for row in heads["colours"] for c in row)
+    # the report's script shows any strategy with the same colours the page gets for it
+    data = json.loads(re.search(r'<script type="application/json" id="report-data">(.*?)</script>',
+                                client.get(f"/runs/{run.id}/report.html").text, re.S).group(1))
+    page = client.get(f"/runs/{run.id}/attention/paint?strategy=stale").json()
+    assert data["strategies"]["stale"]["paint"] == page
