@@ -1,9 +1,9 @@
-"""The attention view as the server draws it, for the exports, the report, the presentation and
-the comparison: which view a permalink names (`?strategy=&layer=&head=&agg=&query=`, checked
-against the run), and the three panels — recompute, the strategy, their difference — as coloured
-token cells, with the scales (computed exactly as `heatmap.js` paints them on the run page) and
-the most-attended notes (`top_tokens`: the one ranking every view shows). The colour stops are
-read from `static/css/kvnotes.css` (one place for them).
+"""The attention view as the server draws it, for every view: which view a permalink names
+(`?strategy=&layer=&head=&agg=&query=`, checked against the run), and the three panels —
+recompute, the strategy, their difference — as coloured token cells, with the scales and the
+most-attended notes (`top_tokens`). This is the one colour model: the presentation, compare, the
+report and the SVG draw these cells, and the run page's script paints them (`paint`, through
+`/runs/{id}/attention/paint`). The colour stops are read from `static/css/kvnotes.css`.
 
 `query` in a permalink counts the question and answer tokens from 0 (the same token in every
 strategy); the API's `query` is the absolute token index, which differs between strategies.
@@ -73,7 +73,7 @@ def contrast(a: RGB, b: RGB) -> float:
 
 
 def text_on(c: RGB) -> str:
-    """The text colour on a coloured token (heatmap.js's rule): the page's own ("") while even the
+    """The text colour on a coloured token: the page's own ("") while even the
     faint grey reads at WCAG AA (4.5:1), else white or black, whichever contrasts more (≥ 4.58:1)."""
     if contrast(palette()["ink-faint"], c) >= 4.5:
         return ""
