@@ -24,6 +24,9 @@ EXAMPLES_DIR = ROOT / "examples"
 HTMX_FILE = "vendor/htmx-2.0.11.min.js"
 
 templates = Jinja2Templates(directory=str(TEMPLATES_DIR))
+# Templates are part of the release: never stat every template file on every render (a page
+# includes a dozen); a changed template is read at the next start, as changed Python code is.
+templates.env.auto_reload = False
 
 
 def approx_tokens(text: str | None) -> int:

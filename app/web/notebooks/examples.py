@@ -17,6 +17,7 @@ import json
 import logging
 import re
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -158,7 +159,14 @@ def example_slugs(directory: Path = EXAMPLES_DIR) -> list[str]:
 
 
 def list_examples(directory: Path = EXAMPLES_DIR) -> list[Example]:
-    """Every example that loads, its description filled (one that does not is logged and left out)."""
+    """Every example that loads, its description filled (one that does not is logged and left out);
+    read again only when a file of the folder changes (the home page lists them on every visit)."""
+    stamp = tuple((p.name, p.stat().st_mtime_ns) for p in sorted(directory.glob("*.json")))
+    return list(_listed(directory, stamp))
+
+
+@lru_cache(maxsize=8)
+def _listed(directory: Path, stamp: tuple) -> tuple[Example, ...]:
     out = []
     for slug in example_slugs(directory):
         try:
@@ -168,7 +176,7 @@ def list_examples(directory: Path = EXAMPLES_DIR) -> list[Example]:
             log.warning("%s", exc)
             continue
         out.append(Example(slug, spec.title, description, directory / f"{slug}.json", model))
-    return out
+    return tuple(out)
 
 
 def example_named(slug: str | None, directory: Path = EXAMPLES_DIR) -> Example | None:
