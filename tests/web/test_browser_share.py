@@ -445,22 +445,23 @@ def test_no_horizontal_scroll_at_390px(site, chromium, where: str) -> None:
 
 
 @pytest.mark.parametrize("where", ["home", "notebook", "run", "compare", "present-light",
-                                   "present-dark", "report"])
+                                   "present-dark", "present-map-dark", "report"])
 def test_text_contrast_meets_wcag_aa(site, chromium, where: str) -> None:
     server, ids = site
     path = {"home": "/", "notebook": f"/notebooks/{ids['long']}", "run": f"/runs/{ids['run']}",
             "compare": f"/compare?runs={ids['run']},{ids['reworded_run']}",
             "present-light": f"/runs/{ids['run']}/present/3",
             "present-dark": f"/runs/{ids['run']}/present/3",
+            "present-map-dark": f"/runs/{ids['run']}/present/4",  # the notes map on a dark slide
             "report": f"/runs/{ids['run']}/report.html"}[where]
     context = chromium.new_context(viewport={"width": 1400, "height": 1000}, bypass_csp=True,
-                                   color_scheme="dark" if where == "present-dark" else "light")
+                                   color_scheme="dark" if where.endswith("-dark") else "light")
     page = context.new_page()
     page.goto(server.url + path)
     if where == "run":
         expect(page.locator("#hm-status")).to_contain_text("all layers", timeout=10_000)
     audit = page.evaluate(CONTRAST_AUDIT)
-    if where == "present-dark":
+    if where.endswith("-dark"):
         assert page.evaluate("getComputedStyle(document.body).backgroundColor") == "rgb(16, 20, 29)"
     context.close()
     assert audit["checked"] > 20 and audit["bad"] == [], audit
