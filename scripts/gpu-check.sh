@@ -76,7 +76,9 @@ for path in sorted(Path(sys.argv[1]).glob("*-*.json")):
         rows.append(f"| {report['model']} | {path.name.split('-')[0]} | {report['dtype']} | {report['device']} | "
                     f"{name} | {r['decision'][:30]!r} | {r['kl_to_recompute']:.3g} | "
                     f"{'yes' if r['decision_matches_recompute'] else 'no'} |")
-        bad += name == "prefix_reuse" and r["kl_to_recompute"] > 1e-3
+        # prefix_reuse is exact in exact arithmetic; in bf16 a matrix product rounds by how it is
+        # split (threads, kernels, the pass's length): 0.0 to 5.4e-3 measured on CPUs (docs/benchmarks.md)
+        bad += name == "prefix_reuse" and r["kl_to_recompute"] > 1e-2
 print("bf16 runs on the bundled models (`kvnotes edit|compose --dtype bfloat16 --json`):\n")
 print("\n".join(rows))
 sys.exit(1 if bad else 0)

@@ -104,24 +104,44 @@ def test_bad_dtypes_and_devices_are_refused_with_a_clear_error():
     assert resolve_dtype(None, "cpu") == torch.float32 and resolve_dtype("", "cuda:0") == torch.bfloat16
 
 
+# prefix_reuse against bf16 recompute on smollm2-135m: exact in exact arithmetic, but the reused
+# prefix was computed in a pass of another length, and in bf16 the rounding of a matrix product
+# depends on how it is split across threads. Measured on the shipment read-back: KL 0.0 on an EPYC
+# with AVX-512 BF16 and on one thread of a Xeon without it; 5.4e-3 on two threads of that Xeon
+# (in_place, for scale: 3.8e-3; stale 2.7e-2).
+BF16_REUSE_KL = 1e-2
+# How far bf16 moves a choice's probability from float32's on that read-back: at most 0.044 (stale,
+# two Xeon threads). A decision float32 takes by less than NEAR_TIE is a near tie bf16 may tip:
+# hoist's 0.512 for Madrid became 0.494 on two threads and 0.526 on one.
+BF16_PROB = 0.06
+NEAR_TIE = 0.05
+
+
 @pytest.mark.slow
 def test_bf16_decisions_agree_with_float32_on_the_bundled_model(data_dir):
     """Every default edit strategy and splicing decide in bf16 as they do in float32 on smollm2-135m
-    (the shipment read-back, where recompute flips to the new value)."""
+    (the shipment read-back, where recompute flips to the new value), near ties aside, with each
+    choice's probability within bf16's reach of float32's."""
     shipment = (REPO / "examples" / "shipment.txt").read_text()
     start = shipment.index("Oslo")
     field = [Field(start, start + 4, "Madrid", "destination")]
     question = Question("What is the destination of shipment 4471?", ("Oslo", "Madrid"))
     skill = "Answer in one word.\n"
-    decisions = {}
+    decisions, madrid = {}, {}
     for dtype in ("float32", "bfloat16"):
         eng = load("smollm2-135m", device="cpu", dtype=dtype, data_dir=data_dir)
         edit = eng.edit(shipment, field, question)
         composed = eng.compose(shipment, [skill], question, seam=4)
         assert edit.dtype == composed.dtype == dtype
-        decisions[dtype] = {**{name: r.decision for name, r in edit.strategies.items()},
-                            "splice": composed.strategies["splice"].decision}
+        results = {**edit.strategies, "splice": composed.strategies["splice"]}
+        decisions[dtype] = {name: r.decision for name, r in results.items()}
+        madrid[dtype] = {name: r.choice_probs["Madrid"] for name, r in results.items()}
         if dtype == "bfloat16":
-            assert edit.strategies["prefix_reuse"].kl_to_recompute <= 1e-3
+            assert edit.strategies["prefix_reuse"].kl_to_recompute <= BF16_REUSE_KL
     assert decisions["float32"]["recompute"] == "Madrid"
-    assert decisions["bfloat16"] == decisions["float32"]
+    clear = [name for name, p in madrid["float32"].items() if abs(p - 0.5) >= NEAR_TIE]
+    assert len(clear) >= 7, madrid["float32"]  # most decisions are clear, so the comparison says something
+    assert {name: decisions["bfloat16"][name] for name in clear} == {name: decisions["float32"][name]
+                                                                     for name in clear}
+    moved = {name: abs(madrid["bfloat16"][name] - p) for name, p in madrid["float32"].items()}
+    assert max(moved.values()) <= BF16_PROB, moved

@@ -36,7 +36,7 @@ def test_gpu_check_runs_end_to_end_on_the_cpu(tmp_path, data_dir):
     bf16 = re.findall(r"^\| smollm2-135m \| (edit|compose) \| bfloat16 \| cpu \| "
                       r"(\w+) \| .+ \| ([\d.e+-]+) \| (yes|no) \|$", body, re.M)
     assert {"edit", "compose"} <= {run for run, _, _, _ in bf16}
-    assert [float(kl) for run, name, kl, _ in bf16 if name == "prefix_reuse"][0] <= 1e-3
+    assert [float(kl) for run, name, kl, _ in bf16 if name == "prefix_reuse"][0] <= 1e-2  # the script's bound
     assert "Speed-up over recompute by field position" in body  # the edit benchmark
     compose = re.search(r"^\| ([\d,]+) \| 2 × 256 \| ([\d,]+) \| ([\d,]+) \| ([\d.]+)× \|", body, re.M)
     assert compose, body[-3000:]
