@@ -44,7 +44,7 @@ def replay(spec: ReplaySpec, url: str, model: str | None = None,
             progress = (lambda k, v=variant, d=done: on_progress(d + k, total, v)) if on_progress else None
             results[variant] = _run_variant(server, spec, warm, planned, lengths, progress)
         return ReplayResult(server.url, info.model, spec.rate, spec.concurrency, info.max_model_len,
-                            round(os.getloadavg()[0], 2), results)
+                            round(os.getloadavg()[0], 2), results, info.prompt_format)
 
 
 def preflight(spec: ReplaySpec, url: str, model: str | None = None) -> ServerInfo:

@@ -1,6 +1,10 @@
-"""One OpenAI-compatible server (vLLM) as the replay sees it: which model it serves and how long a
-prompt may be, token counts of a chat prompt, one streamed chat completion timed to its first
-token, and the prefix-cache counters of `/metrics`.
+"""One OpenAI-compatible server (vLLM) as the replay sees it: which model it serves, how long a
+prompt may be and whether the model has a chat template, token counts of a prompt, one streamed
+completion timed to its first token, and the prefix-cache counters of `/metrics`.
+
+A prompt is sent as kvnotes prefills it (`worker.engine.readout.Frame`): for a model with a chat
+template, as the user message of that template (`/v1/chat/completions`, the server applies it); for
+a model without one (a base model), as plain text ending in `PLAIN_TAIL` (`/v1/completions`).
 
 Every failure becomes a `ReplayError` whose message names the server and what went wrong (the URL
 unreachable, the model not served, a prompt too long, a request that died), never a traceback.
@@ -27,10 +31,19 @@ class ReplayError(Exception):
 
 @dataclass(frozen=True)
 class ServerInfo:
-    """The served model's name and its longest prompt + answer (`max_model_len`)."""
+    """The served model's name, its longest prompt + answer (`max_model_len`) and whether prompts
+    go through its chat template."""
 
     model: str
     max_model_len: int
+    chat: bool = True
+
+    @property
+    def prompt_format(self) -> str:
+        return "chat" if self.chat else "plain"
+
+
+PLAIN_TAIL = "\nAnswer:"  # what Frame.suffix ends a question with for a model without a chat template
 
 
 @dataclass(frozen=True)
@@ -71,11 +84,14 @@ def base_url(url: str) -> str:
 
 
 class Server:
-    """An OpenAI-compatible server at `url` serving `model` (None: the one model it serves)."""
+    """An OpenAI-compatible server at `url` serving `model` (None: the one model it serves). `chat`:
+    send prompts through the model's chat template (None: when it has one, which `info` finds out)."""
 
-    def __init__(self, url: str, model: str | None = None, timeout_s: float = 600.0):
+    def __init__(self, url: str, model: str | None = None, timeout_s: float = 600.0,
+                 chat: bool | None = None):
         self.url = base_url(url)
         self.model = model
+        self.chat = chat
         self._client = httpx.Client(base_url=self.url, timeout=httpx.Timeout(timeout_s, connect=10.0))
 
     def close(self) -> None:
@@ -109,18 +125,43 @@ class Server:
         if self.model not in served:
             raise ReplayError(f"model {self.model!r} is not served by {self.url}; it serves: "
                               f"{', '.join(served) or 'no model'}", "model")
-        return ServerInfo(self.model, int(served[self.model].get("max_model_len") or 0))
+        if self.chat is None:
+            self.chat = self._has_chat_template()
+        return ServerInfo(self.model, int(served[self.model].get("max_model_len") or 0), self.chat)
 
-    def prompt_tokens(self, content: str) -> list[int]:
-        """The token ids of the chat prompt that carries `content` as the user message."""
-        body = {"model": self.model, "messages": _messages(content), "add_generation_prompt": True}
+    def _has_chat_template(self) -> bool:
+        """Whether the served model formats chat messages: vLLM's /tokenize refuses messages (HTTP
+        400 naming the chat template) for a model without a template."""
+        response = self._tokenize({"model": self.model, "messages": _messages("?"),
+                                   "add_generation_prompt": True}, check=False)
+        if response.status_code == 400 and "chat template" in response.text.lower():
+            return False
+        self._checked(response)
+        return True
+
+    def _prompt(self, content: str) -> dict:
+        """The request body's prompt part for `content`, chat or plain."""
+        if self.chat is False:
+            return {"prompt": content + PLAIN_TAIL}
+        return {"messages": _messages(content)}
+
+    def _tokenize(self, body: dict, check: bool = True) -> httpx.Response:
         try:
             response = self._client.post("/tokenize", json=body)
         except NETWORK_ERRORS as exc:
             raise ReplayError(f"cannot reach the server at {self.url}: {_reason(exc)}") from None
+        return self._checked(response) if check else response
+
+    def _checked(self, response: httpx.Response) -> httpx.Response:
         if response.status_code != 200:
             raise ReplayError(f"{self.url}/tokenize answered HTTP {response.status_code} "
                               f"(the replay needs vLLM's /tokenize): {response.text[:200]}")
+        return response
+
+    def prompt_tokens(self, content: str) -> list[int]:
+        """The token ids of the prompt that carries `content` (chat: as the user message)."""
+        extra = {"add_generation_prompt": True} if self.chat is not False else {}
+        response = self._tokenize({"model": self.model, **self._prompt(content), **extra})
         tokens = _json(response, f"{self.url}/tokenize").get("tokens")
         if not isinstance(tokens, list):
             raise ReplayError(f"{self.url}/tokenize answered without token ids (the replay needs vLLM)")
@@ -148,23 +189,25 @@ class Server:
         return Counters(found["queries"], found["hits"]) if matches else None
 
     def complete(self, content: str, max_tokens: int, choices: tuple[str, ...] = ()) -> Completion:
-        """Stream one greedy chat completion, constrained to one of `choices` when there are any (vLLM's
-        structured outputs: the decision over the choices, as kvnotes reads it); raises `ReplayError`
-        when it fails or breaks off."""
-        body = {"model": self.model, "messages": _messages(content), "max_tokens": max_tokens,
+        """Stream one greedy completion (chat or plain, as the model takes prompts), constrained to one
+        of `choices` when there are any (vLLM's structured outputs: the decision over the choices, as
+        kvnotes reads it); raises `ReplayError` when it fails or breaks off."""
+        body = {"model": self.model, **self._prompt(content), "max_tokens": max_tokens,
                 "temperature": 0.0, "stream": True, "stream_options": {"include_usage": True}}
-        if choices:
-            body["structured_outputs"] = {"choice": list(choices)}
+        if choices:  # a base model's answer follows "Answer:" after a space, as Frame.choice_text writes it
+            body["structured_outputs"] = {"choice": [c if self.chat is not False else " " + c.strip()
+                                                     for c in choices]}
+        path = "/v1/completions" if self.chat is False else "/v1/chat/completions"
         sent = time.perf_counter()
         first, parts, usage = None, [], None
         try:
-            with self._client.stream("POST", "/v1/chat/completions", json=body) as response:
+            with self._client.stream("POST", path, json=body) as response:
                 if response.status_code != 200:
                     raise ReplayError(f"HTTP {response.status_code}: {response.read().decode()[:300]}")
                 for chunk in _events(response):
                     usage = chunk.get("usage") or usage
                     for choice in chunk.get("choices") or []:
-                        text = (choice.get("delta") or {}).get("content") or ""
+                        text = (choice.get("delta") or {}).get("content") or choice.get("text") or ""
                         if first is None and (text or choice.get("finish_reason")):
                             first = time.perf_counter()
                         parts.append(text)

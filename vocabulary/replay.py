@@ -62,6 +62,10 @@ class ReplayResult:
     max_model_len: int
     load_average: float
     variants: dict[str, VariantResult]
+    # how prompts were sent: "chat" (the user message of the model's chat template, through
+    # /v1/chat/completions) or "plain" (a model without one: the text as kvnotes frames it, through
+    # /v1/completions)
+    prompt_format: str = "chat"
 
     def to_dict(self) -> dict:
         return asdict(self)

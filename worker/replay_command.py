@@ -41,8 +41,8 @@ def spec_from_args(args: argparse.Namespace, document: str) -> ReplaySpec:
 
 
 def _print_table(data: dict) -> None:
-    print(f"{data['model']} at {data['url']}: rate {data['rate']}/s, concurrency {data['concurrency']}, "
-          f"load average {data['load_average']}")
+    print(f"{data['model']} at {data['url']}: {data['prompt_format']} prompts, rate {data['rate']}/s, "
+          f"concurrency {data['concurrency']}, load average {data['load_average']}")
     print(f"{'variant':<10} {'requests':>8} {'hit rate':>8} {'estimate':>8} {'TTFT p50':>10} {'p90 ms':>10} "
           f"{'req/s':>7} {'tokens':>7} {'agree':>6}")
     for name, v in data["variants"].items():

@@ -9,9 +9,12 @@ be emptied between variants) instead.
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import socket
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -53,11 +56,12 @@ def _served(url: str) -> bool:
         return False
 
 
-def _start(log: Path) -> tuple[subprocess.Popen, str]:
+def _start(log: Path, model: str = "smollm2-135m") -> tuple[subprocess.Popen, str]:
     port = free_port()
     env = {**os.environ, "KVNOTES_VLLM_VENV": str(VENV), "KVNOTES_DATA": str(REPO / "var" / "test-data")}
     out = log.open("w")
-    proc = subprocess.Popen([str(REPO / "scripts" / "vllm.sh"), "--port", str(port)], cwd=REPO, env=env,
+    proc = subprocess.Popen([str(REPO / "scripts" / "vllm.sh"), "--model", model, "--port", str(port)],
+                            cwd=REPO, env=env,
                             stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + START_TIMEOUT_S
@@ -83,17 +87,49 @@ def vllm_url(tmp_path_factory) -> Iterator[str]:
             missing(f"KVNOTES_TEST_VLLM_URL={existing} does not answer")
         yield existing.rstrip("/").removesuffix("/v1")
         return
+    yield from _serving(tmp_path_factory.mktemp("vllm"), "smollm2-135m")
+
+
+def _serving(where: Path, model: str) -> Iterator[str]:
+    """Start `scripts/vllm.sh --model model`, yield its base URL, stop it."""
     if not UNDER_CI and not (VENV / "bin" / "python").exists():
         missing(f"no vLLM virtualenv at {VENV}: run scripts/vllm.sh once (or set KVNOTES_VLLM_VENV)")
-    log = tmp_path_factory.mktemp("vllm") / "vllm.log"
-    proc, url = _start(log)
+    log = where / "vllm.log"
+    proc, url = _start(log, model)
     if not _served(url):
         if proc.poll() is None:
             _stop(proc)
         tail = "\n".join(log.read_text(errors="replace").splitlines()[-25:])
         missing(f"scripts/vllm.sh did not serve within {START_TIMEOUT_S} s (exit {proc.poll()}):\n{tail}")
-    yield url
-    _stop(proc)
+    try:
+        yield url
+    finally:
+        _stop(proc)
+
+
+@pytest.fixture(scope="module")
+def base_model_url(tmp_path_factory) -> Iterator[str]:
+    """A vLLM server serving smollm2-135m as a base model: the converted folder without its chat
+    template (the weights linked, not copied), as a model published without one is served."""
+    source = REPO / "var" / "test-data" / "models" / "smollm2-135m"
+    if not (source / "config.json").exists():  # converted by the session's server on first use
+        subprocess.run([sys.executable, "-c", "import sys, pathlib, worker.engine.models as m\n"
+                        "m.ensure_converted('smollm2-135m', pathlib.Path(sys.argv[1]))",
+                        str(REPO / "var" / "test-data")], cwd=REPO, check=True)
+    where = tmp_path_factory.mktemp("vllm-base")
+    folder = where / "smollm2-135m-base"
+    folder.mkdir()
+    for item in source.iterdir():
+        if item.name == "chat_template.jinja":
+            continue
+        if item.suffix == ".safetensors":
+            (folder / item.name).symlink_to(item)
+        else:
+            shutil.copy(item, folder / item.name)
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    config.pop("chat_template", None)
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    yield from _serving(where, str(folder))
 
 
 class DyingServer:

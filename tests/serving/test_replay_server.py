@@ -4,6 +4,7 @@ measures per variant, that the per-request cached tokens agree with the server's
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import httpx
@@ -99,3 +100,26 @@ def test_a_server_that_dies_mid_replay_fails_the_replay_and_names_the_request(vl
         replay(spec(rate=100.0, concurrency=1), relay.url, on_progress=die_after_first)
     with pytest.raises(httpx.ConnectError):
         httpx.get(relay.url + "/v1/models", timeout=2)
+
+
+def test_a_model_without_a_chat_template_is_replayed_with_plain_prompts(base_model_url, vllm_url):
+    """smollm2-135m served without its chat template, as a base model is published: the replay tells
+    from /tokenize, sends the plain text kvnotes prefills for such a model (the document, the
+    question, "\\nAnswer:") through /v1/completions, and the cache story is the same."""
+    from transformers import AutoTokenizer
+
+    with Server(vllm_url) as chat:
+        assert chat.info().prompt_format == "chat"
+    with Server(base_model_url) as plain:
+        info = plain.info()
+        assert (info.chat, info.prompt_format) == (False, "plain")
+        text = DOCUMENT + "\n\nQuestion: " + QUESTION
+        tokenizer = AutoTokenizer.from_pretrained(REPO / "var" / "test-data" / "models" / "smollm2-135m")
+        assert plain.prompt_tokens(text) == tokenizer(text + "\nAnswer:").input_ids  # kvnotes's base Frame
+    result = replay(dataclasses.replace(spec(), values=("Madrid", "Rome")), base_model_url)
+    assert result.prompt_format == "plain"
+    v = result.variants
+    assert v["in_place"].prefix_hit_rate <= 0.1 and v["erratum"].prefix_hit_rate >= 0.6, v
+    for name, r in v.items():
+        assert r.requests == 2 and r.metrics_hit_rate == pytest.approx(r.prefix_hit_rate, abs=0.005), name
+        assert all(answer.strip() in CHOICES for answer in r.answers), r.answers  # " Oslo", after "Answer:"
