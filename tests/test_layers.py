@@ -261,3 +261,17 @@ def test_web_modules_import_only_public_names_of_one_another(module: str):
                      if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("app.web")
                      for alias in node.names if alias.name.startswith("_"))
     assert private == [], f"{module} imports private helpers {private}"
+
+
+def test_no_test_module_imports_another():
+    """Helpers shared by tests live in a conftest.py or a helper module, never in a test module,
+    so that collecting one file never runs (or depends on) another's tests."""
+    offenders = []
+    for path in sorted((REPO / "tests").rglob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            names = ([node.module or ""] if isinstance(node, ast.ImportFrom)
+                     else [a.name for a in node.names] if isinstance(node, ast.Import) else [])
+            offenders += [f"{path.relative_to(REPO)} imports {name}" for name in names
+                          if name.startswith("tests.") and name.rsplit(".", 1)[-1].startswith("test_")]
+    assert offenders == []

@@ -1,4 +1,7 @@
-"""What the KV-store tests share: deterministic random notes, a small-block store, and checks."""
+"""What the engine tests share: the portable tiny families, a text and a question, keys computed
+at given positions, a forward that returns logits and the K/V it leaves (split attention or
+SDPA), the error measures; and for the KV store, deterministic random notes, a small-block store
+and checks."""
 
 from __future__ import annotations
 
@@ -6,8 +9,52 @@ from pathlib import Path
 
 import pytest
 import torch
+from transformers import DynamicCache
 
+from worker.engine import Question
+from worker.engine.notes import cache_from_layers, layers_of
 from worker.engine.store import KVStore
+
+PORTABLE = ["tiny-llama", "tiny-qwen3", "tiny-mistral", "tiny-gemma3", "tiny-phi", "tiny-llama3",
+            "tiny-yarn", "tiny-moe"]
+# longer than the tiny models' 16-token sliding window, so windowed layers matter
+TEXT = ("Account record. status: active. owner: Ada Lovelace. region: north. "
+        "Only accounts whose status is active may log in; others are refused at the door.")
+QUESTION = Question("Can this user log in?", ("yes", "no"))
+
+
+def keys_at(eng, ids, first_position):
+    """Per-layer keys of `ids` computed directly at positions first_position.. ([1, kv, T, d])."""
+    cache = DynamicCache()
+    pos = torch.arange(len(ids)).unsqueeze(0) + first_position
+    with torch.inference_mode():
+        eng.model(input_ids=torch.tensor([ids]), position_ids=pos, cache=cache, use_cache=True)
+    return [layer.keys for layer in cache.layers]
+
+
+def max_rel_error(a_layers, b_layers):
+    return max(float((a - b).abs().max() / b.abs().max()) for a, b in zip(a_layers, b_layers))
+
+
+@torch.inference_mode()
+def forward(model, layers, ids, mask=None, positions=None, split_cache=True):
+    """Logits [L, vocab] of `ids` after `layers`, and the K/V the cache holds afterwards."""
+    cache = cache_from_layers(layers, model if split_cache else None)
+    out = model(input_ids=torch.tensor([ids]), cache=cache, use_cache=True, attention_mask=mask,
+                position_ids=None if positions is None else torch.tensor([positions]))
+    return out.logits[0].float(), layers_of(cache)
+
+
+def max_diff(a, b):
+    """Largest difference of logits and of every layer's K/V, relative to the largest value."""
+    (la, kva), (lb, kvb) = a, b
+    pairs = [(la, lb)] + [p for (ka, va), (kb, vb) in zip(kva, kvb) for p in ((ka, kb), (va, vb))]
+    return max(float((x - y).abs().max() / y.abs().max()) for x, y in pairs)
+
+
+def first_attention(model):
+    """The model's first attention module."""
+    return next(m for m in model.modules() if hasattr(m, "layer_idx") and hasattr(m, "scaling"))
 
 N_LAYERS, KV_HEADS, HEAD_DIM = 3, 2, 8
 MODEL = "tiny-llama"

@@ -14,8 +14,7 @@ import pytest
 import torch
 from torch.overrides import TorchFunctionMode
 
-from tests.engine.test_maths import QUESTION, TEXT
-from tests.engine.test_split_attention import _first_attention, _forward, _max_diff
+from tests.engine.conftest import QUESTION, TEXT, first_attention, forward, max_diff
 from worker.engine import Field, Question, load
 from worker.engine.split_attention import install, joins, split_attention_forward, splits_on_this_device
 from worker.engine.tiny import TINY_MODELS
@@ -30,10 +29,10 @@ def _both_paths(model, layers, ids, mask=None, positions=None):
     install(model, joined=False)
     try:
         assert splits_on_this_device(model)
-        split = _forward(model, layers, ids, mask, positions)
+        split = forward(model, layers, ids, mask, positions)
         install(model, joined=True)
         assert joins(model) and not splits_on_this_device(model)
-        joined = _forward(model, layers, ids, mask, positions)
+        joined = forward(model, layers, ids, mask, positions)
     finally:
         install(model)  # back to the default: split in float32 on the CPU
     return split, joined
@@ -83,7 +82,7 @@ def test_the_cuda_path_equals_split_attention_within_1e_5(alias, kind):
     else:
         new, mask, positions = _scattered_mask(past, ids)
     split, joined = _both_paths(eng.model, layers, new, mask, positions)
-    assert _max_diff(joined, split) <= TOL
+    assert max_diff(joined, split) <= TOL
 
 
 @pytest.mark.parametrize("alias", ["tiny-llama", "tiny-phi", "tiny-gemma3"])
@@ -95,7 +94,7 @@ def test_the_joined_path_aligns_causal_rows_to_the_last_keys(alias, cached, new)
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     eng = load(alias)
-    module = _first_attention(eng.model)
+    module = first_attention(eng.model)
     cfg = eng.model.config
     heads, d = cfg.num_attention_heads, cfg.hidden_size // cfg.num_attention_heads
     kv = getattr(cfg, "num_key_value_heads", None) or heads

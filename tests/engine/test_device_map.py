@@ -14,7 +14,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.engine.test_maths import QUESTION, TEXT
+from tests.engine.conftest import QUESTION, TEXT
 from worker.engine import Field, load
 from worker.engine.devices import DeviceError, describe_device, layer_devices
 from worker.engine.store import KVStore

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.engine.test_maths import PORTABLE, QUESTION, TEXT, keys_at, max_rel_error
+from tests.engine.conftest import PORTABLE, QUESTION, TEXT, keys_at, max_rel_error
 from worker.engine import Field, Question, load
 from worker.engine.devices import DeviceError, resolve_device, resolve_dtype
 from worker.engine.store import KVStore

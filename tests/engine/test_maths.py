@@ -7,33 +7,13 @@ import dataclasses
 
 import pytest
 import torch
-from transformers import DynamicCache
 
+from tests.engine.conftest import PORTABLE, QUESTION, TEXT, keys_at, max_rel_error
 from vocabulary import AUTO_CANDIDATES, METRIC_NAMES, STRATEGIES
 from worker.engine import EngineError, Field, NotPortableError, Question, load
 from worker.engine.compose import splice
 from worker.engine.edit import Editor, diff_blocks
 from worker.engine.rope import LayerRope, RopeLayout, shift_keys
-
-PORTABLE = ["tiny-llama", "tiny-qwen3", "tiny-mistral", "tiny-gemma3", "tiny-phi", "tiny-llama3",
-            "tiny-yarn", "tiny-moe"]
-# longer than the tiny models' 16-token sliding window, so windowed layers matter
-TEXT = ("Account record. status: active. owner: Ada Lovelace. region: north. "
-        "Only accounts whose status is active may log in; others are refused at the door.")
-QUESTION = Question("Can this user log in?", ("yes", "no"))
-
-
-def keys_at(eng, ids, first_position):
-    """Per-layer keys of `ids` computed directly at positions first_position.. ([1, kv, T, d])."""
-    cache = DynamicCache()
-    pos = torch.arange(len(ids)).unsqueeze(0) + first_position
-    with torch.inference_mode():
-        eng.model(input_ids=torch.tensor([ids]), position_ids=pos, cache=cache, use_cache=True)
-    return [layer.keys for layer in cache.layers]
-
-
-def max_rel_error(a_layers, b_layers):
-    return max(float((a - b).abs().max() / b.abs().max()) for a, b in zip(a_layers, b_layers))
 
 
 @pytest.mark.parametrize("alias", PORTABLE)

@@ -8,43 +8,26 @@ import pytest
 import torch
 from transformers import DynamicCache
 
+from tests.engine.conftest import TEXT, first_attention, forward, max_diff
 from worker.engine import load
 from worker.engine.notes import cache_from_layers, layers_of
 from worker.engine.split_attention import SPLIT, NotesLayer
 from worker.engine.tiny import TINY_MODELS
 
 ALL_TINY = list(TINY_MODELS)
-TEXT = ("Account record. status: active. owner: Ada Lovelace. region: north. "
-        "Only accounts whose status is active may log in; others are refused at the door.")
 TOL = 1e-5
-
-
-@torch.inference_mode()
-def _forward(model, layers, ids, mask=None, positions=None, split_cache=True):
-    """Logits [L, vocab] of `ids` after `layers`, and the K/V the cache holds afterwards."""
-    cache = cache_from_layers(layers, model if split_cache else None)
-    out = model(input_ids=torch.tensor([ids]), cache=cache, use_cache=True, attention_mask=mask,
-                position_ids=None if positions is None else torch.tensor([positions]))
-    return out.logits[0].float(), layers_of(cache)
 
 
 def _sdpa_and_split(model, layers, ids, mask=None, positions=None):
     previous = model.config._attn_implementation
     model.set_attn_implementation("sdpa")
     try:
-        reference = _forward(model, layers, ids, mask, positions, split_cache=False)
+        reference = forward(model, layers, ids, mask, positions, split_cache=False)
     finally:
         model.set_attn_implementation(previous)
     assert model.config._attn_implementation == SPLIT
-    return (reference, _forward(model, layers, ids, mask, positions),
-            _forward(model, layers, ids, mask, positions, split_cache=False))
-
-
-def _max_diff(a, b):
-    """Largest difference of logits and of every layer's K/V, relative to the largest value."""
-    (la, kva), (lb, kvb) = a, b
-    pairs = [(la, lb)] + [p for (ka, va), (kb, vb) in zip(kva, kvb) for p in ((ka, kb), (va, vb))]
-    return max(float((x - y).abs().max() / y.abs().max()) for x, y in pairs)
+    return (reference, forward(model, layers, ids, mask, positions),
+            forward(model, layers, ids, mask, positions, split_cache=False))
 
 
 @pytest.mark.parametrize("alias", ALL_TINY)
@@ -61,8 +44,8 @@ def test_split_attention_equals_sdpa_after_cached_notes(alias, cached, new):
     layers = layers_of(cache)
     assert notes.n_tokens >= 1 and layers[0][0].shape[2] == cached
     reference, split, split_concatenating = _sdpa_and_split(eng.model, layers, ids[cached:])
-    assert _max_diff(split, reference) <= TOL
-    assert _max_diff(split_concatenating, reference) <= TOL
+    assert max_diff(split, reference) <= TOL
+    assert max_diff(split_concatenating, reference) <= TOL
 
 
 @pytest.mark.parametrize("alias", ALL_TINY)
@@ -83,8 +66,8 @@ def test_split_attention_equals_sdpa_under_a_custom_block_mask(alias):
                  + [past + 4 + j for j in range(2)])
     reference, split, split_concatenating = _sdpa_and_split(eng.model, layers, inputs,
                                                             mask[None, None], positions)
-    assert _max_diff(split, reference) <= TOL
-    assert _max_diff(split_concatenating, reference) <= TOL
+    assert max_diff(split, reference) <= TOL
+    assert max_diff(split_concatenating, reference) <= TOL
 
 
 def test_a_notes_cache_never_copies_or_writes_the_notes():
@@ -103,10 +86,6 @@ def test_a_notes_cache_never_copies_or_writes_the_notes():
     assert cache.get_seq_length() == notes.n_tokens + 4
 
 
-def _first_attention(model):
-    return next(m for m in model.modules() if hasattr(m, "layer_idx") and hasattr(m, "scaling"))
-
-
 @pytest.mark.parametrize("alias", ALL_TINY)
 @pytest.mark.parametrize("cached, new", [(40, 300), (300, 7), (64, 1)])
 def test_split_attention_function_equals_sdpa_within_1e_5(alias, cached, new):
@@ -117,7 +96,7 @@ def test_split_attention_function_equals_sdpa_within_1e_5(alias, cached, new):
     from worker.engine.split_attention import split_attention_forward
 
     eng = load(alias)
-    module = _first_attention(eng.model)
+    module = first_attention(eng.model)
     cfg = eng.model.config
     heads, d = cfg.num_attention_heads, cfg.hidden_size // cfg.num_attention_heads
     kv = getattr(cfg, "num_key_value_heads", None) or heads
@@ -143,7 +122,7 @@ def test_split_attention_equals_sdpa_under_a_selective_recompute_mask(alias):
     from worker.engine.split_attention import split_attention_forward
 
     eng = load(alias)
-    module = _first_attention(eng.model)
+    module = first_attention(eng.model)
     cfg = eng.model.config
     heads, d = cfg.num_attention_heads, cfg.hidden_size // cfg.num_attention_heads
     kv = getattr(cfg, "num_key_value_heads", None) or heads

@@ -75,3 +75,24 @@ def page_run(client, **kw):
     notebook.questions.append(Question(text="What is the status?", choices=["active", "suspended"]))
     s.commit()
     return nb, notebook, finished_run(s, notebook, **kw)
+
+
+STRATEGIES = ("recompute", "prefix_reuse", "stale", "field_erratum")
+
+
+def finished(client, doc: str = DOC, notes_map: bool = True, strategies=STRATEGIES, title: str = "Policy"):
+    """A notebook with the status field, its question, and a finished run with attention:
+    (notebook id, run id)."""
+    from data.models import Notebook, Question
+    from tests.web.finished_run import finished_run
+
+    nb = new_notebook(client, text=doc, title=title)
+    at = doc.index("active")
+    client.post(f"/notebooks/{nb}/fields", data={"start": at, "end": at + 6, "selected": "active",
+                                                "new_value": "suspended", "label": "status"},
+                headers={"HX-Request": "true"})
+    s = session()
+    notebook = s.get(Notebook, nb)
+    notebook.questions.append(Question(text="What is the status?", choices=["active", "suspended"]))
+    s.commit()
+    return nb, finished_run(s, notebook, strategies=strategies, notes_map=notes_map).id

@@ -7,7 +7,7 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from tests.web.test_share_pages import finished
+from tests.web.conftest import finished
 
 SVG = "{http://www.w3.org/2000/svg}"
 DOC = ("SHIPMENT RECORD\nYou are  reading <a> record & its\tnotes.\nstatus: active\n\n"

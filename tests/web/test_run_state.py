@@ -10,8 +10,7 @@ from datetime import UTC, datetime
 import pytest
 
 from data.models import Run
-from tests.web.test_pages import session
-from tests.web.test_share_pages import finished
+from tests.web.conftest import finished, session
 
 HX = {"HX-Request": "true"}
 

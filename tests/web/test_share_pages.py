@@ -13,30 +13,14 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from data.models import Notebook, Question, RunResult
-from tests.web.conftest import DOC, new_notebook, session
-from tests.web.finished_run import HEADS, LAYERS, finished_run
-
-STRATEGIES = ("recompute", "prefix_reuse", "stale", "field_erratum")
+from data.models import RunResult
+from tests.web.conftest import DOC, STRATEGIES, finished, session
+from tests.web.finished_run import HEADS, LAYERS
 
 
 @pytest.fixture
 def client(make_client):
     return make_client()
-
-
-def finished(client, doc: str = DOC, notes_map: bool = True, strategies=STRATEGIES, title: str = "Policy"):
-    """A notebook with the status field, its question, and a finished run with attention."""
-    nb = new_notebook(client, text=doc, title=title)
-    at = doc.index("active")
-    client.post(f"/notebooks/{nb}/fields", data={"start": at, "end": at + 6, "selected": "active",
-                                                "new_value": "suspended", "label": "status"},
-                headers={"HX-Request": "true"})
-    s = session()
-    notebook = s.get(Notebook, nb)
-    notebook.questions.append(Question(text="What is the status?", choices=["active", "suspended"]))
-    s.commit()
-    return nb, finished_run(s, notebook, strategies=strategies, notes_map=notes_map).id
 
 
 def test_permalink_opens_the_named_view_and_refuses_what_the_run_cannot_show(client) -> None:

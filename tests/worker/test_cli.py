@@ -3,28 +3,11 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 
+from tests.worker.conftest import DOC, kvnotes
 from vocabulary import METRIC_NAMES
-
-DOC = "Account record.\nstatus: active\nowner: Ada\nOnly active accounts may log in.\n"
-
-
-def kvnotes(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "worker.cli", *args], capture_output=True,
-                          text=True, timeout=300)
-
-
-@pytest.fixture
-def doc(tmp_path):
-    path = tmp_path / "doc.txt"
-    path.write_text(DOC)
-    skill = tmp_path / "skill.txt"
-    skill.write_text("Answer in one word.\n")
-    return path, skill
 
 
 def test_edit_prints_the_json_contract(doc):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import re
 
-from tests.worker.test_cli import DOC, doc, kvnotes  # noqa: F401 (the document fixture)
+from tests.worker.conftest import DOC, kvnotes
 
 
 def test_attribute_names_each_fields_share_and_says_shares_do_not_add_up(doc) -> None:  # noqa: F811
