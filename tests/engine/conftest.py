@@ -56,6 +56,25 @@ def first_attention(model):
     """The model's first attention module."""
     return next(m for m in model.modules() if hasattr(m, "layer_idx") and hasattr(m, "scaling"))
 
+
+def attention_case(model, cached: int, new: int, seed: int):
+    """Random queries for `new` tokens and keys / values for `cached` + `new`, at the model's scale,
+    with the lower-right causal mask transformers builds after cached notes, and SDPA's output
+    under it: (first attention module, q, k, v, mask, expected)."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    module = first_attention(model)
+    cfg = model.config
+    heads, d = cfg.num_attention_heads, cfg.hidden_size // cfg.num_attention_heads
+    kv = getattr(cfg, "num_key_value_heads", None) or heads
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(1, heads, new, d, generator=gen) * 2
+    k = torch.randn(1, kv, cached + new, d, generator=gen) * 2
+    v = torch.randn(1, kv, cached + new, d, generator=gen)
+    sees = torch.ones(new, cached + new, dtype=torch.bool).tril(cached)[None, None]
+    expected, _ = sdpa_attention_forward(module, q, k, v, sees, scaling=module.scaling)
+    return module, q, k, v, sees, expected
+
 N_LAYERS, KV_HEADS, HEAD_DIM = 3, 2, 8
 MODEL = "tiny-llama"
 

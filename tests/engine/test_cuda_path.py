@@ -14,7 +14,7 @@ import pytest
 import torch
 from torch.overrides import TorchFunctionMode
 
-from tests.engine.conftest import QUESTION, TEXT, first_attention, forward, max_diff
+from tests.engine.conftest import QUESTION, TEXT, attention_case, forward, max_diff
 from worker.engine import Field, Question, load
 from worker.engine.split_attention import install, joins, split_attention_forward, splits_on_this_device
 from worker.engine.tiny import TINY_MODELS
@@ -94,16 +94,7 @@ def test_the_joined_path_aligns_causal_rows_to_the_last_keys(alias, cached, new)
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     eng = load(alias)
-    module = first_attention(eng.model)
-    cfg = eng.model.config
-    heads, d = cfg.num_attention_heads, cfg.hidden_size // cfg.num_attention_heads
-    kv = getattr(cfg, "num_key_value_heads", None) or heads
-    gen = torch.Generator().manual_seed(5)
-    q = torch.randn(1, heads, new, d, generator=gen) * 2
-    k = torch.randn(1, kv, cached + new, d, generator=gen) * 2
-    v = torch.randn(1, kv, cached + new, d, generator=gen)
-    sees = torch.ones(new, cached + new, dtype=torch.bool).tril(cached)[None, None]
-    expected, _ = sdpa_attention_forward(module, q, k, v, sees, scaling=module.scaling)
+    module, q, k, v, sees, expected = attention_case(eng.model, cached, new, seed=5)
     install(eng.model, joined=True)
     try:
         got, _ = split_attention_forward(module, q, k, v, None, scaling=module.scaling)

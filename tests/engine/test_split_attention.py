@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from tests.engine.conftest import TEXT, first_attention, forward, max_diff
+from tests.engine.conftest import TEXT, attention_case, first_attention, forward, max_diff
 from worker.engine import load
 from worker.engine.notes import cache_from_layers, layers_of
 from worker.engine.split_attention import SPLIT, NotesLayer
@@ -91,21 +91,10 @@ def test_a_notes_cache_never_copies_or_writes_the_notes():
 def test_split_attention_function_equals_sdpa_within_1e_5(alias, cached, new):
     """The attention function itself, on keys and queries at the model's own scale: the output
     equals SDPA's under the explicit mask transformers would build (lower-right causal)."""
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
     from worker.engine.split_attention import split_attention_forward
 
     eng = load(alias)
-    module = first_attention(eng.model)
-    cfg = eng.model.config
-    heads, d = cfg.num_attention_heads, cfg.hidden_size // cfg.num_attention_heads
-    kv = getattr(cfg, "num_key_value_heads", None) or heads
-    gen = torch.Generator().manual_seed(7)
-    q = torch.randn(1, heads, new, d, generator=gen) * 2
-    k = torch.randn(1, kv, cached + new, d, generator=gen) * 2
-    v = torch.randn(1, kv, cached + new, d, generator=gen)
-    sees = torch.ones(new, cached + new, dtype=torch.bool).tril(cached)[None, None]
-    expected, _ = sdpa_attention_forward(module, q, k, v, sees, scaling=module.scaling)
+    module, q, k, v, sees, expected = attention_case(eng.model, cached, new, seed=7)
     got, _ = split_attention_forward(module, q, k, v, None, scaling=module.scaling)
     assert float((got - expected).abs().max()) <= 1e-5
     got_masked, _ = split_attention_forward(module, q, k, v, sees, scaling=module.scaling)

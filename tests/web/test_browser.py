@@ -16,27 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import CHROMIUM, ServedApp, chromium
-from tests.conftest import CHROMIUM_ARGS as ARGS
+from tests.conftest import ServedApp
 from tests.web.conftest import ARTIFACTS, long_record_run
 from tests.web.conftest import BROWSER_DOC as DOC
 
-sync_api = chromium()
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
-
-
-@pytest.fixture
-def browser_page():
-    ARTIFACTS.mkdir(exist_ok=True)
-    with sync_api.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-        # the tests' own `wait_for_function` strings need eval, which the app's CSP forbids;
-        # tests/web/test_security_browser.py drives the pages with the CSP in force
-        page = browser.new_page(viewport={"width": 1400, "height": 1000}, bypass_csp=True)
-        errors: list[str] = []
-        page.on("pageerror", lambda exc: errors.append(str(exc)))
-        yield page, errors
-        browser.close()
 
 
 def shot(page, name: str) -> None:

@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.conftest import CHROMIUM, ServedApp, chromium
-from tests.conftest import CHROMIUM_ARGS as ARGS
+from tests.conftest import ServedApp, chromium
 from tests.web.conftest import ARTIFACTS, LONG_DOC
 
 sync_api = chromium()
@@ -77,14 +76,6 @@ def site(tmp_path_factory):
     ARTIFACTS.mkdir(exist_ok=True)
     yield server, ids
     server.stop()
-
-
-@pytest.fixture(scope="module")
-def browser():
-    with sync_api.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-        yield b
-        b.close()
 
 
 @pytest.mark.parametrize("size", [(1280, 720), (1400, 900)])

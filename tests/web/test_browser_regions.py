@@ -10,15 +10,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.conftest import CHROMIUM, ServedApp, chromium
-from tests.conftest import CHROMIUM_ARGS as ARGS
+from tests.conftest import ServedApp
 from tests.web.conftest import ARTIFACTS, long_record_run
 
-sync_api = chromium()
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 
-def test_regions_verdicts_and_words_first(tmp_path: Path) -> None:
+def test_regions_verdicts_and_words_first(tmp_path: Path, browser_page) -> None:
+    page, errors = browser_page
     server = ServedApp(tmp_path, "smollm2-135m")
     try:
         from data.models import RunResult
@@ -31,43 +30,36 @@ def test_regions_verdicts_and_words_first(tmp_path: Path) -> None:
                 w[:, :, 3] += 1.0
                 result.attention = (w / w.sum(-1, keepdims=True)).astype(np.float16).tobytes()
             s.commit()
-        ARTIFACTS.mkdir(exist_ok=True)
-        with sync_api.sync_playwright() as p:
-            browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-            page = browser.new_page(viewport={"width": 1400, "height": 1000}, bypass_csp=True)
-            errors: list[str] = []
-            page.on("pageerror", lambda exc: errors.append(str(exc)))
-            page.goto(f"{server.url}/runs/{run_id}")
-            page.wait_for_function("document.querySelectorAll('#hm-top tbody tr').length === 10")
-            assert "2 of 3 strategies follow the edit, as recompute does" in page.inner_text(".run-headline")
-            assert "✗ keeps the old value" in page.inner_text('.decision-table tr[data-strategy="stale"]')
-            # regions: a row per strategy and the paper's, four per-layer plots with 4 layers of columns
-            assert page.locator("#regions .region-table tbody tr").count() == 5
-            assert page.locator("#regions svg").count() == 4
-            assert page.locator("#regions svg >> nth=0").bounding_box()["width"] == 56
-            page.locator("#regions").screenshot(path=str(ARTIFACTS / "regions-panel.png"))
-            page.locator(".decision-table").screenshot(path=str(ARTIFACTS / "verdicts-table.png"))
-            # most attended: words only, then the sink, whitespace and punctuation on request
-            words = page.locator("#hm-top tbody tr td:nth-child(2)").all_inner_texts()
-            rows = [int(i) for i in page.eval_on_selector_all("#hm-top tbody tr",
-                                                              "rs => rs.map(r => r.dataset.i)")]
-            assert all(re.search(r"\w", w) for w in words) and min(rows) >= 4, (words, rows)
-            # the panels carry the server's colours (/runs/{id}/attention/paint), token for token
-            strategy = page.input_value("#hm-strategy")
-            paint = page.evaluate(f"fetch('/runs/{run_id}/attention/paint?strategy={strategy}')"
-                                  ".then(r => r.json())")
-            for box, side in (("#hm-ref", "ref"), ("#hm-res", "res"), ("#hm-diff", "diff")):
-                drawn = page.eval_on_selector_all(f"{box} .tok", "ts => ts.map(t => t.style.backgroundColor)")
-                wanted = [f"rgb({int(c[1:3], 16)}, {int(c[3:5], 16)}, {int(c[5:7], 16)})"
-                          for c in paint[side]["bg"]]
-                assert drawn == wanted, box
-            grid = page.eval_on_selector("#hm-grid button[data-head]", "b => b.style.background")
-            assert grid.startswith("rgb("), grid
-            page.check("#hm-top-all")
-            # the sink first
-            page.wait_for_function("document.querySelector('#hm-top tbody tr').dataset.i === '3'")
-            assert page.inner_text("#hm-top tbody tr td:nth-child(2) >> nth=0") == '"Account"'
-            assert not errors, errors
-            browser.close()
+        page.goto(f"{server.url}/runs/{run_id}")
+        page.wait_for_function("document.querySelectorAll('#hm-top tbody tr').length === 10")
+        assert "2 of 3 strategies follow the edit, as recompute does" in page.inner_text(".run-headline")
+        assert "✗ keeps the old value" in page.inner_text('.decision-table tr[data-strategy="stale"]')
+        # regions: a row per strategy and the paper's, four per-layer plots with 4 layers of columns
+        assert page.locator("#regions .region-table tbody tr").count() == 5
+        assert page.locator("#regions svg").count() == 4
+        assert page.locator("#regions svg >> nth=0").bounding_box()["width"] == 56
+        page.locator("#regions").screenshot(path=str(ARTIFACTS / "regions-panel.png"))
+        page.locator(".decision-table").screenshot(path=str(ARTIFACTS / "verdicts-table.png"))
+        # most attended: words only, then the sink, whitespace and punctuation on request
+        words = page.locator("#hm-top tbody tr td:nth-child(2)").all_inner_texts()
+        rows = [int(i) for i in page.eval_on_selector_all("#hm-top tbody tr",
+                                                          "rs => rs.map(r => r.dataset.i)")]
+        assert all(re.search(r"\w", w) for w in words) and min(rows) >= 4, (words, rows)
+        # the panels carry the server's colours (/runs/{id}/attention/paint), token for token
+        strategy = page.input_value("#hm-strategy")
+        paint = page.evaluate(f"fetch('/runs/{run_id}/attention/paint?strategy={strategy}')"
+                              ".then(r => r.json())")
+        for box, side in (("#hm-ref", "ref"), ("#hm-res", "res"), ("#hm-diff", "diff")):
+            drawn = page.eval_on_selector_all(f"{box} .tok", "ts => ts.map(t => t.style.backgroundColor)")
+            wanted = [f"rgb({int(c[1:3], 16)}, {int(c[3:5], 16)}, {int(c[5:7], 16)})"
+                      for c in paint[side]["bg"]]
+            assert drawn == wanted, box
+        grid = page.eval_on_selector("#hm-grid button[data-head]", "b => b.style.background")
+        assert grid.startswith("rgb("), grid
+        page.check("#hm-top-all")
+        # the sink first
+        page.wait_for_function("document.querySelector('#hm-top tbody tr').dataset.i === '3'")
+        assert page.inner_text("#hm-top tbody tr td:nth-child(2) >> nth=0") == '"Account"'
+        assert not errors, errors
     finally:
         server.stop()

@@ -22,8 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import CHROMIUM, ServedApp, chromium
-from tests.conftest import CHROMIUM_ARGS as ARGS
+from tests.conftest import ServedApp, chromium
 from tests.web.conftest import ARTIFACTS, LONG_DOC
 from tests.web.conftest import BROWSER_DOC as DOC
 
@@ -137,17 +136,9 @@ def site(tmp_path_factory):
     server.stop()
 
 
-@pytest.fixture(scope="module")
-def chromium():
-    with sync_api.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-        yield browser
-        browser.close()
-
-
 @pytest.fixture
-def page(chromium):
-    context = chromium.new_context(viewport={"width": 1400, "height": 1000}, bypass_csp=True)
+def page(browser):
+    context = browser.new_context(viewport={"width": 1400, "height": 1000}, bypass_csp=True)
     page = context.new_page()
     errors: list[str] = []
     page.on("pageerror", lambda exc: errors.append(str(exc)))
@@ -203,11 +194,11 @@ def test_permalink_round_trip(site, page) -> None:
             .startswith("strategy,decision,same_decision"))
 
 
-def test_report_renders_with_every_outside_request_blocked(site, chromium, tmp_path: Path) -> None:
+def test_report_renders_with_every_outside_request_blocked(site, browser, tmp_path: Path) -> None:
     server, ids = site
     url = f"{server.url}/runs/{ids['run']}/report.html?strategy=stale"
     # served: only the report itself may load; the app's CSP is not bypassed (the report's own applies)
-    context = chromium.new_context(viewport={"width": 1400, "height": 1000})
+    context = browser.new_context(viewport={"width": 1400, "height": 1000})
     blocked: list[str] = []
 
     def only_the_report(route) -> None:
@@ -231,7 +222,7 @@ def test_report_renders_with_every_outside_request_blocked(site, chromium, tmp_p
     saved = tmp_path / "report.html"
     with urllib.request.urlopen(url) as response:
         saved.write_bytes(response.read())
-    context = chromium.new_context(viewport={"width": 1400, "height": 1000}, offline=True)
+    context = browser.new_context(viewport={"width": 1400, "height": 1000}, offline=True)
     file_url = saved.as_uri()
 
     def only_the_file(route) -> None:
@@ -420,12 +411,12 @@ def test_a_field_by_keyboard_only(site, page) -> None:
 
 
 @pytest.mark.parametrize("where", ["home", "notebook", "run", "compare", "present"])
-def test_no_horizontal_scroll_at_390px(site, chromium, where: str) -> None:
+def test_no_horizontal_scroll_at_390px(site, browser, where: str) -> None:
     server, ids = site
     path = {"home": "/", "notebook": f"/notebooks/{ids['long']}", "run": f"/runs/{ids['run']}",
             "compare": f"/compare?runs={ids['run']},{ids['reworded_run']}",
             "present": f"/runs/{ids['run']}/present/3"}[where]
-    context = chromium.new_context(viewport={"width": 390, "height": 844},
+    context = browser.new_context(viewport={"width": 390, "height": 844},
                                    device_scale_factor=2, bypass_csp=True)
     page = context.new_page()
     page.goto(server.url + path)
@@ -446,7 +437,7 @@ def test_no_horizontal_scroll_at_390px(site, chromium, where: str) -> None:
 
 @pytest.mark.parametrize("where", ["home", "notebook", "run", "compare", "present-light",
                                    "present-dark", "present-map-dark", "report"])
-def test_text_contrast_meets_wcag_aa(site, chromium, where: str) -> None:
+def test_text_contrast_meets_wcag_aa(site, browser, where: str) -> None:
     server, ids = site
     path = {"home": "/", "notebook": f"/notebooks/{ids['long']}", "run": f"/runs/{ids['run']}",
             "compare": f"/compare?runs={ids['run']},{ids['reworded_run']}",
@@ -454,7 +445,7 @@ def test_text_contrast_meets_wcag_aa(site, chromium, where: str) -> None:
             "present-dark": f"/runs/{ids['run']}/present/3",
             "present-map-dark": f"/runs/{ids['run']}/present/4",  # the notes map on a dark slide
             "report": f"/runs/{ids['run']}/report.html"}[where]
-    context = chromium.new_context(viewport={"width": 1400, "height": 1000}, bypass_csp=True,
+    context = browser.new_context(viewport={"width": 1400, "height": 1000}, bypass_csp=True,
                                    color_scheme="dark" if where.endswith("-dark") else "light")
     page = context.new_page()
     page.goto(server.url + path)
