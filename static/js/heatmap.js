@@ -4,7 +4,7 @@
 // question or answer token can be picked. For the decision: one head in the layer × head grid, a
 // whole layer, or all layers, mean or max over heads (other queries are kept averaged over both).
 // The server sends one vector per view (/api/runs/{id}/attention), cached here, and every colour:
-// the panels' (/runs/{id}/attention/paint) and the grid's, on an absolute scale of how far each head
+// the panels' with the view's most-attended rows (/runs/{id}/attention/paint) and the grid's, on an absolute scale of how far each head
 // moved from recompute (/runs/{id}/attention/heads). No colour is computed here.
 // The view is a permalink: it opens from ?strategy=&layer=&head=&agg=&query= (checked by the server,
 // `query` counting the question and answer tokens from 0) and every change rewrites the URL in place
@@ -120,7 +120,7 @@
       return Promise.all([
         get(attentionUrl("recompute", base[0].query_start)), get(attentionUrl(strategy, base[1].query_start)),
         get("/runs/" + runId + "/attention/heads?strategy=" + encodeURIComponent(strategy)),
-        get("/runs/" + runId + "/attention/paint?" + viewQuery())]);
+        get(paintUrl())]);
     }).then(function (parts) {
       var ref = parts[0], res = parts[1], headData = parts[2], colours = parts[3];
       fillQueries(ref);
@@ -143,7 +143,7 @@
       document.getElementById("div-scale").textContent = "±" + colours.dmax.toFixed(4);
       root.querySelector('[data-max="ref"]').textContent = ref.tokens.length + " tokens";
       root.querySelector('[data-max="res"]').textContent = res.tokens.length + " tokens";
-      drawTop(); drawOverview();
+      ++topSeq; showTop(colours.rows);
       statusEl.textContent = pickLabel() + " · " + Math.round(performance.now() - t0) + " ms";
     }).catch(function (err) { statusEl.textContent = "Could not load attention: " + err.message; });
   }
@@ -151,19 +151,19 @@
 
   // --- the most-attended notes of the view, ranked by the server as every other view ranks them ---
   var allTokens = root.querySelector("#hm-top-all"), topSeq = 0, topShown = [];
-  function drawTop() { // GET /runs/{id}/attention/top: the table's rows; the newest request wins
-    var body = root.querySelector("#hm-top tbody"), seq = ++topSeq;
-    topShown = [];
-    var url = "/runs/" + runId + "/attention/top?" + viewQuery() + (allTokens && allTokens.checked ? "&all=1" : "");
-    fetch(url, { headers: { Accept: "text/html" } }).then(function (r) {
-      if (!r.ok) return r.text().then(function (t) { throw new Error(t); });
-      return r.text();
-    }).then(function (html) {
-      if (seq !== topSeq) return;
-      body.innerHTML = html;
-      topShown = Array.prototype.map.call(body.querySelectorAll("tr[data-i]"), function (tr) { return +tr.dataset.i; });
-      drawOverview();
-    }).catch(function (err) { if (seq === topSeq) statusEl.textContent = "Could not load the most-attended notes: " + err.message; });
+  function paintUrl() { // the view's colours and its most-attended rows, computed in one go
+    return "/runs/" + runId + "/attention/paint?" + viewQuery() + "&rows=1" + (allTokens && allTokens.checked ? "&all=1" : "");
+  }
+  function showTop(html) {
+    var body = root.querySelector("#hm-top tbody");
+    body.innerHTML = html;
+    topShown = Array.prototype.map.call(body.querySelectorAll("tr[data-i]"), function (tr) { return +tr.dataset.i; });
+    drawOverview();
+  }
+  function drawTop() { // the toggle: the same view's rows with or without the sink; the newest wins
+    var seq = ++topSeq;
+    get(paintUrl()).then(function (colours) { if (seq === topSeq) showTop(colours.rows); })
+      .catch(function (err) { if (seq === topSeq) statusEl.textContent = "Could not load the most-attended notes: " + err.message; });
   }
   if (allTokens) allTokens.addEventListener("change", function () { if (current) drawTop(); });
   root.querySelector("#hm-top").addEventListener("click", function (e) {

@@ -19,13 +19,14 @@ from app.web.runs.context import ViewDep, checked_view, run_page_context
 from app.web.runs.heatmap_view import (
     GRID_ZERO,
     HeatmapPanels,
+    TopToken,
     grid_colour,
     heatmap_panels,
     paint,
     ramps,
     top_tokens,
 )
-from app.web.templating import render
+from app.web.templating import render, templates
 from data.models import Run
 from data.watchdog import reap_for_reader
 
@@ -91,10 +92,17 @@ def _panels(session: SessionDep, run_id: int, asked) -> HeatmapPanels:
 
 
 @router.get("/runs/{run_id}/attention/paint")
-def attention_paint(run_id: int, session: SessionDep, asked: ViewDep) -> JSONResponse:
+def attention_paint(run_id: int, session: SessionDep, asked: ViewDep, rows: str = "",
+                    all: str = "") -> JSONResponse:
     """The colours of one view's three panels (`?strategy=&layer=&head=&agg=&query=`), computed
-    by the one colour model the report, the presentation, compare and the SVG share."""
-    return JSONResponse(paint(_panels(session, run_id, asked)))
+    by the one colour model the report, the presentation, compare and the SVG share. `rows=1` adds
+    the view's most-attended rows as `/attention/top` renders them (`all=1`: the sink, whitespace
+    and punctuation too), so the run page computes a view once."""
+    p = _panels(session, run_id, asked)
+    colours = paint(p)
+    if rows:
+        colours["rows"] = templates.get_template("_top_rows.html").render(top=_top(p, bool(all)))
+    return JSONResponse(colours)
 
 
 @router.get("/runs/{run_id}/attention/top")
@@ -103,9 +111,11 @@ def attention_top(request: Request, run_id: int, session: SessionDep, asked: Vie
     """The most-attended notes of one view, as the rows of the run page's table: ranked on the
     server, as the report, the presentation and the exports rank them. `all=1` keeps the sink,
     whitespace and punctuation."""
-    p = _panels(session, run_id, asked)
-    top = p.top if not all else top_tokens(p.res_tokens, p.ref_values, p.res_values, p.mapping, words=False)
-    return render(request, "_top_rows.html", top=top)
+    return render(request, "_top_rows.html", top=_top(_panels(session, run_id, asked), bool(all)))
+
+
+def _top(p: HeatmapPanels, every: bool) -> list[TopToken]:
+    return top_tokens(p.res_tokens, p.ref_values, p.res_values, p.mapping, words=False) if every else p.top
 
 
 @router.get("/runs/{run_id}/attention/heads")
