@@ -63,16 +63,21 @@ def served_app() -> Iterator[str]:
                               env={**os.environ, "PYTHONPATH": str(REPO)}, cwd=REPO)
     base = f"http://127.0.0.1:{port}"
     try:
-        for _ in range(100):
-            try:
-                httpx.get(base + "/api/notebooks?limit=1", timeout=1)
-                break
-            except httpx.HTTPError:
-                time.sleep(0.2)
+        wait_until_answering(base + "/api/notebooks?limit=1", tries=100)
         yield base
     finally:
         server.terminate()
         server.wait(timeout=30)
+
+
+def wait_until_answering(url: str, tries: int) -> None:
+    """Poll `url` every 0.2 s until the server answers anything (at most `tries` times)."""
+    for _ in range(tries):
+        try:
+            httpx.get(url, timeout=1)
+            return
+        except httpx.HTTPError:
+            time.sleep(0.2)
 
 
 def seed(data: Path, notebooks: int, database_url: str | None = None) -> dict[str, int]:

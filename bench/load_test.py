@@ -42,7 +42,7 @@ import httpx
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bench.load_pages import _free_port, pages, percentile, seed  # noqa: E402
+from bench.load_pages import _free_port, pages, percentile, seed, wait_until_answering  # noqa: E402
 
 PG_ADMIN_URL = os.environ.get("KVNOTES_TEST_PG", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
 SECRET = "load-test-" + uuid.uuid4().hex + uuid.uuid4().hex
@@ -110,12 +110,7 @@ def served(env: dict[str, str], data: Path) -> Iterator[tuple[str, dict[str, str
                             env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
-        for _ in range(300):
-            try:
-                httpx.get(url + "/api/health", timeout=1)
-                break
-            except httpx.HTTPError:
-                time.sleep(0.2)
+        wait_until_answering(url + "/api/health", tries=300)
         yield url, headers
     finally:
         proc.terminate()
