@@ -92,7 +92,7 @@ def database(kind: str, data: Path) -> Iterator[str | None]:
 
 
 def _cli(env: dict[str, str], *args: str, stdin: str | None = None) -> str:
-    done = subprocess.run([sys.executable, "-m", "worker.cli", *args], env=env, cwd=REPO, input=stdin,
+    done = subprocess.run([sys.executable, "-m", "commands.cli", *args], env=env, cwd=REPO, input=stdin,
                           capture_output=True, text=True, timeout=300)
     if done.returncode != 0:
         raise RuntimeError(f"kvnotes {' '.join(args)}: {done.stderr.strip()[-500:]}")
@@ -106,8 +106,8 @@ def served(env: dict[str, str], data: Path) -> Iterator[tuple[str, dict[str, str
     headers = {"Authorization": f"Bearer {_cli(env, 'tokens', 'create', 'load')}"}
     port = _free_port()
     log = (data / "serve.log").open("w")
-    proc = subprocess.Popen([sys.executable, "-m", "worker.cli", "serve", "--no-worker", "--port", str(port)],
-                            env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+    command = [sys.executable, "-m", "commands.cli", "serve", "--no-worker", "--port", str(port)]
+    proc = subprocess.Popen(command, env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
         wait_until_answering(url + "/api/health", tries=300)

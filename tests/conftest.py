@@ -189,7 +189,7 @@ def free_port() -> int:
 def kvnotes_cli(*args: str, env: dict[str, str], stdin: str | None = None,
                 timeout: float = 120) -> subprocess.CompletedProcess:
     """`kvnotes ARGS` in a subprocess with `env` (from the repository root)."""
-    return subprocess.run([sys.executable, "-m", "worker.cli", *args], env=env, cwd=REPO, input=stdin,
+    return subprocess.run([sys.executable, "-m", "commands.cli", *args], env=env, cwd=REPO, input=stdin,
                           capture_output=True, text=True, timeout=timeout)
 
 
@@ -217,7 +217,7 @@ class ServedApp:
              "--log-level", "warning"],
             env=self.env, cwd=REPO, stdout=self._out, stderr=subprocess.STDOUT)]
         if worker:
-            from worker.serve import worker_command
+            from commands.serve import worker_command
 
             self.procs.append(subprocess.Popen(worker_command([model], f"test-{self.port}@%h"),
                                                env=self.env, cwd=REPO, stdout=self._out,

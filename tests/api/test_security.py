@@ -250,7 +250,7 @@ def test_a_guessable_secret_key_is_refused_at_start(make_client) -> None:
     for key in ("short", "ab" * 20, "abcdefghijklmnopqrstuvwxyz0123456789", "a" * 32):
         with pytest.raises(SecretKeyProblem, match="KVNOTES_SECRET_KEY"):
             make_client(KVNOTES_SECRET_KEY=key)
-    from worker.serve import startup_problem
+    from commands.serve import startup_problem
 
     assert "guessable" in startup_problem()  # `kvnotes serve` says it in one line, exit 2
     make_client(KVNOTES_SECRET_KEY="Vq3xR8mZ2pLw9TfK7cYb4NhJ6sGd1EaU5oXi0QrW")  # a random one starts
@@ -269,7 +269,7 @@ def test_a_read_only_data_folder_without_a_key_stops_the_start_not_a_sign_in(mak
         problem = r"key file .*read-only/secret_key cannot be made .*KVNOTES_SECRET_KEY"
         with pytest.raises(SecretKeyProblem, match=problem):
             make_client(KVNOTES_AUTH="required", KVNOTES_DATA=str(folder))
-        from worker.serve import startup_problem
+        from commands.serve import startup_problem
 
         assert "cannot be made" in startup_problem()
         client = make_client(KVNOTES_AUTH="required", KVNOTES_DATA=str(folder),

@@ -39,7 +39,7 @@ def _port() -> int:
 
 
 def _cli(env: dict[str, str], *args: str, stdin: str | None = None) -> str:
-    done = subprocess.run([sys.executable, "-m", "worker.cli", *args], env=env, cwd=REPO, input=stdin,
+    done = subprocess.run([sys.executable, "-m", "commands.cli", *args], env=env, cwd=REPO, input=stdin,
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     return done.stdout.strip()
@@ -69,7 +69,7 @@ def served(data: Path, before: Callable[[], None] | None = None, confined: bool 
         before()
     port = _port()
     log = (data / "serve.log").open("w")
-    command = [sys.executable, "-m", "worker.cli", "serve", "--no-worker", "--port", str(port)]
+    command = [sys.executable, "-m", "commands.cli", "serve", "--no-worker", "--port", str(port)]
     proc = subprocess.Popen((NO_PERMISSION_BYPASS if confined else []) + command,
                             env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"

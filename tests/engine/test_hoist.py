@@ -82,7 +82,7 @@ def test_kvnotes_edit_hoists_a_field_at_the_top_of_a_document_for_under_a_fifth_
     document.write_text("destination: Oslo\n" + "\n".join(lines) + "\n")
     env = {**os.environ, "KVNOTES_DATA": str(data_dir)}
     out = subprocess.run(
-        [sys.executable, "-m", "worker.cli", "edit", "--model", "smollm2-135m", "--device", "cpu",
+        [sys.executable, "-m", "commands.cli", "edit", "--model", "smollm2-135m", "--device", "cpu",
          "--document", str(document), "--replace", "Oslo", "Madrid",
          "--question", "What is the destination of this shipment?", "--choices", "Oslo,Madrid",
          "--strategies", "recompute,hoist", "--json"], capture_output=True, text=True, timeout=600, env=env)

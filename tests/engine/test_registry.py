@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from commands.cli import build_parser
 from vocabulary import AUTO_CANDIDATES, COMPOSE_INFO, DEFAULT_STRATEGIES, EDIT_INFO, STRATEGIES, STRATEGY_HELP
-from worker.cli import build_parser
 from worker.engine import Field, Question, RunRequest, load
 from worker.engine.run import _plan
 from worker.engine.strategies import COMPOSITIONS, EDITS

@@ -16,7 +16,7 @@ def document(tmp_path):
 
 
 def test_bad_input_exits_2_with_one_line(document, isolated, capsys):
-    from worker.cli import main
+    from commands.cli import main
 
     isolated()  # no KVNOTES_VLLM_URL
     dead = f"http://127.0.0.1:{free_port()}/v1"

@@ -12,7 +12,7 @@ DOC = "Account record.\nstatus: active\nowner: Ada\nOnly active accounts may log
 
 
 def kvnotes(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "worker.cli", *args], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "commands.cli", *args], capture_output=True,
                           text=True, timeout=300)
 
 

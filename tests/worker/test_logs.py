@@ -53,7 +53,7 @@ def test_serve_logs_a_refused_enqueue_with_its_reason(tmp_path: Path) -> None:
            "PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"}
     log = tmp_path / "serve.log"
     with log.open("w") as out:
-        command = [sys.executable, "-m", "worker.cli", "serve", "--port", str(port), "--no-worker"]
+        command = [sys.executable, "-m", "commands.cli", "serve", "--port", str(port), "--no-worker"]
         server = subprocess.Popen(command, env=env, cwd=REPO, stdout=out, stderr=subprocess.STDOUT)
     try:
         _wait_for(log, "Uvicorn running", 60)
@@ -75,7 +75,7 @@ def test_serve_logs_a_refused_enqueue_with_its_reason(tmp_path: Path) -> None:
 
 
 def test_a_worker_logs_key_value_lines(tmp_path: Path) -> None:
-    from worker.serve import worker_command
+    from commands.serve import worker_command
 
     env = {**kvnotes_env(tmp_path, KVNOTES_DEFAULT_MODEL="tiny-llama", KVNOTES_MODELS="tiny-llama"),
            "PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"}

@@ -93,7 +93,7 @@ def test_serve_refuses_a_public_address_without_a_secret_key_or_a_user(tmp_path:
     assert (token.returncode == 0 and token.stdout.strip().startswith("kvn_")
             and len(token.stdout.splitlines()) == 1)
     port = _free_port()
-    server = subprocess.Popen([sys.executable, "-m", "worker.cli", "serve", "--host", "0.0.0.0",
+    server = subprocess.Popen([sys.executable, "-m", "commands.cli", "serve", "--host", "0.0.0.0",
                                "--port", str(port), "--no-worker"],
                               env=env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
@@ -117,7 +117,7 @@ def _restarted_health_does_not_trust_the_killed_worker(env: dict[str, str]) -> N
     """Right after `kill -9` of serve, a restarted app (no worker of its own yet) must not answer
     "ok" on the killed worker's last beat, which is seconds old: its process is gone."""
     port = _free_port()
-    command = [sys.executable, "-m", "worker.cli", "serve", "--port", str(port), "--no-worker"]
+    command = [sys.executable, "-m", "commands.cli", "serve", "--port", str(port), "--no-worker"]
     again = subprocess.Popen(command, env=env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     health = f"http://127.0.0.1:{port}/api/health"
     try:
@@ -134,7 +134,7 @@ def test_a_killed_worker_is_replaced_and_a_killed_serve_leaves_no_worker(tmp_pat
     port = _free_port()
     base = f"http://127.0.0.1:{port}"
     log = (tmp_path / "serve.log").open("wb")
-    serve = subprocess.Popen([sys.executable, "-m", "worker.cli", "serve",
+    serve = subprocess.Popen([sys.executable, "-m", "commands.cli", "serve",
                               "--port", str(port), "--model", MODEL],
                              env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
     try:

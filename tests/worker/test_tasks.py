@@ -52,7 +52,7 @@ class Worker:
     starts: list[float] = field(default_factory=list)
 
     def start(self) -> None:
-        from worker.serve import worker_command
+        from commands.serve import worker_command
 
         log = self.log_path.open("ab")
         t0 = time.perf_counter()
@@ -72,7 +72,7 @@ class Worker:
         self.starts.append(time.perf_counter() - t0)
 
     def stop(self) -> None:
-        from worker.serve import stop_worker
+        from commands.serve import stop_worker
 
         if self.proc is not None:
             stop_worker(self.proc, timeout=15)

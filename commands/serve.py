@@ -20,7 +20,7 @@ import os
 import signal
 import sys
 
-from worker.supervisor import WORKER_STOP_S, WorkerSupervisor, stop_worker, worker_command
+from commands.supervisor import WORKER_STOP_S, WorkerSupervisor, stop_worker, worker_command
 
 __all__ = ["WORKER_STOP_S", "add_commands", "cmd_serve", "cmd_worker", "startup_problem", "stop_worker",
            "worker_command"]

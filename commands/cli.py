@@ -7,9 +7,9 @@
         [--seam K] --question "..." [--choices "..."] --json
     kvnotes attribute --model M --document doc.txt --replace OLD NEW --question "..." [--span-tokens 16]
     kvnotes serve | worker        (the web app and its Celery worker)
-    kvnotes users add|list|remove, kvnotes tokens create|list|revoke   (accounts; see account_commands)
+    kvnotes users add|list|remove, kvnotes tokens create|list|revoke   (accounts; see commands.accounts)
     kvnotes replay --url URL --document doc.txt --field OLD --values v1,v2 --question "..." --json
-                                  (the edit on a vLLM server; see replay_command, docs/serving.md)
+                                  (the edit on a vLLM server; see commands.replay, docs/serving.md)
 
 Bad input exits with status 2 and one line on stderr, never a traceback.
 """
@@ -223,15 +223,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_attribute)
 
     try:
-        from worker.serve import add_commands
+        from commands.serve import add_commands
     except ImportError:  # the web part is optional for engine-only installs
         pass
     else:
         add_commands(sub)
-        from worker.account_commands import add_commands as add_account_commands
+        from commands.accounts import add_commands as add_account_commands
 
         add_account_commands(sub)
-    from worker.replay_command import add_command as add_replay_command
+    from commands.replay import add_command as add_replay_command
 
     add_replay_command(sub)
     return parser
@@ -252,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from pydantic import ValidationError
 
-    from worker.account_commands import CommandError
+    from commands.accounts import CommandError
     from worker.engine.types import EngineError
 
     try:
