@@ -1,5 +1,5 @@
 """The Jinja environment of the pages: where templates live, autoescaping, and the few filters
-every page shares (approximate token counts, number formats, strategy colours).
+every page shares (approximate token counts, number formats, counted nouns, strategy colours).
 
 Autoescape is on for every template (Starlette's default for .html), so user text — documents,
 labels, errata, skills — always renders as text, never as markup.
@@ -62,7 +62,13 @@ def fmt_when(value: datetime | None) -> str:
     return value.strftime("%Y-%m-%d")
 
 
-templates.env.filters.update(approx_tokens=approx_tokens, ms=fmt_ms, f=fmt_float, when=fmt_when)
+def count(n: int | None, singular: str, plural: str | None = None) -> str:
+    """'1 field', '2 fields', '0 errata' (count(n, 'erratum', 'errata')): never '1 fields'."""
+    n = n or 0
+    return f"{n:,} {singular if n == 1 else (plural or singular + 's')}"
+
+
+templates.env.filters.update(approx_tokens=approx_tokens, ms=fmt_ms, f=fmt_float, when=fmt_when, count=count)
 templates.env.globals.update(
     STRATEGIES=STRATEGIES, STRATEGY_HELP=STRATEGY_HELP, DEFAULT_STRATEGIES=DEFAULT_STRATEGIES,
     HTMX_FILE=HTMX_FILE,

@@ -326,3 +326,22 @@ def test_components_gallery_and_runs_list(client) -> None:
 def test_textarea_crlf_is_stored_as_lf_so_offsets_match_the_page(client) -> None:
     nb = new_notebook(client, text="one\r\n\r\ntwo: active")
     assert session().get(Notebook, nb).document == "one\n\ntwo: active"
+
+
+def test_counts_are_singular_for_one(client) -> None:
+    """One field, one token: never "1 fields" on the first page, a card or a skill row."""
+    from app.web.templating import count
+
+    assert [count(1, "field"), count(2, "field"), count(0, "erratum", "errata")] == \
+        ["1 field", "2 fields", "0 errata"]
+    nb = new_notebook(client)
+    assert add_field(client, nb).status_code == 200
+    home = client.get("/").text
+    assert "1 field<" in home and "0 skills" in home
+    assert not re.search(r"\b1 (fields|skills|tokens|runs)\b", home)
+    s = session()
+    s.add(Skill(name="one", text="Hi", model="smollm2-135m", status="compiled", token_count=1,
+                compile_ms=3.0))
+    s.commit()
+    skills = client.get("/skills").text
+    assert "1 token<" in skills and "1 tokens" not in skills
