@@ -5,7 +5,9 @@ stated in the OpenAPI schema as the settings say when the schema is made (`Docum
 show something (`_not_blank`: whitespace and zero-width or other format characters alone are
 blank) and hold no NUL (`_no_nul`; PostgreSQL cannot store it); the schema states both as one
 pattern (`VISIBLE_TEXT`). Models must be offered (`KVNOTES_MODELS`), listed as the schema's enum.
-Ids in bodies are bounded by 2^53 - 1, what a JSON number (a double) carries exactly.
+Ids in bodies are bounded by 2^53 - 1, what a JSON number (a double) carries exactly. Numbers are
+strict (`Integer`, `Number`): a JSON boolean or a string is never a number (`"start": false` is a
+422, not 0); every integer or number of a request model is one of these (tests/api/test_fuzz.py).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Annotated, Any
 
-from pydantic import AfterValidator, Field, GetJsonSchemaHandler, StringConstraints
+from pydantic import AfterValidator, Field, GetJsonSchemaHandler, Strict, StringConstraints
 
 from data.contracts import unix_newlines
 from data.settings import Settings, get_settings
@@ -112,7 +114,9 @@ def _text(setting: str, *more: AfterValidator, blank: bool = False) -> Any:
 
 NotBlank = AfterValidator(_not_blank)
 Timestamp = Annotated[datetime, AfterValidator(_utc)]
-DbId = Annotated[int, Field(ge=1, le=MAX_DB_ID)]
+Integer = Annotated[int, Strict()]  # a JSON integer: never a boolean, a string or 1.0
+Number = Annotated[float, Strict()]  # a JSON number (an integer too): never a boolean or a string
+DbId = Annotated[Integer, Field(ge=1, le=MAX_DB_ID)]
 Title = _text("max_title_chars")
 
 
@@ -137,5 +141,5 @@ SkillName = _text("max_label_chars")
 QuestionText = _text("max_question_chars")
 Choice = _text("max_label_chars")
 Choices = Annotated[list[Choice], *at_most("max_choices", "maxItems")]
-Offset = Annotated[int, Field(ge=0, le=MAX_DB_ID), AfterValidator(_within_document),
+Offset = Annotated[Integer, Field(ge=0, le=MAX_DB_ID), AfterValidator(_within_document),
                    Documented(lambda: {"maximum": get_settings().max_document_chars})]

@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from app.schema_types import Integer, Number
 from app.services.errors import Unprocessable
 from data.accounts import LOCAL_USER
 from data.models import Notebook, RunStatus, as_utc, utcnow
@@ -35,15 +36,15 @@ class ReplayCreate(BaseModel):
 
     url: str = Field(default="", max_length=500, description="the server, e.g. http://127.0.0.1:8100/v1")
     model: str = Field(default="", max_length=200, description="the served model ('' = the one it serves)")
-    field_id: int | None = Field(default=None, description="the field that changes (default: the first)")
+    field_id: Integer | None = Field(default=None, description="the field that changes (default: the first)")
     values: list[str] = Field(default_factory=list, max_length=MAX_VALUES,
                               description="the values the field takes, one per request, in turn")
-    requests: int = Field(default=0, ge=0, le=MAX_REQUESTS, description="per variant (0: one per value)")
-    rate: float = Field(default=1.0, gt=0, le=1000, description="Poisson arrivals, requests per second")
-    concurrency: int = Field(default=4, ge=1, le=64, description="requests in flight at most")
+    requests: Integer = Field(default=0, ge=0, le=MAX_REQUESTS, description="per variant (0: one per value)")
+    rate: Number = Field(default=1.0, gt=0, le=1000, description="Poisson arrivals, requests per second")
+    concurrency: Integer = Field(default=4, ge=1, le=64, description="requests in flight at most")
     variants: list[str] = Field(default_factory=lambda: list(VARIANTS), min_length=1,
                                 max_length=len(VARIANTS))
-    max_tokens: int = Field(default=16, ge=1, le=256, description="answer tokens per request")
+    max_tokens: Integer = Field(default=16, ge=1, le=256, description="answer tokens per request")
 
 
 def snapshot_for(notebook: Notebook, body: ReplayCreate) -> ReplaySnapshot:

@@ -49,3 +49,55 @@ def test_no_generated_request_gets_a_server_error_and_the_schema_holds(tmp_path:
         generated = [line for line in done.stdout.splitlines() if "generated" in line]
         print("\n" + (generated[-1].strip() if generated else report[-500:]))
     assert "Traceback" not in (tmp_path / "server.log").read_text()
+
+
+def _number_fields(spec: dict, schema: dict, path: tuple = ()) -> list[tuple[tuple, str]]:
+    """(where in the body, "integer" or "number") for every number the body schema declares."""
+    if "$ref" in schema:
+        return _number_fields(spec, spec["components"]["schemas"][schema["$ref"].rsplit("/", 1)[1]], path)
+    found = []
+    for option in schema.get("anyOf", []) + schema.get("allOf", []):
+        found += _number_fields(spec, option, path)
+    if schema.get("type") in ("integer", "number"):
+        found.append((path, schema["type"]))
+    if schema.get("type") == "array" and "items" in schema:
+        found += _number_fields(spec, schema["items"], (*path, 0))
+    for name, prop in schema.get("properties", {}).items():
+        found += _number_fields(spec, prop, (*path, name))
+    return found
+
+
+def _with_false(where: tuple) -> object:
+    """A body whose value at `where` is `false` ((“ids”, 0) → {"ids": [false]})."""
+    value: object = False
+    for part in reversed(where):
+        value = [value] if isinstance(part, int) else {part: value}
+    return value
+
+
+def test_a_boolean_is_never_a_number_in_any_request_body(make_client) -> None:
+    """On purpose, not by luck: for every integer and number of every JSON request body in the
+    schema, `false` in its place is a 422 naming that field as not a number (it was read as 0)."""
+    client = make_client()
+    spec = client.get("/openapi.json").json()
+    checked = []
+    for route, operations in spec["paths"].items():
+        for method, operation in operations.items():
+            body = (operation.get("requestBody") or {}).get("content", {}).get("application/json")
+            if body is None:
+                continue
+            for where, kind in _number_fields(spec, body["schema"]):
+                url = route.replace("{", "").replace("}", "")  # every id "1": validation comes first
+                url = "/".join("1" if part.endswith("_id") else part for part in url.split("/"))
+                r = client.request(method, url, json=_with_false(where))
+                errors = r.json()["detail"] if r.status_code == 422 else []
+                named = [e for e in errors if tuple(e["loc"][1:]) == where]
+                assert named and named[0]["type"] in ("int_type", "float_type"), \
+                    (method, route, where, r.status_code, r.text[:300])
+                checked.append((method.upper(), route, where, kind))
+    print(f"\n{len(checked)} numbers checked: " + ", ".join(f"{m} {r} {'.'.join(map(str, w))}"
+                                                         for m, r, w, _ in checked))
+    names = {(m, w) for m, _, w, _ in checked}
+    assert len(checked) >= 13, checked
+    assert {("POST", ("start",)), ("PATCH", ("end",)), ("POST", ("ids", 0)), ("POST", ("skill_id",)),
+            ("POST", ("rate",)), ("POST", ("max_tokens",))} <= names, names

@@ -21,7 +21,7 @@ from app.api.deps import PrincipalDep, SessionDep, get_or_404
 from app.api.routes.replays import ReplayOut
 from app.services.errors import Unprocessable
 from app.services.replays import ReplayCreate, cancel_replay, replays_of, settled, start_replay
-from app.web.forms import lines, validate
+from app.web.forms import lines, parse_int, validate
 from app.web.serving.view import panel_context, replay_csv
 from app.web.templating import render
 from data.models import Notebook
@@ -54,14 +54,18 @@ def serving_panel(request: Request, notebook_id: int, session: SessionDep) -> Re
 @router.post("/notebooks/{notebook_id}/replays")
 def create_replay(request: Request, notebook_id: int, session: SessionDep, principal: PrincipalDep,
                   url: Text = "", model: Text = "", values: Text = "", requests: Text = "", rate: Text = "1",
-                  concurrency: Text = "4", variants: Annotated[list[str] | None, Form()] = None) -> Response:
+                  concurrency: Text = "4", variants: Annotated[list[str] | None, Form()] = None,
+                  extend_choices: Annotated[str | None, Form()] = None) -> Response:
     notebook = get_or_404(session, Notebook, notebook_id, "notebook")
     form = {"url": url, "model": model, "values": values, "requests": requests, "rate": rate,
-            "concurrency": concurrency, "variants": variants or []}
+            "concurrency": concurrency, "variants": variants or [], "extend_choices": bool(extend_choices)}
     try:
+        # the form's numbers are text; the API's are strict JSON numbers
         body = validate(ReplayCreate, {"url": url, "model": model, "values": lines(values),
-                                       "requests": requests.strip() or 0, "rate": rate,
-                                       "concurrency": concurrency, "variants": variants or []})
+                                       "requests": parse_int(requests, "requests") or 0,
+                                       "rate": _rate(rate),
+                                       "concurrency": parse_int(concurrency, "concurrency") or 4,
+                                       "variants": variants or [], "extend_choices": bool(extend_choices)})
         replay = start_replay(session, notebook, body, principal.name)
     except Unprocessable as exc:
         session.rollback()
@@ -70,6 +74,14 @@ def create_replay(request: Request, notebook_id: int, session: SessionDep, princ
         return _panel(request, notebook, None, 503, {"form": f"The replay could not be queued, nothing was "
                                                              f"saved: {exc.reason}"}, form)
     return _panel(request, notebook, replay, 201, values=form)
+
+
+def _rate(text: str) -> float:
+    try:
+        return float(text.strip() or "1")
+    except ValueError:
+        raise Unprocessable("rate", f"rate must be a number of requests per second; "
+                                    f"got {text[:40]!r}") from None
 
 
 @router.get("/replays/{replay_id}/panel")
