@@ -43,6 +43,7 @@ class ReplaySnapshot(BaseModel):
     values: list[str]
     question: str
     choices: list[str] = []
+    extended_choices: list[str] = []  # values added to the question's choices for this replay
     requests: int = 0  # per variant; 0 = one per value
     rate: float = 1.0
     concurrency: int = 4

@@ -2,7 +2,8 @@
 the server and the load), the checks made before anything is saved, and starting it.
 
 Everything a replay can know before its first request is checked here, synchronously: the notebook
-has a field and a question, the values and the load are sensible, the server answers, serves the
+has a field and a question, the values are among the question's choices (or the choices are
+extended with them, on request), the values and the load are sensible, the server answers, serves the
 model and fits every prompt (`serving.preflight`). A failed check is a 422 naming the problem, and
 nothing is saved; the replay row is committed before its message is sent (deleted again if the
 broker refuses it). The worker's `kvnotes.replay` does the rest.
@@ -23,6 +24,7 @@ from data.replays import Replay, ReplaySnapshot
 from data.settings import get_settings
 from serving import ReplayError, ReplaySpec, preflight
 from vocabulary.replay import VARIANTS
+from vocabulary.verdicts import words
 
 MAX_VALUES = 64
 MAX_REQUESTS = 256
@@ -45,6 +47,17 @@ class ReplayCreate(BaseModel):
     variants: list[str] = Field(default_factory=lambda: list(VARIANTS), min_length=1,
                                 max_length=len(VARIANTS))
     max_tokens: Integer = Field(default=16, ge=1, le=256, description="answer tokens per request")
+    extend_choices: bool = Field(default=False, description="values outside the question's choices are "
+                                 "added to the choices this replay sends (else such values are refused)")
+
+
+def outside_choices(values: list[str], choices: list[str], field_values: list[str]) -> list[str]:
+    """The values no choice names, when the choices name the field's values (a choice is its old or
+    new value; yes/no choices name none and take any value): those answers could never agree."""
+    said = {tuple(words(choice)) for choice in choices}
+    if not any(tuple(words(value)) in said for value in field_values):
+        return []
+    return list(dict.fromkeys(value for value in values if tuple(words(value)) not in said))
 
 
 def snapshot_for(notebook: Notebook, body: ReplayCreate) -> ReplaySnapshot:
@@ -65,11 +78,18 @@ def snapshot_for(notebook: Notebook, body: ReplayCreate) -> ReplaySnapshot:
         raise Unprocessable("question", "this notebook has no question yet; ask one first")
     field = chosen[0]
     values = [v.strip() for v in body.values if v.strip()] or [field.new_value]
+    choices = list(question.choices)
+    missing = outside_choices(values, choices, [notebook.document[field.start:field.end], field.new_value])
+    if missing and not body.extend_choices:
+        raise Unprocessable("values", f"{', '.join(missing)} {'is' if len(missing) == 1 else 'are'} not "
+                            f"among the question's choices ({', '.join(choices)}): every answer is one of "
+                            "them, so those requests could never agree; add them to the choices, or "
+                            "extend the choices for this replay")
     return ReplaySnapshot(url=url, model=body.model.strip() or settings.vllm_model,
                           document=notebook.document, start=field.start, end=field.end,
                           label=field.label or "the value", values=values, question=question.text,
-                          choices=list(question.choices), requests=body.requests, rate=body.rate,
-                          concurrency=body.concurrency, variants=list(body.variants),
+                          choices=choices + missing, extended_choices=missing, requests=body.requests,
+                          rate=body.rate, concurrency=body.concurrency, variants=list(body.variants),
                           max_tokens=body.max_tokens)
 
 

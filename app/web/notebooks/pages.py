@@ -1,5 +1,6 @@
 """The notebook page and the htmx fragments that edit it: fields from a mouse selection,
-errata (edit, add, reorder, remove), skill placements (drop, move, remove) and starting a run.
+errata (edit, add, reorder, remove), skill placements (drop, move, remove), saving the question and
+starting a run.
 
 Every edit goes through the same services and schemas as the JSON API. On success the response
 swaps the dependent regions out of band (`regions`); on failure the form comes back with the
@@ -15,6 +16,7 @@ from fastapi import APIRouter, Form, HTTPException, Request
 from fastapi.responses import JSONResponse, Response
 from sqlalchemy.orm import Session
 
+from app import schemas
 from app.api.deps import PrincipalDep, SessionDep, get_or_404
 from app.schemas import ErratumCreate, ErratumPatch, FieldCreate, FieldPatch, PlacementCreate, RunCreate
 from app.services import notebooks as actions
@@ -24,7 +26,7 @@ from app.web.forms import lines, parse_int, validate
 from app.web.notebooks.context import decision_summary, latest_tokens, notebook_context, regions
 from app.web.notebooks.document_view import hover_tokens, paragraph_starts
 from app.web.paging import page_param
-from app.web.templating import render
+from app.web.templating import count, render
 from data.models import Erratum, Field, Notebook, Placement, Skill
 from data.queue import QueueUnavailable
 
@@ -271,7 +273,32 @@ def remove_placement(request: Request, notebook_id: int, placement_id: int, sess
     return _save(request, session, notebook, lambda: actions.delete_placement(session, placement))
 
 
-# --- runs ------------------------------------------------------------------------------------------
+# --- the question and runs ------------------------------------------------------------------------
+
+
+@router.post("/notebooks/{notebook_id}/question")
+def save_question(request: Request, notebook_id: int, session: SessionDep, question: Text = "",
+                  choices: Text = "", cot: OptText = None, attribution: OptText = None,
+                  strategies: Annotated[list[str] | None, Form()] = None) -> Response:
+    """The run form's *Save question*: the question and its choices become the notebook's current
+    ones without a run (the replay and the API's runs use them); the form comes back with a note."""
+    notebook = _notebook(session, notebook_id)
+    values = {"question": question, "choices": choices, "cot": bool(cot), "attribution": bool(attribution),
+              "strategies": strategies or ["recompute"]}
+    try:
+        if not question.strip():
+            raise Unprocessable("question", "write the question to save")
+        asked = {"text": question.strip(), "choices": lines(choices), "cot": bool(cot)}
+        body = validate(schemas.QuestionIn, asked, rename={"text": "question"})
+        actions.set_question(notebook, body.text, body.choices, body.cot)
+        session.commit()
+    except Unprocessable as exc:
+        session.rollback()
+        context = notebook_context(session, notebook, run_values=values)
+        return render(request, "_run_form.html", 422, **context, run_errors=exc.errors)
+    context = notebook_context(session, notebook, run_values=values)
+    saved = count(len(body.choices), "choice") if body.choices else "a free answer"
+    return render(request, "_run_form.html", **context, run_saved=f"Saved: the question, with {saved}.")
 
 
 @router.post("/notebooks/{notebook_id}/runs")

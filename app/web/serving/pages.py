@@ -38,7 +38,7 @@ def _panel(request: Request, notebook: Notebook, replay: Replay | None, status: 
            errors: dict | None = None, values: dict | None = None) -> Response:
     settings = get_settings()
     defaults = {"url": settings.vllm_url, "model": settings.vllm_model, "values": "", "requests": "",
-                "rate": "1", "concurrency": "4", "variants": list(VARIANTS)}
+                "rate": "1", "concurrency": "4", "variants": list(VARIANTS), "extend_choices": False}
     return render(request, "_serving.html", status, notebook=notebook, errors=errors or {},
                   values={**defaults, **(values or {})}, VARIANTS=VARIANTS, VARIANT_HELP=VARIANT_HELP,
                   **panel_context(replay))

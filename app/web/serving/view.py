@@ -72,9 +72,11 @@ def _ms_label(ms: float) -> str:
 def panel_context(replay: Replay | None) -> dict:
     """The template's values for one replay (or none yet)."""
     if replay is None or replay.result is None:
-        return {"replay": replay, "rows": [], "axis": None, "reported": REPORTED, "strip_width": STRIP_WIDTH}
+        return {"replay": replay, "rows": [], "axis": None, "reported": REPORTED, "strip_width": STRIP_WIDTH,
+                "variant_help": VARIANT_HELP}
     rows, axis = variant_rows(replay.result)
-    return {"replay": replay, "rows": rows, "axis": axis, "reported": REPORTED, "strip_width": STRIP_WIDTH}
+    return {"replay": replay, "rows": rows, "axis": axis, "reported": REPORTED, "strip_width": STRIP_WIDTH,
+            "variant_help": VARIANT_HELP}
 
 
 def replay_csv(replay: Replay) -> str:
