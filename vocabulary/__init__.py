@@ -20,10 +20,14 @@ from vocabulary.strategies import (
     DEFAULT_COMPOSE_STRATEGIES,
     DEFAULT_STRATEGIES,
     EDIT_INFO,
+    FLOOR,
     REFERENCE,
+    ROLES,
     STRATEGIES,
     STRATEGY_HELP,
     StrategyInfo,
+    by_role,
+    colours,
     unknown_compose_strategies,
     unknown_strategies,
     with_recompute,
@@ -32,8 +36,9 @@ from vocabulary.strategies import (
 __all__ = [
     "AUTO_CANDIDATES", "COMPOSE_HELP", "COMPOSE_INFO", "COMPOSE_STRATEGIES", "DEFAULT_COMPOSE_STRATEGIES",
     "DEFAULT_STRATEGIES",
-    "DEFAULT_TEMPLATE", "EDIT_INFO", "METRICS", "METRIC_NAMES", "REFERENCE", "STRATEGIES", "STRATEGY_HELP",
-    "Metric", "StrategyInfo", "render_erratum", "unknown_compose_strategies", "unknown_strategies",
+    "DEFAULT_TEMPLATE", "EDIT_INFO", "FLOOR", "METRICS", "METRIC_NAMES", "REFERENCE", "ROLES", "STRATEGIES",
+    "STRATEGY_HELP", "Metric", "StrategyInfo", "by_role", "colours", "render_erratum",
+    "unknown_compose_strategies", "unknown_strategies",
     "with_recompute",
 ]
 

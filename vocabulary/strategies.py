@@ -11,6 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+Role = Literal["reference", "floor", "candidate", "composite"]
+ROLES: tuple[Role, ...] = ("reference", "floor", "candidate", "composite")
+
 
 @dataclass(frozen=True)
 class StrategyInfo:
@@ -24,7 +27,11 @@ class StrategyInfo:
     can_defer: the tokens it computes go through the readout's own forward (one pass fewer).
     default: ticked on a fresh run form.
     parts: a composite's candidates, cheapest first (auto's probes); empty for a plain strategy.
-    exact: its notes equal recompute's (the decision cannot differ)."""
+    exact: its notes equal recompute's (the decision cannot differ).
+    role: what the pages ask for instead of a name: "reference" (every strategy is measured against
+      it), "floor" (recomputes nothing: the model acts on the old notes), "composite" (picks among
+      its parts), or "candidate" (every other).
+    colour: its colour on every page, chip and drawing (`#rrggbb`; a name two kinds share has one)."""
 
     name: str
     kind: Literal["edit", "compose"]
@@ -35,9 +42,9 @@ class StrategyInfo:
     default: bool = False
     parts: tuple[str, ...] = ()
     exact: bool = False
+    role: Role = "candidate"
+    colour: str = "#3d4350"
 
-
-REFERENCE = "recompute"  # every strategy is measured against this one (edit and compose alike)
 
 
 def _edit(name: str, help: str, recomputes: str, **facts) -> StrategyInfo:
@@ -50,42 +57,47 @@ def _compose(name: str, help: str, recomputes: str, **facts) -> StrategyInfo:
 
 EDIT_INFO: dict[str, StrategyInfo] = {info.name: info for info in (
     _edit("recompute", "the reference: prefill everything again", "every token (the oracle)",
-          default=True, exact=True),
+          default=True, exact=True, role="reference", colour="#3d4350"),
     _edit("prefix_reuse", "recompute from the first field to the end (exact, what a prefix cache does)",
-          "every token from the first change on", default=True, exact=True),
-    _edit("stale", "recompute nothing: the floor, the model acts on the old notes", "nothing", default=True),
+          "every token from the first change on", default=True, exact=True, colour="#0072b2"),
+    _edit("stale", "recompute nothing: the floor, the model acts on the old notes", "nothing", default=True,
+          role="floor", colour="#d55e00"),
     _edit("in_place", "recompute only the field's tokens; later keys re-rotated",
           "the changed tokens; equal tokens keep their K/V, keys re-rotated by the length change",
-          moves_keys=True, can_defer=True, default=True),
+          moves_keys=True, can_defer=True, default=True, colour="#e69f00"),
     _edit("erratum", "append a correction and compute only its tokens", "an appended correction only",
-          can_defer=True, default=True),
+          can_defer=True, default=True, colour="#cc79a7"),
     _edit("field_erratum", "refresh the field and append the correction (the robust default)",
-          "the changed tokens and the appended correction", moves_keys=True, can_defer=True, default=True),
+          "the changed tokens and the appended correction", moves_keys=True, can_defer=True, default=True,
+          colour="#009e73"),
     _edit("selective", "field + the downstream tokens whose notes moved most",
           "the changed tokens and the top fraction of downstream tokens whose layer-1 K/V moved most "
-          "(CacheBlend's rule)", moves_keys=True, can_defer=True),
+          "(CacheBlend's rule)", moves_keys=True, can_defer=True, colour="#56b4e9"),
     _edit("hoist", "the field's line moved after the document: an edit computes only that tail "
           "(the paper's hoist-to-end baseline)",
-          "the hoisted line holding the new value; the document without it is kept", can_defer=True),
+          "the hoisted line holding the new value; the document without it is kept", can_defer=True,
+          colour="#7b5ea7"),
     _edit("auto", "the cheapest strategy that matches field_erratum on a probe",
           "its pick's tokens, after probing the cheaper candidates", moves_keys=True,
-          parts=("stale", "erratum", "in_place")),
+          parts=("stale", "erratum", "in_place"), role="composite", colour="#b8a200"),
 )}
 
 COMPOSE_INFO: dict[str, StrategyInfo] = {info.name: info for info in (
     _compose("recompute", "the reference: prefill the whole composed prompt", "the whole composed prompt",
-             default=True, exact=True),
+             default=True, exact=True, role="reference", colour="#3d4350"),
     _compose("splice", "full reuse: every skill's notes re-rotated into place, nothing recomputed",
-             "nothing (with a seam, the first tokens of every skill)", moves_keys=True, default=True),
+             "nothing (with a seam, the first tokens of every skill)", moves_keys=True, default=True,
+             colour="#999933"),
     _compose("seam", "splice, then the first K tokens of every skill recomputed with the real prefix "
-             "(seam repair)", "the first K = 4 tokens of every skill", moves_keys=True, can_defer=True),
+             "(seam repair)", "the first K = 4 tokens of every skill", moves_keys=True, can_defer=True,
+             colour="#882255"),
     _compose("epic", "splice, then the first k = 16 tokens of every skill recomputed (EPIC)",
-             "the first k = 16 tokens of every skill", moves_keys=True, can_defer=True),
+             "the first k = 16 tokens of every skill", moves_keys=True, can_defer=True, colour="#44aa99"),
     _compose("selective", "splice, then the 15% of reused tokens whose first-layer K/V move most "
              "recomputed (CacheBlend)", "the 15% of reused tokens whose layer-1 K/V move most",
-             moves_keys=True, can_defer=True),
+             moves_keys=True, can_defer=True, colour="#56b4e9"),
     _compose("prefix_reuse", "exact: the context and the first skill reused as a prefix cache holds them, "
-             "the rest recomputed", "everything after the first skill", exact=True),
+             "the rest recomputed", "everything after the first skill", exact=True, colour="#0072b2"),
 )}
 
 
@@ -107,10 +119,26 @@ def unknown_compose_strategies(names: list[str] | tuple[str, ...]) -> str:
     return _unknown(names, COMPOSE_INFO, "compose strategy", "valid")
 
 
+def by_role(role: Role, infos: dict[str, StrategyInfo] | None = None) -> str:
+    """The name of the one strategy of `infos` (the edits by default) that plays `role`."""
+    names = [name for name, info in (EDIT_INFO if infos is None else infos).items() if info.role == role]
+    if len(names) != 1:
+        raise LookupError(f"{len(names)} strategies play the role {role!r}: {names}")
+    return names[0]
+
+
+def colours() -> dict[str, str]:
+    """Every strategy's colour by name, edit and compose alike (a name both kinds use has one)."""
+    return {name: info.colour for infos in (COMPOSE_INFO, EDIT_INFO) for name, info in infos.items()}
+
+
 def with_recompute(names: list[str] | tuple[str, ...]) -> list[str]:
     """`recompute` first (every strategy is measured against it), then the others once each."""
     return [REFERENCE, *dict.fromkeys(name for name in names if name != REFERENCE)]
 
+
+REFERENCE = by_role("reference")  # every strategy is measured against it (edit and compose alike)
+FLOOR = by_role("floor")  # recomputes nothing: the model acts on the old notes
 
 # The names and words earlier code reads, derived from the descriptors (one place for each fact).
 STRATEGIES = tuple(EDIT_INFO)

@@ -14,7 +14,9 @@ from typing import Any
 
 from fastapi import Request
 from fastapi.templating import Jinja2Templates
+from markupsafe import Markup
 
+from app.web.strategy_css import cached_strategy_css
 from data.models import as_utc
 from vocabulary import DEFAULT_STRATEGIES, EDIT_INFO, REFERENCE, STRATEGIES, STRATEGY_HELP
 
@@ -73,6 +75,7 @@ templates.env.globals.update(
     STRATEGIES=STRATEGIES, STRATEGY_HELP=STRATEGY_HELP, DEFAULT_STRATEGIES=DEFAULT_STRATEGIES,
     HTMX_FILE=HTMX_FILE,
     STRATEGY_INFO=EDIT_INFO, REFERENCE=REFERENCE,  # the run form reads each strategy's descriptor
+    STRATEGY_CSS=Markup(cached_strategy_css()),
 )
 
 

@@ -33,6 +33,7 @@ from app.web.runs.heatmap_view import (
 )
 from app.web.runs.notes_map_view import lead_text
 from app.web.runs.svg_export import heatmap_svg, notes_map_svg
+from app.web.strategy_css import strategy_css
 from app.web.templating import ROOT, templates
 from data.models import Run
 
@@ -99,7 +100,7 @@ def export_notes_map_svg(run_id: int, session: SessionDep) -> Response:
 @lru_cache(maxsize=1)
 def _report_assets() -> tuple[str, str, str]:
     """(stylesheet, script, the script's CSP hash source) — read once."""
-    css = STYLESHEET.read_text(encoding="utf-8")
+    css = STYLESHEET.read_text(encoding="utf-8") + strategy_css()
     script = REPORT_SCRIPT.read_text(encoding="utf-8")
     digest = base64.b64encode(hashlib.sha256(script.encode("utf-8")).digest()).decode()
     return css, script, f"'sha256-{digest}'"

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 from app.web.runs.heatmap_view import Cell, HeatmapPanels, div_stops, hex_colour, seq_stops
 from app.web.runs.notes_map_view import MapPiece
+from vocabulary import REFERENCE, colours
 
 CHAR_W, LINE_H, FONT = 7.2, 18, 12  # px: DejaVu Sans Mono 12px advances 7.2px
 PAD = 12
@@ -152,7 +153,8 @@ def _cells(cells: list[Cell], diff: bool = False) -> list[Stretch]:
 
 def heatmap_svg(panels: HeatmapPanels, heading: str, width_chars: int = 56) -> str:
     """Three panels side by side: recompute, the strategy, the difference (strategy − recompute)."""
-    names = ["recompute", panels.params.strategy, "difference"]
+    names = [REFERENCE, panels.params.strategy, "difference"]
+    palette = colours()
     columns = [_cells(panels.ref), _cells(panels.res), _cells(panels.diff, diff=True)]
     panel_w = width_chars * CHAR_W + 2 * PAD
     top = 84
@@ -168,8 +170,12 @@ def heatmap_svg(panels: HeatmapPanels, heading: str, width_chars: int = 56) -> s
         placed, n = layout(runs, width_chars)
         lines = max(lines, n)
         x0 = k * panel_w + PAD
-        body.append(f'<g class="panel" data-panel="{xml_text(name)}">'
-                    f'<text x="{x0}" y="{top - 6}" font-weight="700" fill="#1d2330">{xml_text(name)}</text>')
+        colour = palette.get(name)  # a strategy's own colour (its descriptor's), as the page's chip
+        swatch = (f'<rect class="swatch" x="{x0}" y="{top - 15}" width="10" height="10" rx="2" '
+                  f'fill="{colour}"/>')
+        body.append(f'<g class="panel" data-panel="{xml_text(name)}">' + (swatch if colour else "") +
+                    f'<text x="{x0 + (14 if colour else 0)}" y="{top - 6}" font-weight="700" fill="#1d2330">'
+                    f'{xml_text(name)}</text>')
         body += [*_draw(placed, x0, top), "</g>"]
     return _svg(3 * panel_w, top + lines * LINE_H + PAD, body, heading)
 
