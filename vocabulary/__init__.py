@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from vocabulary.regions import ERRATUM
+
 # strategies: one descriptor each (`vocabulary/strategies.py`)
 from vocabulary.strategies import (
     AUTO_CANDIDATES,
@@ -36,12 +38,17 @@ from vocabulary.strategies import (
 __all__ = [
     "AUTO_CANDIDATES", "COMPOSE_HELP", "COMPOSE_INFO", "COMPOSE_STRATEGIES", "DEFAULT_COMPOSE_STRATEGIES",
     "DEFAULT_STRATEGIES",
-    "DEFAULT_TEMPLATE", "EDIT_INFO", "FLOOR", "METRICS", "METRIC_NAMES", "REFERENCE", "ROLES", "STRATEGIES",
+    "DEFAULT_TEMPLATE", "EDIT_INFO", "ERRATUM", "FLOOR", "METRICS", "METRIC_NAMES", "REFERENCE", "ROLES",
+    "SPREAD",
+    "STRATEGIES",
     "STRATEGY_HELP", "Metric", "StrategyInfo", "by_role", "colours", "render_erratum",
     "unknown_compose_strategies", "unknown_strategies",
     "with_recompute",
 ]
 
+
+# The device name that spreads a model over every GPU, then the CPU (accelerate's `device_map`).
+SPREAD = "auto"
 
 # ---- the erratum ---------------------------------------------------------------------------------
 

@@ -28,7 +28,9 @@ SINK_TOKENS = 4
 # The paper's reading on its 4–8B models: the decision's attention on each region (the rest elsewhere).
 PAPER_READING = {"field": 0.001, "after_field": 0.56, "sink": 0.36}
 
-_BY_SEGMENT = {"erratum": "errata", "skill": "skills", "question": "question",
+ERRATUM = "erratum"  # an appended correction: its tokens' segment, and what the pages call one
+
+_BY_SEGMENT = {ERRATUM: "errata", "skill": "skills", "question": "question",
                "answer": "question", "sink": "sink"}
 
 

@@ -24,6 +24,7 @@ from sqlalchemy.orm import Session, undefer
 from app.services.errors import Unprocessable
 from data.contracts import TokenRecord
 from data.models import RunResult
+from vocabulary import REFERENCE
 from vocabulary.regions import REGIONS, Span, token_regions
 
 
@@ -194,7 +195,7 @@ def attention_regions(results: dict[str, RunResult],
                       fields: Iterable[tuple[int, int]]) -> dict[str, RegionShares]:
     """Every strategy's regions (recompute first) for the results that kept attention."""
     spans = list(fields)
-    order = sorted(results, key=lambda name: name != "recompute")
+    order = sorted(results, key=lambda name: name != REFERENCE)
     return {name: region_shares(results[name], spans) for name in order
             if results[name].attention is not None and results[name].tokens}
 

@@ -18,7 +18,7 @@ from markupsafe import Markup
 
 from app.web.strategy_css import cached_strategy_css
 from data.models import as_utc
-from vocabulary import DEFAULT_STRATEGIES, EDIT_INFO, REFERENCE, STRATEGIES, STRATEGY_HELP
+from vocabulary import DEFAULT_STRATEGIES, EDIT_INFO, FLOOR, REFERENCE, STRATEGIES, STRATEGY_HELP
 
 ROOT = Path(__file__).resolve().parents[2]
 TEMPLATES_DIR = ROOT / "templates"
@@ -74,7 +74,7 @@ templates.env.filters.update(approx_tokens=approx_tokens, ms=fmt_ms, f=fmt_float
 templates.env.globals.update(
     STRATEGIES=STRATEGIES, STRATEGY_HELP=STRATEGY_HELP, DEFAULT_STRATEGIES=DEFAULT_STRATEGIES,
     HTMX_FILE=HTMX_FILE,
-    STRATEGY_INFO=EDIT_INFO, REFERENCE=REFERENCE,  # the run form reads each strategy's descriptor
+    STRATEGY_INFO=EDIT_INFO, REFERENCE=REFERENCE, FLOOR=FLOOR,  # the pages ask for roles, never names
     STRATEGY_CSS=Markup(cached_strategy_css()),
 )
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 from transformers import PreTrainedModel
 
+from vocabulary import SPREAD
 from worker.engine.types import EngineError
 
 
@@ -24,7 +25,7 @@ class DeviceError(EngineError):
 DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16
 }
-AUTO = "auto"  # the device that spreads a model over every GPU (then the CPU): accelerate's device_map
+AUTO = SPREAD  # the device that spreads a model over every GPU (then the CPU): accelerate's device_map
 
 
 

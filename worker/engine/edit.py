@@ -32,6 +32,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from difflib import SequenceMatcher
 
+from vocabulary import ERRATUM
 from vocabulary.prefix import common_prefix
 from worker.engine.forward import Deferred, cut, extend, fill, fresh, join_all
 from worker.engine.notes import KV, Notes
@@ -192,12 +193,12 @@ class Editor:
 
     def erratum(self, erratum_ids: list[int]) -> Surgery:
         o = self.old
-        return Surgery(o.layers, o.token_ids + erratum_ids, o.segments + ["erratum"] * len(erratum_ids),
+        return Surgery(o.layers, o.token_ids + erratum_ids, o.segments + [ERRATUM] * len(erratum_ids),
                        o.offsets + [(-1, -1)] * len(erratum_ids), len(erratum_ids), pending=list(erratum_ids))
 
     def field_erratum(self, erratum_ids: list[int], defer: bool = False) -> Surgery:
         base = self.in_place(defer)
         return Surgery(base.layers, base.token_ids + erratum_ids,
-                       base.segments + ["erratum"] * len(erratum_ids),
+                       base.segments + [ERRATUM] * len(erratum_ids),
                        base.offsets + [(-1, -1)] * len(erratum_ids), base.tokens_computed + len(erratum_ids),
                        pending=list(erratum_ids), deferred=base.deferred)

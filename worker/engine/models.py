@@ -211,7 +211,7 @@ def load_model(
     Args:
         name: an alias from `list_models()`, a local folder, or a hub id.
         device: torch device string, or "auto": spread the layers over the devices of `max_memory`
-            (accelerate's `device_map="auto"`; default every GPU, then the CPU).
+            (accelerate's `device_map=AUTO`; default every GPU, then the CPU).
         dtype: defaults to float32 (fidelity comparisons against recompute need it).
         data_dir: where converted models live; defaults to `./var`.
         trust_remote_code: passed to transformers for paths / hub ids only.
@@ -282,7 +282,7 @@ def _load_pretrained(
     tokenizer = AutoTokenizer.from_pretrained(source, **common)
     kwargs = dict(dtype=dtype, **common)
     if device == AUTO:
-        kwargs.update(device_map="auto", max_memory=max_memory)
+        kwargs.update(device_map=AUTO, max_memory=max_memory)
     try:
         model = AutoModelForCausalLM.from_pretrained(source, attn_implementation="sdpa", **kwargs)
     except ValueError as exc:

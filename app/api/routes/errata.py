@@ -8,6 +8,7 @@ from app.api.deps import SessionDep, errors, get_or_404
 from app.schemas import ErrataOrder, ErratumCreate, ErratumOut, ErratumPatch
 from app.services import notebooks as actions
 from data.models import Erratum, Notebook
+from vocabulary import ERRATUM
 
 router = APIRouter(tags=["errata"])
 
@@ -42,7 +43,7 @@ def order_errata(notebook_id: int, body: ErrataOrder, session: SessionDep) -> li
 @router.patch("/errata/{erratum_id}", response_model=ErratumOut, responses=errors(404))
 def patch_erratum(erratum_id: int, body: ErratumPatch, session: SessionDep) -> Erratum:
     """Edit the text; a generated erratum edited by hand becomes `custom` (no longer re-rendered)."""
-    erratum = get_or_404(session, Erratum, erratum_id, "erratum")
+    erratum = get_or_404(session, Erratum, erratum_id, ERRATUM)
     actions.set_erratum_text(erratum, body.text)
     session.commit()
     return erratum
@@ -50,5 +51,5 @@ def patch_erratum(erratum_id: int, body: ErratumPatch, session: SessionDep) -> E
 
 @router.delete("/errata/{erratum_id}", status_code=status.HTTP_204_NO_CONTENT, responses=errors(404))
 def delete_erratum(erratum_id: int, session: SessionDep) -> None:
-    actions.delete_erratum(session, get_or_404(session, Erratum, erratum_id, "erratum"))
+    actions.delete_erratum(session, get_or_404(session, Erratum, erratum_id, ERRATUM))
     session.commit()

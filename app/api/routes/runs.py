@@ -21,6 +21,7 @@ from app.services.runs import question_for, rerun_snapshot, start_run
 from data.models import Notebook, Run
 from data.queue import QueueUnavailable
 from data.watchdog import reap_for_reader
+from vocabulary import REFERENCE
 
 router = APIRouter(tags=["runs"])
 
@@ -118,7 +119,7 @@ def cancel_run(run_id: int, session: SessionDep) -> RunOut:
 def read_attention(
     run_id: int,
     session: SessionDep,
-    strategy: str = "recompute",
+    strategy: str = REFERENCE,
     layer: int | None = Query(default=None, ge=0),
     head: int | None = Query(default=None, ge=0),
     agg: Literal["mean", "max"] | None = None,

@@ -15,6 +15,7 @@ from typing import Any
 from app.web.templating import approx_tokens
 from data.contracts import TokenRecord
 from data.models import Field, Placement, RunResult
+from vocabulary import FLOOR
 
 PARAGRAPH_BREAK = re.compile(r"\n[ \t]*\n\s*")
 
@@ -113,7 +114,7 @@ def build_document_view(
 def tokens_for_document(document: str, results: list[RunResult]) -> list[TokenRecord]:
     """The cached tokens of a finished run whose document offsets fit this text as it is now (the
     stale strategy reads the original document; recompute reads the edited one). Empty if none fit."""
-    for result in sorted(results, key=lambda r: 0 if r.strategy == "stale" else 1):
+    for result in sorted(results, key=lambda r: 0 if r.strategy == FLOOR else 1):
         tokens = result.tokens or []
         doc_tokens = [t for t in tokens if t.in_document]
         if doc_tokens and _tokens_fit(document, doc_tokens):

@@ -29,6 +29,7 @@ from app.web.paging import page_param
 from app.web.templating import count, render
 from data.models import Erratum, Field, Notebook, Placement, Skill
 from data.queue import QueueUnavailable
+from vocabulary import ERRATUM, REFERENCE
 
 router = APIRouter()
 Text = Annotated[str, Form()]
@@ -188,7 +189,7 @@ def add_erratum(request: Request, notebook_id: int, session: SessionDep, text: T
 def edit_erratum(request: Request, notebook_id: int, erratum_id: int, session: SessionDep,
                  text: Text = "") -> Response:
     notebook = _notebook(session, notebook_id)
-    erratum = _child(session, Erratum, erratum_id, notebook, "erratum")
+    erratum = _child(session, Erratum, erratum_id, notebook, ERRATUM)
 
     def change() -> None:
         if not text.strip():
@@ -204,7 +205,7 @@ def move_erratum(request: Request, notebook_id: int, erratum_id: int, session: S
                  move: Text = "0") -> Response:
     """One place up (`move` = -1) or down (1)."""
     notebook = _notebook(session, notebook_id)
-    _child(session, Erratum, erratum_id, notebook, "erratum")
+    _child(session, Erratum, erratum_id, notebook, ERRATUM)
     ids = [e.id for e in notebook.errata]
     i = ids.index(erratum_id)
     j = min(max(i + (1 if move.strip() == "1" else -1), 0), len(ids) - 1)
@@ -215,7 +216,7 @@ def move_erratum(request: Request, notebook_id: int, erratum_id: int, session: S
 @router.post("/notebooks/{notebook_id}/errata/{erratum_id}/delete")
 def remove_erratum(request: Request, notebook_id: int, erratum_id: int, session: SessionDep) -> Response:
     notebook = _notebook(session, notebook_id)
-    erratum = _child(session, Erratum, erratum_id, notebook, "erratum")
+    erratum = _child(session, Erratum, erratum_id, notebook, ERRATUM)
     return _save(request, session, notebook, lambda: actions.delete_erratum(session, erratum))
 
 
@@ -284,7 +285,7 @@ def save_question(request: Request, notebook_id: int, session: SessionDep, quest
     ones without a run (the replay and the API's runs use them); the form comes back with a note."""
     notebook = _notebook(session, notebook_id)
     values = {"question": question, "choices": choices, "cot": bool(cot), "attribution": bool(attribution),
-              "strategies": strategies or ["recompute"]}
+              "strategies": strategies or [REFERENCE]}
     try:
         if not question.strip():
             raise Unprocessable("question", "write the question to save")
@@ -308,7 +309,7 @@ def create_run(
     strategies: Annotated[list[str] | None, Form()] = None,
 ) -> Response:
     notebook = _notebook(session, notebook_id)
-    chosen = strategies or ["recompute"]
+    chosen = strategies or [REFERENCE]
     values = {"question": question, "choices": choices, "cot": bool(cot), "attribution": bool(attribution),
               "strategies": chosen}
     context = notebook_context(session, notebook, run_values=values)

@@ -22,6 +22,7 @@ from app.web.runs.verdict_view import Headline, headline
 from app.web.runs.view import DecisionRow, agreement_summary, decision_rows
 from data.contracts import TokenRecord
 from data.models import Notebook, Run
+from vocabulary import ERRATUM, REFERENCE
 
 
 @dataclass(frozen=True)
@@ -90,14 +91,14 @@ def common_attention(runs: list[Run]) -> list[str]:
     """Strategies every run kept attention for (recompute first)."""
     sets = [{r.strategy for r in run.results if r.attention_shape} for run in runs]
     shared = set.intersection(*sets) if sets else set()
-    return sorted(shared, key=lambda s: (s != "recompute", s))
+    return sorted(shared, key=lambda s: (s != REFERENCE, s))
 
 
 # ---- what each run's strategy read -----------------------------------------------------------------------
 
 
 BODY = ("document", "skill")  # the notes in order: the document as the strategy holds it, skills in place
-TAILS = (("erratum", "errata"), ("question", "question"))
+TAILS = ((ERRATUM, "errata"), ("question", "question"))
 UNIT_END = re.compile(r"\n|[.!?][\"')\]]*[ \t]+(?=\S)")  # a line ends at a newline, a sentence at . ! ?
 
 

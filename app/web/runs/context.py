@@ -29,7 +29,7 @@ from app.web.runs.view import (
     word_diff,
 )
 from data.models import Notebook, Run
-from vocabulary import METRICS
+from vocabulary import METRICS, REFERENCE
 
 
 @dataclass(frozen=True)
@@ -73,7 +73,7 @@ def run_context(session: Session, run: Run) -> dict[str, Any]:
     rows = decision_rows(run)
     agree, compared = agreement_summary(rows)
     by_name = {r.strategy: r for r in run.results}
-    reference = by_name.get("recompute")
+    reference = by_name.get(REFERENCE)
     answers = []
     for row in rows:
         if row.result is None:

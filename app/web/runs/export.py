@@ -23,6 +23,7 @@ from app.services.attention import (
 )
 from app.web.runs.heatmap_view import ViewParams, heatmap_panels
 from data.models import Run
+from vocabulary import REFERENCE
 
 EXPORT_VERSION = 1
 
@@ -33,7 +34,7 @@ def _floats(values, digits: int = 6) -> list[float]:
 
 def attention_summary(session: Session, run: Run) -> dict[str, Any]:
     results = results_with_attention(session, run.id)
-    reference = results.get("recompute")
+    reference = results.get(REFERENCE)
     out: dict[str, Any] = {}
     for name, result in results.items():
         if result.attention is None:
@@ -43,7 +44,7 @@ def attention_summary(session: Session, run: Run) -> dict[str, Any]:
             "shape": mean.shape, "decision_index": mean.decision, "query_start": mean.query_start,
             "tokens": [t.model_dump() for t in mean.tokens], "decision_mean": _floats(mean.values),
         }
-        if name != "recompute":
+        if name != REFERENCE:
             try:
                 compared = compare_heads(result, reference, name)
                 entry["map_to_recompute"] = compared.mapping
@@ -60,9 +61,9 @@ def view_data(session: Session, run: Run, params: ViewParams) -> dict[str, Any]:
         "strategy": params.strategy, "layer": params.layer, "head": params.head, "agg": params.agg,
         "query": params.query, "label": params.label, "scale_max": round(panels.vmax, 6),
         "difference_max": round(panels.dmax, 6),
-        "recompute": _floats(panels.ref_values), "values": _floats(panels.res_values),
+        REFERENCE: _floats(panels.ref_values), "values": _floats(panels.res_values),
         "difference": [round(c.value, 6) for c in panels.diff],
-        "top_tokens": [{"rank": t.rank, "text": t.text, "segment": t.segment, "recompute": t.recompute,
+        "top_tokens": [{"rank": t.rank, "text": t.text, "segment": t.segment, REFERENCE: t.recompute,
                         "strategy": t.strategy} for t in panels.top],
     }
 

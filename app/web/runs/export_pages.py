@@ -36,6 +36,7 @@ from app.web.runs.svg_export import heatmap_svg, notes_map_svg
 from app.web.strategy_css import strategy_css
 from app.web.templating import ROOT, templates
 from data.models import Run
+from vocabulary import REFERENCE
 
 router = APIRouter()
 STYLESHEET = ROOT / "static" / "css" / "kvnotes.css"
@@ -128,17 +129,17 @@ def report_data(session: SessionDep, run: Run, strategies: list[str]) -> dict:
     its most-attended notes, all computed here (the script computes nothing)."""
     results = results_with_attention(session, run.id, strategies)
 
-    recompute = attention_vector(results["recompute"], "recompute").tokens
-    data: dict = {"recompute": {"tokens": [[t.text, t.segment] for t in recompute]}, "strategies": {}}
+    recompute = attention_vector(results[REFERENCE], REFERENCE).tokens
+    data: dict = {REFERENCE: {"tokens": [[t.text, t.segment] for t in recompute]}, "strategies": {}}
     for name in strategies:
-        if name == "recompute":
+        if name == REFERENCE:
             continue
         panels = heatmap_panels(session, run.id, ViewParams(name), results)
         data["strategies"][name] = {
             "tokens": [[t.text, t.segment] for t in panels.res_tokens],
             "paint": paint(panels),
             "top": [{"text": t.text, "inline": t.inline, "segment": t.segment, "before": t.before,
-                     "after": t.after, "recompute": t.recompute, "strategy": t.strategy, "change": t.change}
+                     "after": t.after, REFERENCE: t.recompute, "strategy": t.strategy, "change": t.change}
                     for t in panels.top],
         }
     return data

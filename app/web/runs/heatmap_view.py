@@ -24,6 +24,7 @@ from app.services.errors import Unprocessable
 from app.web.templating import ROOT
 from data.contracts import TokenRecord
 from data.models import Run, RunResult
+from vocabulary import ERRATUM, REFERENCE
 from vocabulary.regions import SINK_TOKENS
 
 STYLESHEET = ROOT / "static" / "css" / "kvnotes.css"
@@ -146,8 +147,8 @@ def view_params(run: Run, with_attention: list[str], default: str | None, strate
                 query: int | None = None) -> ViewParams | None:
     """The view a permalink names, checked against `run` (None when the run has no attention);
     anything it cannot show raises `Unprocessable` naming the parameter and what it can be."""
-    choices = [s for s in with_attention if s != "recompute"]
-    if not choices or "recompute" not in with_attention:
+    choices = [s for s in with_attention if s != REFERENCE]
+    if not choices or REFERENCE not in with_attention:
         return None
     chosen = strategy or (default if default in choices else choices[0])
     if chosen not in choices:
@@ -167,7 +168,7 @@ def view_params(run: Run, with_attention: list[str], default: str | None, strate
         if layer is not None:
             raise Unprocessable("query", "per-layer and per-head maps are kept for the decision only; "
                                          "drop layer/head")
-        count = min(_query_count(by_name["recompute"]), _query_count(by_name[chosen]))
+        count = min(_query_count(by_name[REFERENCE]), _query_count(by_name[chosen]))
         if query >= count:
             raise Unprocessable("query",
                                 f"query={query} is past the question and answer tokens (0..{count - 1})")
@@ -238,15 +239,15 @@ class HeatmapPanels:
 
 def heatmap_panels(session: Session, run_id: int, params: ViewParams,
                    results: dict[str, RunResult] | None = None) -> HeatmapPanels:
-    results = results or results_with_attention(session, run_id, ["recompute", params.strategy])
-    ref_r, res_r = results["recompute"], results[params.strategy]
+    results = results or results_with_attention(session, run_id, [REFERENCE, params.strategy])
+    ref_r, res_r = results[REFERENCE], results[params.strategy]
 
     def vector(result: RunResult, name: str):
         query = (None if params.query is None or result.query_start is None
                  else result.query_start + params.query)
         return attention_vector(result, name, params.layer, params.head, params.agg, query)
 
-    ref, res = vector(ref_r, "recompute"), vector(res_r, params.strategy)
+    ref, res = vector(ref_r, REFERENCE), vector(res_r, params.strategy)
     mapping = align_tokens(res.tokens, ref.tokens)
     rv, sv = ref.values, res.values
     diff = np.array([sv[i] - rv[j] if j >= 0 else sv[i] for i, j in enumerate(mapping)], dtype=np.float32)
@@ -280,7 +281,7 @@ def heatmap_panels(session: Session, run_id: int, params: ViewParams,
 
 
 WORDY = re.compile(r"[^\W_]")  # a word has a letter or a digit
-NOTE_SEGMENTS = frozenset({"document", "erratum", "skill"})  # the notes: not the frame or the question
+NOTE_SEGMENTS = frozenset({"document", ERRATUM, "skill"})  # the notes: not the frame or the question
 CONTEXT_CHARS = 24
 
 

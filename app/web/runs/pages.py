@@ -29,6 +29,7 @@ from app.web.runs.heatmap_view import (
 from app.web.templating import render, templates
 from data.models import Run
 from data.watchdog import reap_for_reader
+from vocabulary import REFERENCE
 
 router = APIRouter()
 RUNS_PER_PAGE = 50
@@ -124,9 +125,9 @@ def attention_heads(run_id: int, session: SessionDep, strategy: str) -> JSONResp
     far each head's attention is from recompute's (total variation over aligned tokens) — the
     colours of the layer × head grid."""
     get_or_404(session, Run, run_id, "run")
-    results = results_with_attention(session, run_id, [strategy, "recompute"])
+    results = results_with_attention(session, run_id, [strategy, REFERENCE])
     try:
-        compared = compare_heads(results.get(strategy), results.get("recompute"), strategy)
+        compared = compare_heads(results.get(strategy), results.get(REFERENCE), strategy)
     except NoAttention:
         raise HTTPException(
             status_code=404, detail=f"run {run_id} has no attention for {strategy} and recompute"

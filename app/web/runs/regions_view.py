@@ -20,6 +20,7 @@ from app.services.attention import (
 )
 from app.services.errors import Unprocessable
 from data.models import Run
+from vocabulary import REFERENCE
 from vocabulary.regions import PAPER_READING, REGION_HELP, REGIONS
 
 REGION_LABELS = {"sink": "sink", "before_field": "before the field", "field": "field",
@@ -98,10 +99,10 @@ def regions_panel(session: Session, run: Run) -> RegionsPanel | None:
         return None
     moved = {}
     for name in shares:
-        if name == "recompute":
+        if name == REFERENCE:
             continue
         try:
-            moved[name] = heads_moved_most(compare_heads(results.get(name), results.get("recompute"), name))
+            moved[name] = heads_moved_most(compare_heads(results.get(name), results.get(REFERENCE), name))
         except (NoAttention, Unprocessable):
             continue
     return RegionsPanel(REGIONS, REGION_LABELS, REGION_HELP, REGION_COLOURS, shares, PAPER_READING,

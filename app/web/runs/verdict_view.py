@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from vocabulary import FLOOR
 from vocabulary.verdicts import edit_followed
 
 # What each `edit_followed` value reads as on the page, and in the note's groups.
@@ -103,7 +104,7 @@ def headline(rows: Sequence[Any], has_fields: bool) -> Headline | None:
         return Headline(count, "strategies name both values, as recompute does")
     if ref == "neither":
         return Headline("", "recompute's answer names neither value: read KL and NLL")
-    stale = next((r for r in compared if r.strategy == "stale"), None)
+    stale = next((r for r in compared if r.strategy == FLOOR), None)
     if has_fields and stale is not None and stale.agrees:
         return Headline("", "the edit did not change recompute's decision: read KL and NLL")
     return Headline(count, "strategies give recompute's decision")

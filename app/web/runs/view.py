@@ -23,6 +23,7 @@ from app.web.runs.verdict_view import (
 )
 from data.contracts import RunSnapshot, SnapshotField
 from data.models import Run, RunResult
+from vocabulary import FLOOR, REFERENCE
 
 
 @dataclass
@@ -50,11 +51,11 @@ def decision_rows(run: Run) -> list[DecisionRow]:
     """One row per strategy, recompute first. `run` may lack a snapshot (the home page's summary):
     then the stored verdicts are read when recompute's names a value, else the decision alone."""
     by_name = {r.strategy: r for r in run.results}
-    ref = by_name.get("recompute")
+    ref = by_name.get(REFERENCE)
     snapshot = getattr(run, "snapshot", None)
     judged = verdict_applies(snapshot) if snapshot is not None else _stored_verdict(ref)
     ref_followed = followed(ref, snapshot) if judged and ref is not None else None
-    order = ["recompute", *[s for s in run.strategies if s != "recompute"]]
+    order = [REFERENCE, *[s for s in run.strategies if s != REFERENCE]]
     order += [s for s in by_name if s not in order]
     rows = []
     for name in order:
@@ -68,9 +69,9 @@ def decision_rows(run: Run) -> list[DecisionRow]:
             mine_ms, theirs = _first_token_ms(r), _first_token_ms(ref)
             if mine_ms:
                 speed = theirs / mine_ms
-        tip = timing(r, ref) if r is not None and ref is not None and name != "recompute" else None
-        rows.append(DecisionRow(name, r, name == "recompute", agrees, pct, speed, mine,
-                                mark(name == "recompute", agrees, mine, ref_followed), tip))
+        tip = timing(r, ref) if r is not None and ref is not None and name != REFERENCE else None
+        rows.append(DecisionRow(name, r, name == REFERENCE, agrees, pct, speed, mine,
+                                mark(name == REFERENCE, agrees, mine, ref_followed), tip))
     return rows
 
 
@@ -84,7 +85,7 @@ def _stored_verdict(ref: RunResult | None) -> bool:
 def _agrees(name: str, result: RunResult | None, mine: str | None, reference: str | None) -> bool:
     """Recompute agrees with itself; when recompute's answer names a value, a strategy agrees when
     it names the same side (whatever its wording); otherwise when its decision is recompute's."""
-    if name == "recompute":
+    if name == REFERENCE:
         return True
     if result is None:
         return False
@@ -128,7 +129,7 @@ def run_note(rows: list[DecisionRow], snapshot: RunSnapshot) -> str:
     """What this run can and cannot tell apart, in one or two sentences computed from its rows;
     when answers can name the field's value, it leads with who follows the edit."""
     by_name = {r.strategy: r for r in rows if r.result is not None}
-    ref, stale = by_name.get("recompute"), by_name.get("stale")
+    ref, stale = by_name.get(REFERENCE), by_name.get(FLOOR)
     if ref is None:
         return ""
     others = [r for r in rows if not r.is_reference and r.result is not None]
