@@ -1,6 +1,8 @@
-"""What `/api/health` reports: the database writable, the broker reachable, and a live worker for
-every offered model. Each part is "ok" or one plain line saying what is wrong (never an SQL
-statement, never a password); the whole is "ok" only when every part is.
+"""What `/api/health` reports: the database writable, the broker reachable, and a live worker ready
+for every offered model (one still loading or converting its model is named: "starting: converting
+smollm2-135m"; health is "ok" only when a run could start). Each part is "ok" or one plain line
+saying what is wrong (never an SQL statement, never a password); the whole is "ok" only when every
+part is.
 
 Writability is checked by really writing: one row of `health_probe` is updated and committed, so a
 read-only database or a full disk shows here before a user's edit fails.
@@ -18,7 +20,7 @@ from data.models import Base, utcnow
 from data.queue import broker_status
 from data.settings import get_settings
 from data.watchdog import unserved_queued_models
-from data.workers import models_without_worker
+from data.workers import models_starting, models_without_worker
 
 
 class HealthProbe(Base):
@@ -50,15 +52,19 @@ def database_status(session: Session) -> str:
 
 
 def workers_status(session: Session) -> str:
-    """'ok' when every offered model has a live worker and no run waits for a model nobody serves;
-    else which models lack one."""
+    """'ok' when every offered model has a live worker ready to take a run and no run waits for a
+    model nobody serves; else which models lack one, and what a starting worker still does."""
+    models = get_settings().models
     try:
-        missing = models_without_worker(session, get_settings().models)
+        missing = models_without_worker(session, models)
+        starting = models_starting(session, [m for m in models if m not in missing])
         unserved = unserved_queued_models(session)
     except SQLAlchemyError as exc:
         session.rollback()
         return f"unknown (database: {plain_database_error(exc)})"
     problems = [f"no live worker for {', '.join(missing)}"] if missing else []
+    if starting:
+        problems.append(f"starting: {', '.join(dict.fromkeys(starting.values()))}")
     if unserved:
         problems.append(f"runs queued for {', '.join(unserved)}, which no worker serves (KVNOTES_MODELS)")
     return "; ".join(problems) or "ok"

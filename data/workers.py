@@ -41,6 +41,8 @@ class Worker(Base):
     running_run_id: Mapped[int | None] = mapped_column(Integer)
     idle_since: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     stopped_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    # what it does before it can take a run ("loading tiny-llama", "converting smollm2-135m"); None: ready
+    starting: Mapped[str | None] = mapped_column(String(200))
 
     def is_live(self, now: datetime, stale_s: float) -> bool:
         beat = as_utc(self.beat_at)
@@ -68,9 +70,12 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
-def register(session: Session, name: str, queues: list[str], host: str, pid: int) -> bool:
-    """Record a starting worker. False when a LIVE worker already has this name (a duplicate
-    `--name`): the caller must then not treat runs under the name as its own."""
+def register(session: Session, name: str, queues: list[str], host: str, pid: int,
+             starting: str | None = None) -> bool:
+    """Record a worker: starting (`starting` says what it does until it is ready, as a worker
+    says at its start) or ready (None: registering again after its row could not be written).
+    False when a LIVE worker of another process already has this name (a duplicate `--name`): the
+    caller must then not treat runs under the name as its own."""
     now = utcnow()
     row = session.get(Worker, name)
     duplicate = row is not None and row.pid != pid and row.is_live(now, get_settings().worker_stale_s)
@@ -80,13 +85,21 @@ def register(session: Session, name: str, queues: list[str], host: str, pid: int
     row.queues, row.host, row.pid = list(queues), host[:200], pid
     row.started_at = row.beat_at = now
     row.running_run_id = row.idle_since = row.stopped_at = None
+    row.starting = starting[:200] if starting else None
     session.flush()
     return not duplicate
 
 
-def beat(session: Session, name: str) -> None:
+def beat(session: Session, name: str) -> bool:
+    """The worker is alive; False when it has no live row to beat (never registered, or marked
+    stopped while the database could not hear it): it must register again."""
     alive = update(Worker).where(Worker.name == name, Worker.stopped_at.is_(None))
-    session.execute(alive.values(beat_at=utcnow()))
+    return session.execute(alive.values(beat_at=utcnow())).rowcount > 0
+
+
+def set_starting(session: Session, name: str, what: str) -> None:
+    """The worker is still getting ready: `what` it does ("converting smollm2-135m")."""
+    session.execute(update(Worker).where(Worker.name == name).values(starting=what[:200], beat_at=utcnow()))
 
 
 def set_running(session: Session, name: str, run_id: int | None) -> None:
@@ -94,7 +107,8 @@ def set_running(session: Session, name: str, run_id: int | None) -> None:
     now = utcnow()
     session.execute(
         update(Worker).where(Worker.name == name).values(
-            running_run_id=run_id, idle_since=None if run_id is not None else now, beat_at=now
+            running_run_id=run_id, idle_since=None if run_id is not None else now, beat_at=now,
+            starting=None,
         )
     )
 
@@ -123,6 +137,20 @@ def models_without_worker(session: Session, models: list[str]) -> list[str]:
     """Those of `models` that no live worker serves."""
     served = {q for row in live_workers(session) for q in row.queues}
     return [m for m in models if queue_for(m) not in served]
+
+
+def models_starting(session: Session, models: list[str]) -> dict[str, str]:
+    """Those of `models` served only by live workers still getting ready, each with what its worker
+    does ("converting smollm2-135m"): a run of theirs could not start yet."""
+    live = live_workers(session)
+    ready = {q for row in live if not row.starting for q in row.queues}
+    out: dict[str, str] = {}
+    for model in models:
+        queue = queue_for(model)
+        doing = [row.starting for row in live if row.starting and queue in row.queues]
+        if doing and queue not in ready:
+            out[model] = doing[0]
+    return out
 
 
 def forget_old(session: Session, now: datetime | None = None) -> None:

@@ -4,9 +4,13 @@ started it.
 - At start (`worker_init`): when `KVNOTES_SUPERVISOR_PID` is set, ask Linux to SIGKILL this
   process when that parent dies (`PR_SET_PDEATHSIG`), and exit at once if it is already gone:
   a killed `serve` leaves no orphan worker.
-- When ready (`start`, then `ready` once the model is loaded): register under the node name,
-  then beat every `BEAT_S` seconds from a thread, and run the watchdog every `WATCH_EVERY_S`
-  (so lost runs are failed even when nobody reads them).
+- When ready (`start`, `starting` while it loads or converts its model, then `ready`): register
+  under the node name, then beat every `BEAT_S` seconds from a thread, and run the watchdog every
+  `WATCH_EVERY_S` (so lost runs are failed even when nobody reads them). Health counts the worker
+  only once it is ready, and names what it still does before ("starting: converting smollm2-135m").
+- A worker whose registration could not be written (a read-only database) or whose row was marked
+  stopped while the database could not hear it registers again at its next beat, as it is then
+  (starting or ready): a storage fault never leaves a live worker out of the registry.
 - Around each task: busy / idle, which the watchdog needs to tell a waiting message from a lost one.
 - On a clean shutdown: marked stopped, so health and the watchdog know at once.
 
@@ -37,16 +41,20 @@ BEAT_S = 5.0
 WATCH_EVERY_S = 15.0
 PR_SET_PDEATHSIG = 1
 
-_state: dict[str, Any] = {"name": None, "stop": threading.Event()}
+_state: dict[str, Any] = {"name": None, "queues": [], "starting": "starting",
+                          "task": None, "stop": threading.Event()}
 
 
-def _write(what: str, action) -> None:
+def _write(what: str, action) -> bool:
+    """Run `action` on a session and commit; False (logged) when the database would not have it."""
     try:
         with get_sessionmaker()() as session:
             action(session)
             session.commit()
+            return True
     except Exception as exc:  # the database may be read-only or full; the worker carries on
         log.warning("worker registry: could not %s: %s", what, exc.__class__.__name__)
+        return False
 
 
 def die_with_parent(parent_pid: int) -> None:
@@ -70,12 +78,13 @@ def start(name: str, queues: list[str]) -> bool:
     """Register and start beating. False when a live worker already has this name (a duplicate
     `--name`): runs under the name are then not this worker's to reap."""
     result = {"unique": True}
+    _state.update(name=name, queues=list(queues), starting="starting")
 
     def register(session) -> None:
-        result["unique"] = workers.register(session, name, queues, socket.gethostname(), os.getpid())
+        result["unique"] = workers.register(session, name, queues, socket.gethostname(), os.getpid(),
+                                            starting="starting")
 
     _write("register", register)
-    _state["name"] = name
     _state["stop"].clear()
     threading.Thread(target=_beat_loop, args=(name,), daemon=True, name="kvnotes-presence").start()
     if not result["unique"]:
@@ -83,17 +92,35 @@ def start(name: str, queues: list[str]) -> bool:
     return result["unique"]
 
 
+def starting(what: str) -> None:
+    """Still getting ready: `what` the worker does ("converting smollm2-135m"), which health names."""
+    _state["starting"] = what
+    if _state["name"]:
+        _write("say it is starting", lambda s: workers.set_starting(s, _state["name"], what))
+
+
 def ready() -> None:
     """The model is loaded: idle from now on (the watchdog counts idle time from here)."""
+    _state["starting"] = None
     if _state["name"]:
         _write("mark idle", lambda s: workers.set_running(s, _state["name"], None))
+
+
+def _beat_or_register(session, name: str) -> None:
+    """Beat; with no live row to beat, register again as the worker is now (starting or ready)."""
+    if not workers.beat(session, name):
+        workers.register(session, name, _state["queues"], socket.gethostname(), os.getpid(),
+                         starting=_state["starting"])
+        if _state["starting"] is None:
+            workers.set_running(session, name, _state["task"])  # busy with it, or idle from now
+        log.warning("worker registry: %s registered again (its row was missing or marked stopped)", name)
 
 
 def _beat_loop(name: str) -> None:
     stop: threading.Event = _state["stop"]
     since_watch = 0.0
     while not stop.wait(BEAT_S):
-        _write("beat", lambda s: workers.beat(s, name))
+        _write("beat", lambda s: _beat_or_register(s, name))
         since_watch += BEAT_S
         if since_watch >= WATCH_EVERY_S:
             since_watch = 0.0
@@ -111,11 +138,13 @@ def _watch(session) -> None:
 def _on_task_start(task: Any = None, kwargs: dict | None = None, **_: Any) -> None:
     if _state["name"]:
         run_id = int((kwargs or {}).get("run_id", 0) or 0)
+        _state["task"] = run_id
         _write("mark busy", lambda s: workers.set_running(s, _state["name"], run_id))
 
 
 @task_postrun.connect
 def _on_task_end(**_: Any) -> None:
+    _state["task"] = None
     ready()
 
 

@@ -12,6 +12,7 @@ from celery.exceptions import SoftTimeLimitExceeded
 from data.settings import get_settings
 from worker.engine import Engine, EngineError, load
 from worker.engine.devices import parse_max_memory
+from worker.engine.models import CONVERTED_MARKER, REAL_MODELS, converted_dir
 from worker.engine.store import KVStore
 
 
@@ -27,6 +28,15 @@ def get_engine(alias: str) -> Engine:
     settings = get_settings()
     return load(alias, device=settings.device or None, dtype=settings.dtype or None, store=get_store(),
                 data_dir=settings.data_dir, max_memory=parse_max_memory(settings.max_memory))
+
+
+def loading_stage(alias: str) -> str:
+    """What loading `alias` takes now: "converting ALIAS" for a bundled model not yet converted
+    under the data folder (a minute or more, once), else "loading ALIAS"."""
+    marker = converted_dir(alias, get_settings().data_dir) / CONVERTED_MARKER
+    if alias in REAL_MODELS and not marker.exists():
+        return f"converting {alias}"
+    return f"loading {alias}"
 
 
 def describe_failure(exc: BaseException, device: str, stage: str) -> str:

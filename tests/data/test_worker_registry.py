@@ -93,3 +93,39 @@ def test_a_duplicate_name_is_noticed_and_health_names_models_without_a_worker(se
     report = health(session)
     assert report["workers"] == "ok" and report["database"] == "ok"
     assert workers.register(session, "kvnotes-x@h", [queue_for(MODEL)], "host", 4242) is False
+
+
+def test_health_names_a_worker_still_converting_its_model_and_is_ok_only_once_it_is_ready(
+        session: Session) -> None:
+    from data.health import health
+
+    workers.register(session, "kvnotes-new@h", [queue_for(MODEL)], "host", 777, starting="starting")
+    session.commit()
+    assert health(session)["workers"] == "starting: starting"
+    workers.set_starting(session, "kvnotes-new@h", f"converting {MODEL}")
+    session.commit()
+    report = health(session)
+    assert report["status"] == "degraded" and report["workers"] == f"starting: converting {MODEL}", report
+    assert workers.models_without_worker(session, [MODEL]) == []  # served soon: runs wait, not refused
+    workers.set_running(session, "kvnotes-new@h", None)  # ready: the model is loaded
+    session.commit()
+    assert health(session) == {"status": "ok", "database": "ok", "broker": "ok", "workers": "ok"}
+    assert session.get(workers.Worker, "kvnotes-new@h").starting is None
+
+
+def test_a_ready_worker_beside_a_starting_one_keeps_health_ok(session: Session) -> None:
+    from data.health import health
+
+    workers.register(session, "kvnotes-ready@h", [queue_for(MODEL)], "host", 778)
+    workers.register(session, "kvnotes-second@h", [queue_for(MODEL)], "host", 779,
+                     starting=f"loading {MODEL}")
+    session.commit()
+    assert health(session)["workers"] == "ok"
+
+
+def test_a_beat_without_a_live_row_says_so(session: Session) -> None:
+    assert workers.beat(session, "kvnotes-never@h") is False
+    workers.register(session, "kvnotes-b@h", [queue_for(MODEL)], "host", 780)
+    assert workers.beat(session, "kvnotes-b@h") is True
+    workers.mark_stopped(session, "kvnotes-b@h")
+    assert workers.beat(session, "kvnotes-b@h") is False
