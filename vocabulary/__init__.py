@@ -104,8 +104,9 @@ METRICS = (
            "mean negative log-likelihood per token of recompute's answer under these notes "
            "(recompute's own is the baseline)"),
     Metric("prefix_cache_share", float,
-           "share of the final prompt an exact-prefix serving cache (vLLM, SGLang) would reuse from the "
-           "old one"),
+           "share of the prompt this strategy sends (notes, then the question) that an exact-prefix "
+           "serving cache (vLLM, SGLang) already holds from the original prompt (the old notes, placed "
+           "skills included, then the same question)"),
     Metric("text", str, "generated text (free answer or chain of thought); empty when scored over choices"),
     Metric("detail", str, "how the strategy ran, e.g. how many downstream tokens selective chose"),
     Metric("picked", str | None, "the strategy auto picked (None for every other strategy)"),

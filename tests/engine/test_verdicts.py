@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from vocabulary import render_erratum
+from vocabulary.prefix import common_prefix
 from worker.engine import Field, Question, RunRequest, load
 from worker.engine.attribution import _first_token_logits, _patched, _stack
 from worker.engine.compare import normalize_answer, same_answer, token_f1
@@ -82,14 +83,26 @@ def test_prefix_cache_share_keeps_an_appended_erratum_and_loses_what_follows_a_f
     old = eng.tokenize_document(TEXT)[0]
     suffix = eng.encode(eng.frame.suffix(Question("Can this user log in?", ("yes", "no"))))
     s = report.strategies
-    assert s["stale"].prefix_cache_share == pytest.approx(len(old) / (len(old) + len(suffix)), abs=1e-4)
+    assert s["stale"].prefix_cache_share == 1.0  # the original prompt unchanged, the question included
     erratum = eng.encode(render_erratum("status", "active", "closed"))
-    assert s["erratum"].prefix_cache_share == pytest.approx(
-        len(old) / (len(old) + len(erratum) + len(suffix)), abs=1e-4)
+    sent = old + erratum + suffix  # the cache holds old + suffix: the erratum's first tokens may match it
+    held = common_prefix(old + suffix, sent)
+    assert s["erratum"].prefix_cache_share == pytest.approx(held / len(sent), abs=1e-4) and held >= len(old)
     new = eng.tokenize_document(TEXT.replace("active", "closed", 1))[0]
     kept = next(i for i, (a, b) in enumerate(zip(old, new)) if a != b)
     assert s["in_place"].prefix_cache_share == pytest.approx(kept / (len(new) + len(suffix)), abs=1e-4)
     assert s["recompute"].prefix_cache_share == s["in_place"].prefix_cache_share
+
+
+def test_prefix_cache_share_holds_a_placed_skill_as_part_of_the_original_prompt():
+    from worker.engine import Placement
+
+    at = TEXT.index("region")
+    _, report = _edit(Question("Can this user log in?", ("yes", "no")), strategies=("stale", "in_place"),
+                      placements=(Placement(text="Answer in one word. ", at=at),))
+    s = report.strategies
+    assert s["stale"].prefix_cache_share == 1.0  # was 0.30 when the cache held only the bare document
+    assert 0 < s["in_place"].prefix_cache_share < 0.5  # the field comes before the skill
 
 
 def test_choice_questions_take_their_first_token_in_the_one_forward():

@@ -95,7 +95,7 @@ def run(engine: LoadedModel, request: RunRequest, notes: Notes | None = None,
     ref = outcomes[REFERENCE]
     followed = _followed(request)
     chosen = {name: s.outcome(outcomes) for name, s in strategies.items()}
-    report = Report(model=engine.info.alias, document_tokens=len(case.cached_ids),
+    report = Report(model=engine.info.alias, document_tokens=len(old.token_ids),
                     dtype=dtype_name(engine.model.dtype), device=describe_device(engine.model))
     for name, out in chosen.items():
         report.strategies[name] = result_of(out, ref, followed)
@@ -160,7 +160,7 @@ def _plan(engine: LoadedModel, request: RunRequest, old: Notes,
         engine=engine,
         editor=Editor(engine.model, engine.rope, base, new_ids, new_segments, new_offsets),
         erratum_ids=engine.encode("".join(errata)) if errata else [],
-        cached_ids=list(old.token_ids),
+        cached_ids=list(base.token_ids),  # the original prompt's notes, placed skills included
         composed_text=composed_text, fields=moved, inserts=inserts,
         selective_fraction=request.selective_fraction,
     )

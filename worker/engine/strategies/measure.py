@@ -144,13 +144,16 @@ def _repeat(bench: Bench, case: object, runners: dict[str, Strategy],
 def score(bench: Bench, case: object, runners: dict[str, Strategy], outcomes: dict[str, Outcome],
           reference: str) -> None:
     """Outside the timings: how likely each strategy's notes find recompute's answer (teacher-forced
-    NLL), and how much of its final prompt an exact-prefix serving cache would reuse."""
+    NLL), and its prefix-cache share: the share of the prompt it sends (notes, then the question)
+    that an exact-prefix serving cache already holds from the original prompt (`cached_ids`, then
+    the same question), so the old prompt unchanged (stale) reads 1.0."""
     answer = outcomes[reference].readout.answer_ids
     for name, out in outcomes.items():
         s = out.surgery
         out.answer_nll = answer_nll(bench.engine.model, s.layers, list(s.pending) + bench.suffix_ids, answer)
         final = list(s.token_ids) + bench.suffix_ids  # token_ids already end with the pending ones
-        out.prefix_cache_share = common_prefix(runners[name].cached_ids(case), final) / len(final)
+        held = runners[name].cached_ids(case) + bench.suffix_ids
+        out.prefix_cache_share = common_prefix(held, final) / len(final)
 
 
 def result_of(out: Outcome, ref: Outcome, followed: Callable[[str], str | None] = lambda answer: None,
