@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import replace
 from typing import Any
 
 from celery.signals import worker_ready
@@ -20,7 +19,7 @@ from sqlalchemy.exc import DBAPIError
 from data.models import RunStatus, Skill
 from data.queue import queue_for
 from data.settings import get_settings
-from worker import presence, run_rows, sweep_rows
+from worker import presence, run_rows
 from worker.celery_app import app
 from worker.engine import EngineError
 from worker.mapping import notes_map_record, result_rows, run_request
@@ -61,12 +60,7 @@ def run(self, run_id: int) -> dict[str, Any]:
             eng = get_engine(snapshot.model)
             device = str(eng.device)
             t_load = time.perf_counter()
-            request, notes = run_request(eng, snapshot), None
-            if snapshot.sweep_id is not None:  # a sweep's edit: its document's notes are the sweep's
-                reporter.progress("prefill", 0.01)
-                notes = sweep_rows.sweep_notes(eng, snapshot)
-                request = replace(request, attention=False)  # statistics only; the run page says so
-            report = eng.run(request, notes=notes, progress=reporter.progress)
+            report = eng.run(run_request(eng, snapshot), progress=reporter.progress)
             t_engine = time.perf_counter()
         timings = {"load_ms": round((t_load - t0) * 1000, 1),
                    "engine_ms": round((t_engine - t_load) * 1000, 1)}
@@ -74,22 +68,18 @@ def run(self, run_id: int) -> dict[str, Any]:
         if run_rows.succeed(run_id, hostname, result_rows(run_id, report), timings, notes_map,
                             dtype=report.dtype, device=report.device):
             log.info("run %s succeeded in %.0f ms", run_id, (time.perf_counter() - t0) * 1000)
-            sweep_rows.refresh(snapshot.sweep_id)
             return {"run_id": run_id, "status": RunStatus.SUCCEEDED}
         run_rows.stopped(run_id)
-        sweep_rows.refresh(snapshot.sweep_id)
         return {"run_id": run_id, "status": RunStatus.CANCELLED}
     except run_rows.Stop:
         log.info("run %s stopped: cancelled", run_id)
         run_rows.stopped(run_id)
-        sweep_rows.refresh(snapshot.sweep_id)
         return {"run_id": run_id, "status": RunStatus.CANCELLED}
     except BaseException as exc:
         if not isinstance(exc, EngineError):
             log.exception("run %s failed during %s", run_id, reporter.stage)
         message = describe_failure(exc, device, reporter.stage)
         run_rows.fail(run_id, hostname, message)
-        sweep_rows.refresh(snapshot.sweep_id)
         if not isinstance(exc, Exception):
             raise  # SystemExit / KeyboardInterrupt: let the worker shut down
         return {"run_id": run_id, "status": RunStatus.FAILED, "error": message}
