@@ -66,6 +66,19 @@ class RunSnapshot(_Frozen):
     question: SnapshotQuestion
     strategies: list[str]
     attribution: bool = False  # also map which notes carry the decision (costs a few recomputes)
+    # the sweep this run is an edit of: its workers share the document's notes (prefilled once each)
+    sweep_id: int | None = None
+
+
+class SweepEdit(_Frozen):
+    """One edit of a sweep (`runs.sweep_edit`): its place in the sweep, the field it varies when
+    fields are swept separately ("" when the edit sets several together), the values it sets by
+    field label, and the answer a person expects (None: not scored)."""
+
+    position: int
+    group: str = ""
+    values: dict[str, str]
+    expected: str | None = None
 
 
 # ---- worker → web: what a run produced ------------------------------------------------------------

@@ -39,7 +39,7 @@ from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship, validates
 from sqlalchemy.types import TypeDecorator
 
-from data.contracts import NotesMap, RunSnapshot, TokenRecord
+from data.contracts import NotesMap, RunSnapshot, SnapshotQuestion, SweepEdit, TokenRecord
 
 
 class RunStatus(StrEnum):
@@ -282,6 +282,10 @@ class Run(Base):
     device: Mapped[str | None] = mapped_column(String(64))
     # which notes carry the decision (asked for with the snapshot's `attribution`); None otherwise
     attribution: Mapped[NotesMap | None] = mapped_column(Typed(NotesMap))
+    # an edit of a sweep: the sweep, what the edit sets, and how many times a worker took it
+    sweep_id: Mapped[int | None] = mapped_column(ForeignKey("sweeps.id", ondelete="CASCADE"), index=True)
+    sweep_edit: Mapped[SweepEdit | None] = mapped_column(Typed(SweepEdit))
+    attempts: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
 
     results: Mapped[list[RunResult]] = relationship(
         back_populates="run", cascade="all, delete-orphan", passive_deletes=True, order_by="RunResult.id"
@@ -302,6 +306,39 @@ class Run(Base):
     @property
     def model(self) -> str:
         return self.snapshot.model
+
+
+class Sweep(Base):
+    """Many edits of one notebook's fields, each an ordinary run (`runs.sweep_id`), asked one
+    question with the same strategies; its statistics are computed from those runs when shown
+    (`app.services.sweeps`). `mode` is "values" (each field swept separately) or "edits" (rows)."""
+
+    __tablename__ = "sweeps"
+    __table_args__ = (CheckConstraint(_one_of("status", RUN_STATUSES), name="status"), NEVER_REUSE_IDS)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    notebook_id: Mapped[int | None] = mapped_column(
+        ForeignKey("notebooks.id", ondelete="CASCADE"), index=True)
+    model: Mapped[str] = mapped_column(String(200))
+    question: Mapped[SnapshotQuestion] = mapped_column(Typed(SnapshotQuestion))
+    strategies: Mapped[list[str]] = mapped_column(JSON)
+    threshold: Mapped[float] = mapped_column(Float, default=0.95)
+    mode: Mapped[str] = mapped_column(String(16), default="values")
+    status: Mapped[str] = mapped_column(String(16), default=RunStatus.QUEUED.value, index=True)
+    edits_total: Mapped[int] = mapped_column(Integer, default=0)
+    edits_done: Mapped[int] = mapped_column(Integer, default=0)
+    edits_skipped: Mapped[int] = mapped_column(Integer, default=0)  # a value equal to the old one
+    document_prefills: Mapped[int] = mapped_column(Integer, default=0)  # once per sweep and worker
+    error: Mapped[str | None] = mapped_column(Text)
+    created_by: Mapped[str | None] = mapped_column(String(64), index=True)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+    runs: Mapped[list[Run]] = relationship(passive_deletes=True, order_by="Run.id")
+
+    @validates("question")
+    def _typed_question(self, _key: str, value: Any) -> SnapshotQuestion:
+        return SnapshotQuestion.model_validate(value)
 
 
 class RunResult(Base):

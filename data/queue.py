@@ -93,7 +93,8 @@ def get_celery() -> Celery:
     return client
 
 
-def _send(name: str, kwargs: dict[str, Any], queue: str, task_id: str | None = None) -> str:
+def _send(name: str, kwargs: dict[str, Any], queue: str, task_id: str | None = None,
+          priority: int | None = None) -> str:
     settings = get_settings()
     client = get_celery()
     task_id = task_id or str(uuid.uuid4())
@@ -102,8 +103,10 @@ def _send(name: str, kwargs: dict[str, Any], queue: str, task_id: str | None = N
             connection.ensure_connection(
                 max_retries=1, interval_start=0.2, timeout=settings.broker_connect_timeout_s
             )
+            options = {} if priority is None else {"priority": priority}
             client.send_task(
-                name, kwargs=kwargs, queue=queue, task_id=task_id, retry=False, connection=connection
+                name, kwargs=kwargs, queue=queue, task_id=task_id, retry=False, connection=connection,
+                **options,
             )
     except Exception as exc:  # any failure to hand over the message means: not enqueued
         # the details (the broker's address, SQL, file paths) go to the log only; the answer is plain
@@ -116,12 +119,17 @@ def _send(name: str, kwargs: dict[str, Any], queue: str, task_id: str | None = N
     return task_id
 
 
-def enqueue_run(run: Run) -> str:
+SWEEP_PRIORITY = 9  # Redis takes priority 0 (every plain run) first: a sweep's edits never starve runs
+
+
+def enqueue_run(run: Run, priority: int | None = None) -> str:
     """Send `kvnotes.run(run_id=...)` to the run's model queue under the run's token (`run.task_id`,
-    which must already be committed with the row); returns the Celery task id (the token)."""
+    which must already be committed with the row); returns the Celery task id (the token). A sweep's
+    edits go at `SWEEP_PRIORITY`, behind other users' runs on Redis (brokers without priorities
+    keep the order they were sent in)."""
     if not run.task_id:
         raise ValueError(f"run {run.id} has no token (task_id): commit it with one before sending")
-    return _send(TASK_RUN, {"run_id": run.id}, queue_for(run.model), run.task_id)
+    return _send(TASK_RUN, {"run_id": run.id}, queue_for(run.model), run.task_id, priority)
 
 
 def enqueue_compile(skill: Skill) -> str:

@@ -95,6 +95,12 @@ class Settings(BaseSettings):
         default=8, ge=1, validation_alias="KVNOTES_MAX_ACTIVE_RUNS_PER_USER"
     )
     max_active_runs: int = Field(default=64, ge=1, validation_alias="KVNOTES_MAX_ACTIVE_RUNS")
+    # Sweeps: edits per sweep, and queued + running sweeps per user (a sweep's edits are runs the run
+    # caps above do not count: they queue behind other runs instead, at a lower priority).
+    max_sweep_edits: int = Field(default=200, ge=1, validation_alias="KVNOTES_MAX_SWEEP_EDITS")
+    max_active_sweeps_per_user: int = Field(
+        default=2, ge=1, validation_alias="KVNOTES_MAX_ACTIVE_SWEEPS_PER_USER"
+    )
     # A worker whose beat is older than this is dead (health says so; its runs are failed).
     worker_stale_s: float = Field(default=30.0, gt=0, validation_alias="KVNOTES_WORKER_STALE_S")
     # Capacity of one web process: database connections, which is also how many requests it serves
