@@ -19,6 +19,8 @@ from dataclasses import dataclass
 
 import httpx
 
+from vocabulary.prompt import PLAIN_TAIL, choice_text
+
 
 class ReplayError(Exception):
     """A replay that cannot run or did not finish, with a message for the user; `field` names what
@@ -43,7 +45,6 @@ class ServerInfo:
         return "chat" if self.chat else "plain"
 
 
-PLAIN_TAIL = "\nAnswer:"  # what Frame.suffix ends a question with for a model without a chat template
 
 
 @dataclass(frozen=True)
@@ -195,8 +196,7 @@ class Server:
         body = {"model": self.model, **self._prompt(content), "max_tokens": max_tokens,
                 "temperature": 0.0, "stream": True, "stream_options": {"include_usage": True}}
         if choices:  # a base model's answer follows "Answer:" after a space, as Frame.choice_text writes it
-            body["structured_outputs"] = {"choice": [c if self.chat is not False else " " + c.strip()
-                                                     for c in choices]}
+            body["structured_outputs"] = {"choice": [choice_text(c, self.chat is not False) for c in choices]}
         path = "/v1/completions" if self.chat is False else "/v1/chat/completions"
         sent = time.perf_counter()
         first, parts, usage = None, [], None

@@ -13,8 +13,9 @@ serving cache is in when the loop starts; not measured). Arrivals are a Poisson 
 requests per second, the same arrival times for every variant, from a seeded generator.
 
 The text sent is what kvnotes prefills for the same edit: the document, then the question as
-`worker.engine.readout.Frame.suffix` writes it, as the user message of the model's chat template
-(the server applies the template; kvnotes's Frame renders the same one around its document).
+`vocabulary.prompt` writes it (for the readout's `Frame.suffix` too), as the user message of the
+model's chat template (the server applies the template; kvnotes's Frame renders the same one around
+its document).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from dataclasses import dataclass
 
 from vocabulary import render_erratum
 from vocabulary.hoist import hoist
+from vocabulary.prompt import question_text
 from vocabulary.replay import VARIANTS
 
 
@@ -126,15 +128,6 @@ def arrivals(n: int, rate: float, seed: int = 0) -> list[float]:
             now += rng.expovariate(rate)
         times.append(now)
     return times
-
-
-def question_text(question: str, choices: tuple[str, ...] = ()) -> str:
-    """The question as kvnotes appends it to a chat-framed document (`Frame.suffix`, without the
-    template's tail, which the server's chat template adds)."""
-    lines = [f"\n\nQuestion: {question.strip()}"]
-    if choices:
-        lines.append("Answer with one of: " + ", ".join(choices) + ".")
-    return "\n".join(lines)
 
 
 def variant_document(spec: ReplaySpec, variant: str, value: str | None) -> str:

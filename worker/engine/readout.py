@@ -19,14 +19,13 @@ from dataclasses import dataclass
 
 import torch
 
+from vocabulary.prompt import ANSWER_CUE, PLAIN_TAIL, choice_text, question_text
 from worker.engine.forward import Deferred, fill
 from worker.engine.notes import KV, cache_from_layers, layers_of
 from worker.engine.selective import has_sliding_window
 from worker.engine.types import Question
 
 _DOC_MARK = "\x00KVNOTES-DOCUMENT\x00"
-COT_CUE = "Think step by step in two or three short sentences, then give the answer."
-ANSWER_CUE = "\nSo the answer is:"
 
 
 @dataclass(frozen=True)
@@ -39,17 +38,13 @@ class Frame:
     add_special_tokens: bool  # whether tokenizing prefix + document adds the start token
 
     def suffix(self, question: Question) -> str:
-        lines = [f"\n\nQuestion: {question.text.strip()}"]
-        if question.choices:
-            lines.append("Answer with one of: " + ", ".join(question.choices) + ".")
-        if question.cot:
-            lines.append(COT_CUE)
-        body = "\n".join(lines)
-        return body + self.tail if self.chat else body + "\nAnswer:"
+        """The question after the document (`vocabulary.prompt`), closed by the template's tail."""
+        body = question_text(question.text, question.choices, question.cot)
+        return body + (self.tail if self.chat else PLAIN_TAIL)
 
     def choice_text(self, choice: str) -> str:
         """How a choice is written as the answer's first words (base models need a leading space)."""
-        return choice if self.chat and not choice.startswith(" ") else " " + choice.strip()
+        return choice_text(choice, self.chat)
 
 
 def make_frame(tokenizer) -> Frame:
