@@ -19,7 +19,18 @@ from fastapi.staticfiles import StaticFiles
 
 from app.api import handlers
 from app.api.capacity import CapacityLimit
-from app.api.routes import errata, fields, health, notebooks, placements, replays, runs, shares, skills
+from app.api.routes import (
+    errata,
+    fields,
+    health,
+    notebooks,
+    placements,
+    replays,
+    runs,
+    shares,
+    skills,
+    sweeps,
+)
 from app.security.guard import authorize
 from app.security.middleware import SecurityMiddleware
 from data.signing import ensure_secret_key
@@ -44,7 +55,7 @@ def create_app() -> FastAPI:
         redoc_url=None,
     )
     api = APIRouter(prefix="/api")
-    for module in (notebooks, fields, errata, skills, placements, runs, replays, shares, health):
+    for module in (notebooks, fields, errata, skills, placements, runs, replays, shares, health, sweeps):
         api.include_router(module.router)
     app.include_router(api)
     handlers.install(app)

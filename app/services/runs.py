@@ -56,7 +56,8 @@ def check_run_caps(session: Session, created_by: str) -> None:
     if session.get_bind().dialect.name == "postgresql":
         session.execute(text("SELECT pg_advisory_xact_lock(7061504)"))  # "kvnotes runs"
     settings = get_settings()
-    active = select(func.count(Run.id)).where(Run.status.in_(ACTIVE))
+    # a sweep's edits have their own cap (queued sweeps per user) and queue behind runs: not counted
+    active = select(func.count(Run.id)).where(Run.status.in_(ACTIVE), Run.sweep_id.is_(None))
     mine = session.scalar(active.where(Run.created_by == created_by)) or 0
     if mine > settings.max_active_runs_per_user:
         raise RunLimitReached(

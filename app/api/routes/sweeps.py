@@ -1,0 +1,59 @@
+"""Sweeps: start one over many edits of a notebook's fields (422 naming the row and column of bad
+input, 429 past the sweep cap, 503 when the broker cannot take it: nothing saved), read it (the
+one `SweepView`: per-strategy agreement with Wilson intervals, the frontier, the policy at a
+threshold given here or the sweep's own) and cancel it (finished edits are kept)."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, HTTPException, Query, status
+from sqlalchemy import select
+
+from app.api.deps import PrincipalDep, SessionDep, errors, get_or_404
+from app.services.sweep_input import SweepCreate
+from app.services.sweep_view import SweepView, build_sweep_view
+from app.services.sweeps import cancel_sweep, start_sweep
+from data.models import Notebook, Sweep
+from data.queue import QueueUnavailable
+from data.watchdog import reap_for_reader
+
+router = APIRouter(tags=["sweeps"])
+Threshold = Query(default=None, gt=0.0, lt=1.0,
+                  description="the policy's threshold on the lower bound of changed-edit agreement "
+                              "(default: the sweep's own); nothing is run again")
+
+
+@router.post("/notebooks/{notebook_id}/sweeps", response_model=SweepView,
+             status_code=status.HTTP_201_CREATED, responses=errors(404, 429, 503))
+def create_sweep(notebook_id: int, body: SweepCreate, session: SessionDep,
+                 principal: PrincipalDep) -> SweepView:
+    """One run per edit on the model's queue, behind other users' runs."""
+    notebook = get_or_404(session, Notebook, notebook_id, "notebook")
+    try:
+        sweep = start_sweep(session, notebook, body, principal.name)
+    except QueueUnavailable as exc:
+        raise HTTPException(status_code=503, detail=exc.reason) from exc
+    return build_sweep_view(session, sweep)
+
+
+@router.get("/notebooks/{notebook_id}/sweeps", response_model=list[int], responses=errors(404))
+def list_sweeps(notebook_id: int, session: SessionDep) -> list[int]:
+    """The notebook's sweeps' ids, newest first."""
+    get_or_404(session, Notebook, notebook_id, "notebook")
+    return list(session.scalars(select(Sweep.id).where(Sweep.notebook_id == notebook_id)
+                                .order_by(Sweep.id.desc())))
+
+
+@router.get("/sweeps/{sweep_id}", response_model=SweepView, responses=errors(404))
+def read_sweep(sweep_id: int, session: SessionDep, threshold: float | None = Threshold) -> SweepView:
+    reap_for_reader(session)
+    return build_sweep_view(session, get_or_404(session, Sweep, sweep_id, "sweep"), threshold)
+
+
+@router.post("/sweeps/{sweep_id}/cancel", response_model=SweepView, responses=errors(404, 409))
+def cancel(sweep_id: int, session: SessionDep) -> SweepView:
+    """Cancel the edits not yet finished; the finished ones are kept and counted."""
+    sweep = get_or_404(session, Sweep, sweep_id, "sweep")
+    if sweep.status not in ("queued", "running"):
+        raise HTTPException(status_code=409, detail=f"sweep {sweep_id} already {sweep.status}")
+    cancel_sweep(session, sweep)
+    return build_sweep_view(session, sweep)

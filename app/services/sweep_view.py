@@ -1,0 +1,220 @@
+"""THE view of a sweep (`SweepView`, pydantic), built once from the database: the page, the JSON API
+(`GET /api/sweeps/{id}`), the exports and the offline report all render this one value.
+
+The statistics are `vocabulary.sweeps`, computed from the stored run results of the finished
+edits each time (reading only the columns they need, never the attention), so a threshold moved on
+the page gives a new policy without running anything again.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from pydantic import BaseModel
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from data.contracts import SweepEdit
+from data.models import RUN_ACTIVE, Run, RunResult, RunStatus, Sweep
+from vocabulary.sweeps import (
+    PAPER_MODEL,
+    EditRecord,
+    Outcome,
+    Share,
+    StrategyStats,
+    changed,
+    sweep_stats,
+)
+
+
+class ShareOut(BaseModel):
+    """k of n, the share and its Wilson 95% interval (None when n is 0)."""
+
+    value: float | None
+    ci95: list[float] | None
+    agreed: int
+    edits: int
+
+    @classmethod
+    def of(cls, share: Share) -> ShareOut:
+        ci = share.ci95
+        return cls(value=share.value, ci95=list(ci) if ci else None, agreed=share.k, edits=share.n)
+
+
+class StrategySweepOut(BaseModel):
+    """One strategy over the sweep: agreement with recompute (determined edits), on changed edits,
+    accuracy against `expected`, median KL, cost share, prefix-cache share and speed-up."""
+
+    agreement: float | None
+    agreement_ci95: list[float] | None
+    agreed: int
+    determined: int
+    undetermined: int
+    changed: ShareOut
+    accuracy: ShareOut | None
+    kl_median: float | None
+    cost_share: float | None
+    prefix_cache_share: float | None
+    speedup_median: float | None
+    speedup_iqr: list[float] | None
+    exact: bool
+
+    @classmethod
+    def of(cls, s: StrategyStats) -> StrategySweepOut:
+        ci = s.agreement.ci95
+        return cls(agreement=s.agreement.value, agreement_ci95=list(ci) if ci else None,
+                   agreed=s.agreement.k, determined=s.agreement.n, undetermined=s.undetermined,
+                   changed=ShareOut.of(s.changed), accuracy=ShareOut.of(s.accuracy) if s.accuracy else None,
+                   kl_median=s.kl_median, cost_share=s.cost_share, prefix_cache_share=s.prefix_cache_share,
+                   speedup_median=s.speedup_median,
+                   speedup_iqr=list(s.speedup_iqr) if s.speedup_iqr else None, exact=s.exact)
+
+
+class PolicyOut(BaseModel):
+    strategy: str
+    threshold: float
+    sentence: str
+    field: str = ""  # the field it is for ("" for the whole sweep)
+
+
+class PolicyView(PolicyOut):
+    per_field: list[PolicyOut] = []
+
+
+class FrontierPointOut(BaseModel):
+    label: str
+    agreement: float | None
+    ci95: list[float] | None
+    cost_share: float | None
+    source: str
+
+
+class EditOut(BaseModel):
+    """One edit: its run (an ordinary run page), status, values, and each strategy's decision."""
+
+    position: int
+    run_id: int
+    status: str
+    error: str | None
+    field: str
+    values: dict[str, str]
+    expected: str | None
+    changed: bool | None
+    decisions: dict[str, str]
+
+
+class WorstCaseOut(BaseModel):
+    position: int
+    run_id: int
+    values: dict[str, str]
+    strategy: str
+    answer: str
+    recompute: str
+    original: str
+    expected: str | None
+
+
+class SweepView(BaseModel):
+    """Everything a sweep shows; `GET /api/sweeps/{id}` is exactly this."""
+
+    id: int
+    notebook_id: int | None
+    model: str
+    status: str
+    question: str
+    choices: list[str]
+    strategies_asked: list[str]
+    threshold: float
+    edits_total: int
+    edits_done: int
+    edits_failed: int
+    edits_skipped: int
+    document_prefills: int
+    error: str | None
+    created_at: datetime
+    finished_at: datetime | None
+    strategies: dict[str, StrategySweepOut]
+    policy: PolicyView
+    frontier: list[FrontierPointOut]
+    paper_model: str = PAPER_MODEL
+    worst_strategy: str
+    worst_cases: list[WorstCaseOut]
+    edits: list[EditOut]
+
+    @property
+    def progress(self) -> str:
+        return f"{self.edits_done} of {self.edits_total} edits"
+
+    @property
+    def active(self) -> bool:
+        return self.status in RUN_ACTIVE
+
+
+_COLUMNS = (RunResult.run_id, RunResult.strategy, RunResult.decision, RunResult.edit_followed,
+            RunResult.kl_to_recompute, RunResult.tokens_computed, RunResult.prefix_cache_share,
+            RunResult.ttft_ms)
+
+
+def sweep_status(session: Session, sweep: Sweep) -> str:
+    """The sweep's status: its row's, except that a sweep with no edit left to run (its last edit
+    failed by the watchdog, which does not know sweeps) reads as finished."""
+    if sweep.status not in RUN_ACTIVE:
+        return sweep.status
+    active = session.scalar(select(func.count(Run.id)).where(Run.sweep_id == sweep.id,
+                                                             Run.status.in_(RUN_ACTIVE))) or 0
+    if active:
+        running = session.scalar(select(func.count(Run.id)).where(Run.sweep_id == sweep.id,
+                                                                  Run.status != RunStatus.QUEUED)) or 0
+        return RunStatus.RUNNING if running else RunStatus.QUEUED
+    return RunStatus.SUCCEEDED
+
+
+def build_sweep_view(session: Session, sweep: Sweep, threshold: float | None = None) -> SweepView:
+    """The one view of `sweep`, its policy at `threshold` (None: the sweep's own)."""
+    threshold = sweep.threshold if threshold is None else threshold
+    choices = bool(sweep.question.choices)
+    runs = session.execute(select(Run.id, Run.status, Run.error, Run.sweep_edit)
+                           .where(Run.sweep_id == sweep.id).order_by(Run.id)).all()
+    done_ids = [r.id for r in runs if r.status == RunStatus.SUCCEEDED]
+    outcomes: dict[int, dict[str, Outcome]] = {rid: {} for rid in done_ids}
+    decisions: dict[int, dict[str, str]] = {rid: {} for rid in done_ids}
+    if done_ids:
+        for row in session.execute(select(*_COLUMNS).where(RunResult.run_id.in_(done_ids))):
+            outcomes[row.run_id][row.strategy] = Outcome(
+                decision=row.decision, followed=row.edit_followed, kl=row.kl_to_recompute,
+                tokens=row.tokens_computed, prefix_cache_share=row.prefix_cache_share, ttft_ms=row.ttft_ms)
+            decisions[row.run_id][row.strategy] = row.decision
+    records: list[EditRecord] = []
+    edits: list[EditOut] = []
+    for r in runs:
+        edit: SweepEdit = r.sweep_edit or SweepEdit(position=len(edits), values={})
+        record = None
+        if r.id in outcomes:
+            record = EditRecord(position=edit.position, group=edit.group, values=dict(edit.values),
+                                expected=edit.expected, run_id=r.id, outcomes=outcomes[r.id])
+            records.append(record)
+        edits.append(EditOut(position=edit.position, run_id=r.id, status=r.status, error=r.error,
+                             field=edit.group, values=dict(edit.values), expected=edit.expected,
+                             changed=changed(record, choices) if record else None,
+                             decisions=decisions.get(r.id, {})))
+    stats = sweep_stats(records, sweep.strategies, choices, threshold)
+    failed = sum(r.status == RunStatus.FAILED for r in runs)
+    p = stats.policy
+    return SweepView(
+        id=sweep.id, notebook_id=sweep.notebook_id, model=sweep.model, status=sweep_status(session, sweep),
+        question=sweep.question.text, choices=list(sweep.question.choices),
+        strategies_asked=list(sweep.strategies), threshold=threshold, edits_total=sweep.edits_total,
+        edits_done=sum(r.status in (RunStatus.SUCCEEDED, RunStatus.FAILED) for r in runs),
+        edits_failed=failed, edits_skipped=sweep.edits_skipped, document_prefills=sweep.document_prefills,
+        error=sweep.error, created_at=sweep.created_at, finished_at=sweep.finished_at,
+        strategies={name: StrategySweepOut.of(s) for name, s in stats.strategies.items()},
+        policy=PolicyView(strategy=p.strategy, threshold=p.threshold, sentence=p.sentence,
+                          per_field=[PolicyOut(strategy=q.strategy, threshold=q.threshold,
+                                               sentence=q.sentence, field=q.group) for q in stats.policies]),
+        frontier=[FrontierPointOut(label=f.label, agreement=f.agreement,
+                                   ci95=list(f.ci95) if f.ci95 else None, cost_share=f.cost_share,
+                                   source=f.source) for f in stats.frontier],
+        worst_strategy=stats.worst_strategy,
+        worst_cases=[WorstCaseOut(**w.__dict__) for w in stats.worst],
+        edits=edits,
+    )

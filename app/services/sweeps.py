@@ -1,0 +1,141 @@
+"""Sweeps: starting one (its edits checked, the sweep and one run per edit committed, then one
+message per edit on the model's queue; if the broker refuses, the sweep and its runs are deleted
+again, so nothing is saved) and cancelling one (edits already finished are kept and counted).
+
+Each edit is an ordinary run (`runs.sweep_id`): the same snapshot a run of the notebook takes, with
+only the edit's fields set to its values, so each opens as an ordinary run page. A sweep has a cap
+of its own (`KVNOTES_MAX_ACTIVE_SWEEPS_PER_USER`) instead of the run caps, and its edits are sent at
+a lower priority than runs (`data.queue.SWEEP_PRIORITY`) so they queue behind other users' runs.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from sqlalchemy import delete, func, select, text
+from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.orm import Session
+
+from app.services.errors import RunLimitReached, Unprocessable
+from app.services.notebooks import check_served
+from app.services.sweep_input import PlannedEdits, SweepCreate, plan_edits
+from data.accounts import LOCAL_USER
+from data.contracts import RunSnapshot, SnapshotField, SnapshotPlacement, SnapshotQuestion, SweepEdit
+from data.models import RUN_ACTIVE, Notebook, Run, RunStatus, Sweep, utcnow
+from data.queue import SWEEP_PRIORITY, QueueUnavailable, enqueue_run, revoke
+from data.settings import get_settings
+
+log = logging.getLogger(__name__)
+
+
+def sweep_question(notebook: Notebook, body: SweepCreate) -> SnapshotQuestion:
+    """The question the sweep asks: the request's, or the notebook's current one."""
+    current = notebook.question
+    if body.question is None and current is None:
+        raise Unprocessable("question", "this notebook has no question yet; send one with the sweep")
+    question_text = body.question if body.question is not None else current.text  # type: ignore[union-attr]
+    if not question_text.strip():
+        raise Unprocessable("question", "the question is empty: the decision is read after it")
+    if body.choices is not None:
+        choices = body.choices
+    else:
+        choices = list(current.choices) if current is not None and body.question is None else []
+    if any(not c.strip() for c in choices):
+        raise Unprocessable("choices", "a choice is empty")
+    return SnapshotQuestion(text=question_text, choices=list(choices), cot=False)
+
+
+def edit_snapshot(notebook: Notebook, question: SnapshotQuestion, strategies: list[str],
+                  edit: SweepEdit, sweep_id: int) -> RunSnapshot:
+    """What the edit's run runs on: the notebook's document with only the edit's fields set to its
+    values (errata rendered from them by the worker), its placements, the sweep's question."""
+    fields = [SnapshotField(start=f.start, end=f.end, old=f.old_value, new=edit.values[f.label],
+                            label=f.label)
+              for f in sorted(notebook.fields, key=lambda f: f.start) if f.label in edit.values]
+    return RunSnapshot(
+        model=notebook.model, document=notebook.document, fields=fields, errata=[],
+        placements=[SnapshotPlacement(skill_id=p.skill_id, name=p.skill.name, text=p.skill.text,
+                                      position=p.position) for p in notebook.placements],
+        question=question, strategies=list(strategies), sweep_id=sweep_id,
+    )
+
+
+def check_sweep_caps(session: Session, created_by: str) -> None:
+    """Refuse a sweep past `KVNOTES_MAX_ACTIVE_SWEEPS_PER_USER` queued or running sweeps of one user
+    (called after the new row is flushed, so it counts itself; serialized as run creation is)."""
+    if session.get_bind().dialect.name == "postgresql":
+        session.execute(text("SELECT pg_advisory_xact_lock(7061505)"))  # "kvnotes sweeps"
+    limit = get_settings().max_active_sweeps_per_user
+    mine = session.scalar(select(func.count(Sweep.id)).where(
+        Sweep.status.in_(RUN_ACTIVE), Sweep.created_by == created_by)) or 0
+    if mine > limit:
+        raise RunLimitReached(
+            f"{created_by} has {mine - 1} sweeps queued or running; the limit is {limit} per user "
+            "(KVNOTES_MAX_ACTIVE_SWEEPS_PER_USER): wait for one to finish or cancel it")
+
+
+def start_sweep(session: Session, notebook: Notebook, body: SweepCreate,
+                created_by: str = LOCAL_USER) -> Sweep:
+    """Check everything, commit the sweep and its runs, then send one message per edit. Raises
+    `Unprocessable` (nothing saved), `RunLimitReached` (rolled back) or `QueueUnavailable` (the sweep
+    and its runs deleted again)."""
+    check_served(notebook.model, "model")
+    question = sweep_question(notebook, body)
+    planned: PlannedEdits = plan_edits(notebook, body)
+    sweep = Sweep(notebook_id=notebook.id, model=notebook.model, question=question,
+                  strategies=list(body.strategies), threshold=body.threshold, mode=planned.mode,
+                  status=RunStatus.QUEUED, edits_total=len(planned.edits), edits_done=0,
+                  edits_skipped=planned.skipped, document_prefills=0, created_by=created_by)
+    session.add(sweep)
+    try:
+        session.flush()
+        check_sweep_caps(session, created_by)
+        runs = [Run(notebook_id=notebook.id, kind="edit",
+                    snapshot=edit_snapshot(notebook, question, sweep.strategies, edit, sweep.id),
+                    strategies=list(sweep.strategies), status=RunStatus.QUEUED, stage="queued",
+                    progress=0.0, timings={}, created_by=created_by, sweep_id=sweep.id, sweep_edit=edit)
+                for edit in planned.edits]
+        session.add_all(runs)
+        session.commit()  # every row (and its token) first: a worker never sees a message before its run
+    except Exception:
+        session.rollback()
+        raise
+    try:
+        for run in runs:
+            enqueue_run(run, priority=SWEEP_PRIORITY)
+    except QueueUnavailable:
+        _unsave(session, sweep)
+        raise
+    return sweep
+
+
+def _unsave(session: Session, sweep: Sweep) -> None:
+    """The broker refused a message: delete the sweep and its runs (messages already sent find no
+    run and are dropped)."""
+    try:
+        session.execute(delete(Run).where(Run.sweep_id == sweep.id))
+        session.delete(sweep)
+        session.commit()
+    except SQLAlchemyError as exc:
+        session.rollback()
+        log.error("sweep %s could not be queued nor deleted: %s", sweep.id, type(exc).__name__)
+
+
+def cancel_sweep(session: Session, sweep: Sweep) -> int:
+    """Cancel the sweep's unfinished edits (finished ones are kept and counted); returns how many
+    were cancelled. A finished sweep is left as it is (0)."""
+    if sweep.status not in RUN_ACTIVE:
+        return 0
+    now = utcnow()
+    pending = session.scalars(select(Run).where(Run.sweep_id == sweep.id, Run.status.in_(RUN_ACTIVE))).all()
+    for run in pending:
+        run.status, run.stage, run.finished_at = RunStatus.CANCELLED, "cancelled", now
+    finished = session.scalar(select(func.count(Run.id)).where(
+        Run.sweep_id == sweep.id, Run.status.in_((RunStatus.SUCCEEDED, RunStatus.FAILED)))) or 0
+    sweep.status, sweep.finished_at, sweep.edits_done = RunStatus.CANCELLED, now, finished
+    sweep.error = f"cancelled after {finished} of {sweep.edits_total} edits; the finished ones are kept"
+    session.commit()
+    for run in pending:
+        if run.task_id:
+            revoke(run.task_id)
+    return len(pending)

@@ -1,0 +1,132 @@
+"""Sweeps through the API on the embedded broker (no worker): a sweep of N values leaves N messages
+on the model's queue, each the run of one edit; an edit equal to the old value is skipped and
+counted; bad input is a 422 naming its row and column with nothing saved (an empty value list, a
+column naming no field, an empty value, more edits than KVNOTES_MAX_SWEEP_EDITS, a model no worker
+serves); an unreachable broker is a 503 with nothing saved; the sweep cap refuses a second sweep
+while the run cap never refuses a sweep's 12 edits; cancelling keeps the finished edits."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from sqlalchemy import func, select
+
+from app.services.sweep_input import rows_from_upload
+from tests.api.conftest import DOC, _broker_messages, _notebook
+
+
+def _with_field(client, text: str = DOC) -> int:
+    nb = _notebook(client, text)["id"]
+    start = text.index("active")
+    r = client.post(f"/api/notebooks/{nb}/fields",
+                    json={"start": start, "end": start + 6, "new_value": "banned", "label": "status"})
+    assert r.status_code == 201, r.text
+    return nb
+
+
+def _counts() -> tuple[int, int]:
+    from data.db import get_sessionmaker
+    from data.models import Run, Sweep
+
+    with get_sessionmaker()() as s:
+        return s.scalar(select(func.count(Sweep.id))), s.scalar(select(func.count(Run.id)))
+
+
+def _body(**extra) -> dict:
+    return {"question": "Can this customer log in?", "choices": ["yes", "no"],
+            "strategies": ["recompute", "erratum"], **extra}
+
+
+def test_a_sweep_queues_one_run_per_edit_and_skips_the_old_value(make_client, tmp_path: Path) -> None:
+    client = make_client()
+    nb = _with_field(client)
+    values = ["banned", "suspended", "active", "closed"]  # "active" is the old value
+    r = client.post(f"/api/notebooks/{nb}/sweeps", json=_body(values={"status": values}))
+    assert r.status_code == 201, r.text
+    sweep = r.json()
+    assert (sweep["status"], sweep["edits_total"], sweep["edits_done"], sweep["edits_skipped"]) == \
+        ("queued", 3, 0, 1)
+    assert sweep["strategies_asked"] == ["recompute", "erratum", "stale"]  # stale: the original decision
+    assert [e["values"] for e in sweep["edits"]] == [{"status": "banned"}, {"status": "suspended"},
+                                                     {"status": "closed"}]
+    messages = _broker_messages(tmp_path)
+    assert sorted(m["run_id"] for _, m in messages) == sorted(e["run_id"] for e in sweep["edits"])
+    assert {q for q, _ in messages} == {"model.smollm2-135m"}
+    run = client.get(f"/api/runs/{sweep['edits'][1]['run_id']}").json()  # an ordinary run
+    assert [(f["label"], f["old"], f["new"]) for f in run["snapshot"]["fields"]] == \
+        [("status", "active", "suspended")]
+    assert run["snapshot"]["sweep_id"] == sweep["id"]
+    assert client.get(f"/api/notebooks/{nb}/sweeps").json() == [sweep["id"]]
+    # cancelled before any edit ran: nothing finished to keep, all 3 cancelled
+    done = client.post(f"/api/sweeps/{sweep['id']}/cancel").json()
+    assert done["status"] == "cancelled" and done["edits_done"] == 0
+    assert {e["status"] for e in done["edits"]} == {"cancelled"}
+    assert client.post(f"/api/sweeps/{sweep['id']}/cancel").status_code == 409
+
+
+def test_bad_input_names_row_and_column_and_saves_nothing(make_client) -> None:
+    client = make_client(KVNOTES_MAX_SWEEP_EDITS="3")
+    nb = _with_field(client)
+    before = _counts()
+    cases = [
+        ({"values": {"status": []}}, "values.status", "the value list of 'status' is empty"),
+        ({"values": {"tier": ["gold"]}}, "values.tier", "'tier' names no field of this notebook"),
+        ({"values": {"status": ["banned", " "]}}, "values.status", "value 2 of 'status' is empty"),
+        ({"edits": [{"status": "banned"}, {"tier": "gold"}]}, "edits",
+         "row 2, column 'tier': names no field"),
+        ({"edits": [{"status": "banned"}, {"status": ""}]}, "edits",
+         "row 2, column 'status': the value is empty"),
+        ({"values": {"status": ["a", "b", "c", "d"]}}, "values", "4 edits; a sweep takes at most 3"),
+        ({"values": {"status": ["active"]}}, "values", "every edit (1) equals the field's old value"),
+    ]
+    for extra, where, message in cases:
+        r = client.post(f"/api/notebooks/{nb}/sweeps", json=_body(**extra))
+        assert r.status_code == 422, (extra, r.text)
+        detail = r.json()["detail"][0]
+        assert detail["loc"] == ["body", where] and message in detail["msg"], (extra, detail)
+    assert client.post(f"/api/notebooks/{nb}/sweeps", json=_body()).status_code == 422  # neither way
+    assert _counts() == before
+
+
+def test_a_model_no_worker_serves_is_refused(make_client) -> None:
+    client = make_client()
+    nb = _with_field(client)
+    from data.db import get_sessionmaker
+    from data.models import Notebook
+
+    with get_sessionmaker()() as s:
+        s.get(Notebook, nb).model = "no-such-model"
+        s.commit()
+    before = _counts()
+    r = client.post(f"/api/notebooks/{nb}/sweeps", json=_body(values={"status": ["banned"]}))
+    assert r.status_code == 422 and "model 'no-such-model' is not served here" in r.text
+    assert _counts() == before
+
+
+def test_unreachable_broker_saves_nothing(make_client) -> None:
+    client = make_client(broker_url="redis://127.0.0.1:1/0")
+    nb = _with_field(client)
+    before = _counts()
+    r = client.post(f"/api/notebooks/{nb}/sweeps", json=_body(values={"status": ["banned", "closed"]}))
+    assert r.status_code == 503
+    assert _counts() == before
+
+
+def test_the_sweep_cap_is_its_own_and_the_run_cap_never_refuses_a_sweep(make_client) -> None:
+    client = make_client(KVNOTES_MAX_ACTIVE_SWEEPS_PER_USER="1", KVNOTES_MAX_ACTIVE_RUNS_PER_USER="2")
+    nb = _with_field(client)
+    values = [f"state{i}" for i in range(12)]
+    r = client.post(f"/api/notebooks/{nb}/sweeps", json=_body(values={"status": values}))
+    assert r.status_code == 201 and r.json()["edits_total"] == 12  # 12 edits past a run cap of 2
+    again = client.post(f"/api/notebooks/{nb}/sweeps", json=_body(values={"status": ["x"]}))
+    assert again.status_code == 429 and "KVNOTES_MAX_ACTIVE_SWEEPS_PER_USER" in again.text
+    run = client.post(f"/api/notebooks/{nb}/runs", json={"question": "Can they log in?",
+                                                          "strategies": ["recompute"]})
+    assert run.status_code == 201  # the sweep's 12 queued edits do not count against the run cap
+
+
+def test_uploads_read_csv_and_jsonl() -> None:
+    assert rows_from_upload("status,expected\nbanned,no\nclosed,\n") == [
+        {"status": "banned", "expected": "no"}, {"status": "closed", "expected": ""}]
+    assert rows_from_upload('{"status": "banned"}\n\n{"status": "closed", "expected": "no"}\n',
+                            "e.jsonl") == [{"status": "banned"}, {"status": "closed", "expected": "no"}]
