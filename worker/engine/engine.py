@@ -56,6 +56,7 @@ class Engine(LoadedModel):
         selective_fraction: float = 0.15,
         attention: bool | list[str] = False,
         attribution: bool = False,
+        mechanism: bool = False,
         progress: ProgressFn | None = None,
     ) -> Report:
         """Edit fields of a document whose notes are cached (or of a text, prefilled first): the
@@ -68,6 +69,7 @@ class Engine(LoadedModel):
             errata=None if errata is None else tuple(errata), erratum_template=erratum_template,
             selective_fraction=selective_fraction,
             attention=attention if isinstance(attention, bool) else tuple(attention), attribution=attribution,
+            mechanism=mechanism,
         )
         return self.run(request, notes=None if isinstance(notes, str) else notes, progress=progress)
 

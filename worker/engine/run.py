@@ -29,6 +29,7 @@ from worker.engine.attribution import notes_map
 from worker.engine.compose import Placement, token_boundary
 from worker.engine.devices import describe_device, dtype_name
 from worker.engine.edit import Editor
+from worker.engine.mechanism import explain
 from worker.engine.notes import Notes
 from worker.engine.offsets import Insertions, apply_fields, new_to_document
 from worker.engine.strategies import EDITS
@@ -72,6 +73,7 @@ class RunRequest:
     selective_fraction: float = 0.15
     attention: bool | tuple[str, ...] = False
     attribution: bool = False  # also map which notes carry the decision (`worker.engine.attribution`)
+    mechanism: bool = False  # also knockout, selective@K and the logit lens (`worker.engine.mechanism`)
 
 
 def run(engine: LoadedModel, request: RunRequest, notes: Notes | None = None,
@@ -103,6 +105,11 @@ def run(engine: LoadedModel, request: RunRequest, notes: Notes | None = None,
     if request.attribution:
         report_progress("notes map", 0.72)
         report.attribution = _notes_map(engine, editor, outcomes, bench.suffix_ids)
+    if request.mechanism:
+        report.mechanism = explain(engine, editor, chosen, report.strategies, bench.suffix_ids,
+                                   request.question, [(f.start, f.end) for f in request.fields],
+                                   report.attribution,
+                                   progress=lambda stage, f: report_progress(stage, 0.73 + 0.02 * f))
     wanted = list(strategies) if request.attention is True else \
         [s for s in (request.attention or ()) if s in strategies]
     for i, name in enumerate(wanted):

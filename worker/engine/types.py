@@ -7,8 +7,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from worker.engine.mechanism.types import Mechanism
 
 # stage name, fraction done in [0, 1]
 ProgressFn = Callable[[str, float], None]
@@ -147,6 +151,7 @@ class Report:
     device: str = ""  # where: "cpu", "cuda:0", or "cuda:0+cuda:1" for a model spread over devices
     attention: dict[str, Attention] = field(default_factory=dict)
     attribution: Attribution | None = None
+    mechanism: Mechanism | None = None  # knockout, selective@K, logit lens (`worker.engine.mechanism`)
 
     def to_dict(self) -> dict:
         out = {
@@ -158,4 +163,6 @@ class Report:
         }
         if self.attribution is not None:
             out["attribution"] = self.attribution.to_dict()
+        if self.mechanism is not None:
+            out["mechanism"] = self.mechanism.to_dict()
         return out

@@ -1,0 +1,143 @@
+"""Mechanism: why a decision moved, causally — knockout with a random control, selective@K with
+its K*, and a logit lens per strategy (the paper's mechanism experiments, on one run).
+
+Everything is read at the first answer token, as the notes map reads it: recompute's answer token
+(`Mechanism.answer`) and recompute's decision there (with choices: the choice whose first token is
+most probable) are what every variant is measured against, with KL(recompute ‖ variant). With chain
+of thought that token is the reasoning's first, not the final answer.
+
+Cost (`Mechanism.costs`, in recomputes: tokens run through the model over the tokens of one
+recompute of the document and question): knockout is a few dozen question-length forwards per
+strategy, batched; selective@K recomputes each distinct set of tokens once, batched; the lens is
+one question-length forward per strategy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import torch
+
+from vocabulary import REFERENCE
+from worker.engine.attention import capture_attention
+from worker.engine.edit import Editor
+from worker.engine.mechanism.knockout import knockout, regions_of
+from worker.engine.mechanism.lens import lens
+from worker.engine.mechanism.masked import Probe, prompt_logits
+from worker.engine.mechanism.selective_k import sweep
+from worker.engine.mechanism.types import Mechanism
+from worker.engine.notes import KV
+from worker.engine.selective import movement
+from worker.engine.types import Attribution, Question, StrategyResult
+
+if TYPE_CHECKING:
+    from worker.engine.loaded import LoadedModel
+    from worker.engine.strategies.measure import Outcome
+
+SEED = 0  # the random controls' generator
+
+
+def explain(engine: LoadedModel, editor: Editor, chosen: dict[str, Outcome],
+            results: dict[str, StrategyResult],
+            suffix_ids: list[int], question: Question, fields: list[tuple[int, int]],
+            attribution: Attribution | None = None, seed: int = SEED,
+            progress: Callable[[str, float], None] | None = None) -> Mechanism:
+    """The three views of a run from its measured outcomes (`chosen`, by strategy, recompute's
+    among them), their results, the question's tokens and the fields' document spans."""
+    step = progress or (lambda stage, fraction: None)
+    model, ref = engine.model, chosen[REFERENCE]
+    if not ref.readout.answer_ids:
+        return Mechanism("", "", None, notes=["recompute gave no answer token, so there is no decision "
+                                             "to explain (an empty answer)"])
+    answer_id = ref.readout.answer_ids[0]
+    firsts = [(c, engine.tokenizer(engine.frame.choice_text(c), add_special_tokens=False)["input_ids"][0])
+              for c in question.choices]
+    recompute_layers = ref.surgery.layers
+    reference = prompt_logits(model, recompute_layers, suffix_ids, [[None] * len(recompute_layers)])[0]
+    probe = Probe.of(reference, answer_id, firsts, engine.tokenizer.decode)
+    shown = _shown(results)
+    out = Mechanism(engine.tokenizer.decode([answer_id]), probe.decision(reference), shown)
+    if firsts and not probe.choices:
+        out.notes.append("the choices share their first token, so the decision there is the most "
+                         "probable token")
+    if question.cot:
+        out.notes.append("with chain of thought, the first answer token is the reasoning's first")
+    total = len(editor.new_ids) + len(suffix_ids)  # one recompute's tokens
+    generator = torch.Generator().manual_seed(seed)
+
+    attention: dict[str, torch.Tensor] = {}
+    rows = 0
+    for i, name in enumerate([REFERENCE] + ([shown] if shown else [])):
+        step("mechanism: knockout", i / 2)
+        s = chosen[name].surgery
+        prompt = list(s.pending) + list(suffix_ids)
+        attention[name] = _decision_attention(model, s.layers, prompt)
+        regions = regions_of(s.segments, s.offsets, len(suffix_ids), fields)
+        unmasked, found, run = knockout(model, probe, name, s.layers, prompt, regions, attention[name],
+                                        generator)
+        out.unmasked[name], rows = unmasked, rows + run + len(prompt)
+        out.knockout += found
+    out.costs["knockout"] = rows / total
+
+    step("mechanism: selective@K", 0.0)
+    changed = [j for b in editor.blocks if not b.reuse for j in range(b.j1, b.j2)]
+    if not changed:
+        out.notes.append("selective@K: no field changed the notes, so there is nothing to recompute")
+    else:
+        in_place = chosen["in_place"].surgery if "in_place" in chosen else editor.in_place()
+        start = changed[0]
+        downstream = [j for b in editor.blocks if b.reuse and b.j1 >= start for j in range(b.j1, b.j2)]
+        rankings, cost = _rankings(model, in_place.layers, editor.new_ids, start, downstream,
+                                   attention[REFERENCE], attribution, generator)
+        curves, run = sweep(model, probe, in_place.layers, editor.new_ids, suffix_ids, changed, downstream,
+                            rankings, lambda f: step("mechanism: selective@K", f))
+        out.downstream, out.selective_k = len(downstream), curves
+        out.costs["selective_k"] = (run + cost) / total
+
+    rows = 0
+    for i, (name, outcome) in enumerate(chosen.items()):
+        step("mechanism: logit lens", i / max(len(chosen), 1))
+        s = outcome.surgery
+        prompt = list(s.pending) + list(suffix_ids)
+        out.logit_lens[name] = lens(model, s.layers, prompt, answer_id)
+        rows += len(prompt)
+    out.costs["logit_lens"] = rows / total
+    return out
+
+
+def _shown(results: dict[str, StrategyResult]) -> str | None:
+    """The strategy the run page opens on: the one that differs from recompute with the largest
+    KL, else the largest KL (None when recompute ran alone)."""
+    others = {n: r for n, r in results.items() if n != REFERENCE}
+    if not others:
+        return None
+    return max(others, key=lambda n: (not others[n].decision_matches_recompute, others[n].kl_to_recompute))
+
+
+def _decision_attention(model, layers: list[KV], prompt: list[int]) -> torch.Tensor:
+    """The decision's attention per position (notes, then the prompt), mean over layers and heads."""
+    weights, _ = capture_attention(model, layers, prompt, len(prompt) - 1)
+    return torch.from_numpy(weights).float().mean(dim=(0, 1))
+
+
+def _rankings(model, layers: list[KV], ids: list[int], start: int, downstream: list[int],
+              attention: torch.Tensor, attribution: Attribution | None,
+              generator: torch.Generator) -> tuple[dict[str, list[int] | str], int]:
+    """The downstream positions best first, per ranking (or why a ranking is missing), and the
+    token rows ranking cost."""
+    def by(score) -> list[int]:
+        return sorted(downstream, key=lambda j: (-score(j), j))
+
+    out: dict[str, list[int] | str] = {}
+    if attribution is None:
+        out["notes_map"] = "the notes map was not measured on this run (tick Notes map to rank by it)"
+    else:
+        share = {j: s.share for s in attribution.spans for j in range(s.start, s.end)}
+        out["notes_map"] = by(lambda j: share.get(j, 0.0))
+    out["attention"] = by(lambda j: float(attention[j]))
+    moved = movement(model, layers, ids, start)
+    out["kv_deviation"] = by(lambda j: float(moved[j - start]))
+    order = torch.randperm(len(downstream), generator=generator).tolist()
+    out["random"] = [downstream[i] for i in order]
+    return out, len(ids) - start
