@@ -1,6 +1,8 @@
 """A notebook and what hangs on it: creating it, its document, its question, its fields (span
 checks, limits, and the generated erratum that follows each field), its errata and its skill
-placements. Raises `Unprocessable`; routes and pages turn it into a 422 naming the field."""
+placements. Raises `Unprocessable`; routes and pages turn it into a 422 naming the field.
+
+Each public action commits (`app.services.unit.action`); `touch`, the checks and `find_span` do not."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from app.services.errors import Unprocessable
+from app.services.unit import action, saving
 from data.accounts import LOCAL_USER
 from data.models import RUN_ACTIVE, Erratum, Field, Notebook, Placement, Question, Run, Skill, utcnow
 from data.queue import revoke
@@ -28,9 +31,10 @@ def check_served(model: str, field: str = "model") -> None:
                                    "(KVNOTES_MODELS)")
 
 
+@action
 def create_notebook(session: Session, title: str, model: str, document: str,
                     created_by: str = LOCAL_USER) -> Notebook:
-    """A new notebook (flushed, so it has its id; the caller commits). Raises `Unprocessable` for a
+    """A new notebook (committed, or flushed inside an outer `saving`). Raises `Unprocessable` for a
     model that is not served."""
     check_served(model)
     notebook = Notebook(title=title, model=model, document=document, created_by=created_by)
@@ -39,6 +43,7 @@ def create_notebook(session: Session, title: str, model: str, document: str,
     return notebook
 
 
+@action
 def change_model(notebook: Notebook, model: str) -> None:
     """Run the notebook on another served model; every skill placed in it must be for that model."""
     check_served(model)
@@ -51,17 +56,32 @@ def change_model(notebook: Notebook, model: str) -> None:
     touch(notebook)
 
 
+@action
 def rename_notebook(notebook: Notebook, title: str) -> None:
     """A new title (already validated by `NotebookPatch` / the form: not blank, within the limit)."""
     notebook.title = title
     touch(notebook)
 
 
+@action
+def update_notebook(session: Session, notebook: Notebook, text: str | None = None, title: str | None = None,
+                    model: str | None = None) -> None:
+    """The API's PATCH: a new document, title or model (each optional), all or nothing."""
+    if text is not None:
+        change_document(session, notebook, text)
+    if title is not None:
+        rename_notebook(notebook, title)
+    if model is not None:
+        change_model(notebook, model)
+    touch(notebook)
+
+
+@action
 def duplicate_notebook(session: Session, notebook: Notebook, title: str | None = None,
                        created_by: str = LOCAL_USER) -> Notebook:
     """A new notebook with the same document, fields, errata (in order, each generated erratum
     still tied to its copied field), skill placements and current question; no runs (the copy's
-    history starts empty). Flushed, so it has its id; the caller commits."""
+    history starts empty)."""
     limit = get_settings().max_title_chars
     copy = create_notebook(session, (title or f"Copy of {notebook.title}")[:limit], notebook.model,
                            notebook.document, created_by)
@@ -109,20 +129,27 @@ def find_span(document: str, text: str, occurrence: int = 1) -> tuple[int, int]:
 def delete_notebook(session: Session, notebook: Notebook) -> None:
     """Delete the notebook with everything on it, its runs included (a deleted document must not
     stay readable in their snapshots); commits, then asks workers to drop its unfinished runs."""
-    unfinished = select(Run.task_id).where(Run.notebook_id == notebook.id, Run.status.in_(RUN_ACTIVE))
-    task_ids = [t for t in session.scalars(unfinished) if t]
-    session.delete(notebook)
-    session.commit()
+    with saving(session):
+        unfinished = select(Run.task_id).where(Run.notebook_id == notebook.id, Run.status.in_(RUN_ACTIVE))
+        task_ids = [t for t in session.scalars(unfinished) if t]
+        session.delete(notebook)
     for task_id in task_ids:
         revoke(task_id)
 
 
-def set_question(notebook: Notebook, text: str, choices: list[str], cot: bool) -> Question:
-    """The notebook's question from now on (earlier ones stay: runs refer to what they asked)."""
+def new_question(notebook: Notebook, text: str, choices: list[str], cot: bool) -> Question:
+    """The notebook's question from now on (earlier ones stay: runs refer to what they asked), not
+    committed: a run started with it commits both, or neither (`app.services.runs.start_run`)."""
     question = Question(text=text, choices=list(choices), cot=cot)
     notebook.questions.append(question)
     touch(notebook)
     return question
+
+
+@action
+def set_question(notebook: Notebook, text: str, choices: list[str], cot: bool) -> Question:
+    """The notebook's question from now on, saved."""
+    return new_question(notebook, text, choices, cot)
 
 
 def check_span(notebook: Notebook, start: int, end: int, ignore: Field | None = None) -> None:
@@ -150,6 +177,7 @@ def check_errata_room(notebook: Notebook) -> None:
         raise Unprocessable("text", f"a notebook holds at most {limit} errata")
 
 
+@action
 def add_field(
     session: Session, notebook: Notebook, start: int, end: int, new_value: str, label: str
 ) -> Field:
@@ -189,6 +217,7 @@ def refresh_field(session: Session, field: Field) -> None:
         erratum.text = render_erratum(field.label, field.old_value, field.new_value)
 
 
+@action
 def update_field(session: Session, field: Field, changes: dict[str, object]) -> None:
     start = int(changes.get("start", field.start))  # type: ignore[arg-type]
     end = int(changes.get("end", field.end))  # type: ignore[arg-type]
@@ -199,6 +228,7 @@ def update_field(session: Session, field: Field, changes: dict[str, object]) -> 
     touch(field.notebook)
 
 
+@action
 def delete_field(session: Session, field: Field) -> None:
     """Drop the field and its generated errata; hand-written errata stay (unlinked)."""
     for erratum in generated_errata(session, field):
@@ -207,6 +237,7 @@ def delete_field(session: Session, field: Field) -> None:
     session.delete(field)
 
 
+@action
 def change_document(session: Session, notebook: Notebook, text: str) -> None:
     """Replace the document; every field and placement must still fit in the new text."""
     for field in notebook.fields:
@@ -227,6 +258,7 @@ def change_document(session: Session, notebook: Notebook, text: str) -> None:
         refresh_field(session, field)
 
 
+@action
 def reorder_errata(notebook: Notebook, ids: list[int]) -> None:
     """Give the notebook's errata the order of `ids`, which must name each of them exactly once."""
     have = {erratum.id: erratum for erratum in notebook.errata}
@@ -245,6 +277,7 @@ def check_position(notebook: Notebook, position: int | None) -> None:
         )
 
 
+@action
 def add_custom_erratum(session: Session, notebook: Notebook, text: str) -> Erratum:
     """Append a hand-written erratum after the others."""
     check_errata_room(notebook)
@@ -254,11 +287,13 @@ def add_custom_erratum(session: Session, notebook: Notebook, text: str) -> Errat
     return erratum
 
 
+@action
 def delete_erratum(session: Session, erratum: Erratum) -> None:
     touch(erratum.notebook)
     session.delete(erratum)
 
 
+@action
 def set_erratum_text(erratum: Erratum, text: str) -> None:
     """New text; a generated erratum edited by hand becomes `custom` (no longer re-rendered)."""
     if text != erratum.text:
@@ -266,6 +301,7 @@ def set_erratum_text(erratum: Erratum, text: str) -> None:
         touch(erratum.notebook)
 
 
+@action
 def add_placement(notebook: Notebook, skill: Skill, position: int | None,
                   compiling_ok: bool = False) -> Placement:
     """Splice `skill` at a character offset of the document (None: at the end). The skill must be
@@ -286,6 +322,7 @@ def add_placement(notebook: Notebook, skill: Skill, position: int | None,
     return placement
 
 
+@action
 def move_placement(placement: Placement, position: int | None) -> None:
     """Splice the skill at another character offset (None: at the end)."""
     check_position(placement.notebook, position)
@@ -293,6 +330,7 @@ def move_placement(placement: Placement, position: int | None) -> None:
     touch(placement.notebook)
 
 
+@action
 def delete_placement(session: Session, placement: Placement) -> None:
     touch(placement.notebook)
     session.delete(placement)

@@ -13,7 +13,7 @@ from sqlalchemy.orm import Session
 
 from app.schemas import RunCreate
 from app.services.errors import RunLimitReached, Unprocessable
-from app.services.notebooks import check_served, set_question
+from app.services.notebooks import check_served, new_question
 from data.accounts import LOCAL_USER
 from data.contracts import RunSnapshot, SnapshotField, SnapshotPlacement, SnapshotQuestion
 from data.models import RUN_ACTIVE, Notebook, Question, Run, RunStatus, utcnow
@@ -139,7 +139,7 @@ def question_for(notebook: Notebook, body: RunCreate) -> Question:
     text = body.question if body.question is not None else current.text  # type: ignore[union-attr]
     choices = body.choices if body.choices is not None else (current.choices if current else [])
     cot = body.cot if body.cot is not None else (current.cot if current else False)
-    return set_question(notebook, text, list(choices), cot)
+    return new_question(notebook, text, list(choices), cot)
 
 
 def cancel_run(session: Session, run: Run) -> bool:

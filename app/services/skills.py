@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from sqlalchemy.orm import Session
 
+from app.services.unit import action
 from data.accounts import LOCAL_USER
 from data.models import Skill
 from data.queue import QueueUnavailable, enqueue_compile
@@ -18,14 +19,16 @@ class AlreadyCompiling(RuntimeError):
     """A compile was asked for a skill a worker is compiling now."""
 
 
+@action
 def create_skill(session: Session, name: str, text: str, model: str, created_by: str = LOCAL_USER) -> Skill:
-    """A new draft skill (flushed, so it has its id; the caller commits)."""
+    """A new draft skill (committed, or flushed inside an outer `saving`)."""
     skill = Skill(name=name, text=text, model=model, status="draft", progress=0.0, created_by=created_by)
     session.add(skill)
     session.flush()
     return skill
 
 
+@action
 def change_skill(skill: Skill, name: str | None = None, text: str | None = None,
                  model: str | None = None) -> None:
     """Renaming keeps the compiled notes; a new text or model makes the skill a draft again."""
@@ -38,10 +41,11 @@ def change_skill(skill: Skill, name: str | None = None, text: str | None = None,
         skill.compile_ms, skill.error = None, None
 
 
+@action
 def request_compile(session: Session, skill: Skill) -> None:
     """Send the skill to its model's worker; it is `compiling` until the worker reports.
 
-    Raises `AlreadyCompiling`, or `QueueUnavailable` with the skill left as it was."""
+    Raises `AlreadyCompiling`, or `QueueUnavailable` with the skill left as it was (rolled back)."""
     if skill.status == "compiling":
         raise AlreadyCompiling(f"skill {skill.id} is already compiling")
     before = (skill.status, skill.progress, skill.error)
@@ -55,6 +59,7 @@ def request_compile(session: Session, skill: Skill) -> None:
         raise
 
 
+@action
 def delete_skill(session: Session, skill: Skill) -> None:
     """The skill goes, with its placements in every notebook; runs keep their snapshots."""
     session.delete(skill)

@@ -21,9 +21,7 @@ router = APIRouter(tags=["errata"])
 )
 def create_erratum(notebook_id: int, body: ErratumCreate, session: SessionDep) -> Erratum:
     notebook = get_or_404(session, Notebook, notebook_id, "notebook")
-    erratum = actions.add_custom_erratum(session, notebook, body.text)
-    session.commit()
-    return erratum
+    return actions.add_custom_erratum(session, notebook, body.text)
 
 
 @router.get("/notebooks/{notebook_id}/errata", response_model=list[ErratumOut], responses=errors(404))
@@ -35,7 +33,6 @@ def list_errata(notebook_id: int, session: SessionDep) -> list[Erratum]:
 def order_errata(notebook_id: int, body: ErrataOrder, session: SessionDep) -> list[Erratum]:
     notebook = get_or_404(session, Notebook, notebook_id, "notebook")
     actions.reorder_errata(notebook, body.ids)
-    session.commit()
     session.refresh(notebook, ["errata"])
     return notebook.errata
 
@@ -45,11 +42,9 @@ def patch_erratum(erratum_id: int, body: ErratumPatch, session: SessionDep) -> E
     """Edit the text; a generated erratum edited by hand becomes `custom` (no longer re-rendered)."""
     erratum = get_or_404(session, Erratum, erratum_id, ERRATUM)
     actions.set_erratum_text(erratum, body.text)
-    session.commit()
     return erratum
 
 
 @router.delete("/errata/{erratum_id}", status_code=status.HTTP_204_NO_CONTENT, responses=errors(404))
 def delete_erratum(erratum_id: int, session: SessionDep) -> None:
     actions.delete_erratum(session, get_or_404(session, Erratum, erratum_id, ERRATUM))
-    session.commit()

@@ -21,9 +21,7 @@ router = APIRouter(tags=["fields"])
 )
 def create_field(notebook_id: int, body: FieldCreate, session: SessionDep) -> Field:
     notebook = get_or_404(session, Notebook, notebook_id, "notebook")
-    field = actions.add_field(session, notebook, body.start, body.end, body.new_value, body.label)
-    session.commit()
-    return field
+    return actions.add_field(session, notebook, body.start, body.end, body.new_value, body.label)
 
 
 @router.get("/notebooks/{notebook_id}/fields", response_model=list[FieldOut], responses=errors(404))
@@ -40,11 +38,9 @@ def read_field(field_id: int, session: SessionDep) -> Field:
 def patch_field(field_id: int, body: FieldPatch, session: SessionDep) -> Field:
     field = get_or_404(session, Field, field_id, "field")
     actions.update_field(session, field, body.model_dump(exclude_unset=True, exclude_none=True))
-    session.commit()
     return field
 
 
 @router.delete("/fields/{field_id}", status_code=status.HTTP_204_NO_CONTENT, responses=errors(404))
 def remove_field(field_id: int, session: SessionDep) -> None:
     actions.delete_field(session, get_or_404(session, Field, field_id, "field"))
-    session.commit()

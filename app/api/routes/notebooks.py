@@ -32,7 +32,6 @@ def notebook_out(notebook: Notebook) -> NotebookOut:
 @router.post("/notebooks", response_model=NotebookOut, status_code=status.HTTP_201_CREATED)
 def create_notebook(body: NotebookCreate, session: SessionDep, principal: PrincipalDep) -> NotebookOut:
     notebook = actions.create_notebook(session, body.title, body.model, body.text, principal.name)
-    session.commit()
     return notebook_out(notebook)
 
 
@@ -56,14 +55,7 @@ def read_notebook(notebook_id: int, session: SessionDep) -> NotebookOut:
 @router.patch("/notebooks/{notebook_id}", response_model=NotebookOut, responses=errors(404))
 def update_notebook(notebook_id: int, body: NotebookPatch, session: SessionDep) -> NotebookOut:
     notebook = get_or_404(session, Notebook, notebook_id, "notebook")
-    if body.text is not None:
-        actions.change_document(session, notebook, body.text)
-    if body.title is not None:
-        actions.rename_notebook(notebook, body.title)
-    if body.model is not None:
-        actions.change_model(notebook, body.model)
-    actions.touch(notebook)
-    session.commit()
+    actions.update_notebook(session, notebook, body.text, body.title, body.model)
     return notebook_out(notebook)
 
 
@@ -73,7 +65,6 @@ def duplicate_notebook(notebook_id: int, session: SessionDep, principal: Princip
     """A copy with the same document, fields, errata, skill placements and question; no runs."""
     copy = actions.duplicate_notebook(session, get_or_404(session, Notebook, notebook_id, "notebook"),
                                       created_by=principal.name)
-    session.commit()
     return notebook_out(copy)
 
 
@@ -86,6 +77,4 @@ def delete_notebook(notebook_id: int, session: SessionDep) -> None:
 @router.put("/notebooks/{notebook_id}/question", response_model=QuestionOut, responses=errors(404))
 def set_question(notebook_id: int, body: QuestionIn, session: SessionDep) -> Question:
     notebook = get_or_404(session, Notebook, notebook_id, "notebook")
-    question = actions.set_question(notebook, body.text, body.choices, body.cot)
-    session.commit()
-    return question
+    return actions.set_question(notebook, body.text, body.choices, body.cot)

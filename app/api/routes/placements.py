@@ -24,9 +24,7 @@ def create_placement(notebook_id: int, body: PlacementCreate, session: SessionDe
     skill = session.get(Skill, body.skill_id)
     if skill is None:  # a name in the body, not the address: the request is wrong, not the resource gone
         raise Unprocessable("skill_id", f"skill {body.skill_id} does not exist")
-    placement = actions.add_placement(notebook, skill, body.position)
-    session.commit()
-    return placement
+    return actions.add_placement(notebook, skill, body.position)
 
 
 @router.get("/notebooks/{notebook_id}/placements", response_model=list[PlacementOut], responses=errors(404))
@@ -43,11 +41,9 @@ def read_placement(placement_id: int, session: SessionDep) -> Placement:
 def move_placement(placement_id: int, body: PlacementPatch, session: SessionDep) -> Placement:
     placement = get_or_404(session, Placement, placement_id, "placement")
     actions.move_placement(placement, body.position)
-    session.commit()
     return placement
 
 
 @router.delete("/placements/{placement_id}", status_code=status.HTTP_204_NO_CONTENT, responses=errors(404))
 def delete_placement(placement_id: int, session: SessionDep) -> None:
     actions.delete_placement(session, get_or_404(session, Placement, placement_id, "placement"))
-    session.commit()

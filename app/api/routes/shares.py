@@ -8,7 +8,8 @@ from pydantic import BaseModel
 
 from app.api.deps import PrincipalDep, SessionDep, errors, get_or_404
 from app.schemas import Timestamp
-from data.accounts import ShareLink, create_share, list_shares, revoke_share, share_token
+from app.services import accounts as actions
+from data.accounts import ShareLink, list_shares, share_token
 from data.models import Run
 
 router = APIRouter(tags=["shares"])
@@ -34,8 +35,7 @@ def share_out(link: ShareLink) -> ShareOut:
 def create_share_link(run_id: int, session: SessionDep, principal: PrincipalDep) -> ShareOut:
     """A new read-only link to this run; whoever has it sees the run and its report until revoked."""
     get_or_404(session, Run, run_id, "run")
-    link, _token = create_share(session, run_id, principal.name)
-    session.commit()
+    link, _token = actions.share_run(session, run_id, principal.name)
     return share_out(link)
 
 
@@ -48,5 +48,4 @@ def list_share_links(run_id: int, session: SessionDep) -> list[ShareOut]:
 @router.delete("/shares/{share_id}", status_code=status.HTTP_204_NO_CONTENT, responses=errors(404))
 def revoke_share_link(share_id: int, session: SessionDep) -> None:
     """The link stops working at once, for everyone who has it."""
-    revoke_share(session, get_or_404(session, ShareLink, share_id, "share link"))
-    session.commit()
+    actions.revoke_link(session, get_or_404(session, ShareLink, share_id, "share link"))

@@ -16,9 +16,7 @@ router = APIRouter(tags=["skills"])
 
 @router.post("/skills", response_model=SkillOut, status_code=status.HTTP_201_CREATED)
 def create_skill(body: SkillCreate, session: SessionDep, principal: PrincipalDep) -> Skill:
-    skill = actions.create_skill(session, body.name, body.text, body.model, principal.name)
-    session.commit()
-    return skill
+    return actions.create_skill(session, body.name, body.text, body.model, principal.name)
 
 
 @router.get("/skills", response_model=list[SkillOut])
@@ -36,7 +34,6 @@ def patch_skill(skill_id: int, body: SkillPatch, session: SessionDep) -> Skill:
     """Renaming keeps the compiled notes; a new text or model makes the skill a draft again."""
     skill = get_or_404(session, Skill, skill_id, "skill")
     actions.change_skill(skill, body.name, body.text, body.model)
-    session.commit()
     return skill
 
 
@@ -44,7 +41,6 @@ def patch_skill(skill_id: int, body: SkillPatch, session: SessionDep) -> Skill:
 def delete_skill(skill_id: int, session: SessionDep) -> None:
     """Deletes the skill and its placements in every notebook (runs keep their snapshot)."""
     actions.delete_skill(session, get_or_404(session, Skill, skill_id, "skill"))
-    session.commit()
 
 
 @router.post(
@@ -60,8 +56,6 @@ def compile_skill(skill_id: int, session: SessionDep) -> Skill:
         actions.request_compile(session, skill)
     except actions.AlreadyCompiling as exc:
         raise HTTPException(status_code=409, detail=str(exc)) from exc
-    except QueueUnavailable as exc:
-        session.rollback()
+    except QueueUnavailable as exc:  # rolled back: the skill is as it was
         raise HTTPException(status_code=503, detail=exc.reason) from exc
-    session.commit()
     return skill

@@ -18,18 +18,10 @@ from fastapi.responses import RedirectResponse, Response
 
 from app.api.deps import PrincipalDep, SessionDep, get_or_404
 from app.security.cookies import clear_session_cookie, read_session, remember_share, set_session_cookie
+from app.services import accounts as actions
 from app.web.templating import render
 from data import sign_in
-from data.accounts import (
-    AccountError,
-    HashingBusy,
-    ShareLink,
-    authenticate,
-    create_share,
-    resolve_share,
-    revoke_share,
-    set_password,
-)
+from data.accounts import AccountError, HashingBusy, ShareLink, resolve_share
 from data.models import Run
 from data.settings import get_settings
 
@@ -67,22 +59,16 @@ def login(request: Request, session: SessionDep, name: Annotated[str, Form()] = 
           password: Annotated[str, Form()] = "", next: Annotated[str, Form()] = "/") -> Response:
     name = name.strip()
     try:
-        sign_in.check_sign_in_allowed(session, name, _client(request))
-        user = authenticate(session, name, password)
-    except sign_in.SignInLocked as exc:
-        session.commit()  # the refused attempt counts
+        signed = actions.sign_in_user(session, name, password, _client(request),
+                                      get_settings().session_max_age_s)
+    except sign_in.SignInLocked as exc:  # the refused attempt counts (saved)
         return _login_form(request, 429, str(exc), name, next, exc.retry_after_s)
     except HashingBusy as exc:
         return _login_form(request, 503, str(exc), name, next, exc.retry_after_s)
-    if user is None:
-        sign_in.note_failure(session, name, _client(request))
-        session.commit()
+    if signed is None:
         return _login_form(request, 401, "wrong name or password", name, next)
-    sign_in.note_success(session, name)
-    secret = sign_in.start_session(session, user.id, get_settings().session_max_age_s)
-    session.commit()  # the session, and a rehashed password if argon2's parameters changed
     response = RedirectResponse(_local_path(next), status_code=303)
-    set_session_cookie(response, request, user.id, user.name, secret)
+    set_session_cookie(response, request, signed.user_id, signed.name, signed.secret)
     return response
 
 
@@ -90,8 +76,7 @@ def login(request: Request, session: SessionDep, name: Annotated[str, Form()] = 
 def logout(request: Request, session: SessionDep) -> Response:
     data = read_session(request)
     if data is not None:
-        sign_in.end_session(session, data.secret)
-        session.commit()
+        actions.sign_out(session, data.secret)
     response = RedirectResponse("/login", status_code=303)
     clear_session_cookie(response, request)
     return response
@@ -127,20 +112,16 @@ def change_password(request: Request, session: SessionDep, principal: PrincipalD
     if new != again:
         return _password_page(request, 422, {"again": "the two new passwords differ"})
     try:
-        sign_in.check_sign_in_allowed(session, name, _client(request))
-        if authenticate(session, name, current) is None:
-            sign_in.note_failure(session, name, _client(request))
-            session.commit()
+        ended = actions.change_password(session, name, current, new, read_session(request).secret,
+                                        _client(request))
+        if ended is None:
             return _password_page(request, 401, {"current": "wrong password"})
-        ended = set_password(session, name, new, keep_session=read_session(request).secret)
     except sign_in.SignInLocked as exc:
-        session.commit()
         return _password_page(request, 429, {"form": str(exc)}, retry_after_s=exc.retry_after_s)
     except HashingBusy as exc:
         return _password_page(request, 503, {"form": str(exc)}, retry_after_s=exc.retry_after_s)
     except AccountError as exc:
         return _password_page(request, 422, {"new": str(exc).removeprefix("password: ")})
-    session.commit()
     return _password_page(request, done=f"Password changed; {ended} other session(s) signed out.")
 
 
@@ -158,14 +139,12 @@ def open_share(request: Request, token: str, session: SessionDep) -> Response:
 @router.post("/runs/{run_id}/share")
 def make_share(request: Request, run_id: int, session: SessionDep, principal: PrincipalDep) -> Response:
     run = get_or_404(session, Run, run_id, "run")
-    link, token = create_share(session, run.id, principal.name)
-    session.commit()
+    link, token = actions.share_run(session, run.id, principal.name)
     return render(request, "_share_link.html", link=link, run=run, url=f"{request.base_url}share/{token}")
 
 
 @router.post("/shares/{share_id}/revoke")
 def revoke_share_page(request: Request, share_id: int, session: SessionDep) -> Response:
     link = get_or_404(session, ShareLink, share_id, "share link")
-    revoke_share(session, link)
-    session.commit()
+    actions.revoke_link(session, link)
     return render(request, "_share_link.html", link=link, run=session.get(Run, link.run_id), url="(revoked)")

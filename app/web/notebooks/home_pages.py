@@ -14,6 +14,7 @@ from app.api.deps import PrincipalDep, SessionDep
 from app.schemas import NotebookCreate
 from app.services.errors import Unprocessable
 from app.services.notebooks import create_notebook as create_notebook_action
+from app.services.unit import saving
 from app.web.forms import validate
 from app.web.notebooks.examples import ExampleError, list_examples, load_example, opened_examples
 from app.web.notebooks.home_view import notebook_cards
@@ -102,7 +103,6 @@ async def create_notebook(
     except Unprocessable as exc:
         return _index(request, session, 422, values=values, errors=exc.errors)
     notebook = create_notebook_action(session, body.title, body.model, body.text, principal.name)
-    session.commit()
     return RedirectResponse(f"/notebooks/{notebook.id}", status_code=303)
 
 
@@ -115,13 +115,11 @@ def create_from_example(request: Request, slug: str, session: SessionDep, princi
     if existing is not None and not again:
         return _index(request, session, offer=existing)
     try:
-        notebook = load_example(session, slug, created_by=principal.name)
-        session.commit()
+        with saving(session):  # the whole example, or nothing
+            notebook = load_example(session, slug, created_by=principal.name)
     except (ExampleError, KeyError, ValueError) as exc:
-        session.rollback()
         return _index(request, session, 422, errors={"form": f"Could not load the example: {exc}"})
     except QueueUnavailable as exc:  # its skills could not be sent to compile: nothing is saved
-        session.rollback()
         return _index(request, session, 503,
                       errors={"form": f"Could not load the example, nothing was saved: {exc.reason}"})
     return RedirectResponse(f"/notebooks/{notebook.id}", status_code=303)

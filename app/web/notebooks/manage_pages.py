@@ -35,9 +35,7 @@ def rename(request: Request, notebook_id: int, session: SessionDep,
         if body.title is None:
             raise Unprocessable("title", "give the notebook a title")
         actions.rename_notebook(notebook, body.title)
-        session.commit()
     except Unprocessable as exc:
-        session.rollback()
         context = notebook_context(session, notebook)
         context.update(run=context["recent_runs"][0] if context["recent_runs"] else None, compact=True,
                        rename_errors=exc.errors, rename_value=title)
@@ -49,7 +47,6 @@ def rename(request: Request, notebook_id: int, session: SessionDep,
 def duplicate(notebook_id: int, session: SessionDep, principal: PrincipalDep) -> Response:
     notebook = get_or_404(session, Notebook, notebook_id, "notebook")
     copy = actions.duplicate_notebook(session, notebook, created_by=principal.name)
-    session.commit()
     return RedirectResponse(f"/notebooks/{copy.id}", status_code=303)
 
 

@@ -22,6 +22,7 @@ from app.schemas import ErratumCreate, ErratumPatch, FieldCreate, FieldPatch, Pl
 from app.services import notebooks as actions
 from app.services.errors import RunLimitReached, Unprocessable
 from app.services.runs import question_for, start_run, waits_without_worker
+from app.services.unit import saving
 from app.web.forms import lines, parse_int, validate
 from app.web.notebooks.context import decision_summary, latest_tokens, notebook_context, regions
 from app.web.notebooks.document_view import hover_tokens, paragraph_starts
@@ -64,14 +65,13 @@ def notebook_tokens(notebook_id: int, session: SessionDep) -> JSONResponse:
 
 def _save(request: Request, session: Session, notebook: Notebook, edit: Callable[[], object],
           failed: Callable[[dict[str, str]], Response] | None = None) -> Response:
-    """Apply `edit` and commit, answering with every region that depends on it (swapped out of
-    band); or, when it raises `Unprocessable`, save nothing and answer `failed(errors)` (422) —
-    by default the messages as JSON, for the scripts that drag and drop."""
+    """Apply `edit` as one transaction (`saving`), answering with every region that depends on it
+    (swapped out of band); or, when it raises `Unprocessable`, save nothing (rolled back) and answer
+    `failed(errors)` (422) — by default the messages as JSON, for the scripts that drag and drop."""
     try:
-        edit()
-        session.commit()
+        with saving(session):
+            edit()
     except Unprocessable as exc:
-        session.rollback()
         if failed is None:
             return JSONResponse({"detail": exc.message}, status_code=422)
         return failed(exc.errors)
@@ -128,9 +128,7 @@ def create_field_by_search(
             raise Unprocessable("new_value", "give the field its new value")
         body = validate(FieldCreate, {"start": start, "end": end, "new_value": new_value, "label": label})
         actions.add_field(session, notebook, body.start, body.end, body.new_value, body.label)
-        session.commit()
     except Unprocessable as exc:
-        session.rollback()
         return render(request, "_find_field.html", 422, notebook=notebook, find_values=values,
                       find_errors=exc.errors, find_open=True)
     shown = find if len(find) <= 40 else find[:39] + "…"

@@ -13,6 +13,7 @@ from app.api.deps import PrincipalDep, SessionDep, get_or_404
 from app.schemas import SkillCreate
 from app.services import skills as actions
 from app.services.errors import Unprocessable
+from app.services.unit import saving
 from app.web.forms import validate
 from app.web.paging import page_param, paginate
 from app.web.templating import render
@@ -54,16 +55,15 @@ def create_skill(
         if model not in get_settings().models:
             raise Unprocessable("model", f"choose one of: {', '.join(get_settings().models)}")
         body = validate(SkillCreate, {"name": name.strip(), "text": text, "model": model})
-        skill = actions.create_skill(session, body.name, body.text, body.model, principal.name)
-        if compile:
-            actions.request_compile(session, skill)
+        with saving(session):  # with its compile request, or not at all
+            skill = actions.create_skill(session, body.name, body.text, body.model, principal.name)
+            if compile:
+                actions.request_compile(session, skill)
     except Unprocessable as exc:
         return _skills_page(request, session, 422, values=values, errors=exc.errors)
-    except QueueUnavailable as exc:
-        session.rollback()
+    except QueueUnavailable as exc:  # rolled back
         message = f"The compile could not be queued, nothing was saved: {exc.reason}"
         return _skills_page(request, session, 503, values=values, errors={"form": message})
-    session.commit()
     return RedirectResponse("/skills", status_code=303)
 
 
@@ -75,10 +75,8 @@ def compile_skill(request: Request, skill_id: int, session: SessionDep) -> Respo
         actions.request_compile(session, skill)
     except actions.AlreadyCompiling:
         pass  # the row already polls its progress
-    except QueueUnavailable as exc:
-        session.rollback()
+    except QueueUnavailable as exc:  # rolled back: the skill is as it was
         return render(request, "_skill_row.html", 503, s=skill, queue_error=exc.reason)
-    session.commit()
     return render(request, "_skill_row.html", s=skill)
 
 
@@ -91,7 +89,6 @@ def skill_row(request: Request, skill_id: int, session: SessionDep) -> Response:
 @router.post("/skills/{skill_id}/delete")
 def delete_skill(request: Request, skill_id: int, session: SessionDep) -> Response:
     actions.delete_skill(session, get_or_404(session, Skill, skill_id, "skill"))
-    session.commit()
     if request.headers.get("HX-Request") == "true":
         return Response("")
     return RedirectResponse("/skills", status_code=303)
