@@ -62,7 +62,10 @@
   }
 
   function pickLabel() {
-    if (state.query !== null) return "query: question/answer token " + (state.query + 1) + ", mean over layers and heads";
+    if (state.query !== null) return "query=" + state.query + " (question and answer tokens counted from 0), mean over layers and heads; the decision's view (" + decisionLabel() + ") is kept";
+    return decisionLabel();
+  }
+  function decisionLabel() {
     if (state.layer === null) return "all layers, " + state.agg + " over heads";
     if (state.head === null) return "layer " + state.layer + ", " + state.agg + " over heads";
     return "layer " + state.layer + ", head " + state.head;
@@ -81,19 +84,20 @@
   }
   function addQueryOptions(select, ref) {
     for (var i = ref.query_start; i < ref.tokens.length; i++) {
+      if (i === ref.decision) continue; // the first option, "the decision", is this token
       var t = ref.tokens[i], o = document.createElement("option");
       o.value = i - ref.query_start;
-      o.textContent = (t.segment === "answer" ? "answer: " : "question: ") + JSON.stringify(t.text) + (i === ref.decision ? " (the decision)" : "");
+      o.textContent = "query=" + (i - ref.query_start) + " · " + (t.segment === "answer" ? "answer " : "question ") + JSON.stringify(t.text);
       select.appendChild(o);
     }
   }
 
   // --- the URL is the view: rewritten in place, and carried by the export links ------------------
   function viewQuery() {
-    var q = "strategy=" + encodeURIComponent(state.strategy);
-    if (state.query !== null) return q + "&query=" + state.query;
+    var q = "strategy=" + encodeURIComponent(state.strategy); // every control, whatever else is set
     if (state.layer !== null) q += "&layer=" + state.layer;
     if (state.head !== null) q += "&head=" + state.head;
+    if (state.query !== null) q += "&query=" + state.query;
     if (state.agg !== "mean") q += "&agg=" + state.agg;
     return q;
   }

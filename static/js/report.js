@@ -1,8 +1,8 @@
 // report.js — inlined into the standalone report (/runs/{id}/report.html), which must work as a
 // file with no network: it reads the data embedded beside it (#report-data) and lets the reader
-// switch the strategy shown against recompute (the decision's attention, mean over layers and
-// heads). Every colour and the most-attended notes were computed by the server (the one colour
-// model the app, presentation, compare and SVG share); this only puts them in place. Without it
+// switch the strategy shown against recompute (in the view the report was made from: its layer,
+// head, aggregate and query). Every colour and the most-attended notes were computed by the server
+// (the one colour model the app, presentation, compare and SVG share); this only puts them in place. Without it
 // the report still shows the view it was made from, drawn by the server.
 (function () {
   "use strict";

@@ -235,7 +235,7 @@ def test_run_page_opens_on_the_difference_and_reads_from_any_token(tmp_path: Pat
         before = page.inner_text("#hm-status")
         page.click("#hm-res .tok.seg-question >> nth=1")
         page.wait_for_function("document.getElementById('hm-status').textContent"
-                               ".startsWith('query: question/answer token 2')")
+                               ".startsWith('query=1 ')")
         assert before != page.inner_text("#hm-status")
         assert page.locator("#hm-res .tok.query").count() == 1
         assert page.input_value("#hm-query") == "1"

@@ -170,17 +170,33 @@ def test_permalink_round_trip(site, page) -> None:
     page.click('[data-agg="max"]')
     status_is(page, "layer 0, max over heads")
     assert page.url.endswith(f"/runs/{run}?strategy=stale&layer=0&agg=max")
-    page.select_option("#hm-query", "1")
-    status_is(page, "query: question/answer token 2")
-    assert page.url.endswith(f"/runs/{run}?strategy=stale&query=1")
+    page.select_option("#hm-query", "1")  # a query keeps every other control in the address
+    query_view = "query=1 (question and answer tokens counted from 0)"
+    status_is(page, query_view)
+    assert "the decision's view (layer 0, max over heads) is kept" in page.inner_text("#hm-status")
+    assert page.url.endswith(f"/runs/{run}?strategy=stale&layer=0&query=1&agg=max")
     assert page.evaluate("history.length") == depth  # the URL was rewritten in place, no entry per change
     assert (page.get_attribute('a[data-view-link$="report.html"]', "href")
-            == f"/runs/{run}/report.html?strategy=stale&query=1")
+            == f"/runs/{run}/report.html?strategy=stale&layer=0&query=1&agg=max")
     page.reload()
-    status_is(page, "query: question/answer token 2")
+    status_is(page, query_view)
     assert page.input_value("#hm-strategy") == "stale" and page.input_value("#hm-query") == "1"
     assert page.locator("#hm-res .tok.query").count() == 1
+    assert page.get_attribute('[data-agg="max"]', "aria-pressed") == "true"
+    options = page.eval_on_selector_all("#hm-query option", "os => os.map(o => o.textContent)")
+    assert len(options) == len(set(options)) and sum("decision" in o for o in options) == 1, options
     shot(page, "20-permalink-query-view")
+    page.select_option("#hm-query", "")  # back to the decision: the layer and max come back with it
+    status_is(page, "layer 0, max over heads")
+    assert page.url.endswith(f"/runs/{run}?strategy=stale&layer=0&agg=max")
+    page.click('#hm-grid button[data-layer="2"][data-head="3"]')
+    status_is(page, "layer 2, head 3")
+    page.click("#hm-res .tok.seg-question >> nth=1")  # a question token picked in the panel
+    status_is(page, "query=1")
+    assert "layer=2&head=3&query=1" in page.url
+    page.reload()
+    status_is(page, "query=1")
+    assert "(layer 2, head 3) is kept" in page.inner_text("#hm-status")
     # the exports menu: data, table and pictures of this view
     page.click(".run-actions summary")
     with page.expect_download() as png:

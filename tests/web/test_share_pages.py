@@ -8,6 +8,7 @@ import base64
 import csv
 import hashlib
 import io
+import json
 import re
 import xml.etree.ElementTree as ET
 
@@ -31,11 +32,13 @@ def test_permalink_opens_the_named_view_and_refuses_what_the_run_cannot_show(cli
     # the export links carry the view
     assert f'href="/runs/{run}/heatmap.svg?strategy=field_erratum&amp;layer=2&amp;head=3&amp;agg=max"' in html
     assert 'data-view-query="1"' in client.get(f"/runs/{run}?strategy=stale&query=1").text
+    both = client.get(f"/runs/{run}?strategy=stale&layer=0&head=1&query=1&agg=max")  # a query keeps the rest
+    assert both.status_code == 200
+    assert 'data-view-layer="0" data-view-head="1" data-view-query="1"' in both.text
     for bad, words in (("strategy=nope", "has no attention for &#39;nope&#39;; "
                                          "choose one of prefix_reuse, stale, field_erratum"),
                        (f"layer={LAYERS}", f"layer={LAYERS} is out of range: this model has {LAYERS}"),
                        ("head=1", "a head is picked within a layer"),
-                       ("query=1&layer=0", "kept for the decision only"),
                        ("query=99", "is past the question and answer tokens"),
                        ("agg=median", "agg is mean or max")):
         page = client.get(f"/runs/{run}?{bad}")
@@ -118,7 +121,7 @@ def test_heatmap_and_notes_map_pictures_are_svg(client) -> None:
     root = ET.fromstring(svg.text)
     texts = [t.text or "" for t in root.iter("{http://www.w3.org/2000/svg}text")]
     assert "recompute" in texts and "stale" in texts and "difference" in texts
-    assert any("query: question/answer token 2" in t for t in texts)
+    assert any("query=1 (question and answer tokens counted from 0)" in t for t in texts)
     rects = list(root.iter("{http://www.w3.org/2000/svg}rect"))
     tokens = len(client.get(f"/api/runs/{run}/attention?strategy=stale").json()["tokens"])
     assert len(rects) > 2 * tokens  # every token of recompute, stale and the difference has its box
@@ -195,3 +198,19 @@ def test_compare_two_runs_aligned_line_by_line(client) -> None:
     assert client.get(f"/compare?runs={a},987654").status_code == 404
     assert client.get(f"/compare?runs={a},{b}&strategy=auto").status_code == 422
     assert "stale" in client.get(f"/compare?runs={a},{b}&strategy=stale").text
+
+
+def test_the_report_draws_the_view_it_names_for_every_strategy(client) -> None:
+    """The report from layer=2&head=3&agg=max names that view and draws it: the server's panels and
+    the script's data for every strategy (switching strategy keeps the view)."""
+    _, run = finished(client)
+    report = client.get(f"/runs/{run}/report.html?strategy=stale&layer=2&head=3").text
+    data = json.loads(re.search(r'<script type="application/json" id="report-data">(.*?)</script>',
+                                report, re.S).group(1))
+    assert "layer 2, head 3" in report
+    labels = {name: s["paint"]["label"] for name, s in data["strategies"].items()}
+    assert set(labels.values()) == {"layer 2, head 3"}, labels
+    queried = client.get(f"/runs/{run}/report.html?strategy=stale&layer=2&query=1").text
+    data = json.loads(re.search(r'<script type="application/json" id="report-data">(.*?)</script>',
+                                queried, re.S).group(1))
+    assert data["strategies"]["stale"]["paint"]["label"].startswith("query=1 ")

@@ -134,7 +134,13 @@ class ViewParams:
     @property
     def label(self) -> str:
         if self.query is not None:
-            return f"query: question/answer token {self.query + 1}, mean over layers and heads"
+            kept = self.decision_label
+            return (f"query={self.query} (question and answer tokens counted from 0), mean over layers "
+                    f"and heads; the decision's view ({kept}) is kept")
+        return self.decision_label
+
+    @property
+    def decision_label(self) -> str:
         if self.layer is None:
             return f"all layers, {self.agg} over heads"
         if self.head is None:
@@ -164,10 +170,7 @@ def view_params(run: Run, with_attention: list[str], default: str | None, strate
                                 f"{name}={value} is out of range: this model has {size} (0..{size - 1})")
     if head is not None and layer is None:
         raise Unprocessable("head", "a head is picked within a layer: give layer= too")
-    if query is not None:
-        if layer is not None:
-            raise Unprocessable("query", "per-layer and per-head maps are kept for the decision only; "
-                                         "drop layer/head")
+    if query is not None:  # a query's map is the mean over layers and heads; layer/head/agg are kept
         count = min(_query_count(by_name[REFERENCE]), _query_count(by_name[chosen]))
         if query >= count:
             raise Unprocessable("query",
@@ -245,6 +248,8 @@ def heatmap_panels(session: Session, run_id: int, params: ViewParams,
     def vector(result: RunResult, name: str):
         query = (None if params.query is None or result.query_start is None
                  else result.query_start + params.query)
+        if query is not None:  # the per-query maps are kept as the mean over layers and heads only
+            return attention_vector(result, name, None, None, "mean", query)
         return attention_vector(result, name, params.layer, params.head, params.agg, query)
 
     ref, res = vector(ref_r, REFERENCE), vector(res_r, params.strategy)
