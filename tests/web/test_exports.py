@@ -3,6 +3,8 @@ markup characters kept), and the "Data (JSON)" link carries the view on screen."
 
 from __future__ import annotations
 
+import json
+import re
 import xml.etree.ElementTree as ET
 
 import pytest
@@ -63,3 +65,17 @@ def test_data_json_link_carries_the_view_on_screen(client) -> None:
     data = client.get(f"/runs/{run}/export.json?strategy=stale&layer=1&head=2&agg=max").json()
     assert data["permalink"] == f"/runs/{run}?strategy=stale&layer=1&head=2&agg=max"
     assert data["view"]["strategy"] == "stale" and data["view"]["layer"] == 1 and data["view"]["head"] == 2
+
+
+def test_a_run_has_one_json_shape_the_apis_in_the_export_and_the_report(client) -> None:
+    """`/api/runs/{id}` is the same object inside `export.json` and inside the offline report's data."""
+    _, run = finished(client)
+    api = client.get(f"/api/runs/{run}").json()
+    export = client.get(f"/runs/{run}/export.json").json()
+    report = client.get(f"/runs/{run}/report.html").text
+    data = json.loads(re.search(r'<script type="application/json" id="report-data">(.*?)</script>',
+                                report, re.S).group(1))
+    assert api["id"] == run and api["status"] == "succeeded"
+    assert len(api["results"]) >= 2 and len(api["attention_regions"]) >= 2  # a full run, regions and all
+    assert export["run"] == api
+    assert data["run"] == api

@@ -9,13 +9,9 @@ from fastapi import APIRouter, HTTPException, Query, status
 from sqlalchemy import select
 
 from app.api.deps import PrincipalDep, SessionDep, errors, get_or_404
-from app.schemas import AttentionOut, RunCreate, RunOut, RunSummary, StrategyResultOut
-from app.services.attention import (
-    NoAttention,
-    attention_vector,
-    results_with_attention,
-    run_attention_regions,
-)
+from app.schemas import AttentionOut, RunCreate, RunOut, RunSummary
+from app.services.attention import NoAttention, attention_vector, results_with_attention
+from app.services.run_view import run_out, run_view
 from app.services.runs import cancel_run as cancel_run_service
 from app.services.runs import question_for, rerun_snapshot, start_run
 from data.models import Notebook, Run
@@ -25,32 +21,6 @@ from vocabulary import REFERENCE
 
 router = APIRouter(tags=["runs"])
 
-
-def run_out(run: Run, attention_regions: dict[str, dict[str, float]] | None = None) -> RunOut:
-    return RunOut(
-        id=run.id,
-        notebook_id=run.notebook_id,
-        kind=run.kind,
-        status=run.status,  # type: ignore[arg-type]
-        stage=run.stage,
-        progress=run.progress,
-        error=run.error,
-        worker=run.worker,
-        task_id=run.task_id,
-        strategies=run.strategies,
-        created_by=run.created_by,
-        created_at=run.created_at,
-        started_at=run.started_at,
-        finished_at=run.finished_at,
-        heartbeat_at=run.heartbeat_at,
-        timings=run.timings or {},
-        dtype=run.dtype,
-        device=run.device,
-        snapshot=run.snapshot,
-        results={r.strategy: StrategyResultOut.model_validate(r) for r in run.results},
-        attribution=run.attribution,
-        attention_regions=attention_regions or {},
-    )
 
 
 @router.post(
@@ -100,10 +70,7 @@ def rerun(run_id: int, session: SessionDep, principal: PrincipalDep) -> RunOut:
 def read_run(run_id: int, session: SessionDep) -> RunOut:
     """The run, its results and the decision's attention by region (`attention_regions`)."""
     reap_for_reader(session)
-    run = get_or_404(session, Run, run_id, "run")
-    fields = [(f.start, f.end) for f in run.snapshot.fields]
-    regions = run_attention_regions(session, run_id, fields)
-    return run_out(run, {name: shares.mean for name, shares in regions.items()})
+    return run_view(session, get_or_404(session, Run, run_id, "run"))
 
 
 @router.post("/runs/{run_id}/cancel", response_model=RunOut, responses=errors(404, 409))

@@ -13,14 +13,13 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from app.api.routes.runs import run_out
 from app.services.attention import (
     NoAttention,
     attention_vector,
     compare_heads,
     results_with_attention,
-    run_attention_regions,
 )
+from app.services.run_view import run_view
 from app.web.runs.heatmap_view import ViewParams, heatmap_panels
 from data.models import Run
 from vocabulary import REFERENCE
@@ -76,7 +75,7 @@ def run_json(session: Session, run: Run, context: dict[str, Any],
         "permalink": f"/runs/{run.id}" + (f"?{params.query_string()}" if params else ""),
         "notebook": ({"id": context["notebook"].id, "title": context["notebook"].title}
                      if context["notebook"] else None),
-        "run": run_out(run, _regions(session, run)).model_dump(mode="json"),
+        "run": run_view(session, run).model_dump(mode="json"),  # the API's run, the same object
         "verdict": {
             "agree": context["agree"], "compared": context["compared"], "note": context["note"],
             "default_strategy": context["default_strategy"],
@@ -90,12 +89,6 @@ def run_json(session: Session, run: Run, context: dict[str, Any],
         "view": view_data(session, run, params) if params else None,
         "notes_map": run.attribution.model_dump() if run.attribution else None,
     }
-
-
-def _regions(session: Session, run: Run) -> dict[str, dict[str, float]]:
-    """The decision's attention by region per strategy, as the API's run carries it."""
-    fields = [(f.start, f.end) for f in run.snapshot.fields] if run.snapshot else []
-    return {name: shares.mean for name, shares in run_attention_regions(session, run.id, fields).items()}
 
 
 def decision_record(row) -> dict[str, Any]:
