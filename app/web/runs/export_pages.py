@@ -21,6 +21,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response
 
 from app.api.deps import SessionDep, get_or_404
 from app.services.attention import attention_vector, results_with_attention
+from app.services.errors import Unprocessable
 from app.services.run_view import run_view
 from app.web.runs.context import ViewDep, checked_view, run_context
 from app.web.runs.export import run_csv, run_json
@@ -124,10 +125,12 @@ def _unlinked(page: str) -> str:
             .replace("/static", "&#47;static"))
 
 
-def report_data(session: SessionDep, run: Run, strategies: list[str]) -> dict:
-    """What the report's script needs to show any strategy against recompute (the decision's
-    attention, mean over layers and heads): the tokens, and per strategy the panels' colours and
-    its most-attended notes, all computed here (the script computes nothing)."""
+def report_data(session: SessionDep, run: Run, strategies: list[str], view: ViewParams | None = None) -> dict:
+    """What the report's script needs to show any strategy against recompute in the view the link
+    names (its layer, head, aggregate and query; the decision's where a strategy's answer has no
+    such query token): the tokens, and per strategy the panels' colours and its most-attended notes,
+    all computed here (the script computes nothing)."""
+    like = view or ViewParams(REFERENCE)
     results = results_with_attention(session, run.id, strategies)
 
     recompute = attention_vector(results[REFERENCE], REFERENCE).tokens
@@ -135,7 +138,12 @@ def report_data(session: SessionDep, run: Run, strategies: list[str]) -> dict:
     for name in strategies:
         if name == REFERENCE:
             continue
-        panels = heatmap_panels(session, run.id, ViewParams(name), results)
+        try:
+            panels = heatmap_panels(session, run.id, ViewParams(name, like.layer, like.head, like.agg,
+                                                                like.query), results)
+        except Unprocessable:  # its answer is shorter than the query's position
+            decision = ViewParams(name, like.layer, like.head, like.agg)
+            panels = heatmap_panels(session, run.id, decision, results)
         data["strategies"][name] = {
             "tokens": [[t.text, t.segment] for t in panels.res_tokens],
             "paint": paint(panels),
@@ -156,7 +164,7 @@ def report(request: Request, run_id: int, session: SessionDep, asked: ViewDep,
     view = checked_view(run, context, asked)
     css, script, script_hash = _report_assets()
     panels = heatmap_panels(session, run.id, view) if view else None
-    data = report_data(session, run, context["attention_strategies"]) if view else {}
+    data = report_data(session, run, context["attention_strategies"], view) if view else {}
     data["run"] = run_view(session, run).model_dump(mode="json")  # the API's run, the same object
     page = templates.get_template("report.html").render(
         **context, view=view, panels=panels, css=css, script=script,
