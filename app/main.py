@@ -17,7 +17,7 @@ from pathlib import Path
 from fastapi import APIRouter, Depends, FastAPI
 from fastapi.staticfiles import StaticFiles
 
-from app.api import handlers
+from app.api import handlers, refusals
 from app.api.capacity import CapacityLimit
 from app.api.routes import (
     errata,
@@ -58,6 +58,7 @@ def create_app() -> FastAPI:
     for module in (notebooks, fields, errata, skills, placements, runs, replays, shares, health, sweeps):
         api.include_router(module.router)
     app.include_router(api)
+    refusals.install(app)  # the rules the schema cannot state, 409 and 503, described
     handlers.install(app)
     app.add_middleware(CapacityLimit)  # inside the security checks: a refused request takes no slot
     app.add_middleware(SecurityMiddleware)

@@ -6,8 +6,9 @@ show something (`_not_blank`: whitespace and zero-width or other format characte
 blank) and hold no NUL (`_no_nul`; PostgreSQL cannot store it); the schema states both as one
 pattern (`VISIBLE_TEXT`). Models must be offered (`KVNOTES_MODELS`), listed as the schema's enum.
 Ids in bodies are bounded by 2^53 - 1, what a JSON number (a double) carries exactly. Numbers are
-strict (`Integer`, `Number`): a JSON boolean or a string is never a number (`"start": false` is a
-422, not 0); every integer or number of a request model is one of these (tests/api/test_fuzz.py).
+JSON's (`Integer`, `Number`): a boolean or a string is never a number (`"start": false` is a 422,
+not 0; 528.0 is the integer 528); every integer or number of a request model is one of these
+(tests/api/test_fuzz.py).
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Annotated, Any
 
-from pydantic import AfterValidator, Field, GetJsonSchemaHandler, Strict, StringConstraints
+from pydantic import AfterValidator, BeforeValidator, Field, GetJsonSchemaHandler, StringConstraints
+from pydantic_core import PydanticCustomError
 
 from data.contracts import unix_newlines
 from data.settings import Settings, get_settings
@@ -114,8 +116,21 @@ def _text(setting: str, *more: AfterValidator, blank: bool = False) -> Any:
 
 NotBlank = AfterValidator(_not_blank)
 Timestamp = Annotated[datetime, AfterValidator(_utc)]
-Integer = Annotated[int, Strict()]  # a JSON integer: never a boolean, a string or 1.0
-Number = Annotated[float, Strict()]  # a JSON number (an integer too): never a boolean or a string
+
+
+def _json_number(kind: str, word: str) -> BeforeValidator:
+    """Refuse what lax pydantic would read as a number but JSON does not call one: a boolean
+    (`false` is not 0) or a string ("5"); integral numbers such as 528.0 are integers, as in JSON."""
+    def check(value: Any) -> Any:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            got = "a boolean" if isinstance(value, bool) else type(value).__name__
+            raise PydanticCustomError(f"{kind}_type", f"Input should be {word} (a JSON number, not {got})")
+        return value
+    return BeforeValidator(check)
+
+
+Integer = Annotated[int, _json_number("int", "an integer")]  # 528.0 too; never a boolean or a string
+Number = Annotated[float, _json_number("float", "a number")]  # a JSON number: never a boolean or a string
 DbId = Annotated[Integer, Field(ge=1, le=MAX_DB_ID)]
 Title = _text("max_title_chars")
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from app.schema_types import Number
 from app.services.errors import Unprocessable
 from data.contracts import SweepEdit
 from data.models import Notebook
@@ -37,7 +38,7 @@ class SweepCreate(BaseModel):
     question: str | None = Field(default=None, max_length=4000)
     choices: list[str] | None = Field(default=None, max_length=64)
     strategies: list[str] = Field(default_factory=lambda: list(DEFAULT_STRATEGIES), max_length=16)
-    threshold: float = Field(default=DEFAULT_THRESHOLD, gt=0.0, lt=1.0)
+    threshold: Number = Field(default=DEFAULT_THRESHOLD, gt=0.0, lt=1.0)
 
     @field_validator("strategies")
     @classmethod

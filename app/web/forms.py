@@ -45,6 +45,17 @@ def parse_int(value: Any, name: str) -> int | None:
         raise Unprocessable(name, f"{name} must be a whole number; got {str(value)[:40]!r}") from None
 
 
+def parse_number(value: Any, name: str, default: float) -> float:
+    """'' → `default`; a decimal number → float; anything else is an error naming the field (the
+    API's numbers are JSON numbers, never text, so a form's text is read here)."""
+    if value is None or str(value).strip() == "":
+        return default
+    try:
+        return float(str(value).strip())
+    except ValueError:
+        raise Unprocessable(name, f"{name} must be a number; got {str(value)[:40]!r}") from None
+
+
 def lines(value: str | None) -> list[str]:
     """A textarea of one item per line → the non-empty, stripped items."""
     return [line.strip() for line in (value or "").splitlines() if line.strip()]

@@ -1,12 +1,17 @@
 """schemathesis against the real server's /openapi.json: thousands of generated requests (bad ids,
 huge numbers, odd Unicode, missing and extra fields, stateful sequences), not one 5xx, and the
 schema describes what the app answers: status codes, content types, response bodies, `Allow` on
-405, schema-invalid input refused, a created resource found where its links say.
+405, schema-invalid input refused, schema-valid input accepted, a created resource found where its
+links say.
 
-Every check runs but `positive_data_acceptance`: the rules it would trip are ones JSON Schema
-cannot state (a field's start before its end, a skill compiled before it is placed, errata
-reordered by listing each exactly once, a notebook's question set before a run without one, a vLLM
-server to replay on), and the app answers them 422 naming the field, as documented.
+Every check runs. The rules JSON Schema cannot state (a field's start before its end, a skill
+compiled before it is placed, errata reordered by listing each exactly once, a notebook's question
+set before a run without one, a vLLM server to replay on) are listed by the schema itself, per
+operation, as `x-refusals` (`app.api.refusals`): the 422 they answer is expected of those
+operations only (a schemathesis config written from the schema), and anywhere else a schema-valid
+request refused fails the test. A boolean in place of a number is tried for every number of every
+request body on purpose (`test_a_boolean_is_never_a_number_in_any_request_body`), not left to the
+generator's luck.
 
 The server is uvicorn on a free port with the embedded database and broker and no worker: runs
 queue until the run caps answer 429, which is what keeps the fuzzing bounded. `/api/health` is
@@ -20,6 +25,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import httpx
 import pytest
 
 from tests.conftest import ServedApp, missing
@@ -28,9 +34,22 @@ pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[2]
 FUZZ_SECONDS = 150
-CHECKS = ("not_a_server_error,status_code_conformance,content_type_conformance,response_headers_conformance,"
+CHECKS = ("not_a_server_error,positive_data_acceptance,status_code_conformance,content_type_conformance,"
+          "response_headers_conformance,"
           "response_schema_conformance,negative_data_rejection,missing_required_header,unsupported_method,"
           "allow_header_conformance,use_after_free,ensure_resource_availability")
+
+
+def _refusals_config(spec: dict) -> str:
+    """A schemathesis config expecting a 422 (besides its defaults) of the operations whose
+    schema lists `x-refusals`, and of no other."""
+    expected = '["2xx", "3xx", "401", "403", "404", "409", "422", "429", "5xx"]'
+    blocks = [f'[[operations]]\ninclude-name = "{method.upper()} {path}"\n'
+              f"checks.positive_data_acceptance.expected-statuses = {expected}\n"
+              for path, operations in spec["paths"].items() for method, operation in operations.items()
+              if operation.get("x-refusals")]
+    assert len(blocks) >= 10, blocks
+    return "\n".join(blocks)
 
 
 def test_no_generated_request_gets_a_server_error_and_the_schema_holds(tmp_path: Path) -> None:
@@ -38,8 +57,11 @@ def test_no_generated_request_gets_a_server_error_and_the_schema_holds(tmp_path:
     if st is None:
         missing("schemathesis is not installed (pip install -e '.[test]')")
     with ServedApp(tmp_path, KVNOTES_BROKER_TIMEOUT="1") as app:
+        config = _refusals_config(httpx.get(f"{app.url}/openapi.json", timeout=30).json())
+        (tmp_path / "schemathesis.toml").write_text(config)
         done = subprocess.run(
-            [st, "run", f"{app.url}/openapi.json", "--checks", CHECKS,
+            [st, "--config-file", str(tmp_path / "schemathesis.toml"), "run", f"{app.url}/openapi.json",
+             "--checks", CHECKS,
              "--exclude-path", "/api/health", "--max-examples", "15", "--generation-database", "none",
              "--workers", "1", "--max-time", str(FUZZ_SECONDS), "--seed", "20261130"],
             capture_output=True, text=True, timeout=FUZZ_SECONDS + 120, cwd=tmp_path)
@@ -80,7 +102,7 @@ def test_a_boolean_is_never_a_number_in_any_request_body(make_client) -> None:
     schema, `false` in its place is a 422 naming that field as not a number (it was read as 0)."""
     client = make_client()
     spec = client.get("/openapi.json").json()
-    checked = []
+    checked, wrong = [], []
     for route, operations in spec["paths"].items():
         for method, operation in operations.items():
             body = (operation.get("requestBody") or {}).get("content", {}).get("application/json")
@@ -92,11 +114,12 @@ def test_a_boolean_is_never_a_number_in_any_request_body(make_client) -> None:
                 r = client.request(method, url, json=_with_false(where))
                 errors = r.json()["detail"] if r.status_code == 422 else []
                 named = [e for e in errors if tuple(e["loc"][1:]) == where]
-                assert named and named[0]["type"] in ("int_type", "float_type"), \
-                    (method, route, where, r.status_code, r.text[:300])
+                if not (named and named[0]["type"] in ("int_type", "float_type")):
+                    wrong.append((method, route, where, r.status_code, r.text[:300]))
                 checked.append((method.upper(), route, where, kind))
     print(f"\n{len(checked)} numbers checked: " + ", ".join(f"{m} {r} {'.'.join(map(str, w))}"
                                                          for m, r, w, _ in checked))
+    assert not wrong, wrong
     names = {(m, w) for m, _, w, _ in checked}
     assert len(checked) >= 13, checked
     assert {("POST", ("start",)), ("PATCH", ("end",)), ("POST", ("ids", 0)), ("POST", ("skill_id",)),

@@ -21,7 +21,7 @@ from app.api.deps import PrincipalDep, SessionDep, get_or_404
 from app.api.routes.replays import ReplayOut
 from app.services.errors import Unprocessable
 from app.services.replays import ReplayCreate, cancel_replay, replays_of, settled, start_replay
-from app.web.forms import lines, parse_int, validate
+from app.web.forms import lines, parse_int, parse_number, validate
 from app.web.serving.view import panel_context, replay_csv
 from app.web.templating import render
 from data.models import Notebook
@@ -63,7 +63,7 @@ def create_replay(request: Request, notebook_id: int, session: SessionDep, princ
         # the form's numbers are text; the API's are strict JSON numbers
         body = validate(ReplayCreate, {"url": url, "model": model, "values": lines(values),
                                        "requests": parse_int(requests, "requests") or 0,
-                                       "rate": _rate(rate),
+                                       "rate": parse_number(rate, "rate", 1.0),
                                        "concurrency": parse_int(concurrency, "concurrency") or 4,
                                        "variants": variants or [], "extend_choices": bool(extend_choices)})
         replay = start_replay(session, notebook, body, principal.name)
@@ -74,14 +74,6 @@ def create_replay(request: Request, notebook_id: int, session: SessionDep, princ
         return _panel(request, notebook, None, 503, {"form": f"The replay could not be queued, nothing was "
                                                              f"saved: {exc.reason}"}, form)
     return _panel(request, notebook, replay, 201, values=form)
-
-
-def _rate(text: str) -> float:
-    try:
-        return float(text.strip() or "1")
-    except ValueError:
-        raise Unprocessable("rate", f"rate must be a number of requests per second; "
-                                    f"got {text[:40]!r}") from None
 
 
 @router.get("/replays/{replay_id}/panel")
