@@ -3,10 +3,11 @@
 
 Every request passes the security middleware (Host allowlist, cross-site refusal, headers) and
 every route the authorization gate (`app.security.guard.authorize`); errors are answered by
-`app.api.handlers`. The secret key is settled when the app is made (`data.signing.ensure_secret_key`):
-a key file that cannot be written stops the start with one line, rather than failing a sign-in
-later. The interactive /docs page is off: it needs inline script and a CDN, which the
-Content-Security-Policy forbids; the schema is at /openapi.json."""
+`app.api.handlers`. The secret key is settled when the app is made (`data.signing.ensure_secret_key`),
+which is when a server first asks for `app.main:app`, never on import: a key file that cannot be
+written stops the start with one line, rather than failing a sign-in later. The interactive /docs
+page is off: it needs inline script and a CDN, which the Content-Security-Policy forbids; the schema
+is at /openapi.json."""
 
 from __future__ import annotations
 
@@ -68,4 +69,11 @@ def create_app() -> FastAPI:
     return app
 
 
-app = create_app()
+def __getattr__(name: str) -> FastAPI:
+    """`app.main:app`, made when a server first asks for it (uvicorn's import string), not on import:
+    importing this module writes nothing (no key file, no database) and reads no model."""
+    if name != "app":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    made = create_app()
+    globals()["app"] = made
+    return made
