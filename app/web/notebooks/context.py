@@ -14,7 +14,8 @@ from sqlalchemy.orm import Session
 from app.web.notebooks.document_view import build_document_view, tokens_for_document
 from app.web.notebooks.examples import example_named
 from app.web.paging import paginate
-from app.web.runs.context import run_context
+from app.web.runs.verdict_view import headline
+from app.web.runs.view import decision_rows
 from app.web.templating import approx_tokens, render
 from data.contracts import TokenRecord
 from data.models import Notebook, Run, RunStatus, Skill
@@ -39,12 +40,13 @@ HISTORY_PER_PAGE = 10
 
 def decision_summary(session: Session, run: Run | None) -> dict[str, Any] | None:
     """What the notebook shows under its latest run once it succeeded, without a click: the run
-    page's headline and one line per strategy (its verdict, its answer, its speed-up)."""
+    page's headline and one line per strategy (its verdict, its answer, its speed-up): the decision
+    rows and the headline alone, not the whole run page."""
     if run is None or run.status != RunStatus.SUCCEEDED or not run.results:
         return None
-    context = run_context(session, run)
-    return {"run_id": run.id, "headline": context["headline"],
-            "rows": [r for r in context["rows"] if r.result]}
+    rows = decision_rows(run)
+    return {"run_id": run.id, "headline": headline(rows, bool(run.snapshot.fields)),
+            "rows": [r for r in rows if r.result]}
 
 
 def notebook_context(session: Session, notebook: Notebook, history_number: int = 1,
