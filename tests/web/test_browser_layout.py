@@ -15,7 +15,8 @@ sync_api = chromium()
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 expect = sync_api.expect
 
-EVERY = ("recompute", "prefix_reuse", "stale", "in_place", "erratum", "field_erratum", "selective", "auto")
+EVERY = ("recompute", "prefix_reuse", "stale", "in_place", "erratum", "field_erratum", "selective", "hoist",
+         "auto")
 LONG_SKILL = "Style guide: answer in French, in one short sentence, and never name the carrier. " * 12
 
 FITS = """() => {
@@ -59,6 +60,8 @@ def site(tmp_path_factory):
         nb.questions.append(Question(text="What is the status?", choices=["active", "suspended"]))
         s.commit()
         ids["run"] = finished_run(s, nb, strategies=EVERY, notes_map=True).id
+        for _ in range(3):  # a history table with rows in it
+            finished_run(s, nb, strategies=("recompute", "stale", "field_erratum"))
         ids["notebook"] = nb.id
         live = Notebook(title="A run that ends while you watch", model="smollm2-135m", document=LONG_DOC)
         s.add(live)
@@ -92,6 +95,34 @@ def test_every_presentation_step_fits_with_its_navigation(site, browser, size) -
         assert fit["navTop"] >= 0 and fit["navBottom"] <= height, (step, fit)  # the navigation on screen
         inner_scrolls += fit["inner"] > 0
     assert inner_scrolls >= 2  # the long document and the notes map scroll inside their slides
+    page.context.close()
+
+
+CARDS_SHOWN = """() => {
+  const body = document.querySelector('#step-2 .slide-body').getBoundingClientRect();
+  const nav = document.querySelector('.present-nav').getBoundingClientRect();
+  return [...document.querySelectorAll('#step-2 .decision-card')].map(c => {
+    const r = c.getBoundingClientRect(), big = c.querySelector('.decision-big'), mark = c.querySelector('.agree-mark');
+    return {inside: r.top >= body.top - 1 && r.bottom <= Math.min(body.bottom, nav.top) + 1 && r.left >= 0
+                    && r.right <= innerWidth,
+            decision: parseFloat(getComputedStyle(big).fontSize),
+            verdict: mark ? parseFloat(getComputedStyle(mark).fontSize) : 0};
+  });
+}"""
+
+
+@pytest.mark.parametrize("size", [(1280, 720), (1920, 1080)])
+def test_step_two_shows_every_strategys_card_without_scrolling(site, browser, size) -> None:
+    """Nine strategies: every card inside the slide, its decision and verdict legible from the back."""
+    server, ids = site
+    width, height = size
+    page = browser.new_context(viewport={"width": width, "height": height}, bypass_csp=True).new_page()
+    page.goto(f"{server.url}/runs/{ids['run']}/present/2")
+    cards = page.evaluate(CARDS_SHOWN)
+    page.screenshot(path=str(ARTIFACTS / f"44-present-step2-{width}x{height}.png"))
+    assert len(cards) == len(EVERY) == 9
+    assert all(c["inside"] for c in cards), cards
+    assert min(c["decision"] for c in cards) >= 20 and min(c["verdict"] for c in cards) >= 14, cards
     page.context.close()
 
 
@@ -133,6 +164,12 @@ def test_no_page_scrolls_sideways_at_390px(site, browser, where) -> None:
                                bypass_csp=True).new_page()
     page.goto(server.url + path)
     page.screenshot(path=str(ARTIFACTS / f"42-390px-{where}.png"), full_page=True)
+    if where == "notebook":  # the history table (four runs) fits without scrolling inside its box
+        history = page.locator(".history-table")
+        assert history.locator("tbody tr").count() == 4
+        history.screenshot(path=str(ARTIFACTS / "42-390px-history.png"))
+        assert page.evaluate("""() => { const t = document.querySelector('.history-table');
+            return [t.scrollWidth, t.closest('.table-wrap').scrollWidth]; }""")[1] <= 390
     width = page.evaluate("document.scrollingElement.scrollWidth")
     wide = page.evaluate("""() => [...document.querySelectorAll('body *')].filter(e => {
         const r = e.getBoundingClientRect(); return r.width && r.right > 391; }).slice(0, 6)
@@ -173,4 +210,19 @@ def test_header_follows_the_run_and_its_notebook_shows_the_summary_without_a_cli
     expect(page.locator(".run-summary li")).to_have_count(3)
     expect(page.locator('.run-summary li[data-strategy="stale"]')).to_have_class("disagrees")
     page.locator("#run-progress").screenshot(path=str(ARTIFACTS / "43-notebook-run-summary.png"))
+    page.context.close()
+
+
+@pytest.mark.parametrize("width", [390, 1024, 1400])
+def test_skills_shows_its_buttons_without_scrolling_the_table(site, browser, width) -> None:
+    """A long skill name and text: every row's Recompile and Delete lie inside the visible table."""
+    server, _ = site
+    page = browser.new_context(viewport={"width": width, "height": 900}, bypass_csp=True).new_page()
+    page.goto(f"{server.url}/skills")
+    page.screenshot(path=str(ARTIFACTS / f"45-skills-{width}.png"), full_page=True)
+    clipped = page.evaluate("""() => [...document.querySelectorAll('tr[id^="skill-"] button')].filter(b => {
+        const r = b.getBoundingClientRect(), w = b.closest('.table-wrap, table').getBoundingClientRect();
+        return r.width === 0 || r.right > Math.min(w.right, innerWidth) + 1 || r.left < w.left - 1;
+      }).map(b => b.textContent.trim())""")
+    assert page.locator('tr[id^="skill-"] button').count() >= 2 and clipped == [], clipped
     page.context.close()
