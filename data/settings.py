@@ -49,10 +49,15 @@ class Settings(BaseSettings):
     max_erratum_chars: int = Field(default=5_000, validation_alias="KVNOTES_MAX_ERRATUM_CHARS")
     max_title_chars: int = Field(default=200, validation_alias="KVNOTES_MAX_TITLE_CHARS")
 
-    # The serving replay (docs/serving.md): an OpenAI-compatible vLLM server and the model it serves
-    # ("" = the one model it serves), the defaults of `kvnotes replay` and the notebook's Serving panel.
+    # The serving replay (docs/serving.md): the OpenAI-compatible vLLM servers replays may reach, one
+    # URL or several separated by commas (the first is the default), and the model ("" = the one model
+    # the server serves), the defaults of `kvnotes replay` and the notebook's Serving panel. A replay
+    # started on the web reaches only these, except on the embedded default (no accounts, loopback).
     vllm_url: str = Field(default="", validation_alias="KVNOTES_VLLM_URL")
     vllm_model: str = Field(default="", validation_alias="KVNOTES_VLLM_MODEL")
+    # A replay's bounds: in all, and for each answer of its server (seconds).
+    replay_deadline_s: float = Field(default=900.0, gt=0, validation_alias="KVNOTES_REPLAY_DEADLINE")
+    replay_request_s: float = Field(default=120.0, gt=0, validation_alias="KVNOTES_REPLAY_REQUEST_TIMEOUT")
 
     # A run whose worker has sent no heartbeat for this long is marked failed (the watchdog).
     heartbeat_max_age_s: float = Field(default=120.0, validation_alias="KVNOTES_HEARTBEAT_MAX_AGE")
@@ -127,6 +132,25 @@ class Settings(BaseSettings):
         if not self.result_backend:
             self.result_backend = f"db+sqlite:///{data}/results.db"
         return self
+
+    @property
+    def vllm_urls(self) -> list[str]:
+        """The vLLM servers of `KVNOTES_VLLM_URL`, the default first."""
+        return [u.strip() for u in self.vllm_url.split(",") if u.strip()]
+
+    @property
+    def service_ports(self) -> list[int]:
+        """The ports of the database, the broker and the result backend (a replay never reaches one)."""
+        ports = []
+        for url in (self.database_url, self.broker_url, self.result_backend):
+            try:
+                port = make_url(url.replace("sqla+", "", 1)).port
+            except Exception:  # not an SQLAlchemy-style URL (amqp://...)
+                match = re.search(r"://[^/]*:(\d+)(/|$)", url)
+                port = int(match.group(1)) if match else None
+            if port:
+                ports.append(port)
+        return ports
 
     @property
     def redis_visibility_timeout_s(self) -> int:

@@ -11,10 +11,11 @@ shared vocabulary only), so the web app, the worker and the command line call th
     result.to_dict()  # {"variants": {"in_place": {...}, "erratum": {...}, "hoist": {...}}, ...}
 """
 
-from serving.replay import preflight, replay
-from serving.server import ReplayError, Server, ServerInfo
+from serving.replay import Bounds, preflight, replay
+from serving.server import ReplayError, ReplayStopped, Server, ServerInfo
 from serving.streams import PlannedRequest, ReplaySpec, arrivals, plan_variant
 from vocabulary.replay import VARIANTS, ReplayResult, VariantResult
 
-__all__ = ["VARIANTS", "PlannedRequest", "ReplayError", "ReplayResult", "ReplaySpec", "Server", "ServerInfo",
-           "VariantResult", "arrivals", "plan_variant", "preflight", "replay"]
+__all__ = ["VARIANTS", "Bounds", "PlannedRequest", "ReplayError", "ReplayResult", "ReplaySpec",
+           "ReplayStopped",
+           "Server", "ServerInfo", "VariantResult", "arrivals", "plan_variant", "preflight", "replay"]

@@ -20,8 +20,9 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 
-from serving.server import Completion, Counters, ReplayError, Server, ServerInfo
+from serving.server import Completion, Counters, ReplayError, ReplayStopped, Server, ServerInfo
 from serving.streams import PlannedRequest, ReplaySpec, plan_variant
 from vocabulary.prefix import common_prefix
 from vocabulary.replay import ReplayResult, VariantResult
@@ -31,11 +32,25 @@ from vocabulary.verdicts import edit_followed
 Progress = Callable[[int, int, str], None]
 
 
-def replay(spec: ReplaySpec, url: str, model: str | None = None,
-           on_progress: Progress | None = None) -> ReplayResult:
+@dataclass(frozen=True)
+class Bounds:
+    """How long a replay may take: to connect, for each answer, and in all (None: no overall bound);
+    and the ports it may never reach besides `serving.targets.SERVICE_PORTS`."""
+
+    connect_s: float = 10.0
+    request_s: float = 120.0
+    replay_s: float | None = None
+    refused_ports: tuple[int, ...] = ()
+
+
+def replay(spec: ReplaySpec, url: str, model: str | None = None, on_progress: Progress | None = None,
+           bounds: Bounds | None = None, stop: threading.Event | None = None) -> ReplayResult:
     """Run every variant of `spec` against the server at `url`; a `ReplayError` naming the problem
-    (and the request, when one failed) otherwise. Nothing is kept from a failed replay."""
-    with Server(url, model) as server:
+    (and the request, when one failed) otherwise, `ReplayStopped` once `stop` is set or the replay
+    runs past `bounds.replay_s`. Nothing is kept from a failed replay."""
+    bounds = bounds or Bounds()
+    with Server(url, model, timeout_s=bounds.request_s, connect_s=bounds.connect_s,
+                deadline_s=bounds.replay_s, refused_ports=bounds.refused_ports, stop_event=stop) as server:
         info, plans, lengths = _prepared(server, spec)
         total = spec.total_requests * len(plans)
         results = {}
@@ -47,12 +62,17 @@ def replay(spec: ReplaySpec, url: str, model: str | None = None,
                             round(os.getloadavg()[0], 2), results, info.prompt_format)
 
 
-def preflight(spec: ReplaySpec, url: str, model: str | None = None) -> ServerInfo:
-    """Everything a replay checks before its first request, without sending one: the spec, the
-    server reachable and serving the model, every prompt within its `max_model_len`. A
-    `ReplayError` naming the problem, else what the server serves."""
-    with Server(url, model) as server:
-        return _prepared(server, spec)[0]
+def preflight(spec: ReplaySpec, url: str, model: str | None = None,
+              bounds: Bounds = Bounds(connect_s=2.0, request_s=3.0, replay_s=5.0)) -> ServerInfo:
+    """What a replay can check on a web request, within seconds (`bounds`): the spec, the server
+    reachable and serving the model. The prompts' lengths are checked by `replay` on the worker.
+    A `ReplayError` naming the problem, else what the server serves."""
+    problems = spec.problems()
+    if problems:
+        raise ReplayError("; ".join(problems), problems[0].split(":")[0].split(" ")[0])
+    with Server(url, model, timeout_s=bounds.request_s, connect_s=bounds.connect_s,
+                deadline_s=bounds.replay_s, refused_ports=bounds.refused_ports) as server:
+        return server.info()
 
 
 def _prepared(server: Server, spec: ReplaySpec) -> tuple[ServerInfo, dict, dict[str, list[int]]]:
@@ -86,6 +106,8 @@ def _run_variant(server: Server, spec: ReplaySpec, warm: str, planned: list[Plan
     cache_reset = server.reset_cache()
     try:
         server.complete(warm, spec.max_tokens, spec.choices)
+    except ReplayStopped:
+        raise
     except ReplayError as exc:
         raise ReplayError(f"{variant} warm-up request failed: {exc}") from None
     before = server.counters()
@@ -119,7 +141,7 @@ def _stream_all(server: Server, spec: ReplaySpec, planned: list[PlannedRequest],
         try:
             for request in planned:
                 _raise_first_failure(futures, planned)
-                time.sleep(max(0.0, request.arrival_s - (time.perf_counter() - start)))
+                server.pause(request.arrival_s - (time.perf_counter() - start))
                 futures.append(pool.submit(one, request))
             for i, future in enumerate(futures):
                 _result(future, planned[i])
@@ -138,6 +160,8 @@ def _raise_first_failure(futures: list[Future], planned: list[PlannedRequest]) -
 def _result(future: Future, request: PlannedRequest) -> Completion:
     try:
         return future.result()
+    except ReplayStopped:
+        raise
     except ReplayError as exc:
         raise ReplayError(f"{request.variant} request {request.index + 1} (field = {request.value!r}) "
                           f"failed: {exc}") from None

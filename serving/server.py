@@ -6,20 +6,34 @@ A prompt is sent as kvnotes prefills it (`worker.engine.readout.Frame`): for a m
 template, as the user message of that template (`/v1/chat/completions`, the server applies it); for
 a model without one (a base model), as plain text ending in `PLAIN_TAIL` (`/v1/completions`).
 
-Every failure becomes a `ReplayError` whose message names the server and what went wrong (the URL
-unreachable, the model not served, a prompt too long, a request that died), never a traceback.
+Every failure becomes a `ReplayError`, never a traceback. What the replay decides itself names
+the problem (the model not served, a prompt too long); anything the server does wrong (refused,
+reset, silent, an error status, not JSON) reads the same, "the server at … did not answer as vLLM
+does (what was asked)": nothing the server said is quoted back, so the replay cannot be used to
+read or map other services. Addresses a replay may never reach are refused before any connection
+(`serving.targets`).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import re
+import socket
+import threading
 import time
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
+import httpcore
 import httpx
 
+from serving.targets import TargetRefused, check_target
 from vocabulary.prompt import PLAIN_TAIL, choice_text
+
+log = logging.getLogger(__name__)
 
 
 class ReplayError(Exception):
@@ -70,32 +84,83 @@ class Counters:
 # what a request to an address can raise besides an answer (an address httpx or IDNA refuses included)
 NETWORK_ERRORS = (httpx.HTTPError, httpx.InvalidURL, UnicodeError, OSError)
 _COUNTER = re.compile(r"^vllm:prefix_cache_(queries|hits)_total\{[^}]*\}\s+([0-9.eE+-]+)\s*$", re.MULTILINE)
+MAX_BODY = 16 << 20  # the largest answer read from the server (token ids of a long prompt, /metrics)
+WATCH_EVERY_S = 0.2  # how often the watcher looks for a stop or a passed deadline
 
 
-def base_url(url: str) -> str:
-    """The server's root from what a user pastes: `http://h:p`, `http://h:p/v1` or with a slash."""
+def base_url(url: str, refused_ports: Iterable[int] = (), resolve: bool = False) -> str:
+    """The server's root from what a user pastes: `http://h:p`, `http://h:p/v1` or with a slash;
+    `ReplayError` for an address a replay may never reach (`serving.targets`), checked before any
+    connection (by the name's addresses too with `resolve`)."""
     url = url.strip().rstrip("/")
     if not re.match(r"^https?://[^/\s]+", url):
-        raise ReplayError(f"server URL must start with http:// or https://, got {url!r}")
+        raise ReplayError(f"server URL must start with http:// or https://, got {url[:200]!r}")
     try:
         httpx.URL(url).host.encode("idna")
+        check_target(url, refused_ports, resolve=resolve)
+    except TargetRefused as exc:
+        raise ReplayError(str(exc)) from None
     except (httpx.InvalidURL, UnicodeError, ValueError) as exc:
-        raise ReplayError(f"server URL {url!r} is not a valid address: {exc}") from None
+        raise ReplayError(f"server URL {url[:200]!r} is not a valid address: {exc}") from None
     return url[:-3] if url.endswith("/v1") else url
+
+
+class ReplayStopped(ReplayError):
+    """The replay was stopped from outside (`Server.stop`: cancelled, or past its deadline)."""
+
+
+class _TrackingBackend(httpcore.SyncBackend):
+    """httpcore's network backend, remembering every socket it opens so `Server.stop` can shut them
+    (which wakes a read blocked on a server that sends nothing)."""
+
+    def __init__(self, opened: Callable[[socket.socket], None]) -> None:
+        self._opened = opened
+
+    def connect_tcp(self, *args: Any, **kwargs: Any) -> httpcore.NetworkStream:
+        stream = super().connect_tcp(*args, **kwargs)
+        sock = stream.get_extra_info("socket")
+        if sock is not None:
+            self._opened(sock)
+        return stream
 
 
 class Server:
     """An OpenAI-compatible server at `url` serving `model` (None: the one model it serves). `chat`:
-    send prompts through the model's chat template (None: when it has one, which `info` finds out)."""
+    send prompts through the model's chat template (None: when it has one, which `info` finds out).
+
+    Bounded: `connect_s` to connect, `request_s` for each answer (its first byte by the read timeout,
+    its end by the watcher), `deadline_s` (None: none) for everything this server is asked. `stop()`
+    or setting `stop_event` (another thread: a cancel) shuts every connection at once; the request in
+    flight raises `ReplayStopped`. Every failure reads the same, "the server at … did not answer as
+    vLLM does", with what was asked; what the server said goes to the log only, never to the caller."""
 
     def __init__(self, url: str, model: str | None = None, timeout_s: float = 600.0,
-                 chat: bool | None = None):
-        self.url = base_url(url)
+                 chat: bool | None = None, connect_s: float = 10.0, deadline_s: float | None = None,
+                 refused_ports: Iterable[int] = (), stop_event: threading.Event | None = None):
+        self.url = base_url(url, refused_ports, resolve=True)
         self.model = model
         self.chat = chat
-        self._client = httpx.Client(base_url=self.url, timeout=httpx.Timeout(timeout_s, connect=10.0))
+        self.request_s = timeout_s
+        self._deadline = None if deadline_s is None else time.monotonic() + deadline_s
+        self._deadline_s = deadline_s
+        self._lock = threading.Lock()
+        self._sockets: set[socket.socket] = set()
+        self._due: dict[socket.socket, float] = {}
+        self._stopped: str | None = None
+        self._closed = threading.Event()
+        self._stopping = threading.Event()
+        self._stop_event = stop_event
+        transport = httpx.HTTPTransport(retries=0)
+        pool = getattr(transport, "_pool", None)
+        if isinstance(pool, httpcore.ConnectionPool):
+            pool._network_backend = _TrackingBackend(self._opened)
+        self._client = httpx.Client(base_url=self.url, transport=transport, trust_env=False,
+                                    follow_redirects=False,
+                                    timeout=httpx.Timeout(timeout_s, connect=connect_s))
+        threading.Thread(target=self._watch, name="replay-watch", daemon=True).start()
 
     def close(self) -> None:
+        self._closed.set()
         self._client.close()
 
     def __enter__(self) -> Server:
@@ -104,20 +169,109 @@ class Server:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def _get_json(self, path: str) -> dict:
+    # --- bounds ------------------------------------------------------------------------------------
+
+    def _opened(self, sock: socket.socket) -> None:
+        with self._lock:
+            self._sockets.add(sock)
+            stopped = self._stopped
+        if stopped:
+            _shut(sock)
+
+    def stop(self, reason: str) -> None:
+        """Stop everything: no request is sent after this, and those in flight end now."""
+        with self._lock:
+            self._stopped = self._stopped or reason
+            sockets = list(self._sockets)
+        self._stopping.set()
+        for sock in sockets:
+            _shut(sock)
+
+    def pause(self, seconds: float) -> None:
+        """Wait `seconds` (the next arrival), or raise `ReplayStopped` as soon as the replay stops."""
+        if self._stopping.wait(max(0.0, seconds)):
+            raise ReplayStopped(self._stopped or "stopped")
+
+    def _watch(self) -> None:
+        while not self._closed.wait(WATCH_EVERY_S):
+            now = time.monotonic()
+            if self._stop_event is not None and self._stop_event.is_set() and not self._stopped:
+                self.stop("the replay was cancelled")
+            if self._deadline is not None and now > self._deadline and not self._stopped:
+                self.stop(f"the replay ran past its deadline of {self._deadline_s:g} s")
+            with self._lock:
+                late = [sock for sock, due in self._due.items() if now > due]
+            for sock in late:
+                _shut(sock)
+
+    def _check_stopped(self) -> None:
+        if self._stopped:
+            raise ReplayStopped(self._stopped)
+
+    def _failure(self, asked: str, detail: str) -> ReplayError:
+        """The one answer for every way a server can fail, or the stop that caused it."""
+        if self._stopped:
+            return ReplayStopped(self._stopped)
+        log.info("replay server failed", extra={"url": self.url, "asked": asked, "detail": detail[:500]})
+        return ReplayError(f"the server at {self.url} did not answer as vLLM does ({asked})")
+
+    @contextmanager
+    def _stream(self, method: str, path: str, body: dict | None = None) -> Iterator[httpx.Response]:
+        """One request, its answer streamed, bounded by `request_s` from now; a `ReplayError` when
+        it cannot be sent, breaks off or runs past a bound."""
+        self._check_stopped()
+        asked = f"{method} {path}"
+        due = time.monotonic() + self.request_s
+        sock = None
         try:
-            response = self._client.get(path)
+            with self._client.stream(method, path, json=body) as response:
+                stream = response.extensions.get("network_stream")
+                sock = stream.get_extra_info("socket") if stream is not None else None
+                if sock is not None:
+                    with self._lock:
+                        self._due[sock] = due
+                yield response
         except NETWORK_ERRORS as exc:
-            raise ReplayError(f"cannot reach the server at {self.url}: {_reason(exc)}") from None
-        if response.status_code != 200:
-            raise ReplayError(f"{self.url}{path} answered HTTP {response.status_code}: is this an "
-                              f"OpenAI-compatible server (vLLM)? {response.text[:200]}")
-        return _json(response, self.url + path)
+            late = " past the request's deadline" if time.monotonic() > due else ""
+            raise self._failure(asked, f"{type(exc).__name__}: {exc}{late}") from None
+        finally:
+            if sock is not None:
+                with self._lock:
+                    self._due.pop(sock, None)
+
+    def _request(self, method: str, path: str, body: dict | None = None) -> tuple[int, bytes]:
+        """The status and body (at most MAX_BODY bytes) of one request."""
+        with self._stream(method, path, body) as response:
+            data = bytearray()
+            for chunk in response.iter_bytes():
+                data += chunk
+                if len(data) > MAX_BODY:
+                    raise self._failure(f"{method} {path}", f"answer over {MAX_BODY} bytes")
+            return response.status_code, bytes(data)
+
+    def _get_json(self, path: str) -> dict:
+        status, data = self._request("GET", path)
+        if status != 200:
+            raise self._failure(f"GET {path}", f"HTTP {status}: {data[:300]!r}")
+        return self._json(data, f"GET {path}")
+
+    def _json(self, data: bytes, asked: str) -> dict:
+        try:
+            parsed = json.loads(data)
+        except ValueError:
+            raise self._failure(asked, f"not JSON: {data[:300]!r}") from None
+        if not isinstance(parsed, dict):
+            raise self._failure(asked, f"{type(parsed).__name__}, not a JSON object")
+        return parsed
+
+    # --- what the replay asks ----------------------------------------------------------------------
 
     def info(self) -> ServerInfo:
         """The served model (checked against `model`) and its max_model_len."""
-        cards = self._get_json("/v1/models").get("data") or []
-        served = {card.get("id"): card for card in cards}
+        cards = self._get_json("/v1/models").get("data")
+        if not isinstance(cards, list) or not all(isinstance(c, dict) for c in cards):
+            raise self._failure("GET /v1/models", "no list of model cards")
+        served = {str(card.get("id")): card for card in cards}
         if self.model is None:
             if len(served) != 1:
                 raise ReplayError(f"{self.url} serves {len(served)} models ({', '.join(served) or 'none'}); "
@@ -128,16 +282,21 @@ class Server:
                               f"{', '.join(served) or 'no model'}", "model")
         if self.chat is None:
             self.chat = self._has_chat_template()
-        return ServerInfo(self.model, int(served[self.model].get("max_model_len") or 0), self.chat)
+        try:
+            max_model_len = int(served[self.model].get("max_model_len") or 0)
+        except (TypeError, ValueError):
+            raise self._failure("GET /v1/models", "max_model_len is not a number") from None
+        return ServerInfo(self.model, max_model_len, self.chat)
 
     def _has_chat_template(self) -> bool:
         """Whether the served model formats chat messages: vLLM's /tokenize refuses messages (HTTP
         400 naming the chat template) for a model without a template."""
-        response = self._tokenize({"model": self.model, "messages": _messages("?"),
-                                   "add_generation_prompt": True}, check=False)
-        if response.status_code == 400 and "chat template" in response.text.lower():
+        status, data = self._request("POST", "/tokenize", {"model": self.model, "messages": _messages("?"),
+                                                           "add_generation_prompt": True})
+        if status == 400 and b"chat template" in data.lower():
             return False
-        self._checked(response)
+        if status != 200:
+            raise self._failure("POST /tokenize", f"HTTP {status}: {data[:300]!r}")
         return True
 
     def _prompt(self, content: str) -> dict:
@@ -146,45 +305,28 @@ class Server:
             return {"prompt": content + PLAIN_TAIL}
         return {"messages": _messages(content)}
 
-    def _tokenize(self, body: dict, check: bool = True) -> httpx.Response:
-        try:
-            response = self._client.post("/tokenize", json=body)
-        except NETWORK_ERRORS as exc:
-            raise ReplayError(f"cannot reach the server at {self.url}: {_reason(exc)}") from None
-        return self._checked(response) if check else response
-
-    def _checked(self, response: httpx.Response) -> httpx.Response:
-        if response.status_code != 200:
-            raise ReplayError(f"{self.url}/tokenize answered HTTP {response.status_code} "
-                              f"(the replay needs vLLM's /tokenize): {response.text[:200]}")
-        return response
-
     def prompt_tokens(self, content: str) -> list[int]:
         """The token ids of the prompt that carries `content` (chat: as the user message)."""
         extra = {"add_generation_prompt": True} if self.chat is not False else {}
-        response = self._tokenize({"model": self.model, **self._prompt(content), **extra})
-        tokens = _json(response, f"{self.url}/tokenize").get("tokens")
+        body = {"model": self.model, **self._prompt(content), **extra}
+        status, data = self._request("POST", "/tokenize", body)
+        if status != 200:
+            raise self._failure("POST /tokenize", f"HTTP {status}: {data[:300]!r}")
+        tokens = self._json(data, "POST /tokenize").get("tokens")
         if not isinstance(tokens, list):
-            raise ReplayError(f"{self.url}/tokenize answered without token ids (the replay needs vLLM)")
+            raise self._failure("POST /tokenize", "no token ids")
         return tokens
 
     def reset_cache(self) -> bool:
         """Empty the server's prefix cache (vLLM's development endpoint, which scripts/vllm.sh enables
         on a loopback bind); False when the server does not offer it."""
-        try:
-            response = self._client.post("/reset_prefix_cache")
-        except NETWORK_ERRORS as exc:
-            raise ReplayError(f"cannot reach the server at {self.url}: {_reason(exc)}") from None
-        return response.status_code == 200
+        return self._request("POST", "/reset_prefix_cache")[0] == 200
 
     def counters(self) -> Counters | None:
         """The prefix-cache counters summed over engines, or None when `/metrics` has none."""
-        try:
-            response = self._client.get("/metrics")
-        except NETWORK_ERRORS as exc:
-            raise ReplayError(f"cannot reach the server at {self.url}: {_reason(exc)}") from None
+        status, data = self._request("GET", "/metrics")
         found = {"queries": 0.0, "hits": 0.0}
-        matches = _COUNTER.findall(response.text) if response.status_code == 200 else []
+        matches = _COUNTER.findall(data.decode(errors="replace")) if status == 200 else []
         for kind, value in matches:
             found[kind] += float(value)
         return Counters(found["queries"], found["hits"]) if matches else None
@@ -192,66 +334,56 @@ class Server:
     def complete(self, content: str, max_tokens: int, choices: tuple[str, ...] = ()) -> Completion:
         """Stream one greedy completion (chat or plain, as the model takes prompts), constrained to one
         of `choices` when there are any (vLLM's structured outputs: the decision over the choices, as
-        kvnotes reads it); raises `ReplayError` when it fails or breaks off."""
+        kvnotes reads it); raises `ReplayError` when it fails, breaks off or runs past its bound."""
         body = {"model": self.model, **self._prompt(content), "max_tokens": max_tokens,
                 "temperature": 0.0, "stream": True, "stream_options": {"include_usage": True}}
         if choices:  # a base model's answer follows "Answer:" after a space, as Frame.choice_text writes it
             body["structured_outputs"] = {"choice": [choice_text(c, self.chat is not False) for c in choices]}
         path = "/v1/completions" if self.chat is False else "/v1/chat/completions"
+        asked = f"POST {path}"
         sent = time.perf_counter()
         first, parts, usage = None, [], None
-        try:
-            with self._client.stream("POST", path, json=body) as response:
-                if response.status_code != 200:
-                    raise ReplayError(f"HTTP {response.status_code}: {response.read().decode()[:300]}")
-                for chunk in _events(response):
-                    usage = chunk.get("usage") or usage
-                    for choice in chunk.get("choices") or []:
-                        text = (choice.get("delta") or {}).get("content") or choice.get("text") or ""
-                        if first is None and (text or choice.get("finish_reason")):
-                            first = time.perf_counter()
-                        parts.append(text)
-        except NETWORK_ERRORS as exc:
-            raise ReplayError(f"the server at {self.url} stopped answering: {_reason(exc)}") from None
-        if first is None or usage is None:
-            raise ReplayError("the stream ended before an answer and its usage arrived")
+        with self._stream("POST", path, body) as response:
+            if response.status_code != 200:
+                raise self._failure(asked, f"HTTP {response.status_code}: {response.read()[:300]!r}")
+            for chunk in self._events(response, asked):
+                usage = chunk.get("usage") or usage
+                for choice in chunk.get("choices") or []:
+                    text = (choice.get("delta") or {}).get("content") or choice.get("text") or ""
+                    if first is None and (text or choice.get("finish_reason")):
+                        first = time.perf_counter()
+                    parts.append(text)
+        if first is None or not isinstance(usage, dict):
+            raise self._failure(asked, "the stream ended before an answer and its usage arrived")
         done = time.perf_counter()
         cached = ((usage.get("prompt_tokens_details") or {}).get("cached_tokens")) or 0
         return Completion((first - sent) * 1000, (done - sent) * 1000, "".join(parts),
                           int(usage.get("prompt_tokens") or 0), int(cached))
 
+    def _events(self, response: httpx.Response, asked: str) -> Iterator[dict]:
+        """The JSON chunks of a server-sent event stream, up to `[DONE]`."""
+        for line in response.iter_lines():
+            self._check_stopped()
+            if not line.startswith("data:"):
+                continue
+            data = line[5:].strip()
+            if data == "[DONE]":
+                return
+            try:
+                chunk = json.loads(data)
+            except ValueError:
+                raise self._failure(asked, f"a stream event that is not JSON: {data[:100]!r}") from None
+            if not isinstance(chunk, dict) or "error" in chunk:
+                raise self._failure(asked, f"an error mid-stream: {data[:300]}")
+            yield chunk
 
-def _json(response: httpx.Response, where: str) -> dict:
+
+def _shut(sock: socket.socket) -> None:
     try:
-        data = response.json()
-    except ValueError:
-        raise ReplayError(f"{where} did not answer JSON: "
-                          "is this an OpenAI-compatible server (vLLM)?") from None
-    if not isinstance(data, dict):
-        raise ReplayError(f"{where} answered {type(data).__name__}, not a JSON object")
-    return data
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass  # already closed
 
 
 def _messages(content: str) -> list[dict]:
     return [{"role": "user", "content": content}]
-
-
-def _events(response: httpx.Response):
-    """The JSON chunks of a server-sent event stream, up to `[DONE]`."""
-    for line in response.iter_lines():
-        if not line.startswith("data:"):
-            continue
-        data = line[5:].strip()
-        if data == "[DONE]":
-            return
-        try:
-            chunk = json.loads(data)
-        except ValueError:
-            raise ReplayError(f"the stream carried something that is not JSON: {data[:100]!r}") from None
-        if "error" in chunk:
-            raise ReplayError(f"the server reported an error mid-stream: {chunk['error']}")
-        yield chunk
-
-
-def _reason(exc: Exception) -> str:
-    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__

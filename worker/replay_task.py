@@ -4,25 +4,29 @@ It reads the row's snapshot (the broker carries only the id), marks it running, 
 vLLM server through `serving.replay` with progress written back as it goes, and stores the result;
 a replay that fails (the server unreachable or dying mid-replay, a prompt too long) ends as a
 `failed` row whose error names the problem and the request, with no result kept. A replay cancelled
-while it runs stops at its next request and keeps nothing.
+while it runs stops within seconds, mid-answer (its row is watched and the server's streams shut),
+and keeps nothing; one past `KVNOTES_REPLAY_DEADLINE` fails saying so.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from typing import Any
 
-from sqlalchemy import update
+from sqlalchemy import select, update
 
 from data.models import RunStatus
 from data.replays import Replay, ReplaySnapshot
-from serving import ReplayError, ReplaySpec, replay
+from data.settings import get_settings
+from serving import Bounds, ReplayError, ReplaySpec, ReplayStopped, replay
 from worker import run_rows
 from worker.celery_app import app
 
 log = logging.getLogger(__name__)
 PROGRESS_EVERY_S = 0.5
+WATCH_EVERY_S = 1.0  # how often a running replay's row is read for a cancel
 
 
 class Cancelled(Exception):
@@ -68,29 +72,72 @@ class _Progress:
                             f"{total} requests")
 
 
+class _Watch:
+    """Sets `stop` once the replay's row is no longer running (cancelled, or deleted with its
+    notebook), looking every WATCH_EVERY_S while the replay runs: the server's streams are shut then,
+    mid-answer (`serving.Server`), so a cancelled replay frees its worker within seconds."""
+
+    def __init__(self, replay_id: int) -> None:
+        self.replay_id, self.stop, self._done = replay_id, threading.Event(), threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"replay-{replay_id}-watch", daemon=True)
+
+    def _run(self) -> None:
+        while not self._done.wait(WATCH_EVERY_S):
+            try:
+                with run_rows.session() as s:
+                    status = s.scalar(select(Replay.status).where(Replay.id == self.replay_id))
+            except Exception as exc:  # the database busy or gone a moment: look again
+                log.info("replay: cannot read its status",
+                         extra={"replay_id": self.replay_id, "reason": type(exc).__name__})
+                continue
+            if status != RunStatus.RUNNING.value:
+                self.stop.set()
+                return
+
+    def __enter__(self) -> _Watch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._done.set()
+
+
+def bounds() -> Bounds:
+    """A replay's bounds from settings: `KVNOTES_REPLAY_DEADLINE` in all, `KVNOTES_REPLAY_REQUEST_TIMEOUT`
+    per answer, and never the app's own database or broker ports."""
+    settings = get_settings()
+    return Bounds(connect_s=10.0, request_s=settings.replay_request_s, replay_s=settings.replay_deadline_s,
+                  refused_ports=tuple(settings.service_ports))
+
+
 @app.task(name="kvnotes.replay", bind=True)
 def replay_task(self, replay_id: int) -> dict[str, Any]:
-    """Run the replay `replay_id` and store what it measured (or why it failed)."""
-    if not run_rows.wait_for(Replay, replay_id):
-        return {"replay_id": replay_id, "status": "missing"}
+    """Run the replay `replay_id` and store what it measured (or why it failed). The row is
+    committed before its message is sent, so a message without its row (the notebook deleted while
+    the replay was queued) or for another token is dropped at once."""
     snapshot = _claim(replay_id, self.request.id)
     if snapshot is None:
         return {"replay_id": replay_id, "status": "skipped"}
     try:
-        result = replay(ReplaySpec.of(snapshot.model_dump()), snapshot.url, snapshot.model or None,
-                        on_progress=_Progress(replay_id))
-    except Cancelled as exc:
-        log.info("%s", exc)
-        return {"replay_id": replay_id, "status": "cancelled"}
+        with _Watch(replay_id) as watch:
+            result = replay(ReplaySpec.of(snapshot.model_dump()), snapshot.url, snapshot.model or None,
+                            on_progress=_Progress(replay_id), bounds=bounds(), stop=watch.stop)
+    except (Cancelled, ReplayStopped) as exc:
+        if isinstance(exc, Cancelled) or watch.stop.is_set():
+            log.info("replay stopped", extra={"replay_id": replay_id, "reason": str(exc)})
+            return {"replay_id": replay_id, "status": "cancelled"}
+        message = f"{exc} (KVNOTES_REPLAY_DEADLINE); nothing of it is kept"
+        _write(replay_id, status=RunStatus.FAILED.value, error=message, finished_at=run_rows.now())
+        return {"replay_id": replay_id, "status": "failed", "error": message}
     except ReplayError as exc:
         _write(replay_id, status=RunStatus.FAILED.value, error=str(exc), finished_at=run_rows.now())
         return {"replay_id": replay_id, "status": "failed", "error": str(exc)}
     except Exception as exc:  # a bug, not the user's input: still a failed row, never silence
-        log.exception("replay %s failed", replay_id)
+        log.exception("replay failed", extra={"replay_id": replay_id})
         message = f"the replay stopped on an internal error ({type(exc).__name__}: {exc})"
         _write(replay_id, status=RunStatus.FAILED.value, error=message, finished_at=run_rows.now())
         return {"replay_id": replay_id, "status": "failed", "error": message}
     _write(replay_id, status=RunStatus.SUCCEEDED.value, stage="done", progress=1.0, result=result,
            finished_at=run_rows.now())
-    log.info("replay %s succeeded", replay_id)
+    log.info("replay succeeded", extra={"replay_id": replay_id})
     return {"replay_id": replay_id, "status": "succeeded"}

@@ -1,33 +1,43 @@
 """Serving replays from a notebook: the request that starts one (its field, the values it takes,
 the server and the load), the checks made before anything is saved, and starting it.
 
-Everything a replay can know before its first request is checked here, synchronously: the notebook
-has a field and a question, the values are among the question's choices (or the choices are
-extended with them, on request), the values and the load are sensible, the server answers, serves the
-model and fits every prompt (`serving.preflight`). A failed check is a 422 naming the problem, and
-nothing is saved; the replay row is committed before its message is sent (deleted again if the
-broker refuses it). The worker's `kvnotes.replay` does the rest.
-"""
+Checked on the request, within seconds: the server is one the operator configured
+(`KVNOTES_VLLM_URL`; any server only for the operator at the keyboard of the embedded default, and
+never a database's or broker's port, a link-local or unspecified address: `replay_target`), the
+notebook has a field and a question, the values are among the question's choices (or the choices
+are extended with them, on request), the load is sensible, the caps of runs hold for replays too
+(`check_replay_caps`), and the server answers and serves the model (`serving.preflight`: 5 s at
+most, `CHECKS_AT_ONCE` per process, so servers that do not answer cannot hold the app's request
+slots). The prompts' lengths are checked by the worker before its first request. A failed check is
+a 422 naming the problem (a 429 for a cap), and nothing is saved; the replay row is committed
+before its message is sent (deleted again if the broker refuses it). The worker's `kvnotes.replay`
+does the rest."""
 
 from __future__ import annotations
 
+import threading
+
 from pydantic import BaseModel, ConfigDict, Field
-from sqlalchemy import select
+from sqlalchemy import func, select, text
 from sqlalchemy.orm import Session
 
 from app.schema_types import Integer, Number
-from app.services.errors import Unprocessable
-from data.accounts import LOCAL_USER
+from app.services.errors import RunLimitReached, Unprocessable
+from data.accounts import LOCAL_USER, count_users
 from data.models import Notebook, RunStatus, as_utc, utcnow
 from data.queue import QueueUnavailable, enqueue_replay, revoke
 from data.replays import Replay, ReplaySnapshot
 from data.settings import get_settings
-from serving import ReplayError, ReplaySpec, preflight
+from serving import Bounds, ReplayError, ReplaySpec, preflight
+from serving.server import base_url
 from vocabulary.replay import VARIANTS
 from vocabulary.verdicts import words
 
 MAX_VALUES = 64
 MAX_REQUESTS = 256
+ACTIVE = (RunStatus.QUEUED.value, RunStatus.RUNNING.value)
+CHECKS_AT_ONCE = 2  # replays checked against their servers at once per process; more get a 429 at once
+_checking = threading.BoundedSemaphore(CHECKS_AT_ONCE)
 
 
 class ReplayCreate(BaseModel):
@@ -60,14 +70,46 @@ def outside_choices(values: list[str], choices: list[str], field_values: list[st
     return list(dict.fromkeys(value for value in values if tuple(words(value)) not in said))
 
 
-def snapshot_for(notebook: Notebook, body: ReplayCreate) -> ReplaySnapshot:
-    """What the replay will send, from the notebook as it is now; `Unprocessable` naming the field
-    of the request to blame."""
+def replay_target(url: str, free: bool) -> str:
+    """The server a replay may reach: `url` when it is one the operator configured
+    (`KVNOTES_VLLM_URL`), or any reachable address when `free` (the operator at the keyboard), or
+    the first configured server when `url` is empty. `Unprocessable` on "url" otherwise, and for an
+    address no replay may reach (a database's or broker's port, link-local, unspecified, a URL with a
+    password: `serving.targets`), before any connection."""
     settings = get_settings()
-    url = body.url.strip() or settings.vllm_url
-    if not url:
-        raise Unprocessable("url", "no vLLM server: give its URL (or set KVNOTES_VLLM_URL); "
-                                   "scripts/vllm.sh starts one")
+    configured = settings.vllm_urls
+    given = url.strip() or (configured[0] if configured else "")
+    if not given:
+        raise Unprocessable("url", "no vLLM server is configured: the operator sets KVNOTES_VLLM_URL "
+                                   "(scripts/vllm.sh starts one)" + ("; or give its URL" if free else ""))
+    try:
+        root = base_url(given, settings.service_ports)
+    except ReplayError as exc:
+        raise Unprocessable("url", str(exc)) from None
+    if not free and root not in {_root(u) for u in configured}:
+        raise Unprocessable("url", "a replay reaches only the vLLM servers this server's operator configured "
+                                   f"(KVNOTES_VLLM_URL): {', '.join(configured) or 'none yet'}")
+    return root
+
+
+def _root(url: str) -> str | None:
+    try:
+        return base_url(url)
+    except ReplayError:
+        return None
+
+
+def at_the_keyboard(session: Session, via: str) -> bool:
+    """Whether the person asking is the operator: the embedded default's local user (sign-in off on
+    a loopback bind, for a loopback client) while no account exists."""
+    return via == "local" and count_users(session) == 0
+
+
+def snapshot_for(notebook: Notebook, body: ReplayCreate, free: bool = False) -> ReplaySnapshot:
+    """What the replay will send, from the notebook as it is now; `Unprocessable` naming the field
+    of the request to blame. `free`: any server may be named (`replay_target`)."""
+    settings = get_settings()
+    url = replay_target(body.url, free)
     fields = sorted(notebook.fields, key=lambda f: f.start)
     chosen = [f for f in fields if body.field_id is None or f.id == body.field_id][:1]
     if not chosen:
@@ -94,18 +136,29 @@ def snapshot_for(notebook: Notebook, body: ReplayCreate) -> ReplaySnapshot:
 
 
 def start_replay(session: Session, notebook: Notebook, body: ReplayCreate,
-                 created_by: str = LOCAL_USER) -> Replay:
-    """Check, save and enqueue a replay. Raises `Unprocessable` (nothing saved) or `QueueUnavailable`
-    (the row deleted again)."""
-    snapshot = snapshot_for(notebook, body)
-    try:
-        info = preflight(ReplaySpec.of(snapshot.model_dump()), snapshot.url, snapshot.model or None)
+                 created_by: str = LOCAL_USER, free: bool = False) -> Replay:
+    """Check, save and enqueue a replay. Raises `Unprocessable` (nothing saved), `RunLimitReached`
+    (the caps, or too many replays being checked at once: 429) or `QueueUnavailable` (the row
+    deleted again). `free`: the asker may name any server (`at_the_keyboard`)."""
+    snapshot = snapshot_for(notebook, body, free)
+    check_replay_caps(session, created_by)
+    if not _checking.acquire(blocking=False):
+        raise RunLimitReached(f"{CHECKS_AT_ONCE} replays are being checked against their servers right "
+                              "now; try again in a few seconds")
+    try:  # seconds at most (serving.preflight's bounds), and never more than CHECKS_AT_ONCE requests
+        info = preflight(ReplaySpec.of(snapshot.model_dump()), snapshot.url, snapshot.model or None,
+                         Bounds(connect_s=2.0, request_s=3.0, replay_s=5.0,
+                                refused_ports=tuple(get_settings().service_ports)))
     except ReplayError as exc:
         raise Unprocessable(exc.field, str(exc)) from None
+    finally:
+        _checking.release()
     snapshot = snapshot.model_copy(update={"model": info.model})
     replay = Replay(notebook_id=notebook.id, snapshot=snapshot, status=RunStatus.QUEUED.value, stage="queued",
                     progress=0.0, created_by=created_by)
     session.add(replay)
+    session.flush()
+    check_replay_caps(session, created_by, counting_itself=True)
     session.commit()
     try:
         enqueue_replay(replay.id, replay.task_id, notebook.model)
@@ -114,6 +167,29 @@ def start_replay(session: Session, notebook: Notebook, body: ReplayCreate,
         session.commit()
         raise
     return replay
+
+
+def check_replay_caps(session: Session, created_by: str, counting_itself: bool = False) -> None:
+    """Refuse a replay past the runs' caps (`RunLimitReached`, 429): `KVNOTES_MAX_ACTIVE_RUNS_PER_USER`
+    queued + running replays of one user, `KVNOTES_MAX_ACTIVE_RUNS` in all. Checked before the
+    server is (cheap), and again after the new row is flushed, counting itself (two requests at once
+    cannot both slip under a cap: the flush holds SQLite's write lock, PostgreSQL an advisory lock)."""
+    if counting_itself and session.get_bind().dialect.name == "postgresql":
+        session.execute(text("SELECT pg_advisory_xact_lock(7061505)"))  # "kvnotes replays"
+    settings = get_settings()
+    extra = 0 if counting_itself else 1
+    active = select(func.count(Replay.id)).where(Replay.status.in_(ACTIVE))
+    mine = (session.scalar(active.where(Replay.created_by == created_by)) or 0) + extra
+    if mine > settings.max_active_runs_per_user:
+        raise RunLimitReached(
+            f"{created_by} has {mine - 1} replays queued or running; the limit is "
+            f"{settings.max_active_runs_per_user} per user (KVNOTES_MAX_ACTIVE_RUNS_PER_USER): "
+            "wait for one to finish, or cancel one")
+    everyone = (session.scalar(active) or 0) + extra
+    if everyone > settings.max_active_runs:
+        raise RunLimitReached(
+            f"{everyone - 1} replays are queued or running; the limit is {settings.max_active_runs} in "
+            "all (KVNOTES_MAX_ACTIVE_RUNS): wait for some to finish")
 
 
 def replays_of(session: Session, notebook_id: int, limit: int = 20) -> list[Replay]:

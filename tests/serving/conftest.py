@@ -17,7 +17,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
@@ -196,3 +196,124 @@ def make_notebook(client: httpx.Client) -> int:
     question = client.put(f"/api/notebooks/{nid}/question", json={"text": QUESTION, "choices": list(CHOICES)})
     assert question.status_code == 200, question.text
     return nid
+
+
+class FakeVllm:
+    """A local HTTP server on 127.0.0.1 that answers the replay's preflight as vLLM does
+    (`/v1/models`, `/tokenize`), and whose completions stream (`mode`):
+    "keepalive": a comment every `every_s` and never an answer, until the client goes;
+    "secret": every request answered 403 with a body that must never be quoted back.
+    `completions` counts completion requests; `gone` is set when a streaming client disconnected."""
+
+    def __init__(self, mode: str = "keepalive", every_s: float = 0.5) -> None:
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        fake = self
+        self.mode, self.every_s = mode, every_s
+        self.completions = 0
+        self.streaming, self.gone = threading.Event(), threading.Event()
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def _send(self, status: int, body: dict) -> None:
+                data = json.dumps(body).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_GET(self) -> None:
+                if fake.mode == "secret":
+                    return self._send(403, {"secret": "INTERNAL-ONLY-TOKEN-abc123"})
+                if self.path == "/v1/models":
+                    return self._send(200, {"data": [{"id": "fake-model", "max_model_len": 4096}]})
+                self._send(404, {"detail": "not here"})
+
+            def do_POST(self) -> None:
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                if fake.mode == "secret":
+                    return self._send(403, {"secret": "INTERNAL-ONLY-TOKEN-abc123"})
+                if self.path == "/tokenize":
+                    return self._send(200, {"tokens": list(range(50)), "count": 50})
+                if self.path != "/v1/chat/completions":
+                    return self._send(404, {"detail": "not here"})
+                fake.completions += 1
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.end_headers()
+                fake.streaming.set()
+                try:
+                    while True:
+                        self.wfile.write(b": keep-alive\n\n")
+                        self.wfile.flush()
+                        time.sleep(fake.every_s)
+                except OSError:
+                    fake.gone.set()
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.fixture
+def fake_vllm() -> Iterator[Callable[..., FakeVllm]]:
+    """`fake_vllm(mode="keepalive", every_s=0.5)`: a `FakeVllm`, closed after the test."""
+    made: list[FakeVllm] = []
+
+    def make(mode: str = "keepalive", every_s: float = 0.5) -> FakeVllm:
+        made.append(FakeVllm(mode, every_s))
+        return made[-1]
+
+    yield make
+    for server in made:
+        server.close()
+
+
+class SilentSocket:
+    """A socket on 127.0.0.1 that accepts every connection and never answers; `open` counts the
+    connections it holds now, `accepted` all it took."""
+
+    def __init__(self) -> None:
+        self.listener = socket.create_server(("127.0.0.1", 0), backlog=128)
+        self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
+        self.held: list[socket.socket] = []
+        self.accepted = 0
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                return
+            self.accepted += 1
+            self.held.append(conn)
+
+    @property
+    def open(self) -> int:
+        """Connections whose client has not closed them yet."""
+        count = 0
+        for conn in self.held:
+            conn.setblocking(False)
+            try:
+                while conn.recv(65536):  # what the client sent, then b"" once it closed
+                    pass
+            except BlockingIOError:
+                count += 1
+            except OSError:
+                pass
+        return count
+
+    def close(self) -> None:
+        for conn in [self.listener, *self.held]:
+            conn.close()

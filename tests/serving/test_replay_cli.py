@@ -28,7 +28,7 @@ def test_bad_input_exits_2_with_one_line(document, isolated, capsys):
         (("--url", dead, *ask, "--field", "Paris"), "--field: 'Paris' is not in the document"),
         (("--url", dead, *ask, "--field", "Oslo", "--choices", "Oslo"), "--choices needs at least two"),
         (("--url", dead, *ask, "--field", "Oslo", "--rate", "0"), "rate: must be more than 0"),
-        (("--url", dead, *ask, "--field", "Oslo"), f"cannot reach the server at {dead[:-3]}"),
+        (("--url", dead, *ask, "--field", "Oslo"), f"the server at {dead[:-3]} did not answer as vLLM does"),
     ]
     for args, message in cases:
         status = main(["replay", *args])

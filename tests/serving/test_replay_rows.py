@@ -22,7 +22,8 @@ def test_a_replay_needs_a_server_a_field_and_a_question(make_client):
     client = make_client()
     nid = _notebook(client)
     r = client.post(f"/api/notebooks/{nid}/replays", json={})
-    assert r.status_code == 422 and "no vLLM server: give its URL (or set KVNOTES_VLLM_URL)" in r.text
+    assert r.status_code == 422 and "no vLLM server is configured: the operator sets KVNOTES_VLLM_URL" \
+        in r.text
     url = {"url": "http://127.0.0.1:9/v1"}
     r = client.post(f"/api/notebooks/{nid}/replays", json=url)
     assert r.status_code == 422 and "this notebook has no field to replay" in r.text
@@ -34,7 +35,7 @@ def test_a_replay_needs_a_server_a_field_and_a_question(make_client):
     assert r.status_code == 422 and "this notebook has no question yet" in r.text
     client.put(f"/api/notebooks/{nid}/question", json={"text": "Where?"})
     r = client.post(f"/api/notebooks/{nid}/replays", json=url)
-    assert r.status_code == 422 and "cannot reach the server at http://127.0.0.1:9" in r.text
+    assert r.status_code == 422 and "the server at http://127.0.0.1:9 did not answer as vLLM does" in r.text
     assert client.get(f"/api/notebooks/{nid}/replays").json() == []
 
 

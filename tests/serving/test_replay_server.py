@@ -85,7 +85,7 @@ def test_a_prompt_longer_than_max_model_len_fails_before_any_request(vllm_url):
 
 def test_an_unreachable_server_is_named():
     url = f"http://127.0.0.1:{free_port()}"
-    with pytest.raises(ReplayError, match=f"cannot reach the server at {url}"):
+    with pytest.raises(ReplayError, match=f"the server at {url} did not answer as vLLM does"):
         replay(spec(), url)
 
 

@@ -24,7 +24,7 @@ def test_bad_replays_are_refused_with_the_reason_and_nothing_is_saved(served):
     with httpx.Client(base_url=served.url, timeout=120) as client:
         nid = make_notebook(client)
         dead = f"http://127.0.0.1:{free_port()}/v1"
-        cases = [({"url": dead}, "url", "cannot reach the server"),
+        cases = [({"url": dead}, "url", "did not answer as vLLM does"),
                  ({"model": "gpt-4"}, "model", "model 'gpt-4' is not served"),
                  ({"variants": ["rewrite"]}, "variants", "unknown 'rewrite'"),
                  ({"rate": 0}, "rate", "greater than 0")]
@@ -34,7 +34,7 @@ def test_bad_replays_are_refused_with_the_reason_and_nothing_is_saved(served):
             assert field in r.text and message in r.text, r.text
         page = client.post(f"/notebooks/{nid}/replays", data={"url": dead, "rate": "1", "concurrency": "4",
                                                              "variants": ["erratum"]})
-        assert page.status_code == 422 and "cannot reach the server" in page.text
+        assert page.status_code == 422 and "did not answer as vLLM does" in page.text
         assert _replays(client, nid) == []
 
 

@@ -10,7 +10,14 @@ from fastapi import APIRouter, HTTPException, Query, status
 from pydantic import BaseModel
 
 from app.api.deps import PrincipalDep, SessionDep, errors, get_or_404
-from app.services.replays import ReplayCreate, cancel_replay, replays_of, settled, start_replay
+from app.services.replays import (
+    ReplayCreate,
+    at_the_keyboard,
+    cancel_replay,
+    replays_of,
+    settled,
+    start_replay,
+)
 from data.models import Notebook
 from data.queue import QueueUnavailable
 from data.replays import Replay, ReplaySnapshot
@@ -44,14 +51,15 @@ class ReplayOut(BaseModel):
 
 
 @router.post("/notebooks/{notebook_id}/replays", response_model=ReplayOut,
-             status_code=status.HTTP_201_CREATED, responses=errors(404, 503))
+             status_code=status.HTTP_201_CREATED, responses=errors(404, 429, 503))
 def create_replay(notebook_id: int, body: ReplayCreate, session: SessionDep,
                   principal: PrincipalDep) -> ReplayOut:
     """Replay the notebook's field edit (its document, field and question) on the vLLM server as
     in-place rewrites, errata and hoisted fields; the worker's `kvnotes.replay` sends the requests."""
     notebook = get_or_404(session, Notebook, notebook_id, "notebook")
     try:
-        replay = start_replay(session, notebook, body, principal.name)
+        free = at_the_keyboard(session, principal.via)  # the operator at the keyboard names any server
+        replay = start_replay(session, notebook, body, principal.name, free)
     except QueueUnavailable as exc:
         raise HTTPException(status_code=503, detail=exc.reason) from exc
     return ReplayOut.of(replay)

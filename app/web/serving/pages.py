@@ -20,7 +20,14 @@ from fastapi.responses import JSONResponse, Response
 from app.api.deps import PrincipalDep, SessionDep, get_or_404
 from app.api.routes.replays import ReplayOut
 from app.services.errors import Unprocessable
-from app.services.replays import ReplayCreate, cancel_replay, replays_of, settled, start_replay
+from app.services.replays import (
+    ReplayCreate,
+    at_the_keyboard,
+    cancel_replay,
+    replays_of,
+    settled,
+    start_replay,
+)
 from app.web.forms import lines, parse_int, parse_number, validate
 from app.web.serving.view import panel_context, replay_csv
 from app.web.templating import render
@@ -66,7 +73,8 @@ def create_replay(request: Request, notebook_id: int, session: SessionDep, princ
                                        "rate": parse_number(rate, "rate", 1.0),
                                        "concurrency": parse_int(concurrency, "concurrency") or 4,
                                        "variants": variants or [], "extend_choices": bool(extend_choices)})
-        replay = start_replay(session, notebook, body, principal.name)
+        free = at_the_keyboard(session, principal.via)  # the operator at the keyboard names any server
+        replay = start_replay(session, notebook, body, principal.name, free)
     except Unprocessable as exc:
         session.rollback()
         return _panel(request, notebook, None, 422, exc.errors, form)
