@@ -62,10 +62,14 @@ from plots import speedup_by_position  # noqa: E402
 from vocabulary import render_erratum  # noqa: E402
 from vocabulary.prefix import common_prefix  # noqa: E402
 from worker.engine import STRATEGIES, Field, Question, load  # noqa: E402
-from worker.engine.edit import Editor, diff_blocks, extend  # noqa: E402
+from worker.engine.edit import Editor, diff_blocks  # noqa: E402
+from worker.engine.forward import extend  # noqa: E402
 from worker.engine.notes import cache_from_layers  # noqa: E402
 from worker.engine.offsets import apply_fields  # noqa: E402
 from worker.engine.readout import _forward, _score_choices  # noqa: E402
+from worker.engine.strategies.edits.erratum import erratum  # noqa: E402
+from worker.engine.strategies.edits.prefix_reuse import prefix_reuse  # noqa: E402
+from worker.engine.strategies.edits.recompute import recompute  # noqa: E402
 
 FAST = ("prefix_reuse", "stale", "in_place", "erratum", "field_erratum", "selective")
 
@@ -235,9 +239,9 @@ def breakdown(eng, notes, field: Field, question: Question, device: str, repeats
         "|---|---:|---:|---:|---:|---|",
     ]
     for name, fn in (
-        ("recompute", editor.recompute),
-        ("erratum", lambda: editor.erratum(err_ids)),
-        ("prefix_reuse", editor.prefix_reuse),
+        ("recompute", lambda: recompute(editor)),
+        ("erratum", lambda: erratum(editor, err_ids)),
+        ("prefix_reuse", lambda: prefix_reuse(editor)),
     ):
         parts = []
         for _ in range(repeats):

@@ -28,6 +28,9 @@ from vocabulary import STRATEGIES  # noqa: E402
 from worker.engine import Field, Placement, Question, RunRequest, load  # noqa: E402
 from worker.engine.attribution import notes_map  # noqa: E402
 from worker.engine.edit import Editor  # noqa: E402
+from worker.engine.strategies.edits.in_place import in_place  # noqa: E402
+from worker.engine.strategies.edits.recompute import recompute as recomputed  # noqa: E402
+from worker.engine.strategies.edits.stale import stale  # noqa: E402
 
 FIELDS = [  # label, old value, new value
     ("status", "active", "suspended"), ("city", "Lisbon", "Warsaw"), ("plan", "basic", "premium"),
@@ -95,14 +98,14 @@ def notes_map_cost(eng, example: Path, repeats: int = 3) -> str:
     editor = Editor(eng.model, eng.rope, old, ids, segments, offsets)
     prompt = eng.encode(eng.frame.suffix(question))
     full_s, map_s = [], []
-    notes_map(eng.model, eng.tokenizer, editor, editor.recompute().layers, editor.in_place().layers,
-              editor.stale().layers, prompt)  # warm-up: the first forward of each batch shape is slow
+    notes_map(eng.model, eng.tokenizer, editor, recomputed(editor).layers, in_place(editor).layers,
+              stale(editor).layers, prompt)  # warm-up: the first forward of each batch shape is slow
     for _ in range(repeats):
         t0 = time.perf_counter()
-        full = editor.recompute().layers
+        full = recomputed(editor).layers
         t1 = time.perf_counter()
-        m = notes_map(eng.model, eng.tokenizer, editor, full, editor.in_place().layers,
-                      editor.stale().layers, prompt)
+        m = notes_map(eng.model, eng.tokenizer, editor, full, in_place(editor).layers,
+                      stale(editor).layers, prompt)
         t2 = time.perf_counter()
         full_s.append(t1 - t0)
         map_s.append(t2 - t1)

@@ -14,6 +14,9 @@ from worker.engine.forward import Deferred
 from worker.engine.notes import cache_from_layers
 from worker.engine.readout import decide
 from worker.engine.selective import has_sliding_window
+from worker.engine.strategies.edits.field_erratum import field_erratum
+from worker.engine.strategies.edits.in_place import in_place
+from worker.engine.strategies.edits.selective import selective
 
 TEXT = ("Account record. status: active. owner: Ada Lovelace. region: north. "
         "Only accounts whose status is active may log in; others are refused at the door.")
@@ -48,16 +51,16 @@ def test_a_deferred_strategy_decides_and_completes_its_notes_as_computing_first(
     eng = load(alias)
     editor = editor_for(eng)
     erratum = eng.encode("\n[STATE UPDATE] status has changed from active to suspended.\n")
-    make = {"in_place": lambda d: editor.in_place(defer=d),
-            "field_erratum": lambda d: editor.field_erratum(erratum, defer=d),
-            "selective": lambda d: editor.selective(0.3, defer=d)}[strategy]
+    make = {"in_place": lambda d: in_place(editor, defer=d),
+            "field_erratum": lambda d: field_erratum(editor, erratum, defer=d),
+            "selective": lambda d: selective(editor, 0.3, defer=d)}[strategy]
     first, deferred = make(False), make(True)
     assert first.deferred is None and deferred.deferred is not None
     assert len(deferred.deferred.positions) == deferred.tokens_computed - len(deferred.pending) > 0
     assert deferred.tokens_computed == first.tokens_computed
     for question in (CHOICES, FREE):
         slow, done_slow = ask(eng, first, question, first.pending)
-        fast, done_fast = ask(eng, editor.in_place(True) if strategy == "in_place" else make(True), question,
+        fast, done_fast = ask(eng, in_place(editor, True) if strategy == "in_place" else make(True), question,
                               first.pending)
         assert float((fast.logits - slow.logits).abs().max()) <= 1e-4 * float(slow.logits.abs().max())
         assert fast.decision == slow.decision and fast.answer_ids == slow.answer_ids
@@ -72,8 +75,8 @@ def test_the_deferred_positions_are_the_changed_tokens_and_the_selected_ones():
     eng = load("tiny-llama")
     editor = editor_for(eng)
     changed = [j for b in editor.blocks if not b.reuse for j in range(b.j1, b.j2)]
-    assert list(editor.in_place(defer=True).deferred.positions) == changed
-    sel = editor.selective(0.3, defer=True)
+    assert list(in_place(editor, defer=True).deferred.positions) == changed
+    sel = selective(editor, 0.3, defer=True)
     downstream = len(editor.new_ids) - changed[0] - len(changed)
     assert set(changed) <= set(sel.deferred.positions)
     assert len(sel.deferred.positions) == len(changed) + -(-3 * downstream // 10)  # ceil(30%)
@@ -85,9 +88,9 @@ def test_sliding_window_models_compute_first_and_refuse_a_deferred_readout(alias
     eng = load(alias)
     assert has_sliding_window(eng.model)
     editor = editor_for(eng)
-    assert editor.in_place(defer=True).deferred is None
-    assert editor.selective(0.3, defer=True).deferred is None
-    surgery = editor.in_place()
+    assert in_place(editor, defer=True).deferred is None
+    assert selective(editor, 0.3, defer=True).deferred is None
+    surgery = in_place(editor)
     bad = Deferred((3,), (editor.new_ids[3],))
     with pytest.raises(ValueError, match="sliding-window model cannot defer"):
         decide(eng.model, eng.tokenizer, eng.frame, cache_from_layers(surgery.layers, eng.model),
@@ -103,7 +106,7 @@ def test_deferred_positions_must_be_sorted_distinct_and_match_the_ids(positions,
 def test_a_surgery_with_deferred_tokens_cannot_complete_without_their_kv():
     eng = load("tiny-llama")
     with pytest.raises(ValueError, match="needs the readout's K/V"):
-        editor_for(eng).in_place(defer=True).completed(None)
+        in_place(editor_for(eng), defer=True).completed(None)
 
 
 def test_deferred_rows_see_only_the_notes_before_them_and_the_question_sees_none_of_the_stale_ones():
@@ -151,7 +154,7 @@ def test_completing_a_deferred_surgery_never_writes_into_the_old_notes():
     for old, new in (("active", "suspended"), (TEXT, "A completely different record.")):
         editor = editor_for(eng, old, new)
         before = [(k.clone(), v.clone()) for k, v in editor.old.layers]
-        for surgery in (editor.in_place(defer=True), editor.selective(0.5, defer=True)):
+        for surgery in (in_place(editor, defer=True), selective(editor, 0.5, defer=True)):
             ask(eng, surgery, CHOICES)
         assert all(torch.equal(k, k0) and torch.equal(v, v0)
                    for (k, v), (k0, v0) in zip(editor.old.layers, before))

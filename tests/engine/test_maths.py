@@ -14,6 +14,7 @@ from worker.engine import EngineError, Field, NotPortableError, Question, load
 from worker.engine.compose import splice
 from worker.engine.edit import Editor, diff_blocks
 from worker.engine.rope import LayerRope, RopeLayout, shift_keys
+from worker.engine.strategies.edits.in_place import in_place
 
 
 @pytest.mark.parametrize("alias", PORTABLE)
@@ -95,7 +96,7 @@ def test_in_place_with_a_length_change_keeps_downstream_keys_at_their_positions(
     new_text = TEXT[:start] + "permanently suspended" + TEXT[start + 6:]
     new_ids, segs, offs = eng.tokenize_document(new_text)
     editor = Editor(eng.model, eng.rope, old, new_ids, segs, offs)
-    surgery = editor.in_place()
+    surgery = in_place(editor)
     assert surgery.token_ids == new_ids and len(new_ids) != old.n_tokens
     changed = sum(b.j2 - b.j1 for b in diff_blocks(old.token_ids, new_ids) if not b.reuse)
     assert surgery.tokens_computed == changed < len(new_ids) // 2
@@ -270,7 +271,7 @@ def test_seam_repair_counts_the_tokens_it_recomputes():
 def test_one_pass_readout_equals_appending_then_asking_step_by_step(alias):
     """The fast path folds an erratum, the question and every choice into one forward (a block
     mask); it must decide exactly as feeding them one forward at a time does."""
-    from worker.engine.edit import extend
+    from worker.engine.forward import extend
     from worker.engine.readout import decide
 
     eng = load(alias)
@@ -309,7 +310,7 @@ def test_selective_in_one_pass_equals_recomputing_the_same_tokens_run_by_run(ali
     new_text = TEXT[:start] + "closed" + TEXT[start + 6:]
     new_ids, segs, offs = eng.tokenize_document(new_text)
     editor = Editor(eng.model, eng.rope, eng.prefill(TEXT), new_ids, segs, offs)
-    base = editor.in_place()
+    base = in_place(editor)
     chosen = list(range(start + 12, len(new_ids), 3))  # scattered downstream tokens
     monkeypatch.setattr(selective, "GAP_MERGE", 1)  # no merging: exactly the same tokens both ways
     one = selective.recompute_in_one_pass(eng.model, base.layers, new_ids, chosen)

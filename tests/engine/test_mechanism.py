@@ -17,6 +17,10 @@ from worker.engine.mechanism.masked import batch_logits, prompt_logits
 from worker.engine.mechanism.selective_k import k_star, k_values, recompute_sets
 from worker.engine.mechanism.types import KPoint, Reading
 from worker.engine.selective import has_sliding_window, recompute_selected
+from worker.engine.strategies.edits.in_place import in_place as in_place_surgery
+from worker.engine.strategies.edits.prefix_reuse import prefix_reuse as prefix_reuse_surgery
+from worker.engine.strategies.edits.recompute import recompute as recompute_surgery
+from worker.engine.strategies.edits.stale import stale as stale_surgery
 
 
 def _edit(eng, new_value: str = "closed"):
@@ -32,7 +36,7 @@ def _edit(eng, new_value: str = "closed"):
 def test_masking_nothing_is_the_unmasked_distribution(family: str) -> None:
     eng = load(family)
     editor, prompt = _edit(eng)
-    layers = editor.recompute().layers
+    layers = recompute_surgery(editor).layers
     plain = torch.softmax(_first_token_logits(eng.model, layers, prompt)[0], dim=-1)
     n = len(layers)
     total = len(editor.new_ids) + len(prompt)
@@ -50,14 +54,15 @@ def test_masking_nothing_is_the_unmasked_distribution(family: str) -> None:
 def test_every_downstream_token_recomputed_is_prefix_reuse(family: str) -> None:
     eng = load(family)
     editor, prompt = _edit(eng, "permanently closed")
-    in_place = editor.in_place().layers
+    in_place = in_place_surgery(editor).layers
     changed = [j for b in editor.blocks if not b.reuse for j in range(b.j1, b.j2)]
     everything = list(range(changed[0], len(editor.new_ids)))
     partial = sorted(changed + everything[len(changed):len(changed) + 7])
     patched, rows = recompute_sets(eng.model, in_place, editor.new_ids, [everything, partial])
     assert rows == 2 * len(everything)
     logp = torch.log_softmax(batch_logits(eng.model, patched, prompt), dim=-1)
-    reuse = torch.log_softmax(_first_token_logits(eng.model, editor.prefix_reuse().layers, prompt)[0], dim=-1)
+    exact = prefix_reuse_surgery(editor).layers
+    reuse = torch.log_softmax(_first_token_logits(eng.model, exact, prompt)[0], dim=-1)
     kl = float((reuse.exp() * (reuse - logp[0])).sum())
     assert kl < 1e-5 and float((reuse.exp() - logp[0].exp()).abs().max()) < 1e-5
     if not has_sliding_window(eng.model):  # the batched sets are selective's own one-pass recompute
@@ -70,7 +75,7 @@ def test_every_downstream_token_recomputed_is_prefix_reuse(family: str) -> None:
 def test_the_lens_last_layer_is_the_models_output(family: str) -> None:
     eng = load(family)
     editor, prompt = _edit(eng)
-    layers = editor.stale().layers
+    layers = stale_surgery(editor).layers
     lens = torch.softmax(lens_logits(eng.model, layers, prompt), dim=-1)
     own = torch.softmax(_first_token_logits(eng.model, layers, prompt)[0], dim=-1)
     assert lens.shape[0] == eng.model.config.get_text_config(decoder=True).num_hidden_layers

@@ -23,7 +23,7 @@ def test_every_descriptor_has_one_class_and_every_class_one_descriptor():
     assert COMPOSITIONS.names == tuple(COMPOSE_INFO)
     for registry, infos in ((EDITS, EDIT_INFO), (COMPOSITIONS, COMPOSE_INFO)):
         for name, cls in registry.classes.items():
-            assert cls.info is infos[name] and cls.info.kind == ("edit" if infos is EDIT_INFO else "compose")
+            assert cls.info == infos[name] and cls.info.kind == ("edit" if infos is EDIT_INFO else "compose")
     assert STRATEGY_HELP["hoist"] == EDIT_INFO["hoist"].help and "hoist" not in DEFAULT_STRATEGIES
     assert AUTO_CANDIDATES == EDIT_INFO["auto"].parts == ("stale", "erratum", "in_place")
     moving = [n for n, i in EDIT_INFO.items() if i.moves_keys]

@@ -18,9 +18,10 @@ prefills exactly these tokens, so every strategy reads the same sequence, then t
 `prefix_reuse`'s cached notes (the context followed by the first skill, computed together) are
 prepared outside the timings, as the skills themselves are compiled outside them.
 
-The strategies are classes in `worker.engine.strategies.compose`; they are timed and scored by the
-same measure loop as the edit strategies (`worker.engine.strategies.measure`): from the context's
-notes and the compiled skills to the answer, the splice (re-rotation and the copy) included.
+The strategies are classes in `worker/engine/strategies/compositions/`, one file each; they are
+timed and scored by the same measure loop as the edit strategies (`worker.engine.strategies.measure`):
+from the context's notes and the compiled skills to the answer, the splice (re-rotation and the copy)
+included.
 """
 
 from __future__ import annotations

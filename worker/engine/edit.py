@@ -3,7 +3,8 @@
 The old notes hold the tokens of the old text; the new text tokenizes to `new_ids`. A token-level
 diff (difflib, no junk heuristic) splits the new sequence into blocks equal to old tokens and
 changed blocks (the fields, plus any token whose boundaries moved). Each strategy decides what to
-recompute:
+recompute (each in its own file under `worker/engine/strategies/edits/`, built from the surgery
+here):
 
 | strategy        | recomputed                                                     |
 | recompute       | every token (the oracle)                                       |
@@ -33,17 +34,10 @@ from dataclasses import dataclass, field, replace
 from difflib import SequenceMatcher
 
 from vocabulary import ERRATUM
-from vocabulary.prefix import common_prefix
-from worker.engine.forward import Deferred, cut, extend, fill, fresh, join_all
+from worker.engine.forward import Deferred, cut, fill, join_all
 from worker.engine.notes import KV, Notes
 from worker.engine.rope import RopeLayout, shift_keys
-from worker.engine.selective import (
-    SELECTION_LAYERS,
-    has_sliding_window,
-    movement,
-    recompute_selected,
-    top_fraction,
-)
+from worker.engine.selective import has_sliding_window
 
 
 @dataclass
@@ -104,7 +98,9 @@ def diff_blocks(old_ids: list[int], new_ids: list[int]) -> list[Block]:
 
 
 class Editor:
-    """Applies strategies to one (old notes → new tokens) change."""
+    """One (old notes → new tokens) change, and the surgery every edit strategy is made of: the
+    diff's blocks, reused blocks re-rotated, placeholders, deferring, appending. The strategies
+    themselves (what each recomputes) are in `worker.engine.strategies.edits`, one file each."""
 
     def __init__(self, model, rope: RopeLayout | None, old: Notes, new_ids: list[int],
                  new_segments: list[str], new_offsets: list[tuple[int, int]]):
@@ -112,93 +108,44 @@ class Editor:
         self.new_ids, self.new_segments, self.new_offsets = new_ids, new_segments, new_offsets
         self.blocks = diff_blocks(old.token_ids, new_ids)
 
-    def _surgery(self, layers: list[KV], computed: int, detail: str = "") -> Surgery:
+    def surgery(self, layers: list[KV], computed: int, detail: str = "") -> Surgery:
+        """`layers` as the notes of the new tokens."""
         return Surgery(layers, list(self.new_ids), list(self.new_segments), list(self.new_offsets),
                        computed, detail)
 
-    def recompute(self) -> Surgery:
-        return self._surgery(extend(self.model, None, self.new_ids), len(self.new_ids))
-
-    def prefix_reuse(self) -> Surgery:
-        p = min(common_prefix(self.old.token_ids, self.new_ids), len(self.new_ids))
-        layers = extend(self.model, cut(self.old.layers, 0, p), self.new_ids[p:])
-        return self._surgery(layers, len(self.new_ids) - p)
-
-    def stale(self) -> Surgery:
-        o = self.old
-        return Surgery(o.layers, list(o.token_ids), list(o.segments), list(o.offsets), 0)
-
-    def _reused(self, b: Block) -> list[KV]:
+    def reused(self, b: Block) -> list[KV]:
         """An equal block's old K/V, keys re-rotated to its new positions."""
         return shift(cut(self.old.layers, b.i1, b.i1 + b.j2 - b.j1), self.rope, b.j1 - b.i1)
 
-    def _changed(self) -> list[int]:
+    def changed(self) -> list[int]:
+        """The positions of the new tokens no old token equals (the fields, and any token whose
+        boundaries moved)."""
         return [j for b in self.blocks if not b.reuse for j in range(b.j1, b.j2)]
 
-    def _can_defer(self) -> bool:
+    def can_defer(self) -> bool:
+        """One custom mask can carry this model's attention (no sliding windows)."""
         return not has_sliding_window(self.model)
 
-    def _base(self) -> list[KV]:
+    def base(self) -> list[KV]:
         """Reused blocks re-rotated to their new positions, zeros where changed blocks go."""
-        return join_all([self._reused(b) if b.reuse else self._placeholder(b) for b in self.blocks])
+        return join_all([self.reused(b) if b.reuse else self.placeholder(b) for b in self.blocks])
 
-    def _deferring(self, base: list[KV], positions: list[int], detail: str = "") -> Surgery:
+    def deferring(self, base: list[KV], positions: list[int], detail: str = "") -> Surgery:
         """`base` with `positions` left for the readout to compute."""
-        surgery = self._surgery(base, len(positions), detail)
+        surgery = self.surgery(base, len(positions), detail)
         surgery.deferred = Deferred(tuple(positions), tuple(self.new_ids[j] for j in positions))
         return surgery
 
-    def in_place(self, defer: bool = False) -> Surgery:
-        """With `defer` (and a model without sliding windows) the changed tokens are left to the
-        readout's forward (`Surgery.deferred`): the same K/V, one pass over the weights fewer."""
-        changed = self._changed()
-        if defer and changed and self._can_defer():
-            return self._deferring(self._base(), changed)
-        pieces: list[list[KV]] = []
-        computed = 0
-        for b in self.blocks:
-            if b.reuse:
-                pieces.append(self._reused(b))
-            else:
-                before = join_all(pieces)
-                pieces = [before, fresh(self.model, before, self.new_ids[b.j1:b.j2])] if before else \
-                    [extend(self.model, None, self.new_ids[b.j1:b.j2])]
-                computed += b.j2 - b.j1
-        return self._surgery(join_all(pieces), computed)
-
-    def selective(self, fraction: float, defer: bool = False) -> Surgery:
-        """The changed tokens and the top `fraction` of downstream tokens, all recomputed in one
-        pass over the reused notes (the changed tokens' own old K/V are never read: selected
-        positions see each other's fresh K/V only). With `defer`, that pass is the readout's."""
-        changed = self._changed()
-        if not changed or fraction <= 0:
-            return replace(self.in_place(defer), detail=f"fraction {fraction:.0%}, nothing downstream")
-        start = changed[0]
-        downstream = [j for b in self.blocks if b.reuse and b.j1 >= start for j in range(b.j1, b.j2)]
-        base = self._base()
-        moved = movement(self.model, base, self.new_ids, start)  # [T_new - start]
-        ranked = top_fraction(moved, downstream, start, fraction)
-        detail = (f"{len(ranked)} of {len(downstream)} downstream tokens ({fraction:.0%}), "
-                  f"ranked by layer-{SELECTION_LAYERS - 1} K/V movement")
-        chosen = sorted(changed + ranked)
-        if defer and self._can_defer():
-            return self._deferring(base, chosen, detail)
-        return self._surgery(recompute_selected(self.model, base, self.new_ids, chosen), len(chosen), detail)
-
-    def _placeholder(self, b: Block) -> list[KV]:
+    def placeholder(self, b: Block) -> list[KV]:
         """Zeros where a changed block goes: recomputed before anything reads it."""
         return [(k.new_zeros(*k.shape[:2], b.j2 - b.j1, k.shape[3]),
                  v.new_zeros(*v.shape[:2], b.j2 - b.j1, v.shape[3]))
                 for k, v in self.old.layers]
 
-    def erratum(self, erratum_ids: list[int]) -> Surgery:
-        o = self.old
-        return Surgery(o.layers, o.token_ids + erratum_ids, o.segments + [ERRATUM] * len(erratum_ids),
-                       o.offsets + [(-1, -1)] * len(erratum_ids), len(erratum_ids), pending=list(erratum_ids))
 
-    def field_erratum(self, erratum_ids: list[int], defer: bool = False) -> Surgery:
-        base = self.in_place(defer)
-        return Surgery(base.layers, base.token_ids + erratum_ids,
-                       base.segments + [ERRATUM] * len(erratum_ids),
-                       base.offsets + [(-1, -1)] * len(erratum_ids), base.tokens_computed + len(erratum_ids),
-                       pending=list(erratum_ids), deferred=base.deferred)
+def with_erratum(surgery: Surgery, erratum_ids: list[int]) -> Surgery:
+    """`surgery` with an erratum's tokens appended, left to the readout's forward (`pending`)."""
+    n = len(erratum_ids)
+    return Surgery(surgery.layers, surgery.token_ids + erratum_ids, surgery.segments + [ERRATUM] * n,
+                   surgery.offsets + [(-1, -1)] * n, surgery.tokens_computed + n,
+                   pending=list(erratum_ids), deferred=surgery.deferred)

@@ -12,7 +12,7 @@ import torch
 
 from worker.engine.compose import Placement, lay_out, splice_all, token_boundary
 from worker.engine.devices import on_layer_devices
-from worker.engine.edit import extend
+from worker.engine.forward import extend
 from worker.engine.models import ModelInfo
 from worker.engine.notes import Notes
 from worker.engine.readout import make_frame

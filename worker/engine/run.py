@@ -28,12 +28,14 @@ from worker.engine.attention import capture_attention
 from worker.engine.attribution import notes_map
 from worker.engine.compose import Placement, token_boundary
 from worker.engine.devices import describe_device, dtype_name
-from worker.engine.edit import Editor
+from worker.engine.edit import Editor, Surgery
 from worker.engine.mechanism import explain
 from worker.engine.notes import Notes
 from worker.engine.offsets import Insertions, apply_fields, new_to_document
-from worker.engine.strategies import EDITS
+from worker.engine.strategies import EDITS, Strategy
 from worker.engine.strategies.edit import EditCase
+from worker.engine.strategies.edits.in_place import InPlace, in_place
+from worker.engine.strategies.edits.stale import Stale, stale
 from worker.engine.strategies.measure import Bench, Outcome, measure, result_of, score
 from worker.engine.types import (
     Attention,
@@ -183,10 +185,16 @@ def _notes_map(engine: LoadedModel, editor: Editor, outcomes: dict[str, Outcome]
     here when the run did not measure them)."""
     if len(editor.new_ids) != len(editor.old.token_ids):
         engine.require_portable()
-    in_place = outcomes["in_place"].surgery if "in_place" in outcomes else editor.in_place()
-    stale = outcomes["stale"].surgery if "stale" in outcomes else editor.stale()
+    moved = _measured(outcomes, InPlace) or in_place(editor)
+    old = _measured(outcomes, Stale) or stale(editor)
     return notes_map(engine.model, engine.tokenizer, editor, outcomes[REFERENCE].surgery.layers,
-                     in_place.layers, stale.layers, suffix_ids)
+                     moved.layers, old.layers, suffix_ids)
+
+
+def _measured(outcomes: dict[str, Outcome], strategy: type[Strategy]) -> Surgery | None:
+    """The notes `strategy` made in this run, if it ran."""
+    out = outcomes.get(strategy.info.name)
+    return out.surgery if out is not None else None
 
 
 def attention_of(engine: LoadedModel, out: Outcome, suffix_ids: list[int]) -> Attention:

@@ -29,6 +29,8 @@ from worker.engine.mechanism.selective_k import sweep
 from worker.engine.mechanism.types import Mechanism
 from worker.engine.notes import KV
 from worker.engine.selective import movement
+from worker.engine.strategies.edits.in_place import InPlace
+from worker.engine.strategies.edits.in_place import in_place as in_place_surgery
 from worker.engine.types import Attribution, Question, StrategyResult
 
 if TYPE_CHECKING:
@@ -85,7 +87,8 @@ def explain(engine: LoadedModel, editor: Editor, chosen: dict[str, Outcome],
     if not changed:
         out.notes.append("selective@K: no field changed the notes, so there is nothing to recompute")
     else:
-        in_place = chosen["in_place"].surgery if "in_place" in chosen else editor.in_place()
+        measured = chosen.get(InPlace.info.name)
+        in_place = measured.surgery if measured is not None else in_place_surgery(editor)
         start = changed[0]
         downstream = [j for b in editor.blocks if b.reuse and b.j1 >= start for j in range(b.j1, b.j2)]
         rankings, cost = _rankings(model, in_place.layers, editor.new_ids, start, downstream,

@@ -1,9 +1,11 @@
-"""The one interface every strategy implements, and the registry that gathers them.
+"""The one interface every strategy implements, and the registries that gather them.
 
-In the style of transformers' cache classes: one small class per strategy, each carrying its
-torch-free descriptor (`vocabulary.StrategyInfo`: name, help, what it recomputes, moves_keys,
-can_defer, ...). A run asks the registry for the classes by name once; after that it reads facts
-and calls methods, and never compares a strategy's name with a string.
+In the style of transformers' cache classes: one small class per strategy, in a file of its own,
+carrying its torch-free descriptor (`vocabulary.StrategyInfo`: name, help, what it recomputes,
+moves_keys, can_defer, role, colour, rank, ...) and its algorithm. Defining the class registers it
+(`Strategy.__init_subclass__`) in its kind's registry; no list names it and no order matters (lists
+follow the descriptors' `rank`). A run asks the registry for the classes by name once; after that
+it reads facts and calls methods, and never compares a strategy's name with a string.
 
 A strategy's life in one run (`worker.engine.strategies.measure`):
 
@@ -16,10 +18,11 @@ A strategy's life in one run (`worker.engine.strategies.measure`):
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, ClassVar, Generic, TypeVar
 
 from vocabulary import StrategyInfo
+from vocabulary.strategies import unknown_names
 from worker.engine.types import EngineError
 
 if TYPE_CHECKING:
@@ -30,10 +33,16 @@ OutcomeT = TypeVar("OutcomeT")
 
 
 class Strategy(Generic[CaseT]):
-    """One way to get notes for the changed text. Subclasses set `info` and write `surgery`."""
+    """One way to get notes for the changed text. Subclasses set `info` and write `surgery`;
+    defining one registers it in its kind's registry (`REGISTRIES`)."""
 
     info: ClassVar[StrategyInfo]
     reads_notes: ClassVar[bool] = True  # starts from the cached notes (pays their splice); recompute does not
+
+    def __init_subclass__(cls, **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        if "info" in cls.__dict__:
+            REGISTRIES[cls.info.kind].add(cls)
 
     @property
     def name(self) -> str:
@@ -59,18 +68,36 @@ class Strategy(Generic[CaseT]):
 
 
 class Registry:
-    """The strategy classes of one kind, by name; exactly one class per descriptor."""
+    """The strategy classes of one kind, by name, in their descriptors' `rank` order."""
 
-    def __init__(self, infos: dict[str, StrategyInfo], classes: Iterable[type[Strategy]],
-                 unknown: Callable[[list[str]], str]):
-        self.unknown = unknown  # the vocabulary's one line naming unknown names and the valid ones
-        self.classes = {cls.info.name: cls for cls in classes}
-        if list(self.classes) != list(infos):
-            raise RuntimeError(f"descriptors {list(infos)} but strategy classes {list(self.classes)}")
+    def __init__(self, kind: str, what: str, valid: str):
+        self.kind, self.what, self.valid = kind, what, valid  # the words of the unknown-name message
+        self.classes: dict[str, type[Strategy]] = {}
+
+    def add(self, cls: type[Strategy]) -> None:
+        """Register `cls` under its descriptor's name; a second class of the same name is an error
+        (the same class imported again replaces itself)."""
+        name, known = cls.info.name, self.classes.get(cls.info.name)
+        if known is not None and _where(known) != _where(cls):
+            raise RuntimeError(f"two {self.kind} strategies are named {name!r}: "
+                               f"{_where(known)} and {_where(cls)}")
+        self.classes[name] = cls
+        self.classes = {n: self.classes[n] for n in sorted(self.classes, key=self._rank)}
+
+    def _rank(self, name: str) -> tuple[int, str]:
+        return self.classes[name].info.rank, name
 
     @property
     def names(self) -> tuple[str, ...]:
         return tuple(self.classes)
+
+    @property
+    def infos(self) -> dict[str, StrategyInfo]:
+        return {name: cls.info for name, cls in self.classes.items()}
+
+    def unknown(self, names: Iterable[str]) -> str:
+        """'' when every name is registered, else one line naming the unknown ones and the valid ones."""
+        return unknown_names(list(names), self.infos, self.what, self.valid)
 
     def build(self, names: Iterable[str]) -> dict[str, Strategy]:
         """A fresh strategy object per name (a run's own state), and every part a composite needs."""
@@ -86,3 +113,13 @@ class Registry:
         needed = [part for s in strategies.values() for part in s.needs()]
         runners = self.build(dict.fromkeys(needed))
         return {name: strategies.get(name, runner) for name, runner in runners.items()}
+
+
+def _where(cls: type) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+REGISTRIES: dict[str, Registry] = {
+    "edit": Registry("edit", "strategy", "valid strategies"),
+    "compose": Registry("compose", "compose strategy", "valid"),
+}

@@ -1,6 +1,7 @@
-"""The compose strategies: a context made of many precompiled skills; each class says what it
-recomputes (its descriptor, `vocabulary.COMPOSE_INFO`) and builds its notes from the context's notes
-and the compiled skills (`worker.engine.compose`: lay out, splice).
+"""What every compose strategy reads (`BlendCase`: a context made of many precompiled skills) and
+the surgery they share: splice the compiled skills into place (`worker.engine.compose`), recompute
+chosen tokens. The strategies themselves are one file each in
+`worker/engine/strategies/compositions/`: the class with its descriptor and its algorithm.
 
 `seam`, `epic` and `selective` leave their tokens to the readout's forward (`forward.Deferred`) on
 models without sliding windows: the same K/V, one pass over the weights fewer. `prefix_reuse`'s
@@ -13,13 +14,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from vocabulary import COMPOSE_INFO
 from worker.engine.compose import Layout, splice_all
 from worker.engine.edit import Surgery
-from worker.engine.forward import Deferred, cut, extend
+from worker.engine.forward import Deferred
 from worker.engine.notes import KV, Notes
-from worker.engine.selective import has_sliding_window, movement, recompute_selected, top_fraction
-from worker.engine.strategies.base import Strategy
+from worker.engine.selective import has_sliding_window, recompute_selected
 
 
 @dataclass
@@ -68,61 +67,3 @@ class BlendCase:
     def first_of_every_skill(self, k: int, what: str) -> Surgery:
         chosen = [j for start, end in self.layout.spans for j in range(start, min(end, start + k))]
         return self.recomputed(self.spliced(), chosen, f"the first {k} tokens of every skill ({what})")
-
-
-class Recompute(Strategy[BlendCase]):
-    info = COMPOSE_INFO["recompute"]
-    reads_notes = False
-
-    def surgery(self, case: BlendCase) -> Surgery:
-        return case.surgery(extend(case.model, None, case.ids), len(case.ids))
-
-
-class Splice(Strategy[BlendCase]):
-    info = COMPOSE_INFO["splice"]
-
-    def surgery(self, case: BlendCase) -> Surgery:
-        seams = case.seams or (0,) * len(case.skills)
-        repaired = sum(min(seams[i], e - s) for i, (s, e) in zip(case.layout.order, case.layout.spans))
-        return case.surgery(case.spliced(), repaired)
-
-
-class Seam(Strategy[BlendCase]):
-    info = COMPOSE_INFO["seam"]
-
-    def surgery(self, case: BlendCase) -> Surgery:
-        return case.first_of_every_skill(case.seam_tokens, "seam repair")
-
-
-class Epic(Strategy[BlendCase]):
-    info = COMPOSE_INFO["epic"]
-
-    def surgery(self, case: BlendCase) -> Surgery:
-        return case.first_of_every_skill(case.epic_tokens, "EPIC")
-
-
-class Selective(Strategy[BlendCase]):
-    info = COMPOSE_INFO["selective"]
-
-    def surgery(self, case: BlendCase) -> Surgery:
-        start = case.layout.first_skill[0]
-        spliced = case.spliced()
-        candidates = list(range(start, len(case.ids)))
-        fraction = case.selective_fraction
-        chosen = top_fraction(movement(case.model, spliced, case.ids, start), candidates, start, fraction)
-        detail = (f"{len(chosen)} of {len(candidates)} reused tokens ({fraction:.0%}), "
-                  "ranked by layer-1 K/V movement")
-        return case.recomputed(spliced, chosen, detail)
-
-
-class PrefixReuse(Strategy[BlendCase]):
-    info = COMPOSE_INFO["prefix_reuse"]
-
-    def prepare(self, case: BlendCase) -> None:
-        start, end = case.layout.first_skill
-        before = cut(case.context.layers, 0, start) if start else None
-        self.exact = extend(case.model, before, case.ids[start:end])
-
-    def surgery(self, case: BlendCase) -> Surgery:
-        end = case.layout.first_skill[1]
-        return case.surgery(extend(case.model, self.exact, case.ids[end:]), len(case.ids) - end)

@@ -16,7 +16,7 @@ share is measured against the hoisted layout the deployment holds.
 
 from __future__ import annotations
 
-from vocabulary import EDIT_INFO
+from vocabulary import StrategyInfo
 from vocabulary.hoist import Hoisted, hoist
 from vocabulary.prefix import common_prefix
 from worker.engine.edit import Surgery
@@ -28,7 +28,13 @@ from worker.engine.strategies.edit import EditCase
 
 
 class Hoist(Strategy[EditCase]):
-    info = EDIT_INFO["hoist"]
+    info = StrategyInfo(
+        name="hoist", kind="edit", rank=70,
+        help="the field's line moved after the document: an edit computes only that tail (the paper's "
+             "hoist-to-end baseline)",
+        recomputes="the hoisted line holding the new value; the document without it is kept",
+        can_defer=True, colour="#7b5ea7",
+    )
 
     def prepare(self, case: EditCase) -> None:
         engine, old = case.engine, case.editor.old

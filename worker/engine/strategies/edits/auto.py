@@ -1,0 +1,42 @@
+"""`auto`: a composite. It runs no surgery of its own: it measures `field_erratum` (the robust
+default) and its cheaper parts, and picks the cheapest part whose decision matches field_erratum's;
+its cost is every probe it had to run, field_erratum's included, honestly summed."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from vocabulary import StrategyInfo
+from worker.engine.compare import same_answer
+from worker.engine.strategies.base import Strategy
+from worker.engine.strategies.edit import EditCase, _summed
+from worker.engine.strategies.edits.field_erratum import FieldErratum
+from worker.engine.strategies.measure import Outcome
+
+
+class Auto(Strategy[EditCase]):
+    info = StrategyInfo(
+        name="auto", kind="edit", rank=80,
+        help="the cheapest strategy that matches field_erratum on a probe",
+        recomputes="its pick's tokens, after probing the cheaper candidates",
+        moves_keys=True, parts=("stale", "erratum", "in_place"), role="composite", colour="#b8a200",
+    )
+    TARGET = FieldErratum.info.name
+
+    def needs(self) -> tuple[str, ...]:
+        return (self.TARGET, *self.info.parts)
+
+    def outcome(self, outcomes: dict[str, Outcome]) -> Outcome:
+        target = outcomes[self.TARGET].readout.decision
+        probes = sorted(self.info.parts, key=lambda n: outcomes[n].surgery.tokens_computed)
+        picked, spent = self.TARGET, []
+        for name in probes:
+            spent.append(outcomes[name])
+            if same_answer(outcomes[name].readout.decision, target):
+                picked = name
+                break
+        spent.append(outcomes[self.TARGET])
+        chosen = outcomes[picked]
+        surgery = replace(chosen.surgery, detail=f"picked {picked}")  # for people; `picked` is the fact
+        return Outcome(surgery, chosen.readout, _summed(spent, chosen), chosen.answer_nll,
+                       chosen.prefix_cache_share, picked=picked)

@@ -1,0 +1,25 @@
+"""`field_erratum`: the field refreshed in place and the correction appended (the robust default)."""
+
+from __future__ import annotations
+
+from vocabulary import StrategyInfo
+from worker.engine.edit import Editor, Surgery, with_erratum
+from worker.engine.strategies.base import Strategy
+from worker.engine.strategies.edit import EditCase
+from worker.engine.strategies.edits.in_place import in_place
+
+
+def field_erratum(editor: Editor, erratum_ids: list[int], defer: bool = False) -> Surgery:
+    return with_erratum(in_place(editor, defer), erratum_ids)
+
+
+class FieldErratum(Strategy[EditCase]):
+    info = StrategyInfo(
+        name="field_erratum", kind="edit", rank=50,
+        help="refresh the field and append the correction (the robust default)",
+        recomputes="the changed tokens and the appended correction",
+        moves_keys=True, can_defer=True, default=True, colour="#009e73",
+    )
+
+    def surgery(self, case: EditCase) -> Surgery:
+        return field_erratum(case.editor, case.erratum_ids, defer=True)

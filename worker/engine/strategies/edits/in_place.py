@@ -1,0 +1,42 @@
+"""`in_place`: only the changed tokens computed; the equal blocks keep their K/V, keys re-rotated
+by the length change (the surgery `field_erratum` and `selective` start from, and the notes map's)."""
+
+from __future__ import annotations
+
+from vocabulary import StrategyInfo
+from worker.engine.edit import Editor, Surgery
+from worker.engine.forward import extend, fresh, join_all
+from worker.engine.notes import KV
+from worker.engine.strategies.base import Strategy
+from worker.engine.strategies.edit import EditCase
+
+
+def in_place(editor: Editor, defer: bool = False) -> Surgery:
+    """With `defer` (and a model without sliding windows) the changed tokens are left to the
+    readout's forward (`Surgery.deferred`): the same K/V, one pass over the weights fewer."""
+    changed = editor.changed()
+    if defer and changed and editor.can_defer():
+        return editor.deferring(editor.base(), changed)
+    pieces: list[list[KV]] = []
+    computed = 0
+    for b in editor.blocks:
+        if b.reuse:
+            pieces.append(editor.reused(b))
+        else:
+            before = join_all(pieces)
+            pieces = [before, fresh(editor.model, before, editor.new_ids[b.j1:b.j2])] if before else \
+                [extend(editor.model, None, editor.new_ids[b.j1:b.j2])]
+            computed += b.j2 - b.j1
+    return editor.surgery(join_all(pieces), computed)
+
+
+class InPlace(Strategy[EditCase]):
+    info = StrategyInfo(
+        name="in_place", kind="edit", rank=30,
+        help="recompute only the field's tokens; later keys re-rotated",
+        recomputes="the changed tokens; equal tokens keep their K/V, keys re-rotated by the length change",
+        moves_keys=True, can_defer=True, default=True, colour="#e69f00",
+    )
+
+    def surgery(self, case: EditCase) -> Surgery:
+        return in_place(case.editor, defer=True)
