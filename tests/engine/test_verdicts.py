@@ -143,3 +143,27 @@ def test_batched_first_token_logits_equal_one_cache_at_a_time(alias):
                     and torch.equal(pv[i, :, :start], av[0, :, :start]))
             assert (torch.equal(pk[i, :, end:], ak[0, :, end:])
                     and torch.equal(pv[i, :, start:end], bv[0, :, start:end]))
+
+
+def test_no_notes_map_span_crosses_a_region_boundary():
+    """A placed skill inside the document: every span is the document's or the skill's, never both,
+    and none runs past the end of the field's new tokens."""
+    from worker.engine import Placement
+
+    skill = "Before answering, check account_status in the session context. "
+    at = TEXT.index("region")
+    _, report = _edit(Question("Can this user log in?", ("yes", "no")), strategies=("stale",),
+                      attribution=True, placements=(Placement(text=skill, at=at),),
+                      attention=("recompute",))
+    tokens = report.attention["recompute"].tokens
+    start, end = TEXT.index("active"), TEXT.index("active") + 6
+
+    def region(t) -> str:  # a skill's tokens have no place in the document; the field's map to it
+        return "skill" if t.start < 0 else "field" if (t.start, t.end) == (start, end) else t.segment
+
+    spans = report.attribution.spans
+    kinds = [{region(t) for t in tokens[sp.start:sp.end]} for sp in spans]
+    assert all(len(k) == 1 for k in kinds), [(sp.text, k) for sp, k in zip(spans, kinds)]
+    assert {"skill", "field", "document"} <= set().union(*kinds)  # every region was measured
+    assert [sp.text for sp, k in zip(spans, kinds) if k == {"field"}] == ["closed"]
+    assert any(sp.text.startswith("Before answering") for sp in spans)  # the skill's first span starts it

@@ -37,9 +37,6 @@ from worker.engine.edit import Editor
 from worker.engine.notes import KV, cache_from_layers
 from worker.engine.offsets import Insertions, new_to_document
 from worker.engine.rope import NotPortableError
-from worker.engine.strategies.edits.in_place import in_place
-from worker.engine.strategies.edits.recompute import recompute
-from worker.engine.strategies.edits.stale import stale
 from worker.engine.types import Attribution, EditShare, EngineError, Field, Question, SpanShare
 
 BATCH = 8  # patched caches per forward: 8 copies of a 1k-token cache of a 135M model is ~0.4 GB
@@ -86,7 +83,8 @@ def notes_map(model, tokenizer, editor: Editor, full: list[KV], in_place: list[K
                                      max((c[1] for c in chars), default=-1)))
         return out
 
-    spans = measure(word_spans(starts, first, n, span_tokens * coarse))
+    spans = measure([b for lo, hi in regions(editor, first, n)
+                     for b in word_spans(starts, lo, hi, span_tokens * coarse)])
     if coarse > 1:
         wide = [sp for sp in spans if abs(sp.share) >= REFINE_SHARE and sp.end - sp.start > span_tokens]
         finer = measure([b for sp in wide for b in word_spans(starts, sp.start, sp.end, span_tokens)])
@@ -94,6 +92,26 @@ def notes_map(model, tokenizer, editor: Editor, full: list[KV], in_place: list[K
     field_share = _share(kl_stale, kl_base)
     return Attribution(kl_stale, kl_base, field_share, spans,
                        _edit_shares(model, editor, ref, kl_stale, kl_base, prompt))
+
+
+def regions(editor: Editor, lo: int, hi: int) -> list[tuple[int, int]]:
+    """Tokens [lo, hi) cut wherever the region changes: a placed skill (document tokens with no
+    place in the document), a field's new value (its tokens all map to the field), the document,
+    or another segment (erratum, frame). No span of the notes map crosses one, so a span is one
+    region's and its label is what its highlight covers."""
+    changed = {editor.new_offsets[j] for b in editor.blocks if not b.reuse for j in range(b.j1, b.j2)}
+
+    def region(j: int) -> str:
+        segment, offset = editor.new_segments[j], editor.new_offsets[j]
+        if segment != "document":
+            return segment
+        if offset[0] < 0:
+            return "skill"
+        return "field" if offset in changed else "document"
+
+    kinds = [region(j) for j in range(lo, hi)]
+    cuts = [lo] + [lo + k for k in range(1, len(kinds)) if kinds[k] != kinds[k - 1]] + [hi]
+    return list(zip(cuts, cuts[1:]))
 
 
 def word_starts(tokenizer, ids: list[int]) -> list[bool]:
@@ -139,7 +157,7 @@ def _edit_shares(model, editor: Editor, ref: torch.Tensor, kl_stale: float, kl_b
     for a, b, members in groups:
         alone = _only(editor, ops, members)
         try:
-            layers = in_place(alone).layers
+            layers = alone.in_place().layers
         except NotPortableError:  # one field alone changes the length, and this model's keys cannot move
             return []
         logits = _first_token_logits(model, _stack([layers]), prompt)[0]
@@ -198,8 +216,8 @@ def attribute(engine, document: str, fields: list[Field], question: Question | s
     if len(new_ids) != old.n_tokens:
         engine.require_portable()
     prompt = engine.encode(engine.frame.suffix(question))
-    return notes_map(engine.model, engine.tokenizer, editor, recompute(editor).layers,
-                     in_place(editor).layers, stale(editor).layers, prompt, span_tokens, coarse)
+    return notes_map(engine.model, engine.tokenizer, editor, editor.recompute().layers,
+                     editor.in_place().layers, editor.stale().layers, prompt, span_tokens, coarse)
 
 
 def _stack(caches: list[list[KV]]) -> list[KV]:
