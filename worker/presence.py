@@ -53,7 +53,8 @@ def _write(what: str, action) -> bool:
             session.commit()
             return True
     except Exception as exc:  # the database may be read-only or full; the worker carries on
-        log.warning("worker registry: could not %s: %s", what, exc.__class__.__name__)
+        log.warning("worker registry: could not write",
+                    extra={"doing": what, "reason": exc.__class__.__name__})
         return False
 
 
@@ -88,7 +89,8 @@ def start(name: str, queues: list[str]) -> bool:
     _state["stop"].clear()
     threading.Thread(target=_beat_loop, args=(name,), daemon=True, name="kvnotes-presence").start()
     if not result["unique"]:
-        log.error("another live worker is named %s: give each worker its own --name", name)
+        log.error("another live worker has this name: give each worker its own --name",
+                  extra={"worker": name})
     return result["unique"]
 
 
@@ -113,7 +115,8 @@ def _beat_or_register(session, name: str) -> None:
                          starting=_state["starting"])
         if _state["starting"] is None:
             workers.set_running(session, name, _state["task"])  # busy with it, or idle from now
-        log.warning("worker registry: %s registered again (its row was missing or marked stopped)", name)
+        log.warning("worker registry: registered again (its row was missing or marked stopped)",
+                    extra={"worker": name})
 
 
 def _beat_loop(name: str) -> None:
@@ -131,7 +134,8 @@ def _watch(session) -> None:
     failed = watch(session)
     workers.forget_old(session)
     if failed:
-        log.warning("watchdog: marked runs %s failed (their worker or message was lost)", failed)
+        log.warning("watchdog: runs marked failed (their worker or message was lost)",
+                    extra={"run_ids": failed})
 
 
 @task_prerun.connect

@@ -75,7 +75,8 @@ def reap_own_runs(hostname: str) -> list[int]:
         reaped = reap_stale_runs(s, now(), get_settings().heartbeat_max_age_s, worker=hostname)
         s.commit()
     if reaped:
-        log.warning("worker %s: marked runs %s failed (lost in a previous life)", hostname, reaped)
+        log.warning("runs marked failed (lost in a previous life of this worker)",
+                    extra={"worker": hostname, "run_ids": reaped})
     return reaped
 
 
@@ -91,11 +92,12 @@ def claim(run_id: int, hostname: str, task_id: str) -> RunSnapshot | None:
     with session() as s:
         run = s.get(Run, run_id, with_for_update=True)
         if run is None:
-            log.warning("run %s does not exist (deleted, or never saved): message %s dropped",
-                        run_id, task_id)
+            log.warning("run does not exist (deleted, or never saved): message dropped",
+                        extra={"run_id": run_id, "task_id": task_id})
             return None
         if run.task_id and task_id and run.task_id != task_id:
-            log.warning("message %s is not run %s's (its token is %s): dropped", task_id, run_id, run.task_id)
+            log.warning("message is not the run's (another token): dropped",
+                        extra={"task_id": task_id, "run_id": run_id, "run_token": run.task_id})
             return None
         heartbeat = run.heartbeat_at or run.started_at
         age_s = ms_since(heartbeat, now()) / 1000 if heartbeat else float("inf")
@@ -106,10 +108,12 @@ def claim(run_id: int, hostname: str, task_id: str) -> RunSnapshot | None:
         restart = ((run.status == RunStatus.RUNNING and dead_owner)
                    or (run.status == RunStatus.FAILED and run.error in LOST))
         if run.status != RunStatus.QUEUED and not restart:
-            log.info("run %s is %s (worker %s): not running it again", run_id, run.status, run.worker)
+            log.info("run already taken: not running it again",
+                     extra={"run_id": run_id, "status": str(run.status), "worker": run.worker})
             return None
         if restart:
-            log.warning("run %s: restarting after its worker %s was lost", run_id, run.worker)
+            log.warning("run restarting after its worker was lost",
+                        extra={"run_id": run_id, "worker": run.worker})
             s.execute(delete(RunResult).where(RunResult.run_id == run_id))
             run.attribution = None
         started = now()
@@ -161,7 +165,7 @@ class RunReporter:
                 if not _write_if_ours(self.run_id, self.hostname):
                     self._lost.set()
             except Exception:  # a busy database must not kill the run; the next beat retries
-                log.exception("heartbeat of run %s failed", self.run_id)
+                log.exception("heartbeat failed", extra={"run_id": self.run_id})
 
     def progress(self, stage: str, fraction: float) -> None:
         """The engine's progress callback: write (throttled), and stop if the run was cancelled or

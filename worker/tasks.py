@@ -44,10 +44,12 @@ def run(self, run_id: int) -> dict[str, Any]:
         # The database cannot be written (read-only, full): the run stays queued and this message
         # is sent again later, instead of being used up with the run left `queued` for good.
         delay = min(CLAIM_RETRY_MAX_S, 5 * 2**self.request.retries)
-        log.warning("run %s: cannot claim it (%s); trying again in %s s", run_id, type(exc).__name__, delay)
+        log.warning("run: cannot claim it; trying again",
+                    extra={"run_id": run_id, "reason": type(exc).__name__, "retry_in_s": delay})
         raise self.retry(countdown=delay, max_retries=CLAIM_RETRIES, exc=exc) from exc
     except run_rows.OwnerMaybeAlive as exc:  # a redelivered message: ask again once the owner is known
-        log.info("%s; asking again in %s s", exc, OWNER_RETRY_S)
+        log.info("run owner may be alive; asking again",
+                 extra={"run_id": run_id, "reason": str(exc), "retry_in_s": OWNER_RETRY_S})
         raise self.retry(countdown=OWNER_RETRY_S, max_retries=OWNER_RETRIES, exc=exc) from exc
     if snapshot is None:
         return {"run_id": run_id, "status": "skipped"}
@@ -67,17 +69,18 @@ def run(self, run_id: int) -> dict[str, Any]:
         notes_map = notes_map_record(report.attribution)
         if run_rows.succeed(run_id, hostname, result_rows(run_id, report), timings, notes_map,
                             dtype=report.dtype, device=report.device):
-            log.info("run %s succeeded in %.0f ms", run_id, (time.perf_counter() - t0) * 1000)
+            log.info("run succeeded",
+                     extra={"run_id": run_id, "duration_ms": round((time.perf_counter() - t0) * 1000)})
             return {"run_id": run_id, "status": RunStatus.SUCCEEDED}
         run_rows.stopped(run_id)
         return {"run_id": run_id, "status": RunStatus.CANCELLED}
     except run_rows.Stop:
-        log.info("run %s stopped: cancelled", run_id)
+        log.info("run stopped: cancelled", extra={"run_id": run_id})
         run_rows.stopped(run_id)
         return {"run_id": run_id, "status": RunStatus.CANCELLED}
     except BaseException as exc:
         if not isinstance(exc, EngineError):
-            log.exception("run %s failed during %s", run_id, reporter.stage)
+            log.exception("run failed", extra={"run_id": run_id, "stage": reporter.stage})
         message = describe_failure(exc, device, reporter.stage)
         run_rows.fail(run_id, hostname, message)
         if not isinstance(exc, Exception):
@@ -113,7 +116,7 @@ def compile_skill(self, skill_id: int) -> dict[str, Any]:
         return {"skill_id": skill_id, "status": "compiled", "store_key": key}
     except Exception as exc:
         if not isinstance(exc, EngineError):
-            log.exception("compiling skill %s failed", skill_id)
+            log.exception("compiling a skill failed", extra={"skill_id": skill_id})
         message = describe_failure(exc, device, stage)
         _set_skill(skill_id, status="failed", error=message)
         return {"skill_id": skill_id, "status": "failed", "error": message}
@@ -136,6 +139,6 @@ def _on_worker_ready(sender=None, **_kwargs) -> None:
         try:
             get_engine(name.removeprefix("model.")).warm_up()
         except Exception:  # a task on this queue will report the error on its run
-            log.exception("could not preload the model of queue %s", name)
+            log.exception("could not preload the model of a queue", extra={"queue": name})
     presence.ready()
-    log.info("worker %s ready on %s", hostname, ", ".join(queues))
+    log.info("worker ready", extra={"worker": hostname, "queues": ",".join(queues)})

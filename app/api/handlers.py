@@ -112,7 +112,8 @@ async def _http(request: Request, exc: Exception) -> Response:
 
 
 async def _server_error(request: Request, exc: Exception) -> Response:
-    log.error("unexpected error answering %s %s", request.method, request.url.path, exc_info=exc)
+    log.error("unexpected error answering a request", exc_info=exc,
+              extra={"method": request.method, "path": request.url.path})
     return answer(request, 500,
                   "the server could not answer this request (an unexpected error, logged on the server)")
 
@@ -142,7 +143,7 @@ async def _unprocessable(_request: Request, exc: Exception) -> JSONResponse:
 
 async def _database(request: Request, exc: Exception) -> Response:
     reason = plain_database_error(exc)
-    log.error("database error answered 503: %s", reason)
+    log.error("database error answered 503", extra={"reason": reason})
     return answer(request, 503, f"the database cannot be written right now ({reason}); nothing was saved",
                   {"Retry-After": "30"})
 

@@ -125,7 +125,8 @@ def _unsave(session: Session, run: Run, question: Question | None) -> None:
         session.commit()
     except SQLAlchemyError as exc:  # the row stays `queued` without a message: the watchdog fails it
         session.rollback()
-        log.error("run %s could not be queued nor deleted: %s", run.id, type(exc).__name__)
+        log.error("run could not be queued nor deleted",
+                  extra={"run_id": run.id, "reason": type(exc).__name__})
 
 
 def question_for(notebook: Notebook, body: RunCreate) -> Question:

@@ -118,7 +118,8 @@ def _unsave(session: Session, sweep: Sweep) -> None:
         session.commit()
     except SQLAlchemyError as exc:
         session.rollback()
-        log.error("sweep %s could not be queued nor deleted: %s", sweep.id, type(exc).__name__)
+        log.error("sweep could not be queued nor deleted",
+                  extra={"sweep_id": sweep.id, "reason": type(exc).__name__})
 
 
 def cancel_sweep(session: Session, sweep: Sweep) -> int:

@@ -354,12 +354,13 @@ def test_a_deleted_queued_run_never_starts_or_delays_another(worker: Worker) -> 
     log = worker.log_path.read_text(errors="replace")
     # B's message is dropped either by the broadcast revoke (Redis, when it reaches the worker
     # first) or by the missing row (always on SQLite, which has no broadcast); never run
-    dropped = (f"run {deleted_run} does not exist (deleted, or never saved)" in log
+    # the worker logs key=value lines (data.logs): the message, then the facts as fields
+    dropped = (f'does not exist (deleted, or never saved): message dropped" run_id={deleted_run} ' in log
                or f"Discarding revoked task: kvnotes.run[{deleted_token}]" in log)
     assert dropped, f"run {deleted_run}'s message (token {deleted_token}) was not dropped"
-    assert f"run {deleted_run} succeeded" not in log
-    assert f"message {stray} is not run {own_id}'s" in log
-    assert log.count(f"run {own_id} succeeded") == 1  # started once, by its own message
+    assert f'msg="run succeeded" run_id={deleted_run} ' not in log
+    assert f"""is not the run's (another token): dropped" task_id={stray} run_id={own_id} """ in log
+    assert log.count(f'msg="run succeeded" run_id={own_id} ') == 1  # started once, by its own message
     with get_sessionmaker()() as s:
         assert s.get(Run, deleted_run) is None
     gap = (run.started_at - busy_run.finished_at).total_seconds()

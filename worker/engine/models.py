@@ -146,7 +146,7 @@ def _convert_gguf(alias: str, tmp: Path) -> None:
     family, source, _, _, find_gguf = REAL_MODELS[alias]
     t0 = time.perf_counter()
     gguf = find_gguf(tmp)
-    log.info("converting %s from %s (once; takes a minute)", alias, gguf)
+    log.info("converting a model (once; takes a minute)", extra={"model": alias, "source": str(gguf)})
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
     # A GGUF-loaded model refuses save_pretrained ("quantized with gguf and is not serializable");
@@ -162,7 +162,7 @@ def _convert_gguf(alias: str, tmp: Path) -> None:
     (out / CONVERTED_MARKER).write_text(json.dumps(marker, indent=2))
     for f in out.iterdir():
         f.chmod(0o644)  # some writers create 0600 files; a shared data folder must be readable
-    log.info("converted %s in %.1f s", alias, time.perf_counter() - t0)
+    log.info("converted a model", extra={"model": alias, "duration_s": round(time.perf_counter() - t0, 1)})
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -126,7 +126,7 @@ class KVStore:
             self._open()
             entries = scan_files(self.root)
             self.index.record(entries)
-            log.warning("kv store: index rebuilt from %d files", len(entries))
+            log.warning("kv store: index rebuilt from the files", extra={"files": len(entries)})
         except (OSError, sqlite3.Error) as again:
             self._index = None
             self.guard.fault("rebuilding the index", again)
@@ -299,7 +299,8 @@ class KVStore:
             if meta.get("sha256") != _checksum(tensors):
                 raise ValueError("checksum mismatch")
         except Exception as exc:  # any parse error of a damaged file is the same event: corrupt
-            log.warning("kv store: dropping corrupt %s %s (%s)", kind, key[:12], exc)
+            log.warning("kv store: dropping a corrupt entry",
+                        extra={"kind": kind, "key": key[:12], "reason": str(exc)})
             path.unlink(missing_ok=True)
             self.index.forget([key])
             self.index.count(corrupt=1)
@@ -312,7 +313,8 @@ class KVStore:
         for key, kind in victims:
             self._path(kind, key).unlink(missing_ok=True)
         if victims:
-            log.info("kv store: evicted %d files to fit %d bytes", len(victims), self.budget_bytes)
+            log.info("kv store: evicted files to fit",
+                     extra={"files": len(victims), "budget_bytes": self.budget_bytes})
 
 
 # ---- tensor helpers -----------------------------------------------------------------------------

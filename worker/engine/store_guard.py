@@ -46,8 +46,8 @@ class CacheGuard:
         kind = f"{what}:{type(exc).__name__}:{getattr(exc, 'errno', '')}"
         if kind not in self._logged:
             self._logged.add(kind)
-            log.warning("kv store: %s failed (%s: %s); runs compute without the cache",
-                        what, type(exc).__name__, exc)
+            log.warning("kv store: failed; runs compute without the cache",
+                        extra={"doing": what, "reason": f"{type(exc).__name__}: {exc}"})
         if cooldown:
             self._down_until = time.monotonic() + COOLDOWN_S
 
@@ -69,7 +69,7 @@ def quarantine(index_path: Path) -> Path | None:
         part = Path(str(index_path) + suffix)
         if part.exists():
             part.replace(Path(str(target) + suffix))
-    log.warning("kv store: damaged index moved to %s", target)
+    log.warning("kv store: damaged index moved aside", extra={"path": str(target)})
     return target
 
 

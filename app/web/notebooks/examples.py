@@ -173,7 +173,7 @@ def _listed(directory: Path, stamp: tuple) -> tuple[Example, ...]:
             spec = read_spec(slug, directory)
             description, model = filled(spec, directory)
         except ExampleError as exc:
-            log.warning("%s", exc)
+            log.warning("example skipped", extra={"example": slug, "reason": str(exc)})
             continue
         out.append(Example(slug, spec.title, description, directory / f"{slug}.json", model))
     return tuple(out)
