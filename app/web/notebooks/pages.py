@@ -290,7 +290,6 @@ def save_question(request: Request, notebook_id: int, session: SessionDep, quest
         asked = {"text": question.strip(), "choices": lines(choices), "cot": bool(cot)}
         body = validate(schemas.QuestionIn, asked, rename={"text": "question"})
         actions.set_question(notebook, body.text, body.choices, body.cot)
-        session.commit()
     except Unprocessable as exc:
         session.rollback()
         context = notebook_context(session, notebook, run_values=values)
