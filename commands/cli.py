@@ -10,6 +10,9 @@
     kvnotes users add|list|remove, kvnotes tokens create|list|revoke   (accounts; see commands.accounts)
     kvnotes replay --url URL --document doc.txt --field OLD --values v1,v2 --question "..." --json
                                   (the edit on a vLLM server; see commands.replay, docs/serving.md)
+    kvnotes sweep --document doc.txt --field OLD [--label L] (--values a,b,… | --values-file F) \\
+        --question "..." [--choices …] [--strategies …] [--threshold 0.95] --json
+                                  (many values of a field, the policy; see commands.sweep)
 
 Bad input exits with status 2 and one line on stderr, never a traceback.
 """
@@ -234,6 +237,9 @@ def build_parser() -> argparse.ArgumentParser:
     from commands.replay import add_command as add_replay_command
 
     add_replay_command(sub)
+    from commands.sweep import add_command as add_sweep_command
+
+    add_sweep_command(sub)
     return parser
 
 

@@ -197,6 +197,23 @@ def strategy_stats(name: str, edits: Sequence[EditRecord], choices: bool) -> Str
     )
 
 
+def share_dict(share: Share) -> dict:
+    ci = share.ci95
+    return {"value": share.value, "ci95": list(ci) if ci else None, "agreed": share.k, "edits": share.n}
+
+
+def strategy_dict(s: StrategyStats) -> dict:
+    """One strategy's statistics in the shape `GET /api/sweeps/{id}` and `kvnotes sweep --json`
+    give them (`agreement`, `agreement_ci95`, the counts, `changed`, `accuracy`, …)."""
+    ci = s.agreement.ci95
+    return {"agreement": s.agreement.value, "agreement_ci95": list(ci) if ci else None,
+            "agreed": s.agreement.k, "determined": s.agreement.n, "undetermined": s.undetermined,
+            "changed": share_dict(s.changed), "accuracy": share_dict(s.accuracy) if s.accuracy else None,
+            "kl_median": s.kl_median, "cost_share": s.cost_share, "prefix_cache_share": s.prefix_cache_share,
+            "speedup_median": s.speedup_median,
+            "speedup_iqr": list(s.speedup_iqr) if s.speedup_iqr else None, "exact": s.exact}
+
+
 @dataclass(frozen=True)
 class Policy:
     """The strategy to use (recompute when none is safe enough), why, at which threshold."""

@@ -16,6 +16,7 @@ from sqlalchemy.orm import Session
 
 from data.contracts import SweepEdit
 from data.models import RUN_ACTIVE, Run, RunResult, RunStatus, Sweep
+from vocabulary.strategies import REFERENCE
 from vocabulary.sweeps import (
     PAPER_MODEL,
     EditRecord,
@@ -23,6 +24,9 @@ from vocabulary.sweeps import (
     Share,
     StrategyStats,
     changed,
+    decision_key,
+    share_dict,
+    strategy_dict,
     sweep_stats,
 )
 
@@ -37,8 +41,7 @@ class ShareOut(BaseModel):
 
     @classmethod
     def of(cls, share: Share) -> ShareOut:
-        ci = share.ci95
-        return cls(value=share.value, ci95=list(ci) if ci else None, agreed=share.k, edits=share.n)
+        return cls.model_validate(share_dict(share))
 
 
 class StrategySweepOut(BaseModel):
@@ -61,13 +64,7 @@ class StrategySweepOut(BaseModel):
 
     @classmethod
     def of(cls, s: StrategyStats) -> StrategySweepOut:
-        ci = s.agreement.ci95
-        return cls(agreement=s.agreement.value, agreement_ci95=list(ci) if ci else None,
-                   agreed=s.agreement.k, determined=s.agreement.n, undetermined=s.undetermined,
-                   changed=ShareOut.of(s.changed), accuracy=ShareOut.of(s.accuracy) if s.accuracy else None,
-                   kl_median=s.kl_median, cost_share=s.cost_share, prefix_cache_share=s.prefix_cache_share,
-                   speedup_median=s.speedup_median,
-                   speedup_iqr=list(s.speedup_iqr) if s.speedup_iqr else None, exact=s.exact)
+        return cls.model_validate(strategy_dict(s))
 
 
 class PolicyOut(BaseModel):
@@ -89,8 +86,21 @@ class FrontierPointOut(BaseModel):
     source: str
 
 
+class EditResultOut(BaseModel):
+    """One strategy on one edit: its decision, verdict, whether it decided as recompute (None:
+    recompute's answer named no value), KL, tokens computed, time to first token."""
+
+    decision: str
+    edit_followed: str | None
+    agrees: bool | None
+    kl_to_recompute: float
+    tokens_computed: int
+    ttft_ms: float
+    prefix_cache_share: float
+
+
 class EditOut(BaseModel):
-    """One edit: its run (an ordinary run page), status, values, and each strategy's decision."""
+    """One edit: its run (an ordinary run page), status, values, and each strategy's result."""
 
     position: int
     run_id: int
@@ -100,7 +110,7 @@ class EditOut(BaseModel):
     values: dict[str, str]
     expected: str | None
     changed: bool | None
-    decisions: dict[str, str]
+    results: dict[str, EditResultOut]
 
 
 class WorstCaseOut(BaseModel):
@@ -155,6 +165,16 @@ _COLUMNS = (RunResult.run_id, RunResult.strategy, RunResult.decision, RunResult.
             RunResult.ttft_ms)
 
 
+def _results(record: EditRecord, choices: bool) -> dict[str, EditResultOut]:
+    ref = record.outcomes.get(REFERENCE)
+    ref_key = decision_key(ref, choices) if ref else None
+    return {name: EditResultOut(
+        decision=o.decision, edit_followed=o.followed,
+        agrees=None if ref_key is None else decision_key(o, choices) == ref_key,
+        kl_to_recompute=o.kl, tokens_computed=o.tokens, ttft_ms=o.ttft_ms,
+        prefix_cache_share=o.prefix_cache_share) for name, o in record.outcomes.items()}
+
+
 def sweep_status(session: Session, sweep: Sweep) -> str:
     """The sweep's status: its row's, except that a sweep with no edit left to run (its last edit
     failed by the watchdog, which does not know sweeps) reads as finished."""
@@ -177,13 +197,11 @@ def build_sweep_view(session: Session, sweep: Sweep, threshold: float | None = N
                            .where(Run.sweep_id == sweep.id).order_by(Run.id)).all()
     done_ids = [r.id for r in runs if r.status == RunStatus.SUCCEEDED]
     outcomes: dict[int, dict[str, Outcome]] = {rid: {} for rid in done_ids}
-    decisions: dict[int, dict[str, str]] = {rid: {} for rid in done_ids}
     if done_ids:
         for row in session.execute(select(*_COLUMNS).where(RunResult.run_id.in_(done_ids))):
             outcomes[row.run_id][row.strategy] = Outcome(
                 decision=row.decision, followed=row.edit_followed, kl=row.kl_to_recompute,
                 tokens=row.tokens_computed, prefix_cache_share=row.prefix_cache_share, ttft_ms=row.ttft_ms)
-            decisions[row.run_id][row.strategy] = row.decision
     records: list[EditRecord] = []
     edits: list[EditOut] = []
     for r in runs:
@@ -196,7 +214,7 @@ def build_sweep_view(session: Session, sweep: Sweep, threshold: float | None = N
         edits.append(EditOut(position=edit.position, run_id=r.id, status=r.status, error=r.error,
                              field=edit.group, values=dict(edit.values), expected=edit.expected,
                              changed=changed(record, choices) if record else None,
-                             decisions=decisions.get(r.id, {})))
+                             results=_results(record, choices) if record else {}))
     stats = sweep_stats(records, sweep.strategies, choices, threshold)
     failed = sum(r.status == RunStatus.FAILED for r in runs)
     p = stats.policy

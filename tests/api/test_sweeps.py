@@ -57,6 +57,12 @@ def test_a_sweep_queues_one_run_per_edit_and_skips_the_old_value(make_client, tm
         [("status", "active", "suspended")]
     assert run["snapshot"]["sweep_id"] == sweep["id"]
     assert client.get(f"/api/notebooks/{nb}/sweeps").json() == [sweep["id"]]
+    page = client.get(f"/sweeps/{sweep['id']}")
+    assert page.status_code == 200 and "0 of 3 edits" in page.text and "<svg" in page.text
+    lines = client.get(f"/sweeps/{sweep['id']}/export.csv").text.splitlines()
+    assert lines[0].startswith("sweep_id,position,run_id,status") and len(lines) == 1 + 3 * 3
+    report = client.get(f"/sweeps/{sweep['id']}/report.html")
+    assert report.status_code == 200 and "<script" not in report.text and "<svg" in report.text
     # cancelled before any edit ran: nothing finished to keep, all 3 cancelled
     done = client.post(f"/api/sweeps/{sweep['id']}/cancel").json()
     assert done["status"] == "cancelled" and done["edits_done"] == 0
@@ -130,3 +136,21 @@ def test_uploads_read_csv_and_jsonl() -> None:
         {"status": "banned", "expected": "no"}, {"status": "closed", "expected": ""}]
     assert rows_from_upload('{"status": "banned"}\n\n{"status": "closed", "expected": "no"}\n',
                             "e.jsonl") == [{"status": "banned"}, {"status": "closed", "expected": "no"}]
+
+
+def test_the_notebook_panel_starts_a_sweep_or_says_what_is_wrong(make_client) -> None:
+    client = make_client()
+    nb = _with_field(client)
+    panel = client.get(f"/notebooks/{nb}/sweep")
+    assert panel.status_code == 200 and 'name="values_0"' in panel.text and "status" in panel.text
+    form = {"question": "Can this customer log in?", "choices": "yes, no", "strategies": ["erratum"],
+            "threshold": "0.9"}
+    before = _counts()
+    bad = client.post(f"/notebooks/{nb}/sweeps", data=form,
+                      files={"upload": ("edits.csv", b"status,tier\nbanned,gold\n", "text/csv")})
+    assert bad.status_code == 422 and "row 1, column &#39;tier&#39;: names no field" in bad.text
+    assert _counts() == before
+    ok = client.post(f"/notebooks/{nb}/sweeps", data={**form, "values_0": "banned\nclosed\n"})
+    assert ok.status_code == 204 and ok.headers["HX-Redirect"].startswith("/sweeps/")
+    sweep = client.get("/api" + ok.headers["HX-Redirect"]).json()
+    assert sweep["edits_total"] == 2 and sweep["threshold"] == 0.9 and sweep["choices"] == ["yes", "no"]

@@ -1,0 +1,146 @@
+"""The sweep pages: the permalink `/sweeps/{id}` (progress "k of N edits", Cancel, the threshold
+moved without running anything again, the frontier drawn on the server, the table, the policy and
+the worst cases), its progress fragment, its exports (`export.json`: the one `SweepView`;
+`export.csv`: one row per edit and strategy; `report.html`: the offline report, self-contained),
+and the notebook's Sweep panel (values per field, or a CSV / JSONL upload)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, File, Query, Request, UploadFile
+from fastapi.responses import RedirectResponse, Response
+from sqlalchemy import select
+
+from app.api.deps import PrincipalDep, SessionDep, get_or_404
+from app.services.errors import RunLimitReached, Unprocessable
+from app.services.sweep_input import SweepCreate, rows_from_upload
+from app.services.sweep_view import SweepView, build_sweep_view
+from app.services.sweeps import cancel_sweep, start_sweep
+from app.web.forms import parse_number, validate
+from app.web.sweeps.view import csv_text, frontier_svg
+from app.web.templating import render
+from data.models import RUN_ACTIVE, Notebook, Sweep
+from data.queue import QueueUnavailable
+from data.settings import get_settings
+from data.watchdog import reap_for_reader
+from vocabulary import DEFAULT_STRATEGIES, EDIT_INFO, REFERENCE
+from vocabulary.sweeps import DEFAULT_THRESHOLD
+
+router = APIRouter()
+Threshold = Annotated[float | None, Query(gt=0.0, lt=1.0)]
+
+
+def _view(session, sweep_id: int, threshold: float | None = None) -> SweepView:
+    reap_for_reader(session)
+    return build_sweep_view(session, get_or_404(session, Sweep, sweep_id, "sweep"), threshold)
+
+
+def _download(name: str) -> dict[str, str]:
+    return {"Content-Disposition": f'attachment; filename="{name}"'}
+
+
+@router.get("/sweeps/{sweep_id}")
+def sweep_page(request: Request, sweep_id: int, session: SessionDep, threshold: Threshold = None) -> Response:
+    view = _view(session, sweep_id, threshold)
+    return render(request, "sweep.html", sweep=view, frontier=frontier_svg(view), nav="runs")
+
+
+@router.get("/sweeps/{sweep_id}/progress")
+def sweep_progress(request: Request, sweep_id: int, session: SessionDep) -> Response:
+    """The live fragment; once the sweep ends, 286 (htmx stops polling) and HX-Refresh."""
+    view = _view(session, sweep_id)
+    response = render(request, "_sweep_progress.html", sweep=view)
+    if not view.active:
+        response.status_code = 286
+        response.headers["HX-Refresh"] = "true"
+    return response
+
+
+@router.post("/sweeps/{sweep_id}/cancel")
+def sweep_cancel(sweep_id: int, session: SessionDep) -> Response:
+    cancel_sweep(session, get_or_404(session, Sweep, sweep_id, "sweep"))
+    return RedirectResponse(f"/sweeps/{sweep_id}", status_code=303, headers={"HX-Refresh": "true"})
+
+
+@router.get("/sweeps/{sweep_id}/export.json")
+def sweep_json(sweep_id: int, session: SessionDep, threshold: Threshold = None) -> Response:
+    view = _view(session, sweep_id, threshold)
+    return Response(view.model_dump_json(indent=1), media_type="application/json",
+                    headers=_download(f"sweep-{sweep_id}.json"))
+
+
+@router.get("/sweeps/{sweep_id}/export.csv")
+def sweep_csv(sweep_id: int, session: SessionDep, threshold: Threshold = None) -> Response:
+    view = _view(session, sweep_id, threshold)
+    return Response(csv_text(view), media_type="text/csv; charset=utf-8",
+                    headers=_download(f"sweep-{sweep_id}.csv"))
+
+
+@router.get("/sweeps/{sweep_id}/report.html")
+def sweep_report(request: Request, sweep_id: int, session: SessionDep,
+                 threshold: Threshold = None) -> Response:
+    """The offline report: one HTML file, no scripts and no links it needs, the frontier drawn."""
+    view = _view(session, sweep_id, threshold)
+    response = render(request, "sweep_report.html", sweep=view, frontier=frontier_svg(view))
+    response.headers.update(_download(f"sweep-{sweep_id}.html"))
+    return response
+
+
+# ---- the notebook's Sweep panel ---------------------------------------------------------------
+
+
+def _panel(request: Request, session, notebook: Notebook, errors: dict[str, str] | None = None,
+           form: dict | None = None, status_code: int = 200) -> Response:
+    sweeps = session.scalars(select(Sweep).where(Sweep.notebook_id == notebook.id)
+                             .order_by(Sweep.id.desc()).limit(10)).all()
+    question = notebook.question
+    return render(request, "_sweep_panel.html", status_code=status_code, notebook=notebook,
+                  fields=[f for f in notebook.fields if f.label], sweeps=sweeps, errors=errors or {},
+                  form=form or {"question": question.text if question else "",
+                                "choices": ", ".join(question.choices) if question else "",
+                                "strategies": list(DEFAULT_STRATEGIES), "threshold": "0.95"},
+                  strategies=[n for n, i in EDIT_INFO.items() if i.role != "composite"], active=RUN_ACTIVE,
+                  max_edits=get_settings().max_sweep_edits)
+
+
+@router.get("/notebooks/{notebook_id}/sweep")
+def sweep_panel(request: Request, notebook_id: int, session: SessionDep) -> Response:
+    return _panel(request, session, get_or_404(session, Notebook, notebook_id, "notebook"))
+
+
+@router.post("/notebooks/{notebook_id}/sweeps")
+async def sweep_start(request: Request, notebook_id: int, session: SessionDep, principal: PrincipalDep,
+                      upload: Annotated[UploadFile | None, File()] = None) -> Response:
+    """Start a sweep from the panel's form; on success go to its page, else the panel again with
+    each problem beside its field (nothing saved)."""
+    notebook = get_or_404(session, Notebook, notebook_id, "notebook")
+    data = await request.form()
+    fields = [f for f in notebook.fields if f.label]
+    form = {"question": str(data.get("question", "")), "choices": str(data.get("choices", "")),
+            "strategies": [str(s) for s in data.getlist("strategies")],
+            "threshold": str(data.get("threshold", "0.95")),
+            **{f"values_{i}": str(data.get(f"values_{i}", "")) for i in range(len(fields))}}
+    try:
+        body = {"question": form["question"], "strategies": form["strategies"] or [REFERENCE],
+                "threshold": parse_number(form["threshold"], "threshold", DEFAULT_THRESHOLD),
+                "choices": [c.strip() for c in form["choices"].split(",") if c.strip()]}
+        if upload is not None and upload.filename:
+            raw = await upload.read(get_settings().max_upload_bytes + 1)
+            if len(raw) > get_settings().max_upload_bytes:
+                raise Unprocessable("upload", "the file is larger than the upload limit")
+            body["edits"] = rows_from_upload(raw.decode("utf-8", errors="replace"), upload.filename)
+        else:
+            body["values"] = {f.label: [v.strip() for v in form[f"values_{i}"].splitlines() if v.strip()]
+                              for i, f in enumerate(fields) if form[f"values_{i}"].strip()}
+            if not body["values"]:
+                raise Unprocessable("values", "give values for at least one field, one per line, "
+                                              "or upload a CSV / JSONL file")
+        sweep = start_sweep(session, notebook, validate(SweepCreate, body), principal.name)
+    except Unprocessable as exc:
+        return _panel(request, session, notebook, exc.errors, form, 422)
+    except QueueUnavailable as exc:
+        return _panel(request, session, notebook, {"form": exc.reason}, form, 503)
+    except RunLimitReached as exc:
+        return _panel(request, session, notebook, {"form": str(exc)}, form, 429)
+    return Response(status_code=204, headers={"HX-Redirect": f"/sweeps/{sweep.id}"})

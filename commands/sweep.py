@@ -1,0 +1,177 @@
+"""`kvnotes sweep`: one field of a document given many values, every strategy against recompute on
+each, and the sweep's statistics (`vocabulary.sweeps`) in the shape `GET /api/sweeps/{id}` gives.
+
+    kvnotes sweep --document doc.txt --field "active" [--label status] \\
+        (--values suspended,banned,… | --values-file values.txt) --question "..." \\
+        [--choices yes,no] [--strategies recompute,erratum,…] [--threshold 0.95] [--json]
+
+It runs in this process, on the engine: the document is prefilled once (`document_prefills`: 1)
+and every edit starts from those notes. A value equal to the old one is skipped and counted. A
+values file holds one value a line (a .csv / .jsonl file: the column named by --label, or the
+only column).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from commands.accounts import CommandError
+from vocabulary import DEFAULT_STRATEGIES, REFERENCE, unknown_strategies, with_recompute
+from vocabulary.sweeps import (
+    DEFAULT_THRESHOLD,
+    ORIGINAL,
+    EditRecord,
+    Outcome,
+    strategy_dict,
+    sweep_stats,
+)
+
+
+class SweepUsageError(CommandError):
+    """Bad input: `kvnotes` exits 2 with this one line."""
+
+
+def _values(args) -> list[str]:
+    if (args.values is None) == (args.values_file is None):
+        raise SweepUsageError("give the values one way: --values a,b,… or --values-file F")
+    if args.values is not None:
+        values = [v.strip() for v in args.values.split(",")]
+        where = "--values"
+    else:
+        path = Path(args.values_file)
+        if not path.is_file():
+            raise SweepUsageError(f"values file not found: {path}")
+        text = path.read_text(encoding="utf-8")
+        where = str(path)
+        if path.suffix.lower() in (".csv", ".jsonl", ".ndjson"):
+            values = _column(text, path.suffix.lower(), args.label or "", where)
+        else:
+            values = [line.strip() for line in text.splitlines() if line.strip()]
+    if not values:
+        raise SweepUsageError(f"{where}: the value list is empty")
+    for i, value in enumerate(values, start=1):
+        if not value:
+            raise SweepUsageError(f"{where}: value {i} is empty")
+    return values
+
+
+def _column(text: str, suffix: str, label: str, where: str) -> list[str]:
+    import csv
+    import io
+
+    rows = ([json.loads(line) for line in text.splitlines() if line.strip()] if suffix != ".csv"
+            else list(csv.DictReader(io.StringIO(text))))
+    out = []
+    for n, row in enumerate(rows, start=1):
+        columns = [c for c in row if c != "expected"]
+        column = label if label in columns else (columns[0] if len(columns) == 1 else None)
+        if column is None:
+            raise SweepUsageError(f"{where}: row {n} has no column {label!r} "
+                                  f"(columns: {', '.join(columns)})")
+        out.append(str(row[column] or "").strip())
+    return out
+
+
+def run_sweep(eng, document: str, field: str, label: str, values: list[str], question,
+              strategies: list[str], threshold: float = DEFAULT_THRESHOLD, progress=None) -> dict:
+    """The sweep's result as `kvnotes sweep --json` prints it (also what the example sweep and the
+    benchmark store): per-strategy statistics, the policy, the frontier, the worst cases and each
+    edit's decisions; the document prefilled once."""
+    from worker.engine import Field, RunRequest
+
+    start = document.find(field)
+    if start < 0:
+        raise SweepUsageError(f"--field: {field!r} is not in the document")
+    names = with_recompute(strategies)
+    names = names if ORIGINAL in names else [*names, ORIGINAL]
+    notes = eng.prefill(document)
+    edits, skipped = [], 0
+    for value in values:
+        if value == field:
+            skipped += 1
+            continue
+        request = RunRequest(document=document, question=question, strategies=tuple(names),
+                             fields=(Field(start, start + len(field), value, label),))
+        report = eng.run(request, notes=notes)
+        outcomes = {name: Outcome(decision=r.decision, followed=r.edit_followed, kl=r.kl_to_recompute,
+                                  tokens=r.tokens_computed, prefix_cache_share=r.prefix_cache_share,
+                                  ttft_ms=r.ttft_ms) for name, r in report.strategies.items()}
+        edits.append(EditRecord(position=len(edits), group=label, values={label: value}, expected=None,
+                                run_id=0, outcomes=outcomes))
+        if progress:
+            progress(len(edits), len(values))
+    if not edits:
+        raise SweepUsageError(f"every value ({skipped}) equals the field's old value: nothing to run")
+    stats = sweep_stats(edits, names, bool(question.choices), threshold)
+    p = stats.policy
+    return {
+        "status": "succeeded", "model": eng.info.alias, "edits_total": len(edits),
+        "edits_done": len(edits),
+        "edits_skipped": skipped, "document_prefills": 1, "document_tokens": notes.n_tokens,
+        "question": question.text, "choices": list(question.choices), "threshold": threshold,
+        "strategies": {name: strategy_dict(s) for name, s in stats.strategies.items()},
+        "policy": {"strategy": p.strategy, "threshold": p.threshold, "sentence": p.sentence},
+        "frontier": [{"label": f.label, "agreement": f.agreement, "ci95": list(f.ci95) if f.ci95 else None,
+                      "cost_share": f.cost_share, "source": f.source} for f in stats.frontier],
+        "worst_strategy": stats.worst_strategy,
+        "worst_cases": [{"values": w.values, "answer": w.answer, "recompute": w.recompute,
+                         "original": w.original} for w in stats.worst],
+        "edits": [{"values": e.values, "decisions": {n: o.decision for n, o in e.outcomes.items()},
+                   "ttft_ms": {n: o.ttft_ms for n, o in e.outcomes.items()}} for e in edits],
+    }
+
+
+def cmd_sweep(args) -> None:
+    from commands.cli import UsageError, _load, _question, _read
+
+    try:  # `python -m commands.cli` catches its own (__main__'s) UsageError, not commands.cli's
+        document = _read(args.document, "document")
+        question = _question(args)
+    except UsageError as exc:
+        raise SweepUsageError(str(exc)) from None
+    values = _values(args)
+    strategies = [s.strip() for s in args.strategies.split(",") if s.strip()] if args.strategies \
+        else list(DEFAULT_STRATEGIES)
+    problem = unknown_strategies(strategies)
+    if problem:
+        raise SweepUsageError(problem)
+    if not 0 < args.threshold < 1:
+        raise SweepUsageError(f"--threshold must be between 0 and 1, got {args.threshold}")
+    if args.field not in document:
+        raise SweepUsageError(f"--field: {args.field!r} is not in the document")
+    eng = _load(args)
+    result = run_sweep(eng, document, args.field, args.label or "the value", values,
+                       question, strategies, args.threshold)
+    if args.json:
+        print(json.dumps(result, indent=2))
+        return
+    print(f"{result['model']}: {result['edits_done']} edits ({result['edits_skipped']} skipped), "
+          f"document prefilled {result['document_prefills']} time")
+    print(f"{'strategy':<14} {'agreement':>9} {'95% CI':>14} {'changed':>9} {'cost':>7}")
+    for name, s in result["strategies"].items():
+        ci = s["agreement_ci95"] or [0, 0]
+        changed = s["changed"]
+        print(f"{name:<14} {s['agreed']:>4}/{s['determined']:<4} [{ci[0]:.2f}, {ci[1]:.2f}] "
+              f"{changed['agreed']:>4}/{changed['edits']:<4} {s['cost_share'] or 0:>7.1%}")
+    print(f"policy: {result['policy']['strategy']} — {result['policy']['sentence']}")
+
+
+def add_command(sub) -> None:
+    from commands.cli import _common
+
+    p = sub.add_parser("sweep", help="many values of one field: which strategy follows recompute, "
+                                     "with 95%% intervals, and the policy")
+    p.add_argument("--document", required=True)
+    p.add_argument("--field", required=True,
+                   help="the field's current text in the document (its first occurrence)")
+    p.add_argument("--label", default=None, help="the field's name (in errata and the output)")
+    p.add_argument("--values", default=None, help="comma-separated new values, one edit each")
+    p.add_argument("--values-file", default=None, help="one value a line (or a .csv / .jsonl column)")
+    p.add_argument("--strategies", default=None,
+                   help=f"comma-separated (default: {','.join(DEFAULT_STRATEGIES)}); {REFERENCE} and "
+                        f"{ORIGINAL} are always included")
+    p.add_argument("--threshold", type=float, default=DEFAULT_THRESHOLD,
+                   help="the policy's threshold on the lower bound of changed-edit agreement")
+    _common(p)
+    p.set_defaults(func=cmd_sweep)

@@ -1,0 +1,54 @@
+"""`kvnotes sweep`: many values of one field on a tiny model, in one process: the JSON has the API's
+shape (per-strategy agreement with a Wilson interval containing it, changed-edit agreement, cost
+share, frontier, policy), the document prefilled once, a value equal to the old one skipped and
+counted, prefix_reuse agreeing on every determined edit; bad input exits 2 with one line."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.worker.conftest import kvnotes
+
+VALUES = "banned,active,closed,frozen,pending,locked"
+
+
+def test_sweep_prints_the_api_shape(doc, tmp_path):
+    out = kvnotes("sweep", "--model", "tiny-llama", "--document", str(doc[0]), "--field", "active",
+                  "--label", "status", "--values", VALUES, "--question", "Can the user log in?",
+                  "--choices", "yes,no", "--strategies", "recompute,prefix_reuse,erratum", "--json")
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    assert (data["edits_done"], data["edits_skipped"], data["document_prefills"]) == (5, 1, 1)
+    assert list(data["strategies"]) == ["recompute", "prefix_reuse", "erratum", "stale"]
+    for name, s in data["strategies"].items():
+        assert s["determined"] == 5 and s["undetermined"] == 0, name
+        lo, hi = s["agreement_ci95"]
+        assert lo <= s["agreement"] <= hi
+        assert set(s["changed"]) == {"value", "ci95", "agreed", "edits"}
+    assert data["strategies"]["prefix_reuse"]["agreed"] == 5
+    assert data["strategies"]["recompute"]["cost_share"] == 1.0
+    assert data["strategies"]["erratum"]["cost_share"] > 0  # its erratum is longer than this record
+    assert data["policy"]["strategy"] in data["strategies"] and data["policy"]["sentence"]
+    assert {p["source"] for p in data["frontier"]} == {"this sweep", "the paper's 8B model"}
+    values_file = tmp_path / "values.csv"
+    values_file.write_text("status,expected\nbanned,no\nclosed,no\n")
+    out = kvnotes("sweep", "--model", "tiny-llama", "--document", str(doc[0]), "--field", "active",
+                  "--label", "status", "--values-file", str(values_file), "--question", "Status?",
+                  "--strategies", "recompute", "--json")
+    assert out.returncode == 0, out.stderr
+    assert [e["values"] for e in json.loads(out.stdout)["edits"]] == [{"status": "banned"},
+                                                                      {"status": "closed"}]
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--values", "banned,,closed"], "--values: value 2 is empty"),
+    (["--values", "active"], "every value (1) equals the field's old value"),
+    (["--values", "a", "--values-file", "x.txt"], "give the values one way"),
+    (["--values", "a", "--threshold", "1.5"], "--threshold must be between 0 and 1"),
+])
+def test_sweep_bad_input_exits_2(doc, extra, message):
+    out = kvnotes("sweep", "--model", "tiny-llama", "--document", str(doc[0]), "--field", "active",
+                  "--question", "q", *extra)
+    assert out.returncode == 2 and message in out.stderr and "Traceback" not in out.stderr, out.stderr
