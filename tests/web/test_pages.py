@@ -345,3 +345,30 @@ def test_counts_are_singular_for_one(client) -> None:
     s.commit()
     skills = client.get("/skills").text
     assert "1 token<" in skills and "1 tokens" not in skills
+
+
+def test_first_page_gives_each_example_one_sentence_and_its_numbers_behind_details(client) -> None:
+    from app.web.notebooks.examples import list_examples
+
+    page = client.get("/").text
+    examples = list_examples()
+    assert len(examples) >= 3 and all(ex.summary for ex in examples)
+    for ex in examples:
+        assert not re.search(r"\d", ex.summary), ex.summary  # the plain sentence carries no numbers
+        assert f'<p class="example-summary">{ex.summary}' in page.replace("&#39;", "'")
+    assert page.count('<details class="example-details">') == len(examples)
+    assert 'class="narrow-only">below<' in page and 'class="wide-only">on the right<' in page
+
+
+def test_run_form_placeholders_come_from_the_notebooks_own_field(client) -> None:
+    nb = new_notebook(client)
+    add_field(client, nb)  # status: active → suspended
+    page = client.get(f"/notebooks/{nb}").text
+    assert 'placeholder="active&#10;suspended"' in page and 'placeholder="What is the status?"' in page
+    other = new_notebook(client, text="Shipment to Oslo by NordFreight.", title="Shipment")
+    at = "Shipment to Oslo by NordFreight.".index("Oslo")
+    field = {"start": at, "end": at + 4, "selected": "Oslo", "new_value": "Madrid", "label": "destination"}
+    client.post(f"/notebooks/{other}/fields", data=field, headers=HX)
+    page = client.get(f"/notebooks/{other}").text
+    assert 'placeholder="Oslo&#10;Madrid"' in page and 'placeholder="What is the destination?"' in page
+    assert "active&#10;suspended" not in page

@@ -1,7 +1,7 @@
 """Bundled example notebooks: JSON files under `examples/` turned into a notebook with its fields,
 question, skills and placements, through the same services as everything else.
 
-Format: {title, model?, description?, document, fields: [{find, new_value, label}], question,
+Format: {title, model?, summary?, description?, document, fields: [{find, new_value, label}], question,
 choices?, cot?, skills?: [{name, text, position_find | null}]}. `find` and `position_find` are
 matched against the document (first occurrence); a missing one is an error naming it.
 
@@ -71,6 +71,7 @@ class ExampleSpec:
     choices: tuple[str, ...]
     cot: bool
     skills: tuple[SpecSkill, ...]
+    summary: str = ""  # one plain sentence of what it shows, no numbers (the first page's line)
 
 
 @dataclass(frozen=True)
@@ -80,6 +81,7 @@ class Example:
     description: str  # with the measured values filled in
     path: Path
     measured_model: str = ""  # the model the numbers were measured on ("" when none are cited)
+    summary: str = ""  # one plain sentence; the description's numbers sit behind a "details" toggle
 
 
 def _find(document: str, needle: str, what: str, slug: str) -> int:
@@ -110,7 +112,8 @@ def read_spec(slug: str, directory: Path = EXAMPLES_DIR) -> ExampleSpec:
     return ExampleSpec(slug, str(data.get("title", slug)),
                        str(data.get("model") or get_settings().default_model),
                        str(data.get("description", "")), document, fields, str(data.get("question") or ""),
-                       tuple(str(c) for c in data.get("choices") or ()), bool(data.get("cot")), skills)
+                       tuple(str(c) for c in data.get("choices") or ()), bool(data.get("cot")), skills,
+                       str(data.get("summary", "")))
 
 
 def measured_path(slug: str, directory: Path = EXAMPLES_DIR) -> Path:
@@ -175,7 +178,7 @@ def _listed(directory: Path, stamp: tuple) -> tuple[Example, ...]:
         except ExampleError as exc:
             log.warning("example skipped", extra={"example": slug, "reason": str(exc)})
             continue
-        out.append(Example(slug, spec.title, description, directory / f"{slug}.json", model))
+        out.append(Example(slug, spec.title, description, directory / f"{slug}.json", model, spec.summary))
     return tuple(out)
 
 
