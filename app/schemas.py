@@ -36,7 +36,7 @@ from app.schema_types import (
     Value,
     at_most,
 )
-from data.contracts import NotesMap, RunSnapshot, StrategyMetrics, TokenRecord
+from data.contracts import MechanismRecord, NotesMap, RunSnapshot, StrategyMetrics, TokenRecord
 from data.models import RunStatus
 from data.settings import get_settings
 from vocabulary import STRATEGIES, unknown_strategies, with_recompute
@@ -205,6 +205,7 @@ class RunCreate(BaseModel):
     strategies: Annotated[list[Annotated[str, Documented(lambda: {"enum": list(STRATEGIES)})]],
                           Field(max_length=len(STRATEGIES))] = list(STRATEGIES)
     attribution: StrictBool = False  # also compute the notes map: which notes carry the decision
+    mechanism: StrictBool = False  # also knockout, selective@K and the logit lens (a few recomputes)
 
     @field_validator("strategies")
     @classmethod
@@ -245,6 +246,7 @@ class RunOut(BaseModel):
     snapshot: RunSnapshot
     results: dict[str, StrategyResultOut]
     attribution: NotesMap | None = None
+    mechanism: MechanismRecord | None = None  # knockout, selective@K, logit lens (asked with `mechanism`)
     # the decision's attention by region, mean over layers and heads: {strategy: {region: share}}
     # (`vocabulary.regions.REGIONS`, each summing to 1); filled by GET /runs/{id} only
     attention_regions: dict[str, dict[str, float]] = {}

@@ -66,6 +66,7 @@ class RunSnapshot(_Frozen):
     question: SnapshotQuestion
     strategies: list[str]
     attribution: bool = False  # also map which notes carry the decision (costs a few recomputes)
+    mechanism: bool = False  # also knockout, selective@K and the logit lens (`runs.mechanism`)
     # the sweep this run is an edit of: its workers share the document's notes (prefilled once each)
     sweep_id: int | None = None
 
@@ -129,6 +130,75 @@ class NotesMap(_Frozen):
     kl_in_place: float
     spans: list[NotesSpan]
     edits: list[EditSpan] = []
+
+
+class MechReading(_Frozen):
+    """The decision at the first answer token under some notes, p(recompute's answer token) there
+    and KL(recompute ‖ these notes)."""
+
+    decision: str
+    p_answer: float
+    kl: float
+
+
+class MechControl(_Frozen):
+    """A random set of the same size knocked out instead: mean and standard deviation over the
+    draws, and the share of draws that keep recompute's decision."""
+
+    size: int
+    draws: int
+    p_answer: float
+    p_answer_spread: float
+    kl: float
+    kl_spread: float
+    agreement: float
+
+
+class KnockoutRow(_Frozen):
+    """One region masked at the decision token in `layers` (all, early, middle, late) for one
+    strategy's notes; reading and control None when the region is empty (`note` says so)."""
+
+    strategy: str
+    region: str
+    layers: str
+    size: int
+    reading: MechReading | None = None
+    control: MechControl | None = None
+    agrees: bool | None = None
+    note: str = ""
+
+
+class KPoint(_Frozen):
+    k: int
+    reading: MechReading
+    agrees: bool
+
+
+class KCurve(_Frozen):
+    """Selective@K under one ranking, and K* (None: no K restores recompute's decision for good)."""
+
+    ranking: str
+    points: list[KPoint]
+    k_star: int | None
+    note: str = ""
+
+
+class MechanismRecord(_Frozen):
+    """Why a decision moved, causally (`runs.mechanism`, asked for with the snapshot's `mechanism`):
+    knockout rows with their controls, selective@K curves per ranking, the logit lens per strategy
+    (p of recompute's answer token at every layer), each view's cost in recomputes, and lines for
+    what could not be measured."""
+
+    answer: str
+    decision: str
+    shown: str | None
+    unmasked: dict[str, MechReading] = {}
+    knockout: list[KnockoutRow] = []
+    downstream: int = 0
+    selective_k: list[KCurve] = []
+    logit_lens: dict[str, list[float]] = {}
+    costs: dict[str, float] = {}
+    notes: list[str] = []
 
 
 def _metric_fields() -> dict[str, Any]:

@@ -39,7 +39,7 @@ from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship, validates
 from sqlalchemy.types import TypeDecorator
 
-from data.contracts import NotesMap, RunSnapshot, SnapshotQuestion, SweepEdit, TokenRecord
+from data.contracts import MechanismRecord, NotesMap, RunSnapshot, SnapshotQuestion, SweepEdit, TokenRecord
 
 
 class RunStatus(StrEnum):
@@ -282,6 +282,8 @@ class Run(Base):
     device: Mapped[str | None] = mapped_column(String(64))
     # which notes carry the decision (asked for with the snapshot's `attribution`); None otherwise
     attribution: Mapped[NotesMap | None] = mapped_column(Typed(NotesMap))
+    # knockout, selective@K and the logit lens (asked for with the snapshot's `mechanism`); None otherwise
+    mechanism: Mapped[MechanismRecord | None] = mapped_column(Typed(MechanismRecord))
     # an edit of a sweep: the sweep, what the edit sets, and how many times a worker took it
     sweep_id: Mapped[int | None] = mapped_column(ForeignKey("sweeps.id", ondelete="CASCADE"), index=True)
     sweep_edit: Mapped[SweepEdit | None] = mapped_column(Typed(SweepEdit))
@@ -294,6 +296,10 @@ class Run(Base):
     @validates("snapshot")
     def _typed_snapshot(self, _key: str, value: Any) -> RunSnapshot:
         return RunSnapshot.model_validate(value)
+
+    @validates("mechanism")
+    def _typed_mechanism(self, _key: str, value: Any) -> MechanismRecord | None:
+        return None if value is None else MechanismRecord.model_validate(value)
 
     @validates("attribution")
     def _typed_notes_map(self, _key: str, value: Any) -> NotesMap | None:

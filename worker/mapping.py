@@ -6,7 +6,15 @@ from __future__ import annotations
 
 import numpy as np
 
-from data.contracts import EditSpan, NotesMap, NotesSpan, RunSnapshot, SnapshotPlacement, TokenRecord
+from data.contracts import (
+    EditSpan,
+    MechanismRecord,
+    NotesMap,
+    NotesSpan,
+    RunSnapshot,
+    SnapshotPlacement,
+    TokenRecord,
+)
 from data.models import RunResult, Skill
 from data.settings import get_settings
 from vocabulary import METRIC_NAMES
@@ -21,6 +29,7 @@ from worker.engine import (
     RunRequest,
     StrategyResult,
 )
+from worker.engine.mechanism.types import Mechanism
 from worker.engine.types import Attention, Attribution
 from worker.run_rows import session
 
@@ -46,6 +55,7 @@ def run_request(eng: Engine, snapshot: RunSnapshot) -> RunRequest:
         ),
         attention=True,
         attribution=snapshot.attribution,
+        mechanism=snapshot.mechanism,
     )
 
 
@@ -85,6 +95,13 @@ def result_row(run_id: int, strategy: str, result: StrategyResult, attention: At
 def result_rows(run_id: int, report: Report) -> list[RunResult]:
     return [result_row(run_id, name, result, report.attention.get(name))
             for name, result in report.strategies.items()]
+
+
+def mechanism_record(mechanism: Mechanism | None) -> MechanismRecord | None:
+    """The engine's mechanism views as the `runs.mechanism` record, field by field."""
+    if mechanism is None:
+        return None
+    return MechanismRecord.model_validate(mechanism, from_attributes=True)
 
 
 def notes_map_record(attribution: Attribution | None) -> NotesMap | None:

@@ -20,7 +20,7 @@ from celery.exceptions import SoftTimeLimitExceeded
 from sqlalchemy import delete, update
 from sqlalchemy.orm import Session
 
-from data.contracts import NotesMap, RunSnapshot
+from data.contracts import MechanismRecord, NotesMap, RunSnapshot
 from data.db import get_sessionmaker
 from data.models import Run, RunResult, RunStatus, as_utc
 from data.settings import get_settings
@@ -116,6 +116,7 @@ def claim(run_id: int, hostname: str, task_id: str) -> RunSnapshot | None:
                         extra={"run_id": run_id, "worker": run.worker})
             s.execute(delete(RunResult).where(RunResult.run_id == run_id))
             run.attribution = None
+            run.mechanism = None
         started = now()
         run.status, run.stage, run.progress, run.error = RunStatus.RUNNING, "starting", 0.0, None
         run.worker, run.task_id = hostname, task_id or run.task_id
@@ -190,7 +191,8 @@ def fail(run_id: int, hostname: str, message: str) -> bool:
 
 
 def succeed(run_id: int, hostname: str, rows: list[RunResult], timings: dict[str, float],
-            attribution: NotesMap | None = None, dtype: str | None = None, device: str | None = None) -> bool:
+            attribution: NotesMap | None = None, dtype: str | None = None, device: str | None = None,
+            mechanism: MechanismRecord | None = None) -> bool:
     """Results (and the notes map, the dtype and device it computed in) and `succeeded` in one
     transaction; nothing is written if the run was cancelled."""
     with session() as s:
@@ -203,6 +205,7 @@ def succeed(run_id: int, hostname: str, rows: list[RunResult], timings: dict[str
         run.finished_at = run.heartbeat_at = now()
         run.timings = {**(run.timings or {}), **timings}
         run.attribution = attribution
+        run.mechanism = mechanism
         run.dtype, run.device = dtype or None, device or None
         s.commit()
         return True

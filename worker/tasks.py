@@ -22,7 +22,7 @@ from data.settings import get_settings
 from worker import presence, run_rows
 from worker.celery_app import app
 from worker.engine import EngineError
-from worker.mapping import notes_map_record, result_rows, run_request
+from worker.mapping import mechanism_record, notes_map_record, result_rows, run_request
 from worker.runtime import describe_failure, get_engine, loading_stage
 
 log = logging.getLogger(__name__)
@@ -68,7 +68,8 @@ def run(self, run_id: int) -> dict[str, Any]:
                    "engine_ms": round((t_engine - t_load) * 1000, 1)}
         notes_map = notes_map_record(report.attribution)
         if run_rows.succeed(run_id, hostname, result_rows(run_id, report), timings, notes_map,
-                            dtype=report.dtype, device=report.device):
+                            dtype=report.dtype, device=report.device,
+                            mechanism=mechanism_record(report.mechanism)):
             log.info("run succeeded",
                      extra={"run_id": run_id, "duration_ms": round((time.perf_counter() - t0) * 1000)})
             return {"run_id": run_id, "status": RunStatus.SUCCEEDED}

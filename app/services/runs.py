@@ -26,7 +26,7 @@ ACTIVE = RUN_ACTIVE
 
 
 def build_snapshot(notebook: Notebook, question: Question, strategies: list[str],
-                   attribution: bool = False) -> RunSnapshot:
+                   attribution: bool = False, mechanism: bool = False) -> RunSnapshot:
     """A copy of everything the worker needs, so later edits never change the run: model,
     document, fields, errata texts in order, placements (skill name, text, position), the question
     and the strategies."""
@@ -45,6 +45,7 @@ def build_snapshot(notebook: Notebook, question: Question, strategies: list[str]
         question=SnapshotQuestion(text=question.text, choices=list(question.choices), cot=question.cot),
         strategies=list(strategies),
         attribution=attribution,
+        mechanism=mechanism,
     )
 
 
@@ -72,11 +73,11 @@ def check_run_caps(session: Session, created_by: str) -> None:
 
 
 def start_run(session: Session, notebook: Notebook, question: Question, strategies: list[str],
-              attribution: bool = False, created_by: str = LOCAL_USER) -> Run:
+              attribution: bool = False, created_by: str = LOCAL_USER, mechanism: bool = False) -> Run:
     """Create and commit the run row, then send its message. Raises `RunLimitReached` (rolled back)
     or `QueueUnavailable` (the run and a question new with it deleted again: nothing is saved)."""
     new_question = question if inspect(question).transient or inspect(question).pending else None
-    snapshot = build_snapshot(notebook, question, strategies, attribution)  # (may flush the question)
+    snapshot = build_snapshot(notebook, question, strategies, attribution, mechanism)  # (may flush it)
     return _enqueue(session, notebook.id, snapshot, created_by, new_question)
 
 

@@ -35,7 +35,8 @@ def create_run(notebook_id: int, body: RunCreate, session: SessionDep, principal
     notebook = get_or_404(session, Notebook, notebook_id, "notebook")
     question = question_for(notebook, body)
     try:
-        run = start_run(session, notebook, question, body.strategies, body.attribution, principal.name)
+        run = start_run(session, notebook, question, body.strategies, body.attribution, principal.name,
+                        mechanism=body.mechanism)
     except QueueUnavailable as exc:
         raise HTTPException(status_code=503, detail=exc.reason) from exc
     return run_out(run)

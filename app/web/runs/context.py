@@ -15,6 +15,7 @@ from sqlalchemy.orm import Session
 from app.services.errors import Unprocessable
 from app.services.runs import waits_without_worker
 from app.web.runs.heatmap_view import ViewParams, view_params
+from app.web.runs.mechanism_view import mechanism_panel
 from app.web.runs.notes_map_view import lead_parts, notes_map_pieces, remaining, top_spans
 from app.web.runs.regions_view import regions_panel
 from app.web.runs.verdict_view import headline
@@ -97,6 +98,7 @@ def run_context(session: Session, run: Run) -> dict[str, Any]:
         top_spans=top_spans(notes_map) if notes_map else [],
         map_lead=lead_parts(run.snapshot, notes_map) if notes_map else [],
         map_remaining=remaining(notes_map) if notes_map else 0.0,
+        mechanism=mechanism_panel(run.mechanism),
         previous_run_id=session.scalar(select(func.max(Run.id)).where(
             Run.notebook_id == run.notebook_id, Run.id < run.id)) if run.notebook_id else None,
     )
