@@ -8,6 +8,27 @@
 
 The names below are loaded on first use (PEP 562), so `import vocabulary` — the
 torch-free words the web app shares with the engine — does not load torch.
+
+Import floors, bottom to top: a module imports only from its own floor or below, never up
+(tests/engine/test_floors.py reads this list; a new module goes on its concept's floor).
+
+    1 plumbing: types mechanism.types compare devices models tiny offsets store store_guard
+        store_index split_attention
+    2 notes: rope notes
+    3 forward: forward selective orders mechanism.masked
+    4 readout and surgery: readout edit compose attention loaded mechanism.knockout mechanism.lens
+        mechanism.selective_k
+    5 strategies: strategies strategies.base strategies.edit strategies.compose strategies.measure
+        strategies.__main__ strategies.edits strategies.edits.* strategies.compositions
+        strategies.compositions.*
+    6 analyses of a run's notes: attribution mechanism
+    7 the measure loops: run blend
+    8 the facade: engine
+
+Notes and RoPE at the bottom; the forward pass and the readout above them; the surgery every
+strategy shares (`edit.Editor`, `compose`'s splice); the strategies (one file each) and the measure
+loop that times them; what a run adds (the notes map, the mechanism); the loops that run a request
+(`run` for edits, `blend` for compositions); and `Engine`, which loads a model and offers them.
 """
 
 from __future__ import annotations

@@ -9,11 +9,16 @@ question suffix; every question and answer token can be a query too.
 from __future__ import annotations
 
 import contextlib
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from worker.engine.notes import KV, cache_from_layers
+from worker.engine.types import Attention, TokenView
+
+if TYPE_CHECKING:
+    from worker.engine.edit import Surgery
 
 
 @contextlib.contextmanager
@@ -48,3 +53,24 @@ def capture_attention(model, layers: list[KV], ids: list[int],
     decision_rows = att[:, :, decision, :]  # [layers, heads, T]
     per_query = att.mean(dim=(0, 1))  # [len(ids), T]
     return decision_rows.cpu().numpy().astype(np.float16), per_query.cpu().numpy().astype(np.float16)
+
+
+def attention_of(model, tokenizer, surgery: Surgery, answer_ids: list[int],
+                 suffix_ids: list[int]) -> Attention:
+    """Where the decision looked over every token of a strategy's notes (`surgery`), and where each
+    question and answer token looked, with the tokens themselves."""
+    s = surgery
+    answer = list(answer_ids)
+    fed = list(s.pending) + list(suffix_ids) + answer
+    decision = len(s.pending) + len(suffix_ids) - 1
+    weights, per_query = capture_attention(model, s.layers, fed, decision)
+    decode = tokenizer.decode
+    views = [
+        TokenView(id=tid, text=decode([tid]), start=o[0], end=o[1], segment=seg)
+        for tid, o, seg in zip(s.token_ids, s.offsets, s.segments)
+    ]
+    views += [TokenView(id=t, text=decode([t]), start=-1, end=-1, segment="question") for t in suffix_ids]
+    views += [TokenView(id=t, text=decode([t]), start=-1, end=-1, segment="answer") for t in answer]
+    cached = len(s.token_ids) - len(s.pending)
+    return Attention(weights=weights, tokens=views, query_weights=per_query[len(s.pending):],
+                     query_start=len(s.token_ids), decision=cached + decision)

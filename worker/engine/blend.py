@@ -30,10 +30,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from vocabulary import DEFAULT_COMPOSE_STRATEGIES, REFERENCE, with_recompute
+from worker.engine.attention import attention_of
 from worker.engine.compose import lay_out
 from worker.engine.devices import describe_device, dtype_name
 from worker.engine.notes import Notes
-from worker.engine.run import attention_of
 from worker.engine.strategies import COMPOSITIONS
 from worker.engine.strategies.compose import BlendCase
 from worker.engine.strategies.measure import Bench, measure, result_of, score
@@ -84,6 +84,7 @@ def compose_run(engine: LoadedModel, blend: Blend,
         out = strategy.outcome(outcomes)
         report.strategies[name] = result_of(out, outcomes[REFERENCE])
         if attention:
-            report.attention[name] = attention_of(engine, out, suffix_ids)
+            report.attention[name] = attention_of(engine.model, engine.tokenizer, out.surgery,
+                                                  out.readout.answer_ids, suffix_ids)
     report_progress("done", 1.0)
     return report

@@ -24,7 +24,7 @@ from vocabulary import (
     with_recompute,
 )
 from vocabulary.verdicts import edit_followed
-from worker.engine.attention import capture_attention
+from worker.engine.attention import attention_of
 from worker.engine.attribution import notes_map
 from worker.engine.compose import Placement, token_boundary
 from worker.engine.devices import describe_device, dtype_name
@@ -38,14 +38,12 @@ from worker.engine.strategies.edits.in_place import InPlace, in_place
 from worker.engine.strategies.edits.stale import Stale, stale
 from worker.engine.strategies.measure import Bench, Outcome, measure, result_of, score
 from worker.engine.types import (
-    Attention,
     Attribution,
     EngineError,
     Field,
     ProgressFn,
     Question,
     Report,
-    TokenView,
 )
 
 if TYPE_CHECKING:
@@ -116,7 +114,9 @@ def run(engine: LoadedModel, request: RunRequest, notes: Notes | None = None,
         [s for s in (request.attention or ()) if s in strategies]
     for i, name in enumerate(wanted):
         report_progress(f"attention: {name}", 0.75 + 0.24 * i / max(len(wanted), 1))
-        report.attention[name] = attention_of(engine, chosen[name], bench.suffix_ids)
+        out = chosen[name]
+        report.attention[name] = attention_of(engine.model, engine.tokenizer, out.surgery,
+                                              out.readout.answer_ids, bench.suffix_ids)
     report_progress("done", 1.0)
     return report
 
@@ -195,23 +195,3 @@ def _measured(outcomes: dict[str, Outcome], strategy: type[Strategy]) -> Surgery
     """The notes `strategy` made in this run, if it ran."""
     out = outcomes.get(strategy.info.name)
     return out.surgery if out is not None else None
-
-
-def attention_of(engine: LoadedModel, out: Outcome, suffix_ids: list[int]) -> Attention:
-    """Where the decision looked over every token of the strategy's notes, and where each question
-    and answer token looked, with the tokens themselves."""
-    s = out.surgery
-    answer = list(out.readout.answer_ids)
-    fed = list(s.pending) + list(suffix_ids) + answer
-    decision = len(s.pending) + len(suffix_ids) - 1
-    weights, per_query = capture_attention(engine.model, s.layers, fed, decision)
-    decode = engine.tokenizer.decode
-    views = [
-        TokenView(id=tid, text=decode([tid]), start=o[0], end=o[1], segment=seg)
-        for tid, o, seg in zip(s.token_ids, s.offsets, s.segments)
-    ]
-    views += [TokenView(id=t, text=decode([t]), start=-1, end=-1, segment="question") for t in suffix_ids]
-    views += [TokenView(id=t, text=decode([t]), start=-1, end=-1, segment="answer") for t in answer]
-    cached = len(s.token_ids) - len(s.pending)
-    return Attention(weights=weights, tokens=views, query_weights=per_query[len(s.pending):],
-                     query_start=len(s.token_ids), decision=cached + decision)
