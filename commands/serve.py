@@ -102,7 +102,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     # was there before it: make SIGTERM's an exception (like SIGINT's), so `finally` stops the worker.
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
-        uvicorn.run("app.main:app", host=args.host, port=args.port, log_level="info", log_config=None)
+        uvicorn.run("app.main:app", host=args.host, port=args.port, log_level="info", log_config=None,
+                    **get_settings().proxy_options)  # X-Forwarded-For from KVNOTES_TRUSTED_PROXIES only
     finally:
         if supervisor is not None:
             log.info("stopping the worker (code %s)", supervisor.stop())

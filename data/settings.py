@@ -91,6 +91,9 @@ class Settings(BaseSettings):
     auth: Literal["auto", "required"] = Field(default="auto", validation_alias="KVNOTES_AUTH")
     bind_host: str = Field(default="127.0.0.1", validation_alias="KVNOTES_BIND_HOST")  # set by `serve`
     allowed_hosts_csv: str = Field(default="", validation_alias="KVNOTES_ALLOWED_HOSTS")
+    # Proxies whose X-Forwarded-For names the client (addresses or networks, comma-separated; "" =
+    # none: the client is the connection's peer, whatever a header says).
+    trusted_proxies_csv: str = Field(default="", validation_alias="KVNOTES_TRUSTED_PROXIES")
     # served behind TLS: Secure cookies, HSTS
     https: bool = Field(default=False, validation_alias="KVNOTES_HTTPS")
     session_max_age_s: int = Field(default=14 * 86400, ge=60, validation_alias="KVNOTES_SESSION_MAX_AGE")
@@ -132,6 +135,17 @@ class Settings(BaseSettings):
         if not self.result_backend:
             self.result_backend = f"db+sqlite:///{data}/results.db"
         return self
+
+    @property
+    def trusted_proxies(self) -> list[str]:
+        return [p.strip() for p in self.trusted_proxies_csv.split(",") if p.strip()]
+
+    @property
+    def proxy_options(self) -> dict[str, object]:
+        """uvicorn's options for X-Forwarded-For: read only from `KVNOTES_TRUSTED_PROXIES` (uvicorn's
+        own default trusts 127.0.0.1, so any local client could name itself any address)."""
+        proxies = self.trusted_proxies
+        return {"proxy_headers": bool(proxies), "forwarded_allow_ips": ",".join(proxies) or ""}
 
     @property
     def vllm_urls(self) -> list[str]:

@@ -4,11 +4,19 @@
   SHA-256 is stored. A request's session is live while its row exists and has not expired, so
   signing out (`end_session`) or changing the password (`end_other_sessions`) ends it on the
   server: a cookie saved before is refused from then on.
-- Failed sign-ins are counted per account name and per client address (`login_failures`). Past
-  `ACCOUNT_FREE` (resp. `ADDRESS_FREE`) failures in a row the key is locked for 1 s, doubling with
-  each further failure up to `MAX_LOCK_S`. An attempt while locked is refused without checking the
-  password (so a right password is refused too) and counts as a failure; a success clears the
-  account's count. A streak older than `FORGET_AFTER` starts again from zero.
+- Failed sign-ins are counted per account and client address together, per address, and per
+  account (`login_failures`), so that a stranger cannot lock the owner out:
+  - an account from one address (`PAIR_FREE` failures in a row), and an address across accounts
+    (`ADDRESS_FREE`), are then locked for 1 s, doubling with each further failure up to
+    `MAX_LOCK_S`; an attempt while locked is refused without checking the password (a right one
+    too) and counts as a failure, so only the guesser's own lock grows;
+  - the account from everywhere (`ACCOUNT_FREE`) gets a delay instead: 1 s, doubling, at most
+    `MAX_ACCOUNT_DELAY_S`; an attempt within it is refused (Retry-After) but not counted, so
+    guessing from many addresses slows to one try per delay while the owner waits seconds at most.
+  A success clears the account's count and its address's count for it. A streak older than
+  `FORGET_AFTER` starts again from zero.
+- The client address is the connection's, or the `X-Forwarded-For` of a proxy the operator named
+  (`KVNOTES_TRUSTED_PROXIES`; `kvnotes serve` tells uvicorn); by default no proxy is trusted.
 """
 
 from __future__ import annotations
@@ -16,6 +24,7 @@ from __future__ import annotations
 import hashlib
 import math
 import secrets
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from sqlalchemy import DateTime, ForeignKey, Integer, String, delete, select
@@ -25,9 +34,11 @@ from sqlalchemy.orm import Mapped, Session, mapped_column
 
 from data.models import Base, as_utc, utcnow
 
-ACCOUNT_FREE = 5  # failed sign-ins in a row before an account is locked
+PAIR_FREE = 5  # failed sign-ins in a row for one account from one address before they are locked
 ADDRESS_FREE = 20  # the same for one client address, across accounts
+ACCOUNT_FREE = 10  # the same for one account from every address, before its delay starts
 MAX_LOCK_S = 900
+MAX_ACCOUNT_DELAY_S = 30
 FORGET_AFTER = timedelta(hours=1)  # longer than MAX_LOCK_S: a forgotten streak's lock is over
 
 
@@ -105,27 +116,44 @@ def end_other_sessions(session: Session, user_id: int, keep_secret: str | None =
 # ---- the limit on failed sign-ins ----------------------------------------------------------------------
 
 
-def limit_keys(name: str, address: str | None) -> list[tuple[str, int, str]]:
-    """(key, failures allowed before a lock, how a refusal names it) for an attempt."""
-    keys = [(f"name:{name.lower()[:150]}", ACCOUNT_FREE, "for this account")]
+@dataclass(frozen=True)
+class Limit:
+    """One key's limit: failures allowed before it locks, the longest lock, how a refusal names it,
+    and whether an attempt refused by it counts as a failure."""
+
+    key: str
+    free: int
+    max_s: int
+    what: str
+    counts_refused: bool = True
+
+
+def limit_keys(name: str, address: str | None) -> list[Limit]:
+    """The limits an attempt on `name` from `address` is held to."""
+    account = name.lower()[:100]
+    keys = [Limit(f"pair:{account}|{(address or '-')[:90]}", PAIR_FREE, MAX_LOCK_S,
+                  "for this account from this address"),
+            Limit(f"name:{account}", ACCOUNT_FREE, MAX_ACCOUNT_DELAY_S, "for this account", False)]
     if address:
-        keys.append((f"address:{address[:150]}", ADDRESS_FREE, "from this address"))
+        keys.append(Limit(f"address:{address[:150]}", ADDRESS_FREE, MAX_LOCK_S, "from this address"))
     return keys
 
 
-def lock_seconds(failures: int, free: int) -> int:
-    """How long a key is locked after `failures` in a row: 0 up to `free`, then 1, 2, 4… ≤ MAX_LOCK_S."""
+def lock_seconds(failures: int, free: int, max_s: int = MAX_LOCK_S) -> int:
+    """How long a key is locked after `failures` in a row: 0 up to `free`, then 1, 2, 4… ≤ max_s."""
     if failures < free:
         return 0
-    return min(MAX_LOCK_S, 2 ** min(failures - free, 20))
+    return min(max_s, 2 ** min(failures - free, 20))
 
 
 def check_sign_in_allowed(session: Session, name: str, address: str | None) -> None:
-    """Raise `SignInLocked` (after counting this attempt as a failure) while a key is locked."""
-    for key, _free, what in limit_keys(name, address):
-        if _locked_for(session, key) > 0:
-            note_failure(session, name, address)
-            raise SignInLocked(what, max(1, math.ceil(_locked_for(session, key))))
+    """Raise `SignInLocked` while a key is locked (after counting this attempt as a failure,
+    unless only the account's delay refused it)."""
+    for limit in limit_keys(name, address):
+        if _locked_for(session, limit.key) > 0:
+            if limit.counts_refused:
+                note_failure(session, name, address)
+            raise SignInLocked(limit.what, max(1, math.ceil(_locked_for(session, limit.key))))
 
 
 def _locked_for(session: Session, key: str) -> float:
@@ -139,22 +167,23 @@ def note_failure(session: Session, name: str, address: str | None) -> None:
     """Count a failed sign-in for the account and the address (flushed; the caller commits)."""
     now = utcnow()
     _forget_old(session, now)
-    for key, free, _what in limit_keys(name, address):
-        _ensure_row(session, key)
-        row = session.get(LoginFailure, key, with_for_update=True, populate_existing=True)
+    for limit in limit_keys(name, address):
+        _ensure_row(session, limit.key)
+        row = session.get(LoginFailure, limit.key, with_for_update=True, populate_existing=True)
         assert row is not None
         last = as_utc(row.last_failure_at)
         failures = 1 if last is None or now - last > FORGET_AFTER else row.failures + 1
         row.failures, row.last_failure_at = failures, now
-        seconds = lock_seconds(failures, free)
+        seconds = lock_seconds(failures, limit.free, limit.max_s)
         row.locked_until = now + timedelta(seconds=seconds) if seconds else None
     session.flush()
 
 
-def note_success(session: Session, name: str) -> None:
-    """A right password: the account's streak ends (the address's decays with time)."""
-    key = limit_keys(name, None)[0][0]
-    session.execute(delete(LoginFailure).where(LoginFailure.key == key))
+def note_success(session: Session, name: str, address: str | None = None) -> None:
+    """A right password: the account's streak ends, and its streak from this address (the
+    address's own decays with time; another address's streak for the account stays)."""
+    keys = [limit.key for limit in limit_keys(name, address) if not limit.key.startswith("address:")]
+    session.execute(delete(LoginFailure).where(LoginFailure.key.in_(keys)))
 
 
 def _ensure_row(session: Session, key: str) -> None:
@@ -171,7 +200,8 @@ def _forget_old(session: Session, now: datetime) -> None:
 
 
 __all__ = [
-    "ACCOUNT_FREE", "ADDRESS_FREE", "MAX_LOCK_S", "LoginFailure", "SignInLocked", "UserSession",
+    "ACCOUNT_FREE", "ADDRESS_FREE", "MAX_ACCOUNT_DELAY_S", "MAX_LOCK_S", "PAIR_FREE", "Limit", "LoginFailure",
+    "SignInLocked", "UserSession",
     "check_sign_in_allowed", "end_other_sessions", "end_session", "limit_keys",
     "live_session", "lock_seconds", "note_failure", "note_success", "start_session",
 ]

@@ -44,7 +44,7 @@ def sign_in_user(session: Session, name: str, password: str, address: str | None
         sign_in.note_failure(session, name, address)
         session.commit()
         return None
-    sign_in.note_success(session, name)
+    sign_in.note_success(session, name, address)
     secret = sign_in.start_session(session, user.id, max_age_s)
     session.commit()  # the session, and a rehashed password if argon2's parameters changed
     return SignedIn(user.id, user.name, secret)

@@ -7,13 +7,17 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
+import sys
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import httpx
 from fastapi.testclient import TestClient
 
-from tests.conftest import REPO, kvnotes_cli, kvnotes_env
+from tests.conftest import REPO, free_port, kvnotes_cli, kvnotes_env
 
 DOC = "Customer record. status: active. age: 34."
 SAME = {"Sec-Fetch-Site": "same-origin"}
@@ -66,37 +70,100 @@ def test_a_cookie_saved_before_sign_out_is_refused_after(make_client) -> None:
     assert thief.get("/", follow_redirects=False).status_code == 303  # the pages ask to sign in again
 
 
-def test_the_101st_password_is_refused_even_when_it_is_right(make_client) -> None:
-    from data.sign_in import ACCOUNT_FREE, ADDRESS_FREE, MAX_LOCK_S
+def test_a_stranger_cannot_lock_the_owner_out(make_client) -> None:
+    """100 wrong passwords from one address lock that address's tries at the account for minutes
+    (the right password too), but the owner elsewhere waits at most the account's delay."""
+    from data.sign_in import ADDRESS_FREE, MAX_ACCOUNT_DELAY_S, MAX_LOCK_S, PAIR_FREE
 
     client = make_client(KVNOTES_AUTH="required")
     _user()
     _user("bob")
     codes = [client.post("/login", data={"name": "alice", "password": f"guess-{i}"}).status_code
              for i in range(100)]
-    assert codes[:ACCOUNT_FREE] == [401] * ACCOUNT_FREE and set(codes[ACCOUNT_FREE:]) == {429}
+    assert codes[:PAIR_FREE] == [401] * PAIR_FREE and set(codes[PAIR_FREE:]) == {429}
     r = client.post("/login", data={"name": "alice", "password": "alice-password"}, follow_redirects=False)
     assert r.status_code == 429 and "kvnotes_session" not in r.headers.get("set-cookie", "")
-    assert 0 < int(r.headers["retry-after"]) <= MAX_LOCK_S
-    assert "too many failed sign-ins for this account; try again in" in r.text  # the page says it
+    assert MAX_ACCOUNT_DELAY_S < int(r.headers["retry-after"]) <= MAX_LOCK_S
+    assert "too many failed sign-ins for this account from this address; try again in" in r.text
     # the client's address is locked too (100 > ADDRESS_FREE failures): bob cannot sign in from it...
     assert 100 > ADDRESS_FREE
     r = client.post("/login", data={"name": "bob", "password": "bob-password"})
     assert r.status_code == 429 and "from this address" in r.text
-    # ...but can from another address, where alice's account is still locked
+    # ...but can from another address; there alice waits the account's delay at most, then signs in
     elsewhere = _browser(client, "192.0.2.9")
     assert elsewhere.post("/login", data={"name": "bob", "password": "bob-password"},
                           follow_redirects=False).status_code == 303
-    assert elsewhere.post("/login", data={"name": "alice", "password": "alice-password"}).status_code == 429
+    owner = _browser(client, "192.0.2.10")
+    r = owner.post("/login", data={"name": "alice", "password": "alice-password"}, follow_redirects=False)
+    assert r.status_code == 429 and int(r.headers["retry-after"]) <= MAX_ACCOUNT_DELAY_S, r.headers
+    _end_account_delay("alice")  # as MAX_ACCOUNT_DELAY_S (30 s) passing would
+    r = owner.post("/login", data={"name": "alice", "password": "alice-password"}, follow_redirects=False)
+    assert r.status_code == 303
+    r = client.post("/login", data={"name": "alice", "password": "alice-password"})
+    assert r.status_code == 429  # the stranger's address stays locked out of alice
+
+
+def _end_account_delay(name: str) -> None:
+    from sqlalchemy import update
+
+    from data.db import get_sessionmaker
+    from data.sign_in import LoginFailure
+
+    with get_sessionmaker()() as s:
+        s.execute(update(LoginFailure).where(LoginFailure.key == f"name:{name}").values(locked_until=None))
+        s.commit()
+
+
+def test_x_forwarded_for_is_trusted_only_from_the_proxies_the_operator_names(tmp_path) -> None:
+    """`kvnotes serve`: a local client naming itself another address in X-Forwarded-For each time
+    is still one address (the limit answers 429 after ADDRESS_FREE failures); with
+    KVNOTES_TRUSTED_PROXIES=127.0.0.1 the header names the client."""
+    from data.sign_in import ADDRESS_FREE
+
+    for trusted, expected in (("", 429), ("127.0.0.1", 401)):
+        codes = _rotating_guesses(tmp_path / (trusted or "none"), trusted, ADDRESS_FREE + 5)
+        assert codes[:ADDRESS_FREE] == [401] * ADDRESS_FREE, codes
+        assert set(codes[ADDRESS_FREE:]) == {expected}, (trusted, codes)
+
+
+def _rotating_guesses(data: Path, trusted: str, n: int) -> list[int]:
+    """Wrong sign-ins for n different accounts, each claiming another X-Forwarded-For address."""
+    env = {**kvnotes_env(data, KVNOTES_AUTH="required", KVNOTES_TRUSTED_PROXIES=trusted),
+           "PYTHONPATH": str(REPO)}
+    subprocess.run([sys.executable, "-c", "from data.migrate import upgrade_to_head; upgrade_to_head()"],
+                   env=env, cwd=REPO, check=True)
+    assert kvnotes_cli("users", "add", "alice", "--password-stdin", env=env,
+                       stdin="alice-password\n").returncode == 0
+    port = free_port()
+    log = (data / "serve.log").open("w")
+    proc = subprocess.Popen([sys.executable, "-m", "commands.cli", "serve", "--no-worker", "--port",
+                             str(port)], env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                httpx.get(f"{url}/login", timeout=2)
+                break
+            except httpx.HTTPError:
+                assert time.monotonic() < deadline and proc.poll() is None, (data / "serve.log").read_text()
+                time.sleep(0.2)
+        return [httpx.post(f"{url}/login", data={"name": f"user{i}", "password": "wrong-password"},
+                           headers={"X-Forwarded-For": f"198.51.100.{i}"}, timeout=30).status_code
+                for i in range(n)]
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+        log.close()
 
 
 def test_a_success_clears_the_accounts_count(make_client) -> None:
-    from data.sign_in import ACCOUNT_FREE
+    from data.sign_in import PAIR_FREE
 
     client = make_client(KVNOTES_AUTH="required")
     _user()
     for _ in range(2):  # twice: each success starts the count again, so no lock is ever reached
-        for i in range(ACCOUNT_FREE - 1):
+        for i in range(PAIR_FREE - 1):
             assert client.post("/login", data={"name": "alice", "password": f"guess-{i}"}).status_code == 401
         _sign_in(client)
 
@@ -188,13 +255,13 @@ def test_a_crowd_of_sign_ins_waits_for_a_hash_slot_or_is_told_to_come_back(make_
 
 def test_sessions_and_the_limit_on_postgresql(make_client, postgres_url: str) -> None:
     """The same rules on PostgreSQL (its own upsert of a failure count, its own row lock)."""
-    from data.sign_in import ACCOUNT_FREE
+    from data.sign_in import PAIR_FREE
 
     client = make_client(KVNOTES_AUTH="required", DATABASE_URL=postgres_url)
     _user()
     codes = [client.post("/login", data={"name": "alice", "password": f"guess-{i}"}).status_code
-             for i in range(ACCOUNT_FREE + 2)]
-    assert codes == [401] * ACCOUNT_FREE + [429, 429]
+             for i in range(PAIR_FREE + 2)]
+    assert codes == [401] * PAIR_FREE + [429, 429]
     other = _browser(client)
     _user("bob")
     saved = _sign_in(other, "bob")
