@@ -26,12 +26,14 @@ from data.models import Run, RunResult, RunStatus, as_utc
 from data.settings import get_settings
 from data.watchdog import MESSAGE_LOST, WORKER_LOST, reap_stale_runs
 from data.workers import dead_worker_names
+from worker.sweep_rows import refresh as refresh_sweep
 
 log = logging.getLogger(__name__)
 
 HEARTBEAT_S = 10.0  # a live run's heartbeat period; the watchdog's max age is many of these
 PROGRESS_EVERY_S = 0.25  # at most this often a progress write (stage changes always write)
 ROW_WAIT_S = 10.0  # how long to wait for a row the web process has not committed yet
+SWEEP_ATTEMPTS = 2  # a sweep's edit runs at most twice: once, and once more if its worker was lost
 LOST = (WORKER_LOST, MESSAGE_LOST)  # failed by the watchdog: a message that turns up restarts the run
 
 
@@ -111,6 +113,16 @@ def claim(run_id: int, hostname: str, task_id: str) -> RunSnapshot | None:
             log.info("run already taken: not running it again",
                      extra={"run_id": run_id, "status": str(run.status), "worker": run.worker})
             return None
+        if restart and run.sweep_id is not None and (run.attempts or 0) >= SWEEP_ATTEMPTS:
+            # a sweep's edit is retried once: lost again, it fails with the reason and the sweep
+            # finishes with what it has
+            reason = run.error if run.status == RunStatus.FAILED else WORKER_LOST
+            run.status, run.stage, run.finished_at = RunStatus.FAILED, "failed", now()
+            run.error = f"lost twice (retried once after its worker was lost): {reason}"
+            sweep_id = run.sweep_id
+            s.commit()
+            refresh_sweep(sweep_id)
+            return None
         if restart:
             log.warning("run restarting after its worker was lost",
                         extra={"run_id": run_id, "worker": run.worker})
@@ -120,6 +132,7 @@ def claim(run_id: int, hostname: str, task_id: str) -> RunSnapshot | None:
         started = now()
         run.status, run.stage, run.progress, run.error = RunStatus.RUNNING, "starting", 0.0, None
         run.worker, run.task_id = hostname, task_id or run.task_id
+        run.attempts = (run.attempts or 0) + 1
         run.started_at, run.heartbeat_at, run.finished_at = started, started, None
         run.timings = {"queue_wait_ms": round(ms_since(run.created_at, started), 1)}
         snapshot = run.snapshot

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import replace
 from typing import Any
 
 from celery.signals import worker_ready
@@ -19,7 +20,7 @@ from sqlalchemy.exc import DBAPIError
 from data.models import RunStatus, Skill
 from data.queue import queue_for
 from data.settings import get_settings
-from worker import presence, run_rows
+from worker import presence, run_rows, sweep_rows
 from worker.celery_app import app
 from worker.engine import EngineError
 from worker.mapping import mechanism_record, notes_map_record, result_rows, run_request
@@ -62,7 +63,12 @@ def run(self, run_id: int) -> dict[str, Any]:
             eng = get_engine(snapshot.model)
             device = str(eng.device)
             t_load = time.perf_counter()
-            report = eng.run(run_request(eng, snapshot), progress=reporter.progress)
+            request, notes = run_request(eng, snapshot), None
+            if snapshot.sweep_id is not None:  # a sweep's edit: its document's notes are the sweep's
+                reporter.progress("prefill", 0.01)
+                notes = sweep_rows.sweep_notes(eng, snapshot)
+                request = replace(request, attention=False)  # statistics only: no attention maps
+            report = eng.run(request, notes=notes, progress=reporter.progress)
             t_engine = time.perf_counter()
         timings = {"load_ms": round((t_load - t0) * 1000, 1),
                    "engine_ms": round((t_engine - t_load) * 1000, 1)}
@@ -72,18 +78,22 @@ def run(self, run_id: int) -> dict[str, Any]:
                             mechanism=mechanism_record(report.mechanism)):
             log.info("run succeeded",
                      extra={"run_id": run_id, "duration_ms": round((time.perf_counter() - t0) * 1000)})
+            sweep_rows.refresh(snapshot.sweep_id)
             return {"run_id": run_id, "status": RunStatus.SUCCEEDED}
         run_rows.stopped(run_id)
+        sweep_rows.refresh(snapshot.sweep_id)
         return {"run_id": run_id, "status": RunStatus.CANCELLED}
     except run_rows.Stop:
         log.info("run stopped: cancelled", extra={"run_id": run_id})
         run_rows.stopped(run_id)
+        sweep_rows.refresh(snapshot.sweep_id)
         return {"run_id": run_id, "status": RunStatus.CANCELLED}
     except BaseException as exc:
         if not isinstance(exc, EngineError):
             log.exception("run failed", extra={"run_id": run_id, "stage": reporter.stage})
         message = describe_failure(exc, device, reporter.stage)
         run_rows.fail(run_id, hostname, message)
+        sweep_rows.refresh(snapshot.sweep_id)
         if not isinstance(exc, Exception):
             raise  # SystemExit / KeyboardInterrupt: let the worker shut down
         return {"run_id": run_id, "status": RunStatus.FAILED, "error": message}
