@@ -377,6 +377,13 @@ class RunResult(Base):
     # [min, max] time to first token over the interleaved repeats (ttft_ms is their median)
     ttft_spread_ms: Mapped[list[float]] = mapped_column(JSON, default=list)
     edit_followed: Mapped[str | None] = mapped_column(String(16))  # "new" | "old" | "both" | "neither"
+    # the speed-up over recompute: median and [min, max] over the paired timing rounds (revision 0012)
+    speedup: Mapped[float | None] = mapped_column(Float)
+    speedup_range: Mapped[list[float]] = mapped_column(JSON, default=list)
+    # each choice's [min, max] probability over the cyclic orders of the choices, and the position
+    # the answer follows more than the document ("first", "last", …; None when it follows the document)
+    choice_spread: Mapped[dict[str, list[float]]] = mapped_column(JSON, default=dict)
+    order_bias: Mapped[str | None] = mapped_column(String(16))
     # float16 bytes, C order, shape `attention_shape` = [layers, heads, T]; loaded only when asked for.
     attention: Mapped[bytes | None] = mapped_column(LargeBinary, deferred=True)
     attention_shape: Mapped[list[int] | None] = mapped_column(JSON)

@@ -86,7 +86,9 @@ class Metric:
 METRICS = (
     Metric("decision", str,
            "what the model decided: the most probable choice, or the first line of its answer"),
-    Metric("choice_probs", dict[str, float], "probability of each choice (empty for a free answer)"),
+    Metric("choice_probs", dict[str, float],
+           "probability of each choice, the mean over every cyclic order of the choices (empty for a free "
+           "answer)"),
     Metric("kl_to_recompute", float,
            "KL divergence of the first answer token's distribution from recompute's (0 = identical)"),
     Metric("top1_agrees", bool, "the most likely first answer token is the same as recompute's"),
@@ -115,5 +117,17 @@ METRICS = (
     Metric("edit_followed", str | None,
            "does the answer name the fields' new values (new), the old ones (old), both or neither; "
            "None without fields"),
+    Metric("speedup", float | None,
+           "recompute's time to first token over this one's, the median over the paired timing rounds "
+           "(recompute timed again in each round, beside the strategy); None for runs stored before"),
+    Metric("speedup_range", list[float],
+           "[min, max] of the speed-up over the paired rounds: too short to time when it crosses 1× or "
+           "spans more than a factor of 2 (empty for runs stored before)"),
+    Metric("choice_spread", dict[str, list[float]],
+           "[min, max] of each choice's probability over the cyclic orders of the choices (choice_probs "
+           "is their mean); empty for a free answer"),
+    Metric("order_bias", str | None,
+           "the position (first, last, …) whose choice the answer follows in more orders of the choices "
+           "than it follows the document: read KL instead; None when the answer follows the document"),
 )
 METRIC_NAMES = tuple(metric.name for metric in METRICS)

@@ -1,6 +1,6 @@
 """Strategies as objects: one class per descriptor and back, names read from the descriptors by the
-CLI, and one measure loop that times the fast strategies again, interleaved, without changing what
-they decided."""
+CLI, and one measure loop that times every strategy again in paired rounds beside recompute (the fast
+ones several times a round, interleaved) without changing what they decided."""
 
 from __future__ import annotations
 
@@ -12,7 +12,16 @@ from vocabulary import AUTO_CANDIDATES, COMPOSE_INFO, DEFAULT_STRATEGIES, EDIT_I
 from worker.engine import Field, Question, RunRequest, load
 from worker.engine.run import _plan
 from worker.engine.strategies import COMPOSITIONS, EDITS
-from worker.engine.strategies.measure import MAX_SAMPLES, REPEAT_BUDGET_MS, Sample, due_again, measure
+from worker.engine.strategies.measure import (
+    PAIRED_ROUNDS,
+    ROUND_BUDGET_MS,
+    ROUND_SAMPLES,
+    Sample,
+    due_again,
+    measure,
+    paired_speedups,
+    result_of,
+)
 
 DOC = "Account record.\nstatus: active\nowner: Ada Lovelace\nOnly active accounts may log in.\n"
 QUESTION = Question("Can this user log in?", ("yes", "no"))
@@ -43,13 +52,13 @@ def test_a_composite_is_measured_through_its_parts_only():
     assert list(EDITS.runners(built)) == ["recompute", "field_erratum", "stale", "erratum", "in_place"]
 
 
-def test_a_strategy_is_timed_again_until_300_ms_or_5_timings():
-    assert (REPEAT_BUDGET_MS, MAX_SAMPLES) == (300.0, 5)
-    assert not due_again([Sample(320.0, 300.0)])  # slow: one timing covers the budget
-    assert due_again([Sample(100.0, 90.0)] * 2) and not due_again([Sample(100.0, 100.0)] * 3)
-    assert due_again([Sample(10.0, 5.0)] * 4) and not due_again([Sample(10.0, 5.0)] * 5)
+def test_a_strategy_is_timed_in_3_rounds_and_within_a_round_until_100_ms_or_3_timings():
+    assert (PAIRED_ROUNDS, ROUND_BUDGET_MS, ROUND_SAMPLES) == (3, 100.0, 3)
+    assert not due_again([Sample(120.0, 100.0)])  # slow: one timing covers the round's budget
+    assert due_again([Sample(50.0, 45.0)] * 2) and not due_again([Sample(50.0, 50.0)] * 2)
+    assert due_again([Sample(10.0, 5.0)] * 2) and not due_again([Sample(10.0, 5.0)] * 3)
     # the budget counts first-token times: a free answer's 250 ms of decoding does not use it up
-    assert due_again([Sample(350.0, 60.0), Sample(None, 60.0)])
+    assert due_again([Sample(350.0, 40.0), Sample(None, 40.0)])
 
 
 def test_fast_strategies_are_timed_again_round_robin_and_keep_their_first_notes():
@@ -67,16 +76,35 @@ def test_fast_strategies_are_timed_again_round_robin_and_keep_their_first_notes(
     outcomes = measure(bench, case, runners)
     n = {name: len(out.samples) for name, out in outcomes.items()}
     assert all(calls.count(name) == n[name] for name in runners)  # every timing ran the surgery again
-    assert all(n[name] == MAX_SAMPLES or sum(s.ttft_ms for s in outcomes[name].samples) >= REPEAT_BUDGET_MS
-               for name in runners)
+    for out in outcomes.values():  # every strategy, recompute included, in every round
+        assert sorted(out.round_ttft()) == list(range(PAIRED_ROUNDS))
+        for r in range(PAIRED_ROUNDS):
+            mine = [s for s in out.samples if s.round == r]
+            assert len(mine) == ROUND_SAMPLES or sum(s.ttft_ms for s in mine) >= ROUND_BUDGET_MS
     # a repeat stops at the first token: only the first timing decoded
     assert all(out.samples[0].latency_ms is not None and all(s.latency_ms is None for s in out.samples[1:])
                for out in outcomes.values())
-    again = [name for name in runners if n[name] >= 2]
-    assert calls[:4] == list(runners) and calls[4:4 + len(again)] == again  # interleaved, not back to back
+    first_round = sum(1 for out in outcomes.values() for s in out.samples if s.round == 0)
+    assert calls[:4] == list(runners)  # the first pass, then the first round's repeats, interleaved
+    again = [name for name in runners if sum(s.round == 0 for s in outcomes[name].samples) >= 2]
+    assert calls[4:4 + len(again)] == again
+    assert calls[first_round:first_round + 4] == list(runners)  # each later round opens on every strategy
     for out in outcomes.values():
         low, high = out.ttft_spread
         assert low <= out.ttft_ms <= high and out.ttft_ms <= out.latency_ms
+    # one speed-up per round, each recompute's first token in the round over the strategy's
+    ref = outcomes["recompute"]
+    for out in outcomes.values():
+        paired = paired_speedups(out, ref)
+        assert paired == [ref.round_ttft()[r] / out.round_ttft()[r] for r in range(PAIRED_ROUNDS)]
+        result = result_of(out, ref)
+        theirs, mine = ref.round_ttft().values(), out.round_ttft().values()
+        assert result.speedup_range == [round(min(theirs) / max(mine), 4), round(max(theirs) / min(mine), 4)]
+        low, high = result.speedup_range
+        assert low - 1e-4 <= min(paired) <= result.speedup + 1e-4 and result.speedup <= max(paired) + 1e-4
+        assert max(paired) <= high + 1e-4
+    same = result_of(ref, ref)
+    assert same.speedup == 1.0 and same.speedup_range[0] <= 1.0 <= same.speedup_range[1]
     in_place = runners["in_place"].surgery(case)  # a fresh run decides as the first one, notes and all
     fresh = measure(bench, case, {"in_place": runners["in_place"]})["in_place"]
     assert fresh.readout.decision == outcomes["in_place"].readout.decision

@@ -119,6 +119,51 @@ def test_too_short_to_time(ref_ms, ref_spread, ms, spread, too_short):
         assert f"recompute {ref_ms:.1f} ms" in tip.tip and f"this strategy {ms:.1f} ms" in tip.tip
 
 
+@pytest.mark.parametrize(("paired", "too_short"), [
+    ([12.0, 19.0], False),  # stands, a factor of 1.6
+    ([0.8, 1.5], True),     # crosses 1×
+    ([3.0, 7.0], True),     # spans more than a factor of 2
+    ([1.2, 2.3], False),
+])
+def test_a_paired_speed_up_range_is_too_short_across_1x_or_wider_than_a_factor_of_2(paired, too_short):
+    mine, ref = result("in_place", "x", True, 40.0, [35.0, 45.0]), result("recompute", "x", True, 120.0)
+    mine.speedup, mine.speedup_range = sum(paired) / 2, paired
+    tip = timing(mine, ref)  # paired rounds replace the 250 ms rule: recompute took 120 ms here
+    assert (tip is not None) == too_short
+    if tip is not None:
+        assert f"ranges {paired[0]:.1f}×–{paired[1]:.1f}× over the paired timings" in tip.tip
+
+
+def test_the_page_shows_the_paired_range_the_spread_over_orders_and_flags_a_first_choice_answer(make_client):
+    from data.models import Notebook, Question
+    from tests.web.conftest import add_field, new_notebook, session
+    from tests.web.finished_run import finished_run
+
+    client = make_client()
+    nb = new_notebook(client)
+    add_field(client, nb)
+    s = session()
+    notebook = s.get(Notebook, nb)
+    notebook.questions.append(Question(text="What is the status?", choices=["active", "suspended"]))
+    s.commit()
+    run = finished_run(s, notebook, strategies=("recompute", "stale"))
+    rows = {r.strategy: r for r in s.query(RunResult).filter_by(run_id=run.id)}
+    rows["recompute"].choice_probs = {"active": 0.61, "suspended": 0.39}
+    rows["recompute"].choice_spread = {"active": [0.24, 0.98], "suspended": [0.02, 0.76]}
+    rows["recompute"].order_bias = "first"
+    rows["stale"].speedup, rows["stale"].speedup_range = 20.5, [18.1, 24.3]
+    s.commit()
+    html = client.get(f"/runs/{run.id}").text
+    assert "This model picks the first choice here: read KL instead." in html
+    assert "61.0% <span" in html and ">(24–98)</span>" in html and ">(2–76)</span>" in html
+    assert "<strong>20.5×</strong>" in html and "18.1–24.3×" in html
+    export = client.get(f"/runs/{run.id}/export.json").json()
+    stale = next(d for d in export["decisions"] if d["strategy"] == "stale")
+    assert stale["speedup_range"] == [18.1, 24.3] and stale["speedup"] == 20.5
+    reference = next(d for d in export["decisions"] if d["strategy"] == "recompute")
+    assert reference["order_bias"] == "first" and reference["choice_spread"]["active"] == [0.24, 0.98]
+
+
 def _free_answer_run(client, decisions: dict[str, str]):
     """A finished free-answer run of a notebook whose field changes "active" to "suspended", its
     strategies answering `decisions`."""

@@ -8,20 +8,25 @@ document), or after the start token for a base model. The question then closes t
     \n\nQuestion … <end of user turn><assistant header>   ← the suffix, computed by every strategy
 
 With `choices`, the decision is the choice whose WHOLE token sequence is most probable (summed
-log-probabilities); without, a greedy generation. With chain of thought, the model first writes its
-reasoning greedily, then the choices are scored after an answer cue.
+log-probabilities), averaged over every cyclic order of the choices when the caller gives the
+question's tokens in those orders (`worker.engine.orders`: the debiased distribution, its spread
+over the orders and whether the answer follows a position); without, a greedy generation. With
+chain of thought, the model first writes its reasoning greedily, then the choices are scored after
+an answer cue, in the listed order only (the reasoning is one generation).
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
 
 import torch
 
 from vocabulary.prompt import ANSWER_CUE, PLAIN_TAIL, choice_text, question_text
 from worker.engine.forward import Deferred, fill
 from worker.engine.notes import KV, cache_from_layers, layers_of
+from worker.engine.orders import OrderReading, cyclic_orders, orders_forward, over_orders
 from worker.engine.selective import has_sliding_window
 from worker.engine.types import Question
 
@@ -65,6 +70,9 @@ class Readout:
     answer_ids: the tokens the model answered with after the prompt (the chosen choice's tokens, or
         what it generated, reasoning included), to score other notes on the same answer.
     first_token_at: `time.perf_counter()` when the first answer token's logits were ready (TTFT).
+    choice_probs: over every order scored (the debiased distribution); choice_spread: each one's
+        [min, max] over those orders; order_bias: the position the answer follows more than the
+        document ("first", "last", …), None when it follows the document.
     """
 
     logits: torch.Tensor
@@ -74,6 +82,8 @@ class Readout:
     answer_ids: list[int]
     first_token_at: float
     deferred_kv: list[KV] | None = None
+    choice_spread: dict[str, list[float]] = field(default_factory=dict)
+    order_bias: str | None = None
 
 
 def _stop_ids(tokenizer) -> set[int]:
@@ -204,6 +214,16 @@ def _choice_ids(tokenizer, frame: Frame, choices) -> list[list[int]]:
     return [tokenizer(frame.choice_text(c), add_special_tokens=False)["input_ids"] for c in choices]
 
 
+def orders_suffixes(tokenizer, frame: Frame, question: Question) -> list[list[int]]:
+    """The question's tokens in every cyclic order of its choices but the listed one (whose tokens
+    the caller has): what `decide(orders=...)` scores the choices over. Empty with chain of thought
+    (the reasoning is one generation) or fewer than two choices."""
+    if question.cot or len(question.choices) < 2:
+        return []
+    return [tokenizer(frame.suffix(replace(question, choices=order)), add_special_tokens=False)["input_ids"]
+            for order in cyclic_orders(question.choices)[1:]]
+
+
 def _one_pass_readout(model, tokenizer, frame: Frame, base: list[KV], prompt: list[int], question: Question,
                       deferred: Deferred | None) -> Readout:
     """Deferred rows, prompt and every choice in ONE forward: the fast path for a decision over choices."""
@@ -213,10 +233,59 @@ def _one_pass_readout(model, tokenizer, frame: Frame, base: list[KV], prompt: li
     first = torch.log_softmax(logits, dim=-1)
     scores = torch.tensor([float(first[ids[0]]) + r for ids, r in zip(encoded, rest)], device=logits.device)
     probs = {c: float(p) for c, p in zip(question.choices, torch.softmax(scores, dim=0))}
-    decision = max(probs, key=probs.get)
-    return Readout(logits=logits, decision=decision, choice_probs=probs, text="",
-                   answer_ids=encoded[question.choices.index(decision)], first_token_at=first_token_at,
-                   deferred_kv=_deferred_kv(cache, deferred))
+    return _chosen(over_orders([question.choices], [probs]), logits, encoded, question, first_token_at,
+                   _deferred_kv(cache, deferred))
+
+
+def _chosen(reading: OrderReading, logits: torch.Tensor, encoded: list[list[int]], question: Question,
+            first_token_at: float, deferred_kv: list[KV] | None, text: str = "",
+            reasoning: Sequence[int] = ()) -> Readout:
+    """The readout of a choice question: the most probable choice over the orders read."""
+    decision = max(reading.probs, key=reading.probs.get)
+    return Readout(logits=logits, decision=decision, choice_probs=reading.probs, text=text,
+                   answer_ids=list(reasoning) + encoded[question.choices.index(decision)],
+                   first_token_at=first_token_at, deferred_kv=deferred_kv,
+                   choice_spread=reading.spread, order_bias=reading.bias)
+
+
+def _per_order(choices: Sequence[str], scores: Sequence[Sequence[float]]) -> list[dict[str, float]]:
+    """Each order's summed log-probabilities (in the listed order) as its distribution over the choices."""
+    return [dict(zip(choices, torch.softmax(torch.tensor(s, dtype=torch.float64), dim=0).tolist()))
+            for s in scores]
+
+
+def _orders_readout(model, tokenizer, frame: Frame, base: list[KV], pending: list[int], suffix_ids: list[int],
+                    orders: Sequence[list[int]], question: Question, deferred: Deferred | None) -> Readout:
+    """Every cyclic order of the choices in ONE forward (`worker.engine.orders.orders_forward`): the
+    deferred rows and `pending` once, then each order's question and the choices after it."""
+    encoded = _choice_ids(tokenizer, frame, question.choices)
+    heads, scores, cache = orders_forward(model, base, list(pending), [list(suffix_ids), *orders], encoded,
+                                          deferred)
+    first_token_at = time.perf_counter()
+    reading = over_orders(cyclic_orders(question.choices), _per_order(question.choices, scores))
+    return _chosen(reading, heads[0], encoded, question, first_token_at, _deferred_kv(cache, deferred))
+
+
+def _orders_one_by_one(model, tokenizer, frame: Frame, cache, pending: list[int], suffix_ids: list[int],
+                       orders: Sequence[list[int]], question: Question, first_token_only: bool) -> Readout:
+    """Every cyclic order of the choices, one after the other (models with sliding-window layers,
+    which one custom mask cannot carry): each order's question after a fresh view of the notes,
+    then its choices scored as `_score_choices` does."""
+    base = layers_of(cache)
+    heads, caches = [], []
+    for suffix in [suffix_ids, *orders]:
+        mine = cache_from_layers(base, model)
+        heads.append(_forward(model, list(pending) + list(suffix), mine))
+        caches.append(mine)
+    first_token_at = time.perf_counter()
+    if first_token_only:
+        return Readout(logits=heads[0], decision="", choice_probs={}, text="", answer_ids=[],
+                       first_token_at=first_token_at)
+    rotations = cyclic_orders(question.choices)
+    per_order = [_score_choices(model, tokenizer, frame, h, c, list(rotation))
+                 for h, c, rotation in zip(heads, caches, rotations)]
+    encoded = _choice_ids(tokenizer, frame, question.choices)
+    return _chosen(over_orders(rotations, per_order), heads[0], encoded, question, first_token_at, None)
 
 
 def _prompt_forward(model, base: list[KV], prompt: list[int],
@@ -236,17 +305,28 @@ def _prompt_forward(model, base: list[KV], prompt: list[int],
 
 def decide(model, tokenizer, frame: Frame, cache, suffix_ids: list[int], question: Question,
            pending: list[int] = (), deferred: Deferred | None = None,
-           first_token_only: bool = False) -> Readout:
+           first_token_only: bool = False, orders: Sequence[list[int]] = ()) -> Readout:
     """Ask `question` after the notes in `cache` (mutated) and take the decision. `pending` are
     tokens a strategy appends (an erratum), `deferred` cached positions it left to recompute
     (`worker.engine.forward.Deferred`): both go through the model in the same forward as the
     question, so neither costs an extra pass over the weights. With `deferred`, the readout's
     `deferred_kv` completes the notes (`fill`). `first_token_only` stops at the first answer token's
-    logits (a timing repeat: no decision, no generation)."""
+    logits (a timing repeat: no decision, no generation). `orders`: the question's tokens in every
+    other cyclic order of its choices (`orders_suffixes`), to score the choices over their orders
+    (ignored with chain of thought or without choices)."""
     prompt = list(pending) + list(suffix_ids)
     if deferred is not None and has_sliding_window(model):
         raise ValueError("a sliding-window model cannot defer tokens to the readout "
                          "(one mask cannot carry its windows)")
+    if orders and len(orders) != len(question.choices) - 1:
+        raise ValueError(f"{len(question.choices)} choices need {len(question.choices) - 1} other orders, "
+                         f"not {len(orders)}")
+    if question.choices and not question.cot and orders:
+        if has_sliding_window(model):
+            return _orders_one_by_one(model, tokenizer, frame, cache, list(pending), list(suffix_ids), orders,
+                                      question, first_token_only)
+        return _orders_readout(model, tokenizer, frame, layers_of(cache), list(pending), list(suffix_ids),
+                               orders, question, deferred)
     if question.choices and not question.cot and not has_sliding_window(model):
         return _one_pass_readout(model, tokenizer, frame, layers_of(cache), prompt, question, deferred)
     fresh = None
@@ -268,10 +348,9 @@ def decide(model, tokenizer, frame: Frame, cache, suffix_ids: list[int], questio
     text = tokenizer.decode(reasoning, skip_special_tokens=True) if question.cot else ""
     if question.choices:
         probs = _score_choices(model, tokenizer, frame, logits, cache, question.choices)
-        decision = max(probs, key=probs.get)
-        chosen = _choice_ids(tokenizer, frame, [decision])[0]
-        return Readout(logits=logits, decision=decision, choice_probs=probs, text=text,
-                       answer_ids=reasoning + chosen, first_token_at=first_token_at, deferred_kv=fresh)
+        return _chosen(over_orders([question.choices], [probs]), logits,
+                       _choice_ids(tokenizer, frame, question.choices), question, first_token_at, fresh,
+                       text=text, reasoning=reasoning)
     generated = _greedy(model, tokenizer, logits, cache_from_layers(layers_of(cache), model),
                         question.max_new_tokens)
     answer = tokenizer.decode(generated, skip_special_tokens=True).strip()

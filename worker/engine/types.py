@@ -67,6 +67,10 @@ class StrategyResult:
     picked: str | None = None  # the strategy `auto` picked (None for every other strategy)
     ttft_spread_ms: list[float] = field(default_factory=list)  # [min, max] over the timing repeats
     edit_followed: str | None = None  # "new" | "old" | "both" | "neither"; None without fields
+    speedup: float | None = None  # recompute's first token over this one's: median over the paired rounds
+    speedup_range: list[float] = field(default_factory=list)  # [min, max] over the paired rounds
+    choice_spread: dict[str, list[float]] = field(default_factory=dict)  # [min, max] over the orders
+    order_bias: str | None = None  # the position the answer follows more than the document, e.g. "first"
 
 
 @dataclass

@@ -18,7 +18,7 @@ from app.web.runs.heatmap_view import ViewParams, view_params
 from app.web.runs.mechanism_view import mechanism_panel
 from app.web.runs.notes_map_view import lead_parts, notes_map_pieces, remaining, top_spans
 from app.web.runs.regions_view import regions_panel
-from app.web.runs.verdict_view import headline
+from app.web.runs.verdict_view import headline, order_flag
 from app.web.runs.view import (
     agreement_summary,
     answer_of,
@@ -93,6 +93,7 @@ def run_context(session: Session, run: Run) -> dict[str, Any]:
         no_live_worker=waits_without_worker(session, run),
         attention_strategies=with_attention, attention_shape=_shape(run),
         default_strategy=default_strategy(rows, with_attention), note=run_note(rows, run.snapshot),
+        order_flag=order_flag(rows),
         ttft_measured=measured_ttft(run), metric_help={m.name: m.help for m in METRICS},
         notes_map=notes_map, map_pieces=notes_map_pieces(run.snapshot, notes_map) if notes_map else [],
         top_spans=top_spans(notes_map) if notes_map else [],

@@ -95,7 +95,8 @@ def decision_record(row) -> dict[str, Any]:
     r = row.result
     record = {"strategy": row.strategy, "is_reference": row.is_reference, "same_decision": row.agrees,
               "edit_followed": row.followed, "tokens_pct": row.tokens_pct, "speedup": row.speedup,
-              "too_short_to_time": row.timing is not None}
+              "too_short_to_time": row.timing is not None,
+              "speedup_range": list(row.speedup_range) if row.speedup_range else None}
     if r is not None:
         record.update(decision=r.decision, choice_probs=r.choice_probs, answer_f1=r.answer_f1,
                       recompute_answer_nll=r.recompute_answer_nll, kl_to_recompute=r.kl_to_recompute,
@@ -103,14 +104,14 @@ def decision_record(row) -> dict[str, Any]:
                       tokens_computed=r.tokens_computed,
                       prefix_cache_share=r.prefix_cache_share, ttft_ms=r.ttft_ms,
                       ttft_spread_ms=r.ttft_spread_ms, decode_ms=r.decode_ms, latency_ms=r.latency_ms,
-                      text=r.text)
+                      text=r.text, choice_spread=r.choice_spread or {}, order_bias=r.order_bias)
     return record
 
 
 CSV_COLUMNS = ["strategy", "decision", "same_decision", "edit_followed", "choice_probs", "answer_f1",
                "recompute_answer_nll", "kl_to_recompute", "top1_agrees", "topk_overlap", "tokens_computed",
                "tokens_pct", "prefix_cache_share", "ttft_ms", "ttft_spread_ms", "decode_ms", "latency_ms",
-               "speedup", "too_short_to_time"]
+               "speedup", "speedup_range", "too_short_to_time", "choice_spread", "order_bias"]
 _FORMULA = ("=", "+", "-", "@", "\t", "\r")
 
 
@@ -134,5 +135,9 @@ def run_csv(rows) -> str:
         record["choice_probs"] = "; ".join(f"{k}: {v:.4f}" for k, v in probs.items())
         spread = record.get("ttft_spread_ms")
         record["ttft_spread_ms"] = f"{spread[0]:.3f}-{spread[1]:.3f}" if spread else None
+        paired = record.get("speedup_range")
+        record["speedup_range"] = f"{paired[0]:.2f}-{paired[1]:.2f}" if paired else None
+        orders = record.get("choice_spread") or {}
+        record["choice_spread"] = "; ".join(f"{k}: {lo:.4f}-{hi:.4f}" for k, (lo, hi) in orders.items())
         writer.writerow([_cell(record.get(name)) for name in CSV_COLUMNS])
     return out.getvalue()

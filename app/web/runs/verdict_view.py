@@ -1,6 +1,7 @@
 """Verdicts that know the edit, in the run page's words: did each strategy's answer name the
-field's new value, the old one, both or neither (`vocabulary.verdicts.edit_followed`), and was a
-speed-up measured long enough to mean anything.
+field's new value, the old one, both or neither (`vocabulary.verdicts.edit_followed`), was a
+speed-up measured long enough to mean anything, and does a choice question's answer follow the
+order of its choices more than the document.
 
 When recompute's own answer names a value, a strategy is judged by whether it names the same side
 (a strategy that follows the edit in other words is not "a different decision"); when it names
@@ -20,7 +21,8 @@ from vocabulary.verdicts import edit_followed
 FOLLOWED_WORDS = {"new": "follows the edit", "old": "keeps the old value", "both": "names both values",
                   "neither": "names neither value"}
 
-MIN_TIMED_MS = 250.0  # a recompute TTFT under this is too short for its speed-ups to mean anything
+MIN_TIMED_MS = 250.0  # runs stored without paired rounds: a recompute TTFT under this is too short
+MAX_RANGE_FACTOR = 2.0  # a speed-up whose paired range spans more than this factor is too short to time
 
 
 def values_of(snapshot: Any) -> tuple[list[str], list[str]]:
@@ -122,15 +124,32 @@ def _spread(result: Any) -> tuple[float, float] | None:
     return (float(spread[0]), float(spread[1])) if spread and len(spread) == 2 else None
 
 
+def speedup_range(result: Any) -> tuple[float, float] | None:
+    """The stored [min, max] of the speed-up over the paired timing rounds (None before revision 0012)."""
+    paired = getattr(result, "speedup_range", None)
+    return (float(paired[0]), float(paired[1])) if paired and len(paired) == 2 else None
+
+
 def timing(result: Any, reference: Any) -> Timing | None:
-    """None when the speed-up over `reference` (recompute) stands; else why not: recompute's time
-    to first token under `MIN_TIMED_MS`, or the speed-up's range (from both TTFT spreads) crossing 1×.
-    Runs stored before the spreads were measured are judged on the 250 ms rule alone."""
+    """None when the speed-up over `reference` (recompute) stands; else why not. With paired
+    rounds (recompute timed again beside the strategy): the speed-up's range over them crosses 1× or
+    spans more than a factor of `MAX_RANGE_FACTOR`. Runs stored before: recompute's time to first
+    token under `MIN_TIMED_MS`, or the range from both TTFT spreads crossing 1× (when stored)."""
     ref_ms, mine_ms = reference.ttft_ms or 0.0, result.ttft_ms or 0.0
     if not ref_ms or not mine_ms:
         return None
     mine, theirs = _spread(result), _spread(reference)
     numbers = f"recompute {_ms(ref_ms, theirs)}, this strategy {_ms(mine_ms, mine)}"
+    paired = speedup_range(result)
+    if paired is not None:
+        low, high = paired
+        if low <= 1.0 <= high:
+            return Timing(f"the speed-up ranges {low:.1f}×–{high:.1f}× over the paired timings, "
+                          f"across 1×: {numbers}")
+        if low <= 0 or high / low > MAX_RANGE_FACTOR:
+            return Timing(f"the speed-up ranges {low:.1f}×–{high:.1f}× over the paired timings, more "
+                          f"than a factor of {MAX_RANGE_FACTOR:.0f}: {numbers}")
+        return None
     if ref_ms < MIN_TIMED_MS:
         return Timing(f"recompute's time to first token is under {MIN_TIMED_MS:.0f} ms: {numbers}")
     if mine and theirs and mine[0] > 0 and mine[1] > 0:
@@ -143,3 +162,14 @@ def timing(result: Any, reference: Any) -> Timing | None:
 
 def _ms(median: float, spread: tuple[float, float] | None) -> str:
     return f"{median:.1f} ms" + (f" ({spread[0]:.1f}–{spread[1]:.1f})" if spread else "")
+
+
+def order_flag(rows: Sequence[Any]) -> str | None:
+    """When recompute's answer to a choice question follows the position of the choices more than
+    the document (`order_bias`, measured over every cyclic order of the choices): the page's warning."""
+    reference = next((r for r in rows if r.is_reference and r.result is not None), None)
+    bias = getattr(reference.result, "order_bias", None) if reference is not None else None
+    if not bias:
+        return None
+    return (f"This model picks the {bias} choice here: read KL instead. Asked in every cyclic order of "
+            f"the choices, recompute's answer followed the {bias} position more often than the document.")

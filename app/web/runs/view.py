@@ -18,6 +18,7 @@ from app.web.runs.verdict_view import (
     followed,
     groups,
     mark,
+    speedup_range,
     timing,
     verdict_applies,
 )
@@ -33,10 +34,12 @@ class DecisionRow:
     is_reference: bool
     agrees: bool  # names the value recompute names (when it names one), else the same decision
     tokens_pct: float | None  # tokens computed as % of recompute's
-    speedup: float | None  # recompute's time to first token / this strategy's (latency for older runs)
+    speedup: float | None  # recompute's time to first token / this strategy's: the median over the
+    # paired timing rounds (older runs: one division of the medians, or of the latencies)
     followed: str | None = None  # edit_followed: new | old | both | neither; None: answers name no value
     mark: Mark | None = None  # what the decision cell leads with
     timing: Timing | None = None  # set when the speed-up is too short to time, with why
+    speedup_range: tuple[float, float] | None = None  # [min, max] over the paired rounds (None before)
 
     @property
     def followed_words(self) -> str:
@@ -67,11 +70,15 @@ def decision_rows(run: Run) -> list[DecisionRow]:
             if ref.tokens_computed:
                 pct = 100.0 * r.tokens_computed / ref.tokens_computed
             mine_ms, theirs = _first_token_ms(r), _first_token_ms(ref)
-            if mine_ms:
+            stored = getattr(r, "speedup", None)
+            if stored is not None:
+                speed = stored
+            elif mine_ms:
                 speed = theirs / mine_ms
         tip = timing(r, ref) if r is not None and ref is not None and name != REFERENCE else None
+        paired = speedup_range(r) if r is not None else None
         rows.append(DecisionRow(name, r, name == REFERENCE, agrees, pct, speed, mine,
-                                mark(name == REFERENCE, agrees, mine, ref_followed), tip))
+                                mark(name == REFERENCE, agrees, mine, ref_followed), tip, paired))
     return rows
 
 

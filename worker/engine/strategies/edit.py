@@ -35,12 +35,11 @@ class EditCase:
 
 
 def _summed(probes: list[Outcome], chosen: Outcome) -> list[Sample]:
-    """Auto's timings as three samples (fastest, median, slowest): every probe's latency summed, and
+    """Auto's timings, one sample per timing round (so its speed-ups pair with recompute's round by
+    round): every probe's latency summed, with each probe's first token as timed in that round, and
     its first token after all of them but its pick's decoding."""
     decode = chosen.latency_ms - chosen.ttft_ms
-
-    def summed(pick) -> float:  # a probe's decoding is its first run's; its first token varies
-        return sum(p.latency_ms - p.ttft_ms + pick(s.ttft_ms for s in p.samples) for p in probes)
-
-    totals = [summed(min), sum(p.latency_ms for p in probes), summed(max)]
-    return [Sample(total, total - decode) for total in totals]
+    rounds = [p.round_ttft() for p in probes]
+    common = sorted(set.intersection(*(set(r) for r in rounds)))
+    totals = [sum(p.latency_ms - p.ttft_ms + r[n] for p, r in zip(probes, rounds)) for n in common]
+    return [Sample(total, total - decode, n) for total, n in zip(totals, common)]

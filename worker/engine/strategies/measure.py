@@ -6,14 +6,25 @@ to its decision: its surgery, then the readout (`worker.engine.readout.decide`),
 the tokens it deferred or appended. A strategy that starts from spliced notes pays for the splice and
 its seam repair too (`Bench.overhead_ms`, `overhead_tokens`).
 
-**Timings that are not noise.** One timing of a 10 ms strategy on a shared CPU is mostly noise, so
-after the first pass every fast strategy is timed again, round-robin across the strategies (never
-back to back, so a slow spell of the machine is shared out), until its first-token times add up to
-`REPEAT_BUDGET_MS` or it has `MAX_SAMPLES`. A repeat re-runs the surgery and the readout up to the
-first answer token only (a free answer's generation would spend the budget on decoding, which is not
-what the speed-up compares) and keeps nothing but that time: the notes, the decision and every other
-metric are the first run's. `ttft_ms` is the median of the first-token times and `ttft_spread` their
-[min, max]; `latency_ms` is the first run's (the only one that decoded).
+**Speed-ups from paired timings.** A speed-up divided by one timing of recompute moves with the
+machine (three identical runs once read 18.4×, 10.5× and 17.4×, as recompute took 4.7, 2.7 and
+3.5 s). So the timing runs in `PAIRED_ROUNDS` rounds: the first pass, then rounds in which every
+strategy, recompute included, is timed again one after the other. Within a round a fast strategy is
+timed again, round-robin across the strategies (never back to back, so a slow spell of the machine
+is shared out), until its first-token times in the round add up to `ROUND_BUDGET_MS` or it has
+`ROUND_SAMPLES`. Each round gives one speed-up, recompute's first token in that round over the
+strategy's (the median of its timings in the round), and the result's `speedup` is their median.
+`speedup_range` is the widest the rounds allow: recompute's fastest round over the strategy's
+slowest, to recompute's slowest over its fastest (it holds every paired speed-up). Two identical
+runs' ranges then overlap unless every round of one run was faster on one side and slower on the
+other than every round of the other run; "too short to time" is read from it (across 1×, or wider
+than a factor of 2).
+
+A repeat re-runs the surgery and the readout up to the first answer token only (a free answer's
+generation would spend the time on decoding, which is not what the speed-up compares) and keeps
+nothing but that time: the notes, the decision and every other metric are the first run's. `ttft_ms`
+is the median of all the first-token times and `ttft_spread` their [min, max]; `latency_ms` is the
+first run's (the only one that decoded).
 """
 
 from __future__ import annotations
@@ -28,15 +39,16 @@ from vocabulary.prefix import common_prefix
 from worker.engine.compare import fidelity, same_answer, token_f1
 from worker.engine.edit import Surgery
 from worker.engine.notes import cache_from_layers
-from worker.engine.readout import Readout, answer_nll, decide
+from worker.engine.readout import Readout, answer_nll, decide, orders_suffixes
 from worker.engine.strategies.base import Strategy
 from worker.engine.types import ProgressFn, Question, StrategyResult
 
 if TYPE_CHECKING:
     from worker.engine.loaded import LoadedModel
 
-REPEAT_BUDGET_MS = 300.0  # a strategy is timed again until its timings add up to this ...
-MAX_SAMPLES = 5  # ... or it was timed this many times
+PAIRED_ROUNDS = 3  # every strategy, recompute included, is timed in this many rounds (the first pass is one)
+ROUND_BUDGET_MS = 100.0  # within a round, a strategy is timed again until its timings add up to this ...
+ROUND_SAMPLES = 3  # ... or it was timed this many times in the round
 
 
 @dataclass(frozen=True)
@@ -45,6 +57,7 @@ class Sample:
 
     latency_ms: float | None  # None for a repeat, which stops at the first token
     ttft_ms: float
+    round: int = 0  # the timing round it belongs to: its speed-up pairs with recompute's in the round
 
 
 @dataclass
@@ -76,6 +89,31 @@ class Outcome:
     def ttft_spread(self) -> tuple[float, float]:
         return min(s.ttft_ms for s in self.samples), max(s.ttft_ms for s in self.samples)
 
+    def round_ttft(self) -> dict[int, float]:
+        """The median first-token time of each timing round."""
+        rounds: dict[int, list[float]] = {}
+        for s in self.samples:
+            rounds.setdefault(s.round, []).append(s.ttft_ms)
+        return {r: statistics.median(times) for r, times in rounds.items()}
+
+
+def paired_speedups(out: Outcome, ref: Outcome) -> list[float]:
+    """One speed-up per timing round both were timed in: `ref`'s first token in that round over
+    `out`'s (round by round, so a slow spell of the machine slows both sides of a ratio)."""
+    mine, theirs = out.round_ttft(), ref.round_ttft()
+    return [theirs[r] / mine[r] for r in sorted(mine) if r in theirs and mine[r] > 0]
+
+
+def speedup_range(out: Outcome, ref: Outcome) -> tuple[float, float] | None:
+    """[min, max] of the speed-up over the rounds both were timed in: `ref`'s fastest round over
+    `out`'s slowest, to `ref`'s slowest over `out`'s fastest (None without a common round)."""
+    mine, theirs = out.round_ttft(), ref.round_ttft()
+    common = [r for r in mine if r in theirs and mine[r] > 0]
+    if not common:
+        return None
+    return (min(theirs[r] for r in common) / max(mine[r] for r in common),
+            max(theirs[r] for r in common) / min(mine[r] for r in common))
+
 
 @dataclass(frozen=True)
 class Bench:
@@ -87,33 +125,48 @@ class Bench:
     engine: LoadedModel
     question: Question
     suffix_ids: list[int]
+    orders: list[list[int]] = field(default_factory=list)  # the question in the choices' other cyclic orders
     overhead_ms: float = 0.0
     overhead_tokens: int = 0
     progress: ProgressFn = field(default=lambda stage, fraction: None)
     span: tuple[float, float] = (0.05, 0.65)  # the progress fractions the measuring covers
 
+    def __post_init__(self) -> None:
+        """A choice question asked as the frame asks it is scored over every cyclic order of its
+        choices (`worker.engine.orders`); a custom suffix (a blend's own) keeps its listed order."""
+        engine, question = self.engine, self.question
+        if not self.orders and self.suffix_ids == engine.encode(engine.frame.suffix(question)):
+            object.__setattr__(self, "orders", orders_suffixes(engine.tokenizer, engine.frame, question))
+
 
 def measure(bench: Bench, case: object, runners: dict[str, Strategy]) -> dict[str, Outcome]:
-    """Prepare, time and repeat every runner; its outcome (first run's notes and readout, all times)."""
+    """Prepare, time and repeat every runner in `PAIRED_ROUNDS` rounds; its outcome (the first
+    run's notes and readout, every timing with its round)."""
     for runner in runners.values():
         runner.prepare(case)  # outside the timings
     bench.engine.warm_up()
     first: dict[str, tuple[Surgery, Readout]] = {}
     samples: dict[str, list[Sample]] = {}
     low, high = bench.span
+    first_share = (high - low) / 2  # the first pass (with decoding) takes about half the measuring
     for i, (name, runner) in enumerate(runners.items()):
-        bench.progress(f"strategy: {name}", low + (high - low) * i / len(runners))
+        bench.progress(f"strategy: {name}", low + first_share * i / len(runners))
         surgery, readout, sample = _timed(bench, runner, case)
         if runner.reads_notes:
             surgery.tokens_computed += bench.overhead_tokens
         first[name], samples[name] = (surgery, readout), [sample]
-    bench.progress("timing the fast strategies again", high)
-    _repeat(bench, case, runners, samples)
+    _repeat(bench, case, runners, samples, 0)
+    for round_ in range(1, PAIRED_ROUNDS):
+        bench.progress(f"timing again beside recompute (round {round_ + 1} of {PAIRED_ROUNDS})",
+                       low + first_share + (high - low - first_share) * (round_ - 1) / (PAIRED_ROUNDS - 1))
+        for name, runner in runners.items():
+            samples[name].append(_timed(bench, runner, case, first_token_only=True, round_=round_)[2])
+        _repeat(bench, case, runners, samples, round_)
     return {name: Outcome(*first[name], samples[name]) for name in runners}
 
 
-def _timed(bench: Bench, runner: Strategy, case: object,
-           first_token_only: bool = False) -> tuple[Surgery, Readout, Sample]:
+def _timed(bench: Bench, runner: Strategy, case: object, first_token_only: bool = False,
+           round_: int = 0) -> tuple[Surgery, Readout, Sample]:
     """One timed run: the surgery, then the readout, which completes any deferred tokens (up to the
     first answer token only, for a repeat)."""
     engine = bench.engine
@@ -121,24 +174,28 @@ def _timed(bench: Bench, runner: Strategy, case: object,
     surgery = runner.surgery(case)
     cache = cache_from_layers(surgery.layers, engine.model)
     readout = decide(engine.model, engine.tokenizer, engine.frame, cache, bench.suffix_ids, bench.question,
-                     pending=surgery.pending, deferred=surgery.deferred, first_token_only=first_token_only)
+                     pending=surgery.pending, deferred=surgery.deferred, first_token_only=first_token_only,
+                     orders=bench.orders)
     surgery = surgery.completed(readout.deferred_kv)  # writes the deferred K/V into the strategy's notes
     ms, ttft = (time.perf_counter() - t0) * 1000, (readout.first_token_at - t0) * 1000
     extra = bench.overhead_ms if runner.reads_notes else 0.0
-    return surgery, readout, Sample(None if first_token_only else ms + extra, ttft + extra)
+    return surgery, readout, Sample(None if first_token_only else ms + extra, ttft + extra, round_)
 
 
 def due_again(samples: list[Sample]) -> bool:
-    """Whether a strategy with these timings is timed once more."""
-    return len(samples) < MAX_SAMPLES and sum(s.ttft_ms for s in samples) < REPEAT_BUDGET_MS
+    """Whether a strategy with these timings (of one round) is timed once more in the round."""
+    return len(samples) < ROUND_SAMPLES and sum(s.ttft_ms for s in samples) < ROUND_BUDGET_MS
 
 
 def _repeat(bench: Bench, case: object, runners: dict[str, Strategy],
-            samples: dict[str, list[Sample]]) -> None:
-    """Round-robin over the strategies still due: one more timing each per round."""
-    while due := [name for name in runners if due_again(samples[name])]:
-        for name in due:
-            samples[name].append(_timed(bench, runners[name], case, first_token_only=True)[2])
+            samples: dict[str, list[Sample]], round_: int) -> None:
+    """Round-robin over the strategies still due in this round: one more timing each per pass."""
+    def due(name: str) -> bool:
+        return due_again([s for s in samples[name] if s.round == round_])
+
+    while again := [name for name in runners if due(name)]:
+        for name in again:
+            samples[name].append(_timed(bench, runners[name], case, first_token_only=True, round_=round_)[2])
 
 
 def score(bench: Bench, case: object, runners: dict[str, Strategy], outcomes: dict[str, Outcome],
@@ -162,6 +219,7 @@ def result_of(out: Outcome, ref: Outcome, followed: Callable[[str], str | None] 
     `edit_followed` verdict (None without fields)."""
     f = fidelity(ref.readout.logits, out.readout.logits)
     low, high = out.ttft_spread
+    paired, span = paired_speedups(out, ref), speedup_range(out, ref)
     return StrategyResult(
         decision=out.readout.decision,
         choice_probs=out.readout.choice_probs,
@@ -182,4 +240,8 @@ def result_of(out: Outcome, ref: Outcome, followed: Callable[[str], str | None] 
         picked=out.picked,
         ttft_spread_ms=[round(low, 3), round(high, 3)],
         edit_followed=followed(out.readout.decision),
+        speedup=round(statistics.median(paired), 4) if paired else None,
+        speedup_range=[round(span[0], 4), round(span[1], 4)] if span else [],
+        choice_spread={c: [round(lo, 6), round(hi, 6)] for c, (lo, hi) in out.readout.choice_spread.items()},
+        order_bias=out.readout.order_bias,
     )

@@ -1,0 +1,149 @@
+"""Choices scored over their orders, so that a decision measures the notes and not the list.
+
+A small model asked "Answer with one of: Tromso, Valencia." tends to pick the choice listed first,
+whatever the document says. So a choice question is asked in EVERY cyclic order of its choices
+(each choice in each position once) and each choice's probability is averaged over the orders: the
+debiased distribution. The document's notes are shared by every order; only the question's tokens
+and the choices are computed per order, all orders side by side in ONE forward (a tree mask: each
+order's question sees the notes and whatever the strategy appends, each choice its own order's
+question and its own earlier tokens, with restarted positions).
+
+Beside each probability goes its spread over the orders ([min, max]), and the question is flagged
+(`order_bias`, e.g. "first") when the answer follows a position more often than it follows the
+document: more orders pick the choice at that position than pick the debiased decision.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from worker.engine.forward import Deferred
+from worker.engine.notes import KV, cache_from_layers
+
+ORDINALS = ("first", "second", "third", "fourth", "fifth", "sixth", "seventh", "eighth", "ninth", "tenth")
+
+
+def cyclic_orders(choices: Sequence[str]) -> list[tuple[str, ...]]:
+    """Every cyclic order of `choices`, the listed one first: (a, b, c), (b, c, a), (c, a, b)."""
+    items = tuple(choices)
+    return [items[k:] + items[:k] for k in range(len(items))]
+
+
+def position_word(position: int, n: int) -> str:
+    """"first", "second", …, and "last" for the last of more than one."""
+    if n > 1 and position == n - 1:
+        return "last"
+    return ORDINALS[position] if position < len(ORDINALS) else f"{position + 1}th"
+
+
+@dataclass(frozen=True)
+class OrderReading:
+    """The choices read over their orders: `probs` averaged over the orders (the debiased
+    distribution, in the listed order), `spread` each one's [min, max] over the orders, `bias` the
+    position the answer follows more than the document (None when it follows the document)."""
+
+    probs: dict[str, float]
+    spread: dict[str, list[float]]
+    bias: str | None
+
+
+def over_orders(orders: Sequence[Sequence[str]], per_order: Sequence[dict[str, float]]) -> OrderReading:
+    """Combine each order's choice distribution (`per_order[k]` for `orders[k]`, listed order first)."""
+    listed = list(orders[0])
+    n_orders = len(per_order)
+    probs = {c: sum(p[c] for p in per_order) / n_orders for c in listed}
+    spread = {c: [min(p[c] for p in per_order), max(p[c] for p in per_order)] for c in listed}
+    bias = None
+    if n_orders > 1:
+        decision = max(probs, key=probs.get)
+        picks = [max(p, key=p.get) for p in per_order]
+        follows_document = sum(pick == decision for pick in picks)
+        position, follows_position = Counter(
+            list(order).index(pick) for order, pick in zip(orders, picks)).most_common(1)[0]
+        if follows_position > follows_document:
+            bias = position_word(position, len(listed))
+    return OrderReading(probs, spread, bias)
+
+
+def _tree_mask(past: int, deferred: Deferred | None, group: list[int], parent: list[int],
+               device: torch.device) -> torch.Tensor:
+    """[1, 1, L, past + L] visibility for rows in a tree of groups: a row sees the cached notes
+    (but no stale K/V at a deferred position; a deferred row only the notes before it) and every
+    earlier row of its own group or of a group above it. Group 0 is the root (the deferred rows)."""
+    n_groups = len(parent)
+    above = torch.eye(n_groups, dtype=torch.bool)
+    for g in range(n_groups):
+        p = parent[g]
+        while p >= 0:
+            above[g, p] = True
+            p = parent[p]
+    own = torch.tensor(group)
+    length = len(group)
+    causal = torch.ones(length, length, dtype=torch.bool).tril()
+    new = (causal & above[own][:, own]).to(device)
+    cached = torch.ones(length, past, dtype=torch.bool, device=device)
+    if deferred is not None:
+        pos, n_def = torch.tensor(deferred.positions, device=device), len(deferred.positions)
+        cached[:, pos] = False
+        cached[:n_def] &= torch.arange(past, device=device)[None, :] < pos[:, None]
+    return torch.cat([cached, new], dim=1)[None, None]
+
+
+@torch.inference_mode()
+def orders_forward(model, base: list[KV], shared: list[int], suffixes: list[list[int]],
+                   encoded: list[list[int]], deferred: Deferred | None = None):
+    """ONE forward after the cached `base`: the `deferred` rows, the `shared` tokens (an appended
+    erratum), then per order its question `suffixes[k]` and every choice (`encoded`, token ids, the
+    same in every order) after it. Returns per order the logits [vocab] after its question and the
+    choices' summed log-probabilities (in `encoded`'s order), and the forward's cache (its tails:
+    deferred rows first)."""
+    past = base[0][0].shape[2] if base else 0
+    n_def = len(deferred.positions) if deferred else 0
+    inputs = (list(deferred.ids) if deferred else []) + list(shared)
+    positions = (list(deferred.positions) if deferred else []) + [past + j for j in range(len(shared))]
+    group, parent = [0] * n_def + [1] * len(shared), [-1, 0]
+    heads: list[int] = []
+    rows: list[list[int]] = []  # per order, per choice: the row of each of its tokens after the first
+    for suffix in suffixes:
+        order_group = len(parent)
+        parent.append(1)
+        start = past + len(shared)
+        inputs += suffix
+        positions += [start + j for j in range(len(suffix))]
+        group += [order_group] * len(suffix)
+        heads.append(len(inputs) - 1)
+        for seq in encoded:
+            parent.append(order_group)
+            tail = seq[:-1]
+            rows.append(list(range(len(inputs), len(inputs) + len(tail))))
+            inputs += tail
+            positions += [start + len(suffix) + j for j in range(len(tail))]
+            group += [len(parent) - 1] * len(tail)
+    keep = sorted(set(heads) | {r for rs in rows for r in rs})
+    at = {row: i for i, row in enumerate(keep)}
+    cache = cache_from_layers(base, model) if base else None
+    out = model(
+        input_ids=torch.tensor([inputs], device=model.device),
+        position_ids=torch.tensor([positions], device=model.device),
+        attention_mask=_tree_mask(past, deferred, group, parent, model.device),
+        cache=cache,
+        use_cache=True,
+        logits_to_keep=torch.tensor(keep, device=model.device),
+    )
+    logits = out.logits[0].float()  # [len(keep), vocab]
+    logp = torch.log_softmax(logits, dim=-1)
+    n_choices = len(encoded)
+    scores = []
+    for k, head in enumerate(heads):
+        first = logp[at[head]]
+        order_scores = []
+        for c, seq in enumerate(encoded):
+            seq_rows = rows[k * n_choices + c]
+            order_scores.append(float(first[seq[0]]) + float(sum(logp[at[r], seq[j + 1]]
+                                                                for j, r in enumerate(seq_rows))))
+        scores.append(order_scores)
+    return [logits[at[h]] for h in heads], scores, cache
