@@ -97,8 +97,33 @@ def cmd_edit(args) -> None:
     if args.erratum_template:
         kw["erratum_template"] = args.erratum_template
     report = eng.edit(document, fields, _question(args), selective_fraction=args.selective,
-                      attribution=args.attribution, **kw)
+                      attribution=args.attribution, mechanism=args.mechanism, **kw)
     _print(report, args)
+    if report.mechanism is not None and not args.json:
+        _print_mechanism(report.mechanism)
+
+
+def _print_mechanism(m) -> None:
+    """The mechanism views in a few lines: knockout rows beside their controls, K* per ranking,
+    and where the logit lens puts recompute's answer token at the last layer."""
+    print(f"mechanism: recompute's answer token {m.answer!r}, decision {m.decision!r}; cost in recomputes: "
+          + ", ".join(f"{k} {v:.2f}" for k, v in m.costs.items()))
+    for row in m.knockout:
+        if row.reading is None:
+            print(f"  knockout {row.strategy:<13} {row.region:<17} {row.layers:<6} {row.note}")
+            continue
+        c = row.control
+        print(f"  knockout {row.strategy:<13} {row.region:<17} {row.layers:<6} {row.size:>4} tokens: "
+              f"{row.reading.decision[:12]!r} p {row.reading.p_answer:.3f} KL {row.reading.kl:.4f} | control "
+              f"p {c.p_answer:.3f}±{c.p_answer_spread:.3f} KL {c.kl:.4f}")
+    for curve in m.selective_k:
+        star = curve.note or (f"K* = {curve.k_star}" if curve.k_star is not None else "no K restores it")
+        print(f"  selective@K {curve.ranking:<13} {star}")
+    for name, ps in m.logit_lens.items():
+        print(f"  lens {name:<13} p(answer) last layer {ps[-1]:.3f}, highest {max(ps):.3f} at layer "
+              f"{ps.index(max(ps)) + 1}")
+    for line in m.notes:
+        print(f"  note: {line}")
 
 
 def cmd_compose(args) -> None:
@@ -202,6 +227,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="fraction of downstream tokens for `selective`")
     p.add_argument("--erratum-template", default=None, help="format string with {label}, {old}, {new}")
     p.add_argument("--attribution", action="store_true", help="also map which notes carry the decision")
+    p.add_argument("--mechanism", action="store_true",
+                   help="also knockout, selective@K with K*, and a logit lens per strategy")
     _common(p)
     p.set_defaults(func=cmd_edit)
 

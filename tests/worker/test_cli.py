@@ -22,6 +22,20 @@ def test_edit_prints_the_json_contract(doc):
         assert tuple(r) == METRIC_NAMES and set(r["choice_probs"]) == {"yes", "no"}
 
 
+def test_edit_with_mechanism_prints_its_three_views(doc):
+    args = ("edit", "--model", "tiny-llama", "--document", str(doc[0]), "--replace", "active", "closed",
+            "--question", "Can the user log in?", "--choices", "yes,no", "--strategies", "recompute,stale",
+            "--mechanism")
+    data = json.loads(kvnotes(*args, "--json").stdout)["mechanism"]
+    measured = [row for row in data["knockout"] if row["reading"] is not None]
+    assert len(measured) >= 6 and all(row["control"]["draws"] == 5 for row in measured)
+    assert [c["ranking"] for c in data["selective_k"]] == ["notes_map", "attention", "kv_deviation", "random"]
+    assert {name: len(ps) for name, ps in data["logit_lens"].items()} == {"recompute": 2, "stale": 2}
+    text = kvnotes(*args).stdout  # the text form says the same in lines
+    assert text.count("  knockout recompute") == sum(r["strategy"] == "recompute" for r in data["knockout"])
+    assert "selective@K attention" in text and "lens stale" in text
+
+
 def test_compose_reports_recompute_and_splice(doc):
     out = kvnotes("compose", "--model", "tiny-qwen3", "--context", str(doc[0]), "--skill", str(doc[1]),
                   "--skill", str(doc[1]), "--at", "16", "--seam", "2", "--question", "Who owns it?", "--json")

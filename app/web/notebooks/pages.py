@@ -303,20 +303,22 @@ def save_question(request: Request, notebook_id: int, session: SessionDep, quest
 def create_run(
     request: Request, notebook_id: int, session: SessionDep, principal: PrincipalDep,
     question: Text = "", choices: Text = "", cot: OptText = None, attribution: OptText = None,
-    strategies: Annotated[list[str] | None, Form()] = None,
+    mechanism: OptText = None, strategies: Annotated[list[str] | None, Form()] = None,
 ) -> Response:
     notebook = _notebook(session, notebook_id)
     chosen = strategies or [REFERENCE]
     values = {"question": question, "choices": choices, "cot": bool(cot), "attribution": bool(attribution),
-              "strategies": chosen}
+              "mechanism": bool(mechanism), "strategies": chosen}
     context = notebook_context(session, notebook, run_values=values)
     try:
         if not question.strip():
             raise Unprocessable("question", "ask the question whose decision you want to compare")
         body = validate(RunCreate, {"question": question.strip(), "choices": lines(choices), "cot": bool(cot),
-                                    "attribution": bool(attribution), "strategies": chosen})
+                                    "attribution": bool(attribution), "mechanism": bool(mechanism),
+                                    "strategies": chosen})
         asked = question_for(notebook, body)
-        run = start_run(session, notebook, asked, body.strategies, body.attribution, principal.name)
+        run = start_run(session, notebook, asked, body.strategies, body.attribution, principal.name,
+                        mechanism=body.mechanism)
     except Unprocessable as exc:
         session.rollback()
         context["run_errors"] = exc.errors
