@@ -34,6 +34,8 @@ from app.api.routes import (
 )
 from app.security.guard import authorize
 from app.security.middleware import SecurityMiddleware
+from data.lifeline import die_with_parent
+from data.settings import get_settings
 from data.signing import ensure_secret_key
 
 STATIC_DIR = Path(__file__).resolve().parent.parent / "static"
@@ -45,6 +47,7 @@ def _has_module(name: str) -> bool:
 
 
 def create_app() -> FastAPI:
+    die_with_parent(get_settings().supervisor_pid)  # a web process of `kvnotes serve` dies with it
     ensure_secret_key()
     app = FastAPI(
         title="kvnotes",

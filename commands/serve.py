@@ -1,9 +1,10 @@
 """`kvnotes serve` (web app + one supervised worker, the embedded default) and `kvnotes worker`
 (a worker alone).
 
-`serve` migrates the database, checks it may start (below), starts the worker under a
-`WorkerSupervisor` (restarted with backoff when it dies; it dies with `serve`), then runs uvicorn
-in this process; Ctrl-C or SIGTERM stops uvicorn, then the worker (a warm shutdown, SIGKILL after
+`serve` migrates the database, checks it may start (below), closes its own database connections,
+starts the worker under a `WorkerSupervisor` (restarted with backoff when it dies; it dies with
+`serve`), then supervises the web app's processes (`commands.web`: a process that dies is replaced
+at once); Ctrl-C or SIGTERM stops the web processes, then the worker (a warm shutdown, SIGKILL after
 `WORKER_STOP_S`). `--no-worker` serves the web app alone (workers run elsewhere, as in compose.yaml).
 `worker` replaces this process with a Celery worker, so signals reach Celery directly.
 
@@ -69,8 +70,8 @@ def _exit_on_sigterm(signum: int, _frame: object) -> None:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     """Migrate, check, start the supervised worker, serve the web app until Ctrl-C / SIGTERM, stop both."""
-    import uvicorn
-
+    from commands.web import serve_web
+    from data.db import release_connections
     from data.logs import configure_logging
     from data.migrate import upgrade_to_head
     from data.settings import get_settings
@@ -87,6 +88,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if problem:
         print(problem, file=sys.stderr)
         return 2
+    release_connections()  # this process only supervises: it holds no SQLite file from here on
     configure_logging(logging.INFO)
     supervisor = None if args.no_worker else WorkerSupervisor(models, args.name, env=dict(os.environ))
     if supervisor is not None:
@@ -98,12 +100,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if not settings.loopback_bind or settings.auth == "required":
         print(f"kvnotes: sign-in required; answering the host names {', '.join(settings.allowed_hosts)} "
               "(KVNOTES_ALLOWED_HOSTS)")
-    # uvicorn shuts down gracefully on SIGINT/SIGTERM, then re-raises the signal to the handler that
-    # was there before it: make SIGTERM's an exception (like SIGINT's), so `finally` stops the worker.
+    # the web supervisor turns SIGINT/SIGTERM into a graceful stop of its processes; before it is
+    # up, SIGTERM is an exception (like SIGINT's), so `finally` stops the worker either way.
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
-        uvicorn.run("app.main:app", host=args.host, port=args.port, log_level="info", log_config=None,
-                    **get_settings().proxy_options)  # X-Forwarded-For from KVNOTES_TRUSTED_PROXIES only
+        serve_web(args.host, args.port, 1)
     finally:
         if supervisor is not None:
             log.info("stopping the worker (code %s)", supervisor.stop())

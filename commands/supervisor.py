@@ -2,7 +2,7 @@
 
 The worker runs as a `celery worker` subprocess in its own process group (a Ctrl-C in the
 terminal reaches `serve`, which then stops the worker cleanly) with `KVNOTES_SUPERVISOR_PID` set,
-so it asks Linux to kill it when `serve` dies (`worker.presence.die_with_parent`): a `kill -9` of
+so it asks Linux to kill it when `serve` dies (`data.lifeline`): a `kill -9` of
 `serve` leaves no orphan. Each start gets a fresh node name (`kvnotes-<model>-<random>@<host>`),
 so a starting worker never mistakes a live worker's runs for its own.
 
@@ -25,7 +25,7 @@ import threading
 import time
 
 from data import workers
-from data.db import get_sessionmaker
+from data.db import get_sessionmaker, release_connections
 from data.models import utcnow
 from data.queue import queue_for
 from data.settings import get_settings
@@ -74,7 +74,8 @@ def stop_worker(proc: subprocess.Popen, timeout: float = WORKER_STOP_S) -> int:
 
 
 def forget_worker(name: str) -> list[int]:
-    """A worker died: mark it stopped and fail the runs it held. Returns their ids."""
+    """A worker died: mark it stopped and fail the runs it held. Returns their ids. The connection
+    is closed after (`serve` holds no SQLite file between such moments: `data.db`)."""
     try:
         with get_sessionmaker()() as session:
             workers.mark_stopped(session, name)
@@ -84,6 +85,8 @@ def forget_worker(name: str) -> list[int]:
     except Exception as exc:  # the database may be down too; the watchdog catches up later
         log.error("could not record that worker %s died: %s", name, exc.__class__.__name__)
         return []
+    finally:
+        release_connections()
 
 
 class WorkerSupervisor:

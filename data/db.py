@@ -18,6 +18,15 @@ open a SQLite file this process cannot write (`writable_only`): while it cannot 
 that need the database answer 503 (nothing read-only is ever opened), and the first connection after
 it is read-write. An error saying the database is not writable also starts a new generation of
 connections (the failing one dropped, idle ones closed, ones in use replaced at their next checkout).
+
+What cannot be recovered in-process: in WAL mode every SQLite connection memory-maps the WAL index
+(`-shm`), shared between processes; `mmap_size` (0 here, SQLite's default) is about the database
+file and does not change that, and only `locking_mode=EXCLUSIVE` would avoid it, locking every other
+process out. When storage takes `-shm` away under a mapping (it goes read-only after an error, or
+is made immutable), the next touch of that memory is a SIGBUS, which no Python code can catch. So
+the processes that hold connections are supervised instead: `kvnotes serve` restarts a web process
+or a worker that died (`commands.web`, `commands.supervisor`) and holds no connection itself
+(`release_connections`); a restarted process opens the files afresh once they can be written.
 """
 
 from __future__ import annotations
@@ -162,6 +171,14 @@ def highest_issued_id(session: Session, table: str) -> int:
     except SQLAlchemyError:  # no sequence table yet (an empty SQLite database)
         session.rollback()
         return 0
+
+
+def release_connections() -> None:
+    """Close every pooled connection of this process (they reopen when next needed). `kvnotes serve`'s
+    supervising process calls it once it has migrated and checked: it then holds no SQLite file,
+    so no memory-mapped WAL index (`-shm`) of a database that storage took away can kill it."""
+    for engine in list(_ENGINES):
+        engine.dispose()
 
 
 def reset_engines() -> None:

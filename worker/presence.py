@@ -2,7 +2,7 @@
 started it.
 
 - At start (`worker_init`): when `KVNOTES_SUPERVISOR_PID` is set, ask Linux to SIGKILL this
-  process when that parent dies (`PR_SET_PDEATHSIG`), and exit at once if it is already gone:
+  process when that parent dies (`data.lifeline`), and exit at once if it is already gone:
   a killed `serve` leaves no orphan worker.
 - When ready (`start`, `starting` while it loads or converts its model, then `ready`): register
   under the node name, then beat every `BEAT_S` seconds from a thread, and run the watchdog every
@@ -20,10 +20,8 @@ worker (the beat retries; the web side reports the database as down).
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import os
-import signal
 import socket
 import threading
 from typing import Any
@@ -32,6 +30,7 @@ from celery.signals import task_postrun, task_prerun, worker_init, worker_shutdo
 
 from data import workers
 from data.db import get_sessionmaker
+from data.lifeline import die_with_parent
 from data.settings import get_settings
 from data.watchdog import watch
 
@@ -39,7 +38,6 @@ log = logging.getLogger(__name__)
 
 BEAT_S = 5.0
 WATCH_EVERY_S = 15.0
-PR_SET_PDEATHSIG = 1
 
 _state: dict[str, Any] = {"name": None, "queues": [], "starting": "starting",
                           "task": None, "stop": threading.Event()}
@@ -56,18 +54,6 @@ def _write(what: str, action) -> bool:
         log.warning("worker registry: could not write",
                     extra={"doing": what, "reason": exc.__class__.__name__})
         return False
-
-
-def die_with_parent(parent_pid: int) -> None:
-    """SIGKILL this process when `parent_pid` (the `serve` that started it) dies."""
-    if not parent_pid:
-        return
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    except (OSError, AttributeError):  # not Linux: the supervisor's own shutdown must do
-        log.warning("parent-death signal not available on this system")
-    if os.getppid() != parent_pid:  # the parent died before the signal was asked for
-        os._exit(1)
 
 
 @worker_init.connect
