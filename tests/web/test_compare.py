@@ -118,3 +118,37 @@ def test_lines_and_sentences_align_across_three_texts() -> None:
     for k, seq in enumerate(keys):  # every line of every text is shown once, in order
         shown = [picked[k] for _, picked in aligned_units(keys) if picked[k] is not None]
         assert shown == list(range(len(seq)))
+
+
+def test_unrelated_documents_align_by_their_common_lines_only() -> None:
+    from app.web.runs.compare_view import aligned_units, paired_when_alike, unit_key, units
+
+    docs = ["Shipment log\nDestination: Oslo\nCarrier: NordFreight ships on Mondays.\nstatus: active\n",
+            "Account record\nOwner: Dana Lee of the northern branch.\nstatus: active\n"
+            "Only accounts may log in.\n"]
+    keys = [[unit_key(d[a:b]) for a, b in units(d)] for d in docs]
+    rows = [(shared, [None if i is None else k[i] for k, i in zip(keys, picked)])
+            for shared, picked in paired_when_alike(aligned_units(keys), keys)]
+    assert (True, ["status: active", "status: active"]) in rows  # the one common line, on one row
+    assert all(shared or None in texts for shared, texts in rows), rows  # no unrelated pair
+    for k, seq in enumerate(keys):  # every line still shown once, in order
+        assert [p[k] for _, p in paired_when_alike(aligned_units(keys), keys) if p[k] is not None] == \
+            list(range(len(seq)))
+    reworded = [["Only accounts whose status is active may log in."],
+                ["Just accounts whose status is active may log in."]]
+    assert paired_when_alike(aligned_units(reworded), reworded) == [(False, [0, 0])]  # alike: paired
+
+
+def test_compare_says_when_two_runs_share_little_text(make_client) -> None:
+    from tests.web.conftest import finished
+
+    client = make_client()
+    other = ("Shipment log\n\nDestination: Oslo\nCarrier: NordFreight ships on Mondays.\n"
+             "status: active\nThe depot closes at noon on Fridays.")
+    _, a = finished(client)
+    _, b = finished(client, doc=other, title="Shipment")
+    page = client.get(f"/compare?runs={a},{b}").text
+    assert "These runs share little text:" in page and "lines are common to every run" in page
+    assert differing(page) == [[]] * len(differing(page))  # no word outlined against an unrelated line
+    _, c = finished(client)
+    assert "share little text" not in client.get(f"/compare?runs={a},{c}").text

@@ -12,6 +12,7 @@ from app.api.deps import SessionDep, get_or_404
 from app.web.runs.compare_view import (
     aligned_rows,
     common_attention,
+    common_share,
     run_attention,
     run_columns,
     strategy_order,
@@ -66,7 +67,7 @@ def compare(request: Request, session: SessionDep, runs: list[str] = Query(defau
     same_document = len({r.snapshot.document for r in picked}) == 1
     return render(
         request, "compare.html", columns=columns, strategies=strategy_order(columns), shared=shared,
-        chosen=chosen, rows=rows, vmax=vmax, same_document=same_document,
+        chosen=chosen, rows=rows, vmax=vmax, same_document=same_document, common=common_share(rows),
         run_ids=",".join(str(r.id) for r in picked),
         seq_ramp=[hex_colour(c) for c in seq_stops()], nav="runs",
     )

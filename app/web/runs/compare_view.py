@@ -4,7 +4,9 @@ strategy's notes actually hold — its own token records: the new values for rec
 strategies, the old ones for stale and erratum, placed skills spliced in place. The runs' texts are
 aligned line by line (a long line sentence by sentence, with difflib): a line every run read alike
 sits on one row; a line that differs (a new value, a reworded sentence) sits on a marked row beside
-its counterpart. The errata and the question follow as rows of their own."""
+its counterpart when the two are alike (half their words match), on a row of its own otherwise, so
+unrelated documents align by their common lines only. The errata and the question follow as rows
+of their own."""
 
 from __future__ import annotations
 
@@ -178,6 +180,36 @@ def aligned_units(sequences: list[list[str]]) -> list[tuple[bool, list[int | Non
     return rows + _own_rows(ends, [len(s) for s in sequences])
 
 
+ALIKE = 0.5  # two different lines share a marked row only when this share of their words match
+
+
+def alike(a: str, b: str) -> bool:
+    """Whether two lines are one line reworded (difflib's ratio over their words ≥ `ALIKE`)."""
+    return difflib.SequenceMatcher(None, a.split(), b.split(), autojunk=False).ratio() >= ALIKE
+
+
+def paired_when_alike(rows: list[tuple[bool, list[int | None]]],
+                      keys: list[list[str]]) -> list[tuple[bool, list[int | None]]]:
+    """A marked row pairs the runs' lines only when they are alike; otherwise each run's line gets
+    a row of its own (two unrelated documents align by their common lines only, and no unrelated
+    line is outlined word by word against another)."""
+    out: list[tuple[bool, list[int | None]]] = []
+    for shared, picked in rows:
+        present = [i for i, u in enumerate(picked) if u is not None]
+        texts = {i: keys[i][picked[i]] for i in present}  # type: ignore[index]
+        if shared or len(present) < 2 or all(alike(texts[present[0]], texts[i]) for i in present[1:]):
+            out.append((shared, picked))
+        else:
+            out += [(False, [u if k == i else None for k, u in enumerate(picked)]) for i in present]
+    return out
+
+
+def common_share(rows: list[AlignedRow]) -> tuple[int, int]:
+    """(lines every run shares, lines shown) of the notes' aligned rows."""
+    body = [r for r in rows if r.label == ""]
+    return sum(1 for r in body if not any(c.changed for c in r.cells)), len(body)
+
+
 def _blocks(base: list[str], other: list[str]) -> list[tuple[int, int, int]]:
     """Matching runs of units (base index, other index, length)."""
     matcher = difflib.SequenceMatcher(None, base, other, autojunk=False)
@@ -272,7 +304,7 @@ def _aligned(reads: list[ReadText], attention: list[RunAttention] | None, vmax: 
     spans = [units(r.text) for r in reads]
     keys = [[unit_key(r.text[a:b]) for a, b in s] for r, s in zip(reads, spans)]
     rows = []
-    for shared, picked in aligned_units(keys):
+    for shared, picked in paired_when_alike(aligned_units(keys), keys):
         bounds = [None if u is None else spans[i][u] for i, u in enumerate(picked)]
         texts = ["" if b is None else reads[i].text[b[0]:b[1]] for i, b in enumerate(bounds)]
         marks = [frozenset()] * len(texts) if shared else differing_words(texts)
