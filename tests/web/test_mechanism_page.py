@@ -55,6 +55,15 @@ def test_the_panel_draws_what_was_stored_and_says_what_was_not(client) -> None:
     assert html.count('class="k-curve"') == 1 and "K* = 4" in html and "not measured on this run" in html
     assert html.count('class="lens-strip"') == 2 and html.count('class="lens-cell"') == 6
     assert "knockout 0.40, selective@K 1.20, logit lens 0.10 recomputes (1.70 in all" in html
+    # the exports, the report and the presentation carry the same record
+    exported = client.get(f"/runs/{run.id}/export.json").json()["run"]["mechanism"]
+    assert exported == _record().model_dump(mode="json")
+    report = client.get(f"/runs/{run.id}/report.html").text
+    assert report.count('class="knockout-row') == 2 and report.count('class="k-curve"') == 1
+    assert report.count('class="lens-strip"') == 2
+    slide = client.get(f"/runs/{run.id}/present/4").text
+    assert "<strong>K* = 4</strong> of 11" in slide and slide.count('class="lens-strip"') == 2
+    assert "knocking out downstream, top 8 positions (all layers, recompute) moves it to active" in slide
     # a run without a decision token: one line, no error page
     s.get(Run, run.id).mechanism = MechanismRecord(
         answer="", decision="", shown=None,
