@@ -2,8 +2,9 @@
 
 A limit is read from settings when a request is validated (`at_most`; never once at import), and
 stated in the OpenAPI schema as the settings say when the schema is made (`Documented`). Text must
-show something (`_not_blank`: whitespace and zero-width or other format characters alone are
-blank) and hold no NUL (`_no_nul`; PostgreSQL cannot store it); the schema states both as one
+show something (`_not_blank`: whitespace, zero-width or other format characters, marks such as a
+lone combining accent or a variation selector, and blank letters such as U+3164 alone are blank)
+and hold no NUL (`_no_nul`; PostgreSQL cannot store it); the schema states both as one
 pattern (`VISIBLE_TEXT`). Models must be offered (`KVNOTES_MODELS`), listed as the schema's enum.
 Ids in bodies are bounded by 2^53 - 1, what a JSON number (a double) carries exactly. Numbers are
 JSON's (`Integer`, `Number`): a boolean or a string is never a number (`"start": false` is a 422,
@@ -42,11 +43,22 @@ class Documented:
         return schema
 
 
+# Characters that show nothing though Unicode gives them a letter's or symbol's category: the Hangul
+# fillers (U+115F, 1160, 3164, FFA0) and the blank Braille pattern (U+2800).
+_BLANK_LETTERS = frozenset({0x115F, 0x1160, 0x3164, 0xFFA0, 0x2800})
+# Marks (combining accents, variation selectors such as FE0F and E0100, the combining grapheme
+# joiner 034F) and format characters (zero-width space, BOM, …) show nothing alone.
+_SHOWS_NOTHING = frozenset({"Cf", "Mn", "Me", "Mc", "Cc", "Cs", "Cn", "Zl", "Zp", "Zs"})
+
+
+def _invisible(ch: str) -> bool:
+    return ch.isspace() or ord(ch) in _BLANK_LETTERS or unicodedata.category(ch) in _SHOWS_NOTHING
+
+
 def _invisible_class() -> str:
-    """A regex character class body of every character `_visible` does not count: whitespace and
-    format characters (zero-width space, BOM, …), and NUL."""
-    codes = [c for c in range(sys.maxunicode + 1)
-             if c == 0 or chr(c).isspace() or unicodedata.category(chr(c)) == "Cf"]
+    """A regex character class body of every character `_visible` does not count: whitespace,
+    format characters and marks alone, blank letters (`_BLANK_LETTERS`), and NUL."""
+    codes = [c for c in range(sys.maxunicode + 1) if c == 0 or _invisible(chr(c))]
     ranges, first = [], codes[0]
     for previous, code in zip(codes, [*codes[1:], None], strict=True):
         if code != previous + 1:
@@ -63,8 +75,9 @@ ANY_TEXT = "^[^\\x00]*$"
 
 
 def _visible(value: str) -> bool:
-    """Has `value` a character that shows (not whitespace, not a zero-width or other format character)?"""
-    return any(not ch.isspace() and unicodedata.category(ch) != "Cf" for ch in value)
+    """Has `value` a character that shows: not whitespace, a format character, a mark (a lone
+    combining accent, a variation selector), a control, unassigned, nor a blank letter?"""
+    return not all(_invisible(ch) for ch in value)
 
 
 def _not_blank(value: str) -> str:
@@ -129,9 +142,11 @@ def _json_number(kind: str, word: str) -> BeforeValidator:
     return BeforeValidator(check)
 
 
-Integer = Annotated[int, _json_number("int", "an integer")]  # 528.0 too; never a boolean or a string
-Number = Annotated[float, _json_number("float", "a number")]  # a JSON number: never a boolean or a string
-DbId = Annotated[Integer, Field(ge=1, le=MAX_DB_ID)]
+JSON_INT, JSON_NUMBER = _json_number("int", "an integer"), _json_number("float", "a number")
+# (after a Field's bounds in Annotated, or the schema states them as "ge"/"le" instead of "minimum")
+Integer = Annotated[int, JSON_INT]  # 528.0 too; never a boolean or a string
+Number = Annotated[float, JSON_NUMBER]  # a JSON number: never a boolean or a string
+DbId = Annotated[int, Field(ge=1, le=MAX_DB_ID), JSON_INT]
 Title = _text("max_title_chars")
 
 
@@ -156,5 +171,5 @@ SkillName = _text("max_label_chars")
 QuestionText = _text("max_question_chars")
 Choice = _text("max_label_chars")
 Choices = Annotated[list[Choice], *at_most("max_choices", "maxItems")]
-Offset = Annotated[Integer, Field(ge=0, le=MAX_DB_ID), AfterValidator(_within_document),
+Offset = Annotated[int, Field(ge=0, le=MAX_DB_ID), JSON_INT, AfterValidator(_within_document),
                    Documented(lambda: {"maximum": get_settings().max_document_chars})]

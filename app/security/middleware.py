@@ -1,8 +1,8 @@
 """The browser protections, as one ASGI middleware around the whole app (static files included):
 
 1. Host allowlist (`KVNOTES_ALLOWED_HOSTS`; default the loopback names and the bound address): any
-   other `Host`, or more than one `Host` header, gets 400. This is what stops DNS rebinding from
-   reaching the local app.
+   other `Host`, or more than one `Host`, `Origin` or `Sec-Fetch-Site` header (read first-wins, two
+   could disagree), gets 400. This is what stops DNS rebinding from reaching the local app.
 2. Cross-site requests refused: a state-changing request (not GET/HEAD/OPTIONS) whose
    `Sec-Fetch-Site` is anything but `same-origin` (`cross-site`, `same-site`, `none`, garbage), or
    whose `Origin` is not this scheme, host and port, gets 403 — the rule of Go's
@@ -109,9 +109,10 @@ def refusal(scope: Scope, headers: Headers, scheme: str) -> tuple[int, str] | No
     """(status, reason) when the request is refused before the app sees it: its Host, its
     Authorization header, or a cross-site origin."""
     settings = get_settings()
-    hosts = [value for name, value in scope.get("headers", []) if name.lower() == b"host"]
-    if len(hosts) > 1:
-        return 400, "more than one Host header"
+    names = [name.lower() for name, _value in scope.get("headers", [])]
+    for single in (b"host", b"origin", b"sec-fetch-site"):  # read first-wins, two could disagree
+        if names.count(single) > 1:
+            return 400, f"more than one {single.decode().title()} header"
     host = headers.get("host", "")
     if not host_allowed(host, settings.allowed_hosts):
         return 400, f"Host {host[:100]!r} is not allowed (KVNOTES_ALLOWED_HOSTS)"

@@ -154,6 +154,25 @@ def test_the_api_refuses_nul_and_invisible_titles_like_the_forms(make_client) ->
     assert page.status_code == 422 and "cannot be blank" in page.text  # the form says the same
 
 
+# characters that show nothing though they are not whitespace or format characters: the combining
+# grapheme joiner, variation selectors, Hangul fillers, the blank Braille pattern, a lone accent
+BLANKS = ["\u034f", "\ufe0f", "\U000e0100", "\u115f", "\u1160", "\u3164", "\uffa0", "\u2800", "\u0300",
+          "\u3164 \u2800\u200b\ufe0f"]
+
+
+def test_titles_of_characters_that_show_nothing_are_blank(make_client) -> None:
+    client = make_client()
+    pattern = re.compile(client.get("/openapi.json").json()["components"]["schemas"]["NotebookCreate"]
+                         ["properties"]["title"]["pattern"])
+    for title in BLANKS:
+        r = client.post("/api/notebooks", json={"title": title, "text": "doc"})
+        assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "title"], repr(title)
+        assert "cannot be blank" in r.text and not pattern.match(title), repr(title)
+    for title in ("e\u0301", "\u3164a", "\U0001f600", "\u65e5"):  # with something that shows: kept
+        r = client.post("/api/notebooks", json={"title": title, "text": "doc"})
+        assert r.status_code == 201 and r.json()["title"] == title and pattern.match(title), repr(title)
+
+
 def test_limits_are_read_when_a_request_comes_not_at_import(make_client) -> None:
     import os
 

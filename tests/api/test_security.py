@@ -230,6 +230,18 @@ def test_two_host_headers_are_refused(make_client) -> None:
     assert r.status_code == 400 and "more than one Host" in r.json()["detail"]
 
 
+def test_two_origin_or_sec_fetch_site_headers_are_refused(make_client) -> None:
+    """Read first-wins, a same-origin first value would hide a cross-site second one."""
+    client = make_client()
+    body = {"title": "t", "text": DOC}
+    for name, first, second in (("Origin", "http://127.0.0.1", "https://evil.example"),
+                                ("Sec-Fetch-Site", "same-origin", "cross-site")):
+        r = client.post("/api/notebooks", json=body, headers=[(name, first), (name, second)])
+        assert r.status_code == 400 and f"more than one {name} header" in r.json()["detail"], r.text
+        assert client.post("/api/notebooks", json=body, headers=[(name, first)]).status_code == 201
+    assert len(client.get("/api/notebooks").json()) == 2
+
+
 def test_answers_are_not_stored_by_caches_but_static_files_are(make_client) -> None:
     client = make_client(KVNOTES_AUTH="required")
     tokens = _users(("alice", "editor"))
