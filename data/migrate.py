@@ -14,6 +14,7 @@ from pathlib import Path
 from alembic import command
 from alembic.config import Config
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError
 
 from data.settings import get_settings, redact
 
@@ -35,11 +36,19 @@ def upgrade_to_head(url: str | None = None) -> None:
     config = alembic_config(url)
     log.info("migrating database to head", extra={"url": redact(config.attributes["url"])})
     private_sqlite_file(config.attributes["url"])
+    if url is None:  # the embedded broker and result backend hold task arguments and results too
+        settings = get_settings()
+        for other in (settings.broker_url.removeprefix("sqla+"), settings.result_backend.removeprefix("db+")):
+            try:
+                private_sqlite_file(other)
+            except ArgumentError:  # not an SQLAlchemy URL (amqp://…): not a file of ours
+                pass
     command.upgrade(config, "head")
 
 
 def private_sqlite_file(url: str) -> None:
-    """For a SQLite file URL: make the file (empty) readable by its owner only, or chmod it to 0600."""
+    """For a SQLite file URL: make the file (empty) readable by its owner only, or chmod it to 0600.
+    SQLite gives its -wal, -shm and journal files the database file's mode."""
     parsed = make_url(url)
     if parsed.get_backend_name() != "sqlite" or not parsed.database or parsed.database == ":memory:":
         return

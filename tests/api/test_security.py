@@ -294,6 +294,26 @@ def test_a_read_only_data_folder_without_a_key_stops_the_start_not_a_sign_in(mak
         subprocess.run(["umount", "-l", str(folder)], check=False)
 
 
+def test_the_data_folder_and_the_embedded_broker_and_results_are_their_owners_only(make_client,
+                                                                                  tmp_path) -> None:
+    tmp_path.chmod(0o755)  # a folder left open by an older version
+    client = make_client()
+    assert client.post("/api/notebooks", json={"title": "t", "text": DOC}).status_code == 201
+    assert oct(tmp_path.stat().st_mode & 0o777) == "0o700"
+    modes = {name: oct((tmp_path / name).stat().st_mode & 0o777) for name in ("broker.db", "results.db")}
+    assert modes == {"broker.db": "0o600", "results.db": "0o600"}, modes
+
+
+def test_an_empty_kvnotes_data_means_the_default_folder(monkeypatch, tmp_path) -> None:
+    from data.settings import CHECKOUT_DATA_DIR, Settings
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("KVNOTES_DATA", "")
+    assert Settings().data_dir == CHECKOUT_DATA_DIR.resolve() != tmp_path.resolve()
+    monkeypatch.setenv("KVNOTES_DATA", "  ")
+    assert Settings().data_dir == CHECKOUT_DATA_DIR.resolve()
+
+
 def test_the_database_and_the_key_file_are_readable_by_their_owner_only(make_client, tmp_path) -> None:
     make_client()
     assert oct((tmp_path / "kvnotes.db").stat().st_mode & 0o777) == "0o600"
