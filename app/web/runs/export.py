@@ -82,9 +82,9 @@ def run_json(session: Session, run: Run, context: dict[str, Any],
             "speedup_on": "ttft" if context["ttft_measured"] else "latency",
         },
         "decisions": [decision_record(row) for row in rows],
-        "answers": [{"strategy": a["row"].strategy, "same_as_recompute": a["same"],
-                     "diff": [{"op": op, "text": text} for op, text in a["diff"]]}
-                    for a in context["answers"]],
+        "answers": [{"strategy": a.row.strategy, "same_as_recompute": a.same,
+                     "diff": [{"op": op, "text": text} for op, text in a.diff]}
+                    for a in context.answers],
         "attention": attention_summary(session, run) if context["attention_strategies"] else {},
         "view": view_data(session, run, params) if params else None,
         "notes_map": run.attribution.model_dump() if run.attribution else None,
