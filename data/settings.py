@@ -118,6 +118,10 @@ class Settings(BaseSettings):
     db_pool_size: int = Field(default=8, ge=1, le=200, validation_alias="KVNOTES_DB_POOL_SIZE")
     request_queue: int = Field(default=256, ge=0, validation_alias="KVNOTES_REQUEST_QUEUE")
     request_wait_s: float = Field(default=15.0, gt=0, validation_alias="KVNOTES_REQUEST_WAIT_S")
+    # Heavy renders of a run (its report, exports, painted attention views) built at once, per signed-in
+    # user and per shared run, in each web process; beyond it 503 with Retry-After. A finished run's
+    # renders are built once and stored, so only the first request of each pays.
+    max_heavy_renders: int = Field(default=2, ge=1, le=64, validation_alias="KVNOTES_MAX_HEAVY_RENDERS")
     # Set by `kvnotes serve` for the worker it starts: the worker dies with this process.
     supervisor_pid: int = Field(default=0, ge=0, validation_alias="KVNOTES_SUPERVISOR_PID")
 

@@ -34,6 +34,7 @@ from app.web.runs.heatmap_view import (
     seq_stops,
 )
 from app.web.runs.notes_map_view import lead_text
+from app.web.runs.render_cache import VIEW, cached
 from app.web.runs.svg_export import heatmap_svg, notes_map_svg
 from app.web.strategy_css import strategy_css
 from app.web.templating import ROOT, templates
@@ -50,19 +51,25 @@ def _download(name: str) -> dict[str, str]:
 
 
 @router.get("/runs/{run_id}/export.json")
-def export_json(run_id: int, session: SessionDep, asked: ViewDep) -> JSONResponse:
-    """Everything the run page shows, as data (the view the link names included)."""
+def export_json(request: Request, run_id: int, session: SessionDep, asked: ViewDep) -> Response:
+    """Everything the run page shows, as data (the view the link names included); built once for
+    a finished run (`render_cache`)."""
     run = get_or_404(session, Run, run_id, "run")
+    return cached(request, session, run, "export.json", lambda: _export_json(session, run, asked), VIEW)
+
+
+def _export_json(session: SessionDep, run: Run, asked) -> JSONResponse:
     context = run_context(session, run)
     return JSONResponse(run_json(session, run, context, checked_view(run, context, asked)))
 
 
 @router.get("/runs/{run_id}/export.csv")
-def export_csv(run_id: int, session: SessionDep) -> Response:
+def export_csv(request: Request, run_id: int, session: SessionDep) -> Response:
     """The decision table: one row per strategy, recompute first."""
     run = get_or_404(session, Run, run_id, "run")
-    return Response(run_csv(run_context(session, run)["rows"]), media_type="text/csv; charset=utf-8",
-                    headers=_download(f"run-{run_id}-decisions.csv"))
+    return cached(request, session, run, "export.csv", lambda: Response(
+        run_csv(run_context(session, run)["rows"]), media_type="text/csv; charset=utf-8",
+        headers=_download(f"run-{run_id}-decisions.csv")))
 
 
 def _view_or_404(run: Run, context: dict, asked) -> ViewParams:
@@ -73,9 +80,13 @@ def _view_or_404(run: Run, context: dict, asked) -> ViewParams:
 
 
 @router.get("/runs/{run_id}/heatmap.svg")
-def export_heatmap_svg(run_id: int, session: SessionDep, asked: ViewDep) -> Response:
+def export_heatmap_svg(request: Request, run_id: int, session: SessionDep, asked: ViewDep) -> Response:
     """The heatmap of the view the link names: recompute, the strategy, their difference."""
     run = get_or_404(session, Run, run_id, "run")
+    return cached(request, session, run, "heatmap.svg", lambda: _heatmap_svg(session, run, asked), VIEW)
+
+
+def _heatmap_svg(session: SessionDep, run: Run, asked) -> Response:
     context = run_context(session, run)
     view = _view_or_404(run, context, asked)
     heading = (f"Run #{run.id} · {run.snapshot.model} · {view.strategy} against recompute · "
@@ -85,13 +96,17 @@ def export_heatmap_svg(run_id: int, session: SessionDep, asked: ViewDep) -> Resp
 
 
 @router.get("/runs/{run_id}/notes-map.svg")
-def export_notes_map_svg(run_id: int, session: SessionDep) -> Response:
+def export_notes_map_svg(request: Request, run_id: int, session: SessionDep) -> Response:
     """The notes map drawn over the document."""
     run = get_or_404(session, Run, run_id, "run")
+    return cached(request, session, run, "notes-map.svg", lambda: _notes_map_svg(session, run))
+
+
+def _notes_map_svg(session: SessionDep, run: Run) -> Response:
     context = run_context(session, run)
     if not context["notes_map"]:
         raise HTTPException(status_code=404,
-                            detail=f"run {run_id} has no notes map (run it with the notes map asked for)")
+                            detail=f"run {run.id} has no notes map (run it with the notes map asked for)")
     summary = (f"{lead_text(run.snapshot, context['notes_map'])} Orange: later notes that close it, "
                "each patch alone (shares do not add up).")
     return Response(
@@ -158,8 +173,15 @@ def report_data(session: SessionDep, run: Run, strategies: list[str], view: View
 def report(request: Request, run_id: int, session: SessionDep, asked: ViewDep,
            download: str = "") -> Response:
     """The standalone report: decision table, answers, the heatmaps of the view the link names (and
-    any strategy, with its script), the notes map and exactly what was run. `download=1` saves it."""
+    any strategy, with its script), the notes map and exactly what was run. `download=1` saves it.
+    Built once for a finished run, then served from store with an ETag (`render_cache`)."""
     run = get_or_404(session, Run, run_id, "run")
+    return cached(request, session, run, "report.html", lambda: _report(session, run, asked, download),
+                  (*VIEW, "download"))
+
+
+def _report(session: SessionDep, run: Run, asked, download: str) -> Response:
+    run_id = run.id
     context = run_context(session, run)
     view = checked_view(run, context, asked)
     css, script, script_hash = _report_assets()

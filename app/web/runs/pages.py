@@ -26,6 +26,8 @@ from app.web.runs.heatmap_view import (
     ramps,
     top_tokens,
 )
+from app.web.runs.render_cache import VIEW, cached
+from app.web.runs.top_lines import lines_by_default, top_lines
 from app.web.templating import render, templates
 from data.models import Run
 from data.watchdog import reap_for_reader
@@ -93,17 +95,27 @@ def _panels(session: SessionDep, run_id: int, asked) -> HeatmapPanels:
 
 
 @router.get("/runs/{run_id}/attention/paint")
-def attention_paint(run_id: int, session: SessionDep, asked: ViewDep, rows: str = "",
-                    all: str = "") -> JSONResponse:
+def attention_paint(request: Request, run_id: int, session: SessionDep, asked: ViewDep, rows: str = "",
+                    all: str = "") -> Response:
     """The colours of one view's three panels (`?strategy=&layer=&head=&agg=&query=`), computed
     by the one colour model the report, the presentation, compare and the SVG share. `rows=1` adds
     the view's most-attended rows as `/attention/top` renders them (`all=1`: the sink, whitespace
-    and punctuation too), so the run page computes a view once."""
-    p = _panels(session, run_id, asked)
-    colours = paint(p)
-    if rows:
-        colours["rows"] = templates.get_template("_top_rows.html").render(top=_top(p, bool(all)))
-    return JSONResponse(colours)
+    and punctuation too), so the run page computes a view once; built once for a finished run
+    (`render_cache`)."""
+    run = get_or_404(session, Run, run_id, "run")
+
+    def build() -> JSONResponse:
+        p = _panels(session, run_id, asked)
+        colours = paint(p)
+        if rows:
+            colours["rows"] = templates.get_template("_top_rows.html").render(top=_top(p, bool(all)))
+            # the same view's lines and sentences, and whether they lead (top tokens all function words)
+            lines = top_lines(p.res_tokens, p.ref_values, p.res_values, p.mapping)
+            colours["lines"] = templates.get_template("_top_lines.html").render(lines=lines)
+            colours["lines_default"] = lines_by_default([t.text for t in p.top])
+        return JSONResponse(colours)
+
+    return cached(request, session, run, "attention/paint", build, (*VIEW, "rows", "all"))
 
 
 @router.get("/runs/{run_id}/attention/top")
@@ -120,11 +132,16 @@ def _top(p: HeatmapPanels, every: bool) -> list[TopToken]:
 
 
 @router.get("/runs/{run_id}/attention/heads")
-def attention_heads(run_id: int, session: SessionDep, strategy: str) -> JSONResponse:
+def attention_heads(request: Request, run_id: int, session: SessionDep, strategy: str) -> Response:
     """For the heatmap: which recompute token each of `strategy`'s tokens corresponds to, and how
     far each head's attention is from recompute's (total variation over aligned tokens) — the
     colours of the layer × head grid."""
-    get_or_404(session, Run, run_id, "run")
+    run = get_or_404(session, Run, run_id, "run")
+    return cached(request, session, run, "attention/heads", lambda: _heads(session, run_id, strategy),
+                  ("strategy",))
+
+
+def _heads(session: SessionDep, run_id: int, strategy: str) -> JSONResponse:
     results = results_with_attention(session, run_id, [strategy, REFERENCE])
     try:
         compared = compare_heads(results.get(strategy), results.get(REFERENCE), strategy)
