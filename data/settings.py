@@ -10,6 +10,7 @@ sets `DATABASE_URL` (PostgreSQL) and `BROKER_URL` / `RESULT_BACKEND` (Redis or R
 from __future__ import annotations
 
 import ipaddress
+import os
 import re
 from functools import lru_cache
 from pathlib import Path
@@ -124,6 +125,12 @@ class Settings(BaseSettings):
     # Set by `kvnotes serve` for the worker it starts: the worker dies with this process.
     supervisor_pid: int = Field(default=0, ge=0, validation_alias="KVNOTES_SUPERVISOR_PID")
 
+    @field_validator("data_dir", mode="before")
+    @classmethod
+    def _default_when_empty(cls, value: object) -> object:
+        """`KVNOTES_DATA=` (set but empty) means the default folder, not the working directory."""
+        return CHECKOUT_DATA_DIR if isinstance(value, str) and not value.strip() else value
+
     @field_validator("data_dir")
     @classmethod
     def _absolute(cls, value: Path) -> Path:
@@ -205,8 +212,16 @@ class Settings(BaseSettings):
         return hosts
 
     def ensure_data_dir(self) -> Path:
-        """Create the data folder (and nothing else) when it is missing."""
-        self.data_dir.mkdir(parents=True, exist_ok=True)
+        """Create the data folder (and nothing else) when it is missing, readable by its owner only
+        (0700: it holds the database, the broker's messages and the secret key); a folder of ours
+        left open to others is closed."""
+        self.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        try:
+            info = self.data_dir.stat()
+            if info.st_uid == os.getuid() and info.st_mode & 0o077:
+                self.data_dir.chmod(0o700)
+        except OSError:  # not ours to change (a mounted volume): leave it
+            pass
         return self.data_dir
 
 
