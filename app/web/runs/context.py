@@ -105,10 +105,10 @@ class RunPage:
         return getattr(self, name)
 
 
-def checked_view(run: Run, context: RunPage, asked: AskedView) -> ViewParams | None:
+def checked_view(run: Run, context: RunPage | dict[str, Any], asked: AskedView) -> ViewParams | None:
     """The view `asked` names, or the run's default; None when the run has no attention."""
     try:
-        return view_params(run, context.attention_strategies, context.default_strategy, asked.strategy,
+        return view_params(run, context["attention_strategies"], context["default_strategy"], asked.strategy,
                            asked.layer, asked.head, asked.agg, asked.query)
     except Unprocessable as exc:
         raise HTTPException(
