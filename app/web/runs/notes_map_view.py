@@ -148,8 +148,9 @@ def _line_ends_after(parts: list[MapPiece]) -> tuple[list[MapPiece], list[MapPie
 
 
 def top_spans(notes_map: NotesMap, n: int = 5) -> list[NotesSpan]:
-    """The spans whose notes closed the largest share of the gap."""
-    return sorted(notes_map.spans, key=lambda s: s.share, reverse=True)[:n]
+    """The spans whose patch moved the decision most, either way: the largest shares of the gap
+    closed, and a negative one (the patch moved it away from recompute) as large is listed too."""
+    return sorted(notes_map.spans, key=lambda s: abs(s.share), reverse=True)[:n]
 
 
 # ---- the words ------------------------------------------------------------------------------------
