@@ -118,18 +118,43 @@ def run_sweep(eng, document: str, field: str, label: str, values: list[str], que
         "worst_cases": [{"values": w.values, "answer": w.answer, "recompute": w.recompute,
                          "original": w.original} for w in stats.worst],
         "edits": [{"values": e.values, "decisions": {n: o.decision for n, o in e.outcomes.items()},
+                   "edit_followed": {n: o.followed for n, o in e.outcomes.items()},
+                   "tokens_computed": {n: o.tokens for n, o in e.outcomes.items()},
                    "ttft_ms": {n: o.ttft_ms for n, o in e.outcomes.items()}} for e in edits],
     }
 
 
-def cmd_sweep(args) -> None:
-    from commands.cli import UsageError, _load, _question, _read
+def _document(path: str) -> str:
+    p = Path(path)
+    if not p.is_file():
+        raise SweepUsageError(f"document file not found: {path}")
+    try:
+        return p.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise SweepUsageError(f"document file is not UTF-8 text: {path}") from None
 
-    try:  # `python -m commands.cli` catches its own (__main__'s) UsageError, not commands.cli's
-        document = _read(args.document, "document")
-        question = _question(args)
-    except UsageError as exc:
-        raise SweepUsageError(str(exc)) from None
+
+def _question(args):
+    from worker.engine import Question
+
+    choices = tuple(c.strip() for c in args.choices.split(",") if c.strip()) if args.choices else ()
+    if args.choices is not None and len(choices) < 2:
+        raise SweepUsageError("--choices needs at least two comma-separated choices")
+    return Question(args.question, choices=choices, max_new_tokens=args.max_new_tokens)
+
+
+def _load(args):
+    from data.settings import get_settings
+    from worker.engine import load
+
+    settings = get_settings()
+    return load(args.model, device=args.device or settings.device or None,
+                dtype=args.dtype or settings.dtype or None, data_dir=settings.data_dir)
+
+
+def cmd_sweep(args) -> None:
+    document = _document(args.document)
+    question = _question(args)
     values = _values(args)
     strategies = [s.strip() for s in args.strategies.split(",") if s.strip()] if args.strategies \
         else list(DEFAULT_STRATEGIES)
@@ -158,7 +183,7 @@ def cmd_sweep(args) -> None:
 
 
 def add_command(sub) -> None:
-    from commands.cli import _common
+    from worker.engine.models import DEFAULT_MODEL
 
     p = sub.add_parser("sweep", help="many values of one field: which strategy follows recompute, "
                                      "with 95%% intervals, and the policy")
@@ -173,5 +198,11 @@ def add_command(sub) -> None:
                         f"{ORIGINAL} are always included")
     p.add_argument("--threshold", type=float, default=DEFAULT_THRESHOLD,
                    help="the policy's threshold on the lower bound of changed-edit agreement")
-    _common(p)
+    p.add_argument("--question", required=True)
+    p.add_argument("--choices", default=None, help="comma-separated; without it the answer is generated")
+    p.add_argument("--max-new-tokens", type=int, default=32)
+    p.add_argument("--model", default=DEFAULT_MODEL, help="alias (see `kvnotes models`), path or hub id")
+    p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 … (default: cuda when available)")
+    p.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.set_defaults(func=cmd_sweep)
