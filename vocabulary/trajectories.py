@@ -1,0 +1,104 @@
+"""The words of a trajectory, torch-free: which strategies carry their notes across turns, the
+errata policy variants, a strategy's summary over the turns and the verdict in words.
+
+A trajectory is a document and ordered turns; each turn may append text, change fields and ask a
+question, and every strategy carries its own cache from turn to turn (`worker.engine.trajectory`).
+A strategy that appends errata runs in two variants: `name` keeps every erratum it appended, and
+`name.one_per_field` keeps one erratum per field, for its current value (the earlier one is cut
+from the cache and the new one appended after the last turn's text).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from vocabulary.strategies import EDIT_INFO, REFERENCE, StrategyInfo
+from vocabulary.sweeps import wilson
+
+ONE_PER_FIELD = "one_per_field"  # the variant that keeps one erratum per field
+VARIANT_SEP = "."
+
+
+def carried(infos: dict[str, StrategyInfo] = EDIT_INFO) -> tuple[str, ...]:
+    """The edit strategies a trajectory carries across turns: every one that edits the notes it
+    holds. A composite (it picks among parts per edit) and a strategy that lays the document out
+    again once before its edits (neither a default nor moving keys: hoist's layout) are not carried;
+    tests/engine/test_trajectory.py checks this rule against the classes."""
+    return tuple(name for name, info in infos.items()
+                 if info.role != "composite" and (info.default or info.moves_keys))
+
+
+def split_variant(key: str) -> tuple[str, bool]:
+    """(strategy name, keeps one erratum per field) of a trajectory strategy key."""
+    name, _, policy = key.partition(VARIANT_SEP)
+    return name, policy == ONE_PER_FIELD
+
+
+def unknown_keys(keys: Sequence[str], infos: dict[str, StrategyInfo] = EDIT_INFO) -> str:
+    """'' when every key is a carried strategy (or its one_per_field variant), else one line naming
+    the bad ones and the valid ones."""
+    valid = carried(infos)
+    bad = []
+    for key in keys:
+        name, _, policy = key.partition(VARIANT_SEP)
+        if name not in valid or (policy and policy != ONE_PER_FIELD):
+            bad.append(key)
+    if not bad:
+        return ""
+    return (f"unknown trajectory strategies: {', '.join(map(repr, bad))}; valid: {', '.join(valid)} "
+            f"(a strategy that appends errata also as name{VARIANT_SEP}{ONE_PER_FIELD})")
+
+
+def with_reference(keys: Sequence[str]) -> tuple[str, ...]:
+    """`keys` with the reference first, each once."""
+    return tuple(dict.fromkeys([REFERENCE, *keys]))
+
+
+@dataclass(frozen=True)
+class TurnPoint:
+    """One strategy at one turn, as the summary reads it."""
+
+    agrees: bool
+    kl_to_recompute: float
+    cumulative_ttft_ms: float
+    cumulative_tokens: int
+
+
+@dataclass(frozen=True)
+class Summary:
+    """One strategy over every turn read so far."""
+
+    turns: int
+    agreed: int
+    agreement: float
+    agreement_ci95: tuple[float, float] | None
+    cumulative_ttft_ms: float
+    cumulative_speedup: float | None  # recompute's cumulative TTFT over this one's
+    cumulative_tokens: int
+    max_kl: float
+
+
+def summarize(points: Sequence[TurnPoint], reference: Sequence[TurnPoint]) -> Summary:
+    """The summary of one strategy's turns against the reference's turns."""
+    n = len(points)
+    agreed = sum(p.agrees for p in points)
+    cum = points[-1].cumulative_ttft_ms if points else 0.0
+    ref_cum = reference[-1].cumulative_ttft_ms if reference else 0.0
+    return Summary(
+        turns=n, agreed=agreed, agreement=agreed / n if n else 0.0, agreement_ci95=wilson(agreed, n),
+        cumulative_ttft_ms=cum, cumulative_speedup=ref_cum / cum if cum > 0 and ref_cum > 0 else None,
+        cumulative_tokens=points[-1].cumulative_tokens if points else 0,
+        max_kl=max((p.kl_to_recompute for p in points), default=0.0),
+    )
+
+
+def verdict(key: str, s: Summary) -> str:
+    """One sentence: 'over 28 turns field_erratum agreed on 27 and drifted at most KL 0.02, for
+    9.1x less cumulative TTFT'."""
+    cost = ""
+    if s.cumulative_speedup is not None:
+        cost = (f", for {s.cumulative_speedup:.1f}x less cumulative TTFT" if s.cumulative_speedup >= 1
+                else f", for {1 / s.cumulative_speedup:.1f}x more cumulative TTFT")
+    return (f"over {s.turns} turns {key} agreed on {s.agreed} and drifted at most "
+            f"KL {s.max_kl:.2g}{cost}")
