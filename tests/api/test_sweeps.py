@@ -154,3 +154,35 @@ def test_the_notebook_panel_starts_a_sweep_or_says_what_is_wrong(make_client) ->
     assert ok.status_code == 204 and ok.headers["HX-Redirect"].startswith("/sweeps/")
     sweep = client.get("/api" + ok.headers["HX-Redirect"]).json()
     assert sweep["edits_total"] == 2 and sweep["threshold"] == 0.9 and sweep["choices"] == ["yes", "no"]
+
+
+def test_on_redis_a_sweeps_edits_queue_behind_runs(make_client) -> None:
+    """Redis pops a queue's priority-0 list first (kombu's priority steps 0, 3, 6, 9): a run sent after
+    a 3-edit sweep lies in the list a worker takes first, the sweep's edits in the priority-9 list."""
+    import redis
+
+    url = "redis://127.0.0.1:6379/13"
+    try:
+        r = redis.Redis.from_url(url, socket_connect_timeout=1)
+        r.flushdb()
+    except redis.ConnectionError as exc:
+        from tests.conftest import missing
+
+        missing(f"Redis unreachable: {exc}")
+    client = make_client(broker_url=url)
+    nb = _with_field(client)
+    sweep = client.post(f"/api/notebooks/{nb}/sweeps", json=_body(values={"status": ["a", "b", "c"]})).json()
+    run = client.post(f"/api/notebooks/{nb}/runs", json={"question": "Can they log in?",
+                                                          "strategies": ["recompute"]}).json()
+    queue = "model.smollm2-135m"
+
+    def run_ids(key: str) -> list[int]:
+        import base64
+        import json
+
+        bodies = [base64.b64decode(json.loads(m)["body"]) for m in r.lrange(key, 0, -1)]
+        return [json.loads(body)[1]["run_id"] for body in bodies]
+
+    assert run_ids(queue) == [run["id"]]  # the list a worker pops first
+    assert sorted(run_ids(queue + "\x06\x169")) == sorted(e["run_id"] for e in sweep["edits"])
+    r.flushdb()
