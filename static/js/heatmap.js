@@ -117,6 +117,7 @@
     box.querySelector("[data-title]").innerHTML = '<span class="strategy ' + strategy + '"></span>';
     box.querySelector("[data-title] .strategy").textContent = strategy;
     root.querySelector('#hm-top [data-col="strategy"]').textContent = strategy;
+    root.querySelector('#hm-top-lines [data-col="strategy"]').textContent = strategy;
     var t0 = performance.now();
     syncUrl();
     // the query start of each strategy is learnt from its decision view (always fetched first)
@@ -147,7 +148,7 @@
       document.getElementById("div-scale").textContent = "±" + colours.dmax.toFixed(4);
       root.querySelector('[data-max="ref"]').textContent = ref.tokens.length + " tokens";
       root.querySelector('[data-max="res"]').textContent = res.tokens.length + " tokens";
-      ++topSeq; showTop(colours.rows);
+      ++topSeq; showTop(colours.rows, colours);
       statusEl.textContent = pickLabel() + " · " + Math.round(performance.now() - t0) + " ms";
     }).catch(function (err) { statusEl.textContent = "Could not load attention: " + err.message; });
   }
@@ -158,7 +159,24 @@
   function paintUrl() { // the view's colours and its most-attended rows, computed in one go
     return "/runs/" + runId + "/attention/paint?" + viewQuery() + "&rows=1" + (allTokens && allTokens.checked ? "&all=1" : "");
   }
-  function showTop(html) {
+  // lines and sentences (attention summed over their tokens) or tokens: the reader's pick, else
+  // lines when the view's top tokens are all function words (the server says which)
+  var topBy = null;
+  function showTopBy(by, why) {
+    root.querySelector("#hm-top-lines-box").hidden = by !== "lines";
+    root.querySelector("#hm-top-tokens-box").hidden = by !== "tokens";
+    root.querySelectorAll('input[name="hm-top-by"]').forEach(function (r) { r.checked = r.value === by; });
+    root.querySelector("#hm-top-why").textContent = why || "";
+  }
+  root.querySelectorAll('input[name="hm-top-by"]').forEach(function (r) {
+    r.addEventListener("change", function () { topBy = r.value; showTopBy(topBy); });
+  });
+  function showTop(html, colours) {
+    if (colours && colours.lines !== undefined) {
+      root.querySelector("#hm-top-lines tbody").innerHTML = colours.lines;
+      if (topBy === null) showTopBy(colours.lines_default ? "lines" : "tokens",
+        colours.lines_default ? "shown first: the top tokens are all function words" : "");
+    }
     var body = root.querySelector("#hm-top tbody");
     body.innerHTML = html;
     topShown = Array.prototype.map.call(body.querySelectorAll("tr[data-i]"), function (tr) { return +tr.dataset.i; });
@@ -166,10 +184,13 @@
   }
   function drawTop() { // the toggle: the same view's rows with or without the sink; the newest wins
     var seq = ++topSeq;
-    get(paintUrl()).then(function (colours) { if (seq === topSeq) showTop(colours.rows); })
+    get(paintUrl()).then(function (colours) { if (seq === topSeq) showTop(colours.rows, colours); })
       .catch(function (err) { if (seq === topSeq) statusEl.textContent = "Could not load the most-attended notes: " + err.message; });
   }
   if (allTokens) allTokens.addEventListener("change", function () { if (current) drawTop(); });
+  root.querySelector("#hm-top-lines").addEventListener("click", function (e) {
+    var tr = e.target.closest("tr[data-i]"); if (tr) jumpTo(+tr.dataset.i);
+  });
   root.querySelector("#hm-top").addEventListener("click", function (e) {
     var tr = e.target.closest("tr[data-i]"); if (tr) jumpTo(+tr.dataset.i);
   });

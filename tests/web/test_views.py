@@ -71,3 +71,25 @@ def test_head_difference_is_total_variation_over_aligned_tokens():
     assert head_differences(weights, reference, [0, 2])[0, 0] == pytest.approx(0.3)
     same = np.random.default_rng(0).dirichlet(np.ones(5), size=(2, 3))
     assert np.allclose(head_differences(same, same, list(range(5))), 0)
+
+
+def test_most_attended_lines_sum_attention_over_their_tokens() -> None:
+    from app.web.runs.top_lines import lines_by_default, top_lines, units
+
+    texts = ["<s>", "A", "B", "C", "Account", " record", "\n", "The", " status", " is", " active", ".",
+             " Only", " the", " owner", " logs", " in", ".", "\n", "What"]
+    segs = ["frame"] + ["document"] * 18 + ["question"]
+    tokens = [TokenRecord(id=i, text=t, start=i, end=i + 1, segment=s)
+              for i, (t, s) in enumerate(zip(texts, segs))]
+    assert ["".join(texts[a:b]) for a, b in units(tokens)] == [
+        "Account record", "The status is active.", " Only the owner logs in."]  # the sink left out
+    sv = np.arange(len(texts), dtype=np.float32) / 100
+    rv = sv[::-1].copy()
+    mapping = list(range(len(texts)))
+    lines = top_lines(tokens, rv, sv, mapping, n=3)
+    expected = ["Only the owner logs in.", "The status is active.", "Account record"]
+    assert [line.text for line in lines] == expected
+    only = lines[0]
+    assert only.strategy == pytest.approx(float(sv[12:18].sum())) and only.tokens == 6
+    assert only.recompute == pytest.approx(float(rv[12:18].sum()))
+    assert lines_by_default([" the", " of", " the", "The"]) and not lines_by_default([" the", " status"])

@@ -27,6 +27,7 @@ from app.web.runs.heatmap_view import (
     top_tokens,
 )
 from app.web.runs.render_cache import VIEW, cached
+from app.web.runs.top_lines import lines_by_default, top_lines
 from app.web.templating import render, templates
 from data.models import Run
 from data.watchdog import reap_for_reader
@@ -108,6 +109,10 @@ def attention_paint(request: Request, run_id: int, session: SessionDep, asked: V
         colours = paint(p)
         if rows:
             colours["rows"] = templates.get_template("_top_rows.html").render(top=_top(p, bool(all)))
+            # the same view's lines and sentences, and whether they lead (top tokens all function words)
+            lines = top_lines(p.res_tokens, p.ref_values, p.res_values, p.mapping)
+            colours["lines"] = templates.get_template("_top_lines.html").render(lines=lines)
+            colours["lines_default"] = lines_by_default([t.text for t in p.top])
         return JSONResponse(colours)
 
     return cached(request, session, run, "attention/paint", build, (*VIEW, "rows", "all"))
