@@ -334,3 +334,12 @@ def move_placement(placement: Placement, position: int | None) -> None:
 def delete_placement(session: Session, placement: Placement) -> None:
     touch(placement.notebook)
     session.delete(placement)
+
+
+def load_for_page(notebook: Notebook) -> Notebook:
+    """Load now everything a page of the notebook shows (its fields, errata, placements with their
+    skills, questions), so that rendering it queries nothing (`app.web.templating`'s guard)."""
+    for placement in notebook.placements:
+        _ = placement.skill.name
+    _ = (notebook.fields, notebook.errata, notebook.questions)
+    return notebook

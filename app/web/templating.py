@@ -8,6 +8,9 @@ labels, errata, skills — always renders as text, never as markup.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -15,6 +18,8 @@ from typing import Any
 from fastapi import Request
 from fastapi.templating import Jinja2Templates
 from markupsafe import Markup
+from sqlalchemy import event
+from sqlalchemy.orm import ORMExecuteState, Session
 
 from app.web.strategy_css import cached_strategy_css
 from data.models import as_utc
@@ -84,4 +89,36 @@ def render(request: Request, name: str, status_code: int = 200, **context: Any):
     `principal` who is asking (its `csrf` token goes into every htmx request of a signed-in page)."""
     context.setdefault("is_htmx", request.headers.get("HX-Request") == "true")
     context.setdefault("principal", getattr(request.state, "principal", None))
-    return templates.TemplateResponse(request, name, context, status_code=status_code)
+    token = _RENDERING.set(name)
+    try:
+        return templates.TemplateResponse(request, name, context, status_code=status_code)
+    finally:
+        _RENDERING.reset(token)
+
+
+# ---- templates never query -------------------------------------------------------------------------
+
+_RENDERING: ContextVar[str | None] = ContextVar("kvnotes_rendering", default=None)
+
+
+class TemplateQueried(RuntimeError):
+    """A template walked into a relationship or attribute that was not loaded, so rendering it would
+    have queried the database: what it shows must be in the view its page built first."""
+
+
+def _refuse_while_rendering(state: ORMExecuteState) -> None:
+    template = _RENDERING.get()
+    if template is not None:
+        raise TemplateQueried(f"template {template} queried the database while rendering: "
+                              f"{str(state.statement)[:200]}")
+
+
+@contextmanager
+def templates_never_query() -> Iterator[None]:
+    """Within the block, any ORM query made while a template renders (a lazy relationship, an
+    expired attribute) raises `TemplateQueried` instead of reaching the database."""
+    event.listen(Session, "do_orm_execute", _refuse_while_rendering)
+    try:
+        yield
+    finally:
+        event.remove(Session, "do_orm_execute", _refuse_while_rendering)

@@ -11,6 +11,7 @@ from fastapi.responses import Response
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from app.services.notebooks import load_for_page
 from app.web.notebooks.document_view import build_document_view, tokens_for_document
 from app.web.notebooks.examples import example_named
 from app.web.paging import paginate
@@ -51,6 +52,7 @@ def decision_summary(session: Session, run: Run | None) -> dict[str, Any] | None
 
 def notebook_context(session: Session, notebook: Notebook, history_number: int = 1,
                      **extra: Any) -> dict[str, Any]:
+    load_for_page(notebook)
     token_run, tokens = latest_tokens(session, notebook)
     doc_token_count = sum(1 for t in tokens if t.segment == "document")
     skills = list(

@@ -53,7 +53,7 @@ def duplicate(notebook_id: int, session: SessionDep, principal: PrincipalDep) ->
 @router.get("/notebooks/{notebook_id}/delete")
 def confirm_delete(request: Request, notebook_id: int, session: SessionDep) -> Response:
     """The confirmation: what goes with the notebook (its runs among it), and the two ways out."""
-    notebook = get_or_404(session, Notebook, notebook_id, "notebook")
+    notebook = actions.load_for_page(get_or_404(session, Notebook, notebook_id, "notebook"))
     runs = session.scalar(select(func.count(Run.id)).where(Run.notebook_id == notebook.id)) or 0
     return render(request, "confirm_delete.html", notebook=notebook, run_count=runs, nav="notebooks")
 
