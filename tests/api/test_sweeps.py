@@ -154,6 +154,11 @@ def test_the_notebook_panel_starts_a_sweep_or_says_what_is_wrong(make_client) ->
     assert ok.status_code == 204 and ok.headers["HX-Redirect"].startswith("/sweeps/")
     sweep = client.get("/api" + ok.headers["HX-Redirect"]).json()
     assert sweep["edits_total"] == 2 and sweep["threshold"] == 0.9 and sweep["choices"] == ["yes", "no"]
+    cancel = client.post(f"/sweeps/{sweep['id']}/cancel", headers={"HX-Request": "true"})
+    assert cancel.status_code == 204 and cancel.headers["HX-Refresh"] == "true"
+    assert client.get(f"/api/sweeps/{sweep['id']}").json()["status"] == "cancelled"
+    progress = client.get(f"/sweeps/{sweep['id']}/progress")  # finished: htmx stops polling
+    assert progress.status_code == 286 and "0 of 2 edits" in progress.text
 
 
 def test_on_redis_a_sweeps_edits_queue_behind_runs(make_client) -> None:

@@ -58,9 +58,12 @@ def sweep_progress(request: Request, sweep_id: int, session: SessionDep) -> Resp
 
 
 @router.post("/sweeps/{sweep_id}/cancel")
-def sweep_cancel(sweep_id: int, session: SessionDep) -> Response:
+def sweep_cancel(request: Request, sweep_id: int, session: SessionDep) -> Response:
+    """Cancel the unfinished edits; the page reloads (htmx) or is redirected to (a plain form)."""
     cancel_sweep(session, get_or_404(session, Sweep, sweep_id, "sweep"))
-    return RedirectResponse(f"/sweeps/{sweep_id}", status_code=303, headers={"HX-Refresh": "true"})
+    if request.headers.get("HX-Request") == "true":
+        return Response(status_code=204, headers={"HX-Refresh": "true"})
+    return RedirectResponse(f"/sweeps/{sweep_id}", status_code=303)
 
 
 @router.get("/sweeps/{sweep_id}/export.json")
