@@ -110,6 +110,8 @@ class Settings(BaseSettings):
     max_active_sweeps_per_user: int = Field(
         default=2, ge=1, validation_alias="KVNOTES_MAX_ACTIVE_SWEEPS_PER_USER"
     )
+    # Trajectories: turns per trajectory (each turn runs every strategy's readout once).
+    max_turns: int = Field(default=64, ge=1, validation_alias="KVNOTES_MAX_TURNS")
     # A worker whose beat is older than this is dead (health says so; its runs are failed).
     worker_stale_s: float = Field(default=30.0, gt=0, validation_alias="KVNOTES_WORKER_STALE_S")
     # Capacity of one web process: database connections, which is also how many requests it serves

@@ -8,7 +8,7 @@ from logging.config import fileConfig
 from alembic import context
 from sqlalchemy import Connection
 
-from data import accounts, health, replays, workers  # noqa: F401  (their tables belong to the schema too)
+from data import accounts, health, replays, trajectories, workers  # noqa: F401  (their tables belong to the schema too)
 from data.db import make_engine
 from data.models import Base
 from data.settings import get_settings

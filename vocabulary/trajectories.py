@@ -11,7 +11,7 @@ from the cache and the new one appended after the last turn's text).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from vocabulary.strategies import EDIT_INFO, REFERENCE, StrategyInfo
 from vocabulary.sweeps import wilson
@@ -53,6 +53,76 @@ def unknown_keys(keys: Sequence[str], infos: dict[str, StrategyInfo] = EDIT_INFO
 def with_reference(keys: Sequence[str]) -> tuple[str, ...]:
     """`keys` with the reference first, each once."""
     return tuple(dict.fromkeys([REFERENCE, *keys]))
+
+
+@dataclass(frozen=True)
+class FieldSpec:
+    """A labelled field of the document: [start, end) holds its first value."""
+
+    label: str
+    start: int
+    end: int
+
+
+@dataclass(frozen=True)
+class TurnSpec:
+    """One turn as written (the API's body, a JSONL line): text appended, fields changed
+    ({label: value}), a question and its choices (None: the trajectory's)."""
+
+    append: str = ""
+    fields: dict[str, str] = field(default_factory=dict)
+    question: str | None = None
+    choices: tuple[str, ...] | None = None
+
+
+@dataclass(frozen=True)
+class TrajectorySpec:
+    """What a trajectory runs: the notebook's model, document and fields as they were, the turns,
+    the question asked where a turn asks none, and the strategy keys (the reference first). The web
+    app writes it, the `trajectories.spec` column stores it, the worker and the CLI run it."""
+
+    model: str
+    document: str
+    fields: tuple[FieldSpec, ...]
+    turns: tuple[TurnSpec, ...]
+    question: str
+    choices: tuple[str, ...]
+    strategies: tuple[str, ...]
+
+
+@dataclass
+class StrategyTurn:
+    """One strategy at one turn (the API's `turns[i].results[strategy]`)."""
+
+    decision: str
+    agrees: bool
+    edit_followed: str | None
+    kl_to_recompute: float
+    logit_cosine: float
+    tokens_computed: int
+    ttft_ms: float
+    cumulative_ttft_ms: float
+    cache_tokens: int
+    cumulative_tokens: int
+    errata: int  # errata the cache holds
+
+
+@dataclass
+class TurnRecord:
+    """One turn read: recompute's prompt length, the labels it changed, every strategy's result."""
+
+    index: int
+    prompt_tokens: int
+    changed: list[str]
+    results: dict[str, StrategyTurn] = field(default_factory=dict)
+
+
+def summaries(turns: Sequence[TurnRecord]) -> dict[str, Summary]:
+    """Each strategy's summary over `turns`, against the reference's."""
+    keys = list(turns[0].results) if turns else []
+    points = {k: [TurnPoint(r.agrees, r.kl_to_recompute, r.cumulative_ttft_ms, r.cumulative_tokens)
+                  for r in (t.results[k] for t in turns)] for k in keys}
+    return {k: summarize(points[k], points.get(REFERENCE, [])) for k in keys}
 
 
 @dataclass(frozen=True)

@@ -29,11 +29,13 @@ from dataclasses import dataclass, field
 from vocabulary import DEFAULT_TEMPLATE, REFERENCE, render_erratum
 from vocabulary.regions import ERRATUM
 from vocabulary.trajectories import (
+    StrategyTurn,
     Summary,
-    TurnPoint,
+    TrajectorySpec,
+    TurnRecord,
     carried,
     split_variant,
-    summarize,
+    summaries,
     unknown_keys,
     verdict,
     with_reference,
@@ -76,45 +78,16 @@ class TrajectoryRequest:
 
 
 @dataclass
-class TurnResult:
-    decision: str
-    agrees: bool
-    edit_followed: str | None
-    kl_to_recompute: float
-    logit_cosine: float
-    tokens_computed: int
-    ttft_ms: float
-    cumulative_ttft_ms: float
-    cache_tokens: int
-    cumulative_tokens: int
-    errata: int  # errata the cache holds
-
-
-@dataclass
-class TurnReport:
-    index: int
-    prompt_tokens: int  # recompute's prompt (document with current values and every appended turn)
-    changed: list[str]  # labels whose value this turn changed
-    results: dict[str, TurnResult] = field(default_factory=dict)
-
-
-@dataclass
 class TrajectoryReport:
     model: str
     document_tokens: int
-    turns: list[TurnReport] = field(default_factory=list)
+    turns: list[TurnRecord] = field(default_factory=list)
 
     def summary(self) -> dict[str, Summary]:
-        keys = list(self.turns[0].results) if self.turns else []
-        points = {k: [_point(t.results[k]) for t in self.turns] for k in keys}
-        return {k: summarize(points[k], points.get(REFERENCE, [])) for k in keys}
+        return summaries(self.turns)
 
     def verdicts(self) -> dict[str, str]:
         return {k: verdict(k, s) for k, s in self.summary().items() if k != REFERENCE}
-
-
-def _point(r: TurnResult) -> TurnPoint:
-    return TurnPoint(r.agrees, r.kl_to_recompute, r.cumulative_ttft_ms, r.cumulative_tokens)
 
 
 class _Eager(Editor):
@@ -210,7 +183,7 @@ def _build(keys: list[str]) -> dict[str, tuple[Strategy, bool]]:
 
 
 def trajectory(engine: LoadedModel, request: TrajectoryRequest, notes: Notes | None = None,
-               progress: Callable[[int, TurnReport], None] | None = None,
+               progress: Callable[[int, TurnRecord], None] | None = None,
                cancelled: Callable[[], bool] = lambda: False) -> TrajectoryReport:
     """Every turn of `request` by every strategy, each carrying its own cache; `notes` are the
     document's cached notes (prefilled when None). `progress(turn, report)` after each turn;
@@ -244,7 +217,7 @@ def trajectory(engine: LoadedModel, request: TrajectoryRequest, notes: Notes | N
                 return None
             return edit_followed(answer, [previous[m] for m in moved], [values[m] for m in moved], q.choices)
 
-        tr = TurnReport(index=index, prompt_tokens=len(full[0]), changed=changed)
+        tr = TurnRecord(index=index, prompt_tokens=len(full[0]), changed=changed)
         readouts = {}
         for key, state in states.items():
             t0 = time.perf_counter()
@@ -258,7 +231,7 @@ def trajectory(engine: LoadedModel, request: TrajectoryRequest, notes: Notes | N
         ref = readouts[REFERENCE][0]
         for key, (readout, computed, ttft) in readouts.items():
             state, fid = states[key], fidelity(ref.logits, readout.logits)
-            tr.results[key] = TurnResult(
+            tr.results[key] = StrategyTurn(
                 decision=readout.decision, agrees=same_answer(readout.decision, ref.decision),
                 edit_followed=followed(readout.decision), kl_to_recompute=fid.kl_to_recompute,
                 logit_cosine=fid.logit_cosine, tokens_computed=computed, ttft_ms=ttft,
@@ -346,3 +319,14 @@ def _cut_erratum(engine: LoadedModel, state: _Carried, label: str) -> None:
         setattr(state, part, seq[:a] + seq[b:])
     state.errata = {k: (s - n, e - n) if s >= b else (s, e) for k, (s, e) in state.errata.items()}
     state.n_errata -= 1
+
+
+def request_of(spec: TrajectorySpec) -> TrajectoryRequest:
+    """The engine's request for a stored or written trajectory (`vocabulary.trajectories`): a turn
+    with a question of its own asks it with its own choices (none: a free answer)."""
+    fields = tuple(Field(f.start, f.end, spec.document[f.start:f.end], f.label) for f in spec.fields)
+    turns = tuple(Turn(append=t.append, fields=tuple(t.fields.items()),
+                       question=None if t.question is None else Question(t.question, tuple(t.choices or ())))
+                  for t in spec.turns)
+    return TrajectoryRequest(spec.document, fields, turns, Question(spec.question, tuple(spec.choices)),
+                             tuple(spec.strategies))
