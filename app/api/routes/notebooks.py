@@ -8,31 +8,16 @@ from sqlalchemy import select
 from app.api.deps import PrincipalDep, SessionDep, errors, get_or_404
 from app.schemas import NotebookCreate, NotebookOut, NotebookPatch, NotebookSummary, QuestionIn, QuestionOut
 from app.services import notebooks as actions
+from app.services.notebook_view import notebook_view
 from data.models import Notebook, Question
 
 router = APIRouter(tags=["notebooks"])
 
 
-def notebook_out(notebook: Notebook) -> NotebookOut:
-    return NotebookOut(
-        id=notebook.id,
-        title=notebook.title,
-        model=notebook.model,
-        created_by=notebook.created_by,
-        created_at=notebook.created_at,
-        updated_at=notebook.updated_at,
-        text=notebook.document,
-        fields=notebook.fields,  # type: ignore[arg-type]
-        errata=notebook.errata,  # type: ignore[arg-type]
-        placements=notebook.placements,  # type: ignore[arg-type]
-        question=notebook.question,  # type: ignore[arg-type]
-    )
-
-
 @router.post("/notebooks", response_model=NotebookOut, status_code=status.HTTP_201_CREATED)
 def create_notebook(body: NotebookCreate, session: SessionDep, principal: PrincipalDep) -> NotebookOut:
     notebook = actions.create_notebook(session, body.title, body.model, body.text, principal.name)
-    return notebook_out(notebook)
+    return notebook_view(notebook)
 
 
 @router.get("/notebooks", response_model=list[NotebookSummary])
@@ -49,14 +34,14 @@ def list_notebooks(
 
 @router.get("/notebooks/{notebook_id}", response_model=NotebookOut, responses=errors(404))
 def read_notebook(notebook_id: int, session: SessionDep) -> NotebookOut:
-    return notebook_out(get_or_404(session, Notebook, notebook_id, "notebook"))
+    return notebook_view(get_or_404(session, Notebook, notebook_id, "notebook"))
 
 
 @router.patch("/notebooks/{notebook_id}", response_model=NotebookOut, responses=errors(404))
 def update_notebook(notebook_id: int, body: NotebookPatch, session: SessionDep) -> NotebookOut:
     notebook = get_or_404(session, Notebook, notebook_id, "notebook")
     actions.update_notebook(session, notebook, body.text, body.title, body.model)
-    return notebook_out(notebook)
+    return notebook_view(notebook)
 
 
 @router.post("/notebooks/{notebook_id}/duplicate", response_model=NotebookOut,
@@ -65,7 +50,7 @@ def duplicate_notebook(notebook_id: int, session: SessionDep, principal: Princip
     """A copy with the same document, fields, errata, skill placements and question; no runs."""
     copy = actions.duplicate_notebook(session, get_or_404(session, Notebook, notebook_id, "notebook"),
                                       created_by=principal.name)
-    return notebook_out(copy)
+    return notebook_view(copy)
 
 
 @router.delete("/notebooks/{notebook_id}", status_code=status.HTTP_204_NO_CONTENT, responses=errors(404))
