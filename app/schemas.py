@@ -25,8 +25,10 @@ from app.schema_types import (
     Documented,
     DocumentText,
     ErratumText,
+    Integer,
     Label,
     ModelName,
+    Number,
     Offset,
     QuestionText,
     SkillName,
@@ -38,8 +40,10 @@ from app.schema_types import (
 )
 from data.contracts import MechanismRecord, NotesMap, RunSnapshot, StrategyMetrics, TokenRecord
 from data.models import RunStatus
+from data.replays import Replay
 from data.settings import get_settings
 from vocabulary import STRATEGIES, unknown_strategies, with_recompute
+from vocabulary.replay import VARIANTS, ReplayResult, ReplaySpec
 
 
 class _Out(BaseModel):
@@ -279,6 +283,59 @@ class AttentionOut(BaseModel):
     query_start: int | None  # tokens[query_start:] are the question and answer tokens
     tokens: list[TokenRecord]
     values: list[float]
+
+
+# --- serving replays -----------------------------------------------------------------------------
+
+MAX_REPLAY_VALUES = 64
+MAX_REPLAY_REQUESTS = 256
+
+
+class ReplayCreate(BaseModel):
+    """A replay of the notebook's field edit on a vLLM server. Unset: the server of `KVNOTES_VLLM_URL`
+    (and `KVNOTES_VLLM_MODEL`), the notebook's first field, its new value as the only value."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    url: str = Field(default="", max_length=500, description="the server, e.g. http://127.0.0.1:8100/v1")
+    model: str = Field(default="", max_length=200, description="the served model ('' = the one it serves)")
+    field_id: Integer | None = Field(default=None, description="the field that changes (default: the first)")
+    values: list[str] = Field(default_factory=list, max_length=MAX_REPLAY_VALUES,
+                              description="the values the field takes, one per request, in turn")
+    requests: Integer = Field(default=0, ge=0, le=MAX_REPLAY_REQUESTS,
+                              description="per variant (0: one per value)")
+    rate: Number = Field(default=1.0, gt=0, le=1000, description="Poisson arrivals, requests per second")
+    concurrency: Integer = Field(default=4, ge=1, le=64, description="requests in flight at most")
+    variants: list[str] = Field(default_factory=lambda: list(VARIANTS), min_length=1,
+                                max_length=len(VARIANTS))
+    max_tokens: Integer = Field(default=16, ge=1, le=256, description="answer tokens per request")
+    extend_choices: StrictBool = Field(default=False, description="values outside the question's choices are "
+                                 "added to the choices this replay sends (else such values are refused)")
+
+
+class ReplayOut(BaseModel):
+    """A replay: where it is, what it replays (`vocabulary.replay.ReplaySpec`) and (once it
+    succeeded) what it measured."""
+
+    id: int
+    notebook_id: int | None
+    status: str
+    stage: str
+    progress: float
+    error: str | None
+    created_by: str | None
+    created_at: Timestamp
+    started_at: Timestamp | None
+    finished_at: Timestamp | None
+    snapshot: ReplaySpec
+    result: ReplayResult | None
+
+    @classmethod
+    def of(cls, replay: Replay) -> ReplayOut:
+        return cls(id=replay.id, notebook_id=replay.notebook_id, status=replay.status, stage=replay.stage,
+                   progress=replay.progress, error=replay.error, created_by=replay.created_by,
+                   created_at=replay.created_at, started_at=replay.started_at, finished_at=replay.finished_at,
+                   snapshot=replay.snapshot, result=replay.result)
 
 
 class HealthOut(BaseModel):

@@ -1,6 +1,7 @@
 """Serving replays: one row per replay a user started from a notebook (the Serving panel or
-`POST /api/notebooks/{id}/replays`), what it replays (`ReplaySnapshot`, written by the web and read
-by the worker's `kvnotes.replay`), where it is, and what it measured (`vocabulary.replay.ReplayResult`).
+`POST /api/notebooks/{id}/replays`), what it replays (`vocabulary.replay.ReplaySpec`, written by the
+web and read by the worker's `kvnotes.replay`), where it is, and what it measured
+(`vocabulary.replay.ReplayResult`).
 
 A replay that fails keeps its error and no result: nothing half measured is ever shown as a result.
 Deleting the notebook deletes its replays (their snapshots hold its document).
@@ -11,7 +12,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import TypeAdapter
 from sqlalchemy import CheckConstraint, DateTime, Float, ForeignKey, String, Text
 from sqlalchemy.orm import Mapped, mapped_column, validates
 
@@ -25,31 +26,9 @@ from data.models import (
     new_task_id,
     utcnow,
 )
-from vocabulary.replay import VARIANTS, ReplayResult
+from vocabulary.replay import ReplayResult, ReplaySpec
 
-
-class ReplaySnapshot(BaseModel):
-    """Exactly what a replay sends: the server, the document and its field [start, end), the values
-    the field takes in turn, the question, and the load."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    url: str
-    model: str = ""  # "" = the one model the server serves
-    document: str
-    start: int
-    end: int
-    label: str
-    values: list[str]
-    question: str
-    choices: list[str] = []
-    extended_choices: list[str] = []  # values added to the question's choices for this replay
-    requests: int = 0  # per variant; 0 = one per value
-    rate: float = 1.0
-    concurrency: int = 4
-    variants: list[str] = list(VARIANTS)
-    max_tokens: int = 16
-    seed: int = 0
+_SPEC = TypeAdapter(ReplaySpec)
 
 
 class Replay(Base):
@@ -62,7 +41,7 @@ class Replay(Base):
     id: Mapped[int] = mapped_column(primary_key=True)
     notebook_id: Mapped[int | None] = mapped_column(ForeignKey("notebooks.id", ondelete="CASCADE"),
                                                     index=True)
-    snapshot: Mapped[ReplaySnapshot] = mapped_column(Typed(ReplaySnapshot))
+    snapshot: Mapped[ReplaySpec] = mapped_column(Typed(ReplaySpec))
     status: Mapped[str] = mapped_column(String(16), default=RunStatus.QUEUED.value)
     stage: Mapped[str] = mapped_column(String(64), default="queued")
     progress: Mapped[float] = mapped_column(Float, default=0.0)
@@ -75,8 +54,8 @@ class Replay(Base):
     result: Mapped[ReplayResult | None] = mapped_column(Typed(ReplayResult | None))
 
     @validates("snapshot")
-    def _typed_snapshot(self, _key: str, value: Any) -> ReplaySnapshot:
-        return ReplaySnapshot.model_validate(value)
+    def _typed_snapshot(self, _key: str, value: Any) -> ReplaySpec:
+        return _SPEC.validate_python(value)
 
     @property
     def is_finished(self) -> bool:

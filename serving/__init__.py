@@ -13,8 +13,8 @@ shared vocabulary only), so the web app, the worker and the command line call th
 
 from serving.replay import Bounds, preflight, replay
 from serving.server import ReplayError, ReplayStopped, Server, ServerInfo
-from serving.streams import PlannedRequest, ReplaySpec, arrivals, plan_variant
-from vocabulary.replay import VARIANTS, ReplayResult, VariantResult
+from serving.streams import PlannedRequest, arrivals, plan_variant
+from vocabulary.replay import VARIANTS, ReplayResult, ReplaySpec, VariantResult
 
 __all__ = ["VARIANTS", "Bounds", "PlannedRequest", "ReplayError", "ReplayResult", "ReplaySpec",
            "ReplayStopped",

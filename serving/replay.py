@@ -23,9 +23,9 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 from serving.server import Completion, Counters, ReplayError, ReplayStopped, Server, ServerInfo
-from serving.streams import PlannedRequest, ReplaySpec, plan_variant
+from serving.streams import PlannedRequest, plan_variant
 from vocabulary.prefix import common_prefix
-from vocabulary.replay import ReplayResult, VariantResult
+from vocabulary.replay import ReplayResult, ReplaySpec, VariantResult
 from vocabulary.verdicts import edit_followed
 
 # on_progress(done, total, variant): requests finished so far over all variants.

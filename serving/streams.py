@@ -20,15 +20,13 @@ its document).
 
 from __future__ import annotations
 
-import dataclasses
 import random
-from collections.abc import Mapping
 from dataclasses import dataclass
 
 from vocabulary import render_erratum
 from vocabulary.hoist import hoist
 from vocabulary.prompt import question_text
-from vocabulary.replay import VARIANTS
+from vocabulary.replay import VARIANTS, ReplaySpec
 
 
 @dataclass(frozen=True)
@@ -38,73 +36,6 @@ class _Span:
     start: int
     end: int
     new_value: str
-
-
-@dataclass(frozen=True)
-class ReplaySpec:
-    """What to replay: a document, the field [start, end) that changes, the values it takes in turn,
-    the question, and the load (how many requests, their Poisson rate, the concurrency cap)."""
-
-    document: str
-    start: int
-    end: int
-    label: str
-    values: tuple[str, ...]
-    question: str
-    choices: tuple[str, ...] = ()
-    requests: int = 0  # 0: one request per value
-    rate: float = 1.0  # requests per second (Poisson arrivals)
-    concurrency: int = 4  # requests in flight at most
-    variants: tuple[str, ...] = VARIANTS
-    max_tokens: int = 16  # answer tokens generated per request
-    seed: int = 0  # of the arrival times
-
-    @property
-    def old_value(self) -> str:
-        return self.document[self.start:self.end]
-
-    @property
-    def total_requests(self) -> int:
-        """Requests per variant."""
-        return self.requests or len(self.values)
-
-    @classmethod
-    def of(cls, fields: Mapping) -> ReplaySpec:
-        """A spec from stored fields of the same names (lists become tuples; other keys ignored)."""
-        names = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in fields.items() if k in names})
-
-    def problems(self) -> list[str]:
-        """Every reason this spec cannot run, each naming the field and the limit ([] when none)."""
-        out = []
-        if not 0 <= self.start < self.end <= len(self.document):
-            out.append(f"field [{self.start}, {self.end}) must be a non-empty span inside the document "
-                       f"({len(self.document)} characters)")
-        if not self.values or any(not v.strip() for v in self.values):
-            out.append("values: give at least one non-empty value for the field")
-        if not self.question.strip():
-            out.append("question: must not be empty")
-        if self.choices and len(self.choices) < 2:
-            out.append("choices: give at least two, or none for a free answer")
-        unknown = [v for v in self.variants if v not in VARIANTS]
-        if unknown or not self.variants:
-            out.append(f"variants: unknown {', '.join(map(repr, unknown)) or '(none given)'}; "
-                       f"valid: {', '.join(VARIANTS)}")
-        if self.requests < 0:
-            out.append(f"requests: must be at least 1, got {self.requests}")
-        if not self.rate > 0:
-            out.append(f"rate: must be more than 0 requests per second, got {self.rate}")
-        if self.concurrency < 1:
-            out.append(f"concurrency: must be at least 1, got {self.concurrency}")
-        if self.max_tokens < 1:
-            out.append(f"max_tokens: must be at least 1, got {self.max_tokens}")
-        return out
-
-    def check(self) -> None:
-        """A ValueError listing every problem, or nothing."""
-        problems = self.problems()
-        if problems:
-            raise ValueError("; ".join(problems))
 
 
 @dataclass(frozen=True)

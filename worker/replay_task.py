@@ -18,9 +18,10 @@ from typing import Any
 from sqlalchemy import select, update
 
 from data.models import RunStatus
-from data.replays import Replay, ReplaySnapshot
+from data.replays import Replay
 from data.settings import get_settings
-from serving import Bounds, ReplayError, ReplaySpec, ReplayStopped, replay
+from serving import Bounds, ReplayError, ReplayStopped, replay
+from vocabulary.replay import ReplaySpec
 from worker import run_rows
 from worker.celery_app import app
 
@@ -44,7 +45,7 @@ def _write(replay_id: int, only_running: bool = True, **values: Any) -> bool:
     return bool(changed)
 
 
-def _claim(replay_id: int, task_id: str | None) -> ReplaySnapshot | None:
+def _claim(replay_id: int, task_id: str | None) -> ReplaySpec | None:
     """Mark the queued replay that holds this message's token running; None when there is none."""
     with run_rows.session() as s:
         row = s.get(Replay, replay_id)
@@ -120,7 +121,7 @@ def replay_task(self, replay_id: int) -> dict[str, Any]:
         return {"replay_id": replay_id, "status": "skipped"}
     try:
         with _Watch(replay_id) as watch:
-            result = replay(ReplaySpec.of(snapshot.model_dump()), snapshot.url, snapshot.model or None,
+            result = replay(snapshot, snapshot.url, snapshot.model or None,
                             on_progress=_Progress(replay_id), bounds=bounds(), stop=watch.stop)
     except (Cancelled, ReplayStopped) as exc:
         if isinstance(exc, Cancelled) or watch.stop.is_set():

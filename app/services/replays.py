@@ -17,48 +17,24 @@ from __future__ import annotations
 
 import threading
 
-from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import func, select, text
 from sqlalchemy.orm import Session
 
-from app.schema_types import Integer, Number
+from app.schemas import ReplayCreate
 from app.services.errors import RunLimitReached, Unprocessable
 from data.accounts import LOCAL_USER, count_users
 from data.models import Notebook, RunStatus, as_utc, utcnow
 from data.queue import QueueUnavailable, enqueue_replay, revoke
-from data.replays import Replay, ReplaySnapshot
+from data.replays import Replay
 from data.settings import get_settings
-from serving import Bounds, ReplayError, ReplaySpec, preflight
+from serving import Bounds, ReplayError, preflight
 from serving.server import base_url
-from vocabulary.replay import VARIANTS
+from vocabulary.replay import ReplaySpec
 from vocabulary.verdicts import words
 
-MAX_VALUES = 64
-MAX_REQUESTS = 256
 ACTIVE = (RunStatus.QUEUED.value, RunStatus.RUNNING.value)
 CHECKS_AT_ONCE = 2  # replays checked against their servers at once per process; more get a 429 at once
 _checking = threading.BoundedSemaphore(CHECKS_AT_ONCE)
-
-
-class ReplayCreate(BaseModel):
-    """A replay of the notebook's field edit on a vLLM server. Unset: the server of `KVNOTES_VLLM_URL`
-    (and `KVNOTES_VLLM_MODEL`), the notebook's first field, its new value as the only value."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    url: str = Field(default="", max_length=500, description="the server, e.g. http://127.0.0.1:8100/v1")
-    model: str = Field(default="", max_length=200, description="the served model ('' = the one it serves)")
-    field_id: Integer | None = Field(default=None, description="the field that changes (default: the first)")
-    values: list[str] = Field(default_factory=list, max_length=MAX_VALUES,
-                              description="the values the field takes, one per request, in turn")
-    requests: Integer = Field(default=0, ge=0, le=MAX_REQUESTS, description="per variant (0: one per value)")
-    rate: Number = Field(default=1.0, gt=0, le=1000, description="Poisson arrivals, requests per second")
-    concurrency: Integer = Field(default=4, ge=1, le=64, description="requests in flight at most")
-    variants: list[str] = Field(default_factory=lambda: list(VARIANTS), min_length=1,
-                                max_length=len(VARIANTS))
-    max_tokens: Integer = Field(default=16, ge=1, le=256, description="answer tokens per request")
-    extend_choices: bool = Field(default=False, description="values outside the question's choices are "
-                                 "added to the choices this replay sends (else such values are refused)")
 
 
 def outside_choices(values: list[str], choices: list[str], field_values: list[str]) -> list[str]:
@@ -105,7 +81,7 @@ def at_the_keyboard(session: Session, via: str) -> bool:
     return via == "local" and count_users(session) == 0
 
 
-def snapshot_for(notebook: Notebook, body: ReplayCreate, free: bool = False) -> ReplaySnapshot:
+def snapshot_for(notebook: Notebook, body: ReplayCreate, free: bool = False) -> ReplaySpec:
     """What the replay will send, from the notebook as it is now; `Unprocessable` naming the field
     of the request to blame. `free`: any server may be named (`replay_target`)."""
     settings = get_settings()
@@ -127,12 +103,12 @@ def snapshot_for(notebook: Notebook, body: ReplayCreate, free: bool = False) -> 
                             f"among the question's choices ({', '.join(choices)}): every answer is one of "
                             "them, so those requests could never agree; add them to the choices, or "
                             "extend the choices for this replay")
-    return ReplaySnapshot(url=url, model=body.model.strip() or settings.vllm_model,
-                          document=notebook.document, start=field.start, end=field.end,
-                          label=field.label or "the value", values=values, question=question.text,
-                          choices=choices + missing, extended_choices=missing, requests=body.requests,
-                          rate=body.rate, concurrency=body.concurrency, variants=list(body.variants),
-                          max_tokens=body.max_tokens)
+    return ReplaySpec(url=url, model=body.model.strip() or settings.vllm_model,
+                      document=notebook.document, start=field.start, end=field.end,
+                      label=field.label or "the value", values=tuple(values), question=question.text,
+                      choices=tuple(choices + missing), extended_choices=tuple(missing),
+                      requests=body.requests, rate=body.rate, concurrency=body.concurrency,
+                      variants=tuple(body.variants), max_tokens=body.max_tokens)
 
 
 def start_replay(session: Session, notebook: Notebook, body: ReplayCreate,
@@ -146,14 +122,14 @@ def start_replay(session: Session, notebook: Notebook, body: ReplayCreate,
         raise RunLimitReached(f"{CHECKS_AT_ONCE} replays are being checked against their servers right "
                               "now; try again in a few seconds")
     try:  # seconds at most (serving.preflight's bounds), and never more than CHECKS_AT_ONCE requests
-        info = preflight(ReplaySpec.of(snapshot.model_dump()), snapshot.url, snapshot.model or None,
+        info = preflight(snapshot, snapshot.url, snapshot.model or None,
                          Bounds(connect_s=2.0, request_s=3.0, replay_s=5.0,
                                 refused_ports=tuple(get_settings().service_ports)))
     except ReplayError as exc:
         raise Unprocessable(exc.field, str(exc)) from None
     finally:
         _checking.release()
-    snapshot = snapshot.model_copy(update={"model": info.model})
+    snapshot = snapshot.replace(model=info.model)
     replay = Replay(notebook_id=notebook.id, snapshot=snapshot, status=RunStatus.QUEUED.value, stage="queued",
                     progress=0.0, created_by=created_by)
     session.add(replay)

@@ -98,6 +98,28 @@ def test_only_configured_servers_are_reached_off_the_embedded_default(make_clien
     assert default.status_code == 201 and default.json()["snapshot"]["url"] == configured.url
 
 
+def test_a_replay_reads_back_whole_with_timestamps_in_utc(make_client, fake_vllm):
+    """One spec (vocabulary.replay.ReplaySpec) from the request to the row and back: the server and
+    the model it serves are kept (a dict between two declarations dropped them before), and every
+    timestamp ends in Z as a run's do."""
+    import dataclasses
+
+    from vocabulary.replay import ReplaySpec
+
+    server = fake_vllm()
+    client = make_client()
+    nid = _notebook(client)
+    made = client.post(f"/api/notebooks/{nid}/replays", json={"url": f"{server.url}/v1", "rate": 2})
+    assert made.status_code == 201, made.text
+    read = client.get(f"/api/replays/{made.json()['id']}").json()
+    assert set(read["snapshot"]) == {f.name for f in dataclasses.fields(ReplaySpec)}
+    assert (read["snapshot"]["url"], read["snapshot"]["model"], read["snapshot"]["rate"]) == \
+        (server.url, "fake-model", 2.0)
+    assert read["created_at"].endswith("Z") and read["finished_at"] is None, read["created_at"]
+    cancelled = client.post(f"/api/replays/{read['id']}/cancel").json()
+    assert cancelled["finished_at"].endswith("Z") and cancelled["created_at"] == read["created_at"]
+
+
 def test_no_server_body_is_quoted_and_every_failure_reads_the_same(make_client, fake_vllm):
     secret = fake_vllm("secret")
     refused = f"http://127.0.0.1:{free_port()}"  # nothing listens

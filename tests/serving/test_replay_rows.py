@@ -7,7 +7,8 @@ from __future__ import annotations
 from datetime import timedelta
 
 from data.models import utcnow
-from data.replays import Replay, ReplaySnapshot
+from data.replays import Replay
+from vocabulary.replay import ReplaySpec
 
 DOC = "SHIPMENT\ndestination: Oslo\ncarrier: NordFreight\n"
 
@@ -44,8 +45,8 @@ def test_a_replay_past_the_time_limit_reads_as_failed(make_client):
     nid = _notebook(client)
     from data.db import get_sessionmaker
 
-    snapshot = ReplaySnapshot(url="http://127.0.0.1:9", document=DOC, start=21, end=25, label="destination",
-                              values=["Rome"], question="Where?")
+    snapshot = ReplaySpec(url="http://127.0.0.1:9", document=DOC, start=21, end=25, label="destination",
+                          values=("Rome",), question="Where?")
     with get_sessionmaker()() as s:
         running = {"notebook_id": nid, "snapshot": snapshot, "status": "running", "stage": "in_place: 1/3",
                    "progress": 0.3}
@@ -65,8 +66,8 @@ def test_a_queued_or_running_replay_can_be_cancelled_once(make_client):
     nid = _notebook(client)
     from data.db import get_sessionmaker
 
-    snapshot = ReplaySnapshot(url="http://127.0.0.1:9", document=DOC, start=21, end=25, label="destination",
-                              values=["Rome"], question="Where?")
+    snapshot = ReplaySpec(url="http://127.0.0.1:9", document=DOC, start=21, end=25, label="destination",
+                          values=("Rome",), question="Where?")
     with get_sessionmaker()() as s:
         rows = [Replay(notebook_id=nid, snapshot=snapshot, status=status, stage=status, progress=0.0)
                 for status in ("queued", "running", "succeeded")]

@@ -4,14 +4,11 @@ read one with its result, and cancel one (docs/serving.md)."""
 
 from __future__ import annotations
 
-from datetime import datetime
-
 from fastapi import APIRouter, HTTPException, Query, status
-from pydantic import BaseModel
 
 from app.api.deps import PrincipalDep, SessionDep, errors, get_or_404
+from app.schemas import ReplayCreate, ReplayOut
 from app.services.replays import (
-    ReplayCreate,
     at_the_keyboard,
     cancel_replay,
     replays_of,
@@ -20,34 +17,9 @@ from app.services.replays import (
 )
 from data.models import Notebook
 from data.queue import QueueUnavailable
-from data.replays import Replay, ReplaySnapshot
-from vocabulary.replay import ReplayResult
+from data.replays import Replay
 
 router = APIRouter(tags=["replays"])
-
-
-class ReplayOut(BaseModel):
-    """A replay: where it is, what it replays, and (once it succeeded) what it measured."""
-
-    id: int
-    notebook_id: int | None
-    status: str
-    stage: str
-    progress: float
-    error: str | None
-    created_by: str | None
-    created_at: datetime
-    started_at: datetime | None
-    finished_at: datetime | None
-    snapshot: ReplaySnapshot
-    result: ReplayResult | None
-
-    @classmethod
-    def of(cls, replay: Replay) -> ReplayOut:
-        return cls(id=replay.id, notebook_id=replay.notebook_id, status=replay.status, stage=replay.stage,
-                   progress=replay.progress, error=replay.error, created_by=replay.created_by,
-                   created_at=replay.created_at, started_at=replay.started_at, finished_at=replay.finished_at,
-                   snapshot=replay.snapshot, result=replay.result)
 
 
 @router.post("/notebooks/{notebook_id}/replays", response_model=ReplayOut,

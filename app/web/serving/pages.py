@@ -18,10 +18,9 @@ from fastapi import APIRouter, Form, Request
 from fastapi.responses import JSONResponse, Response
 
 from app.api.deps import PrincipalDep, SessionDep, get_or_404
-from app.api.routes.replays import ReplayOut
+from app.schemas import ReplayCreate, ReplayOut
 from app.services.errors import Unprocessable
 from app.services.replays import (
-    ReplayCreate,
     at_the_keyboard,
     cancel_replay,
     replays_of,
