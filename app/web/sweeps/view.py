@@ -12,8 +12,8 @@ from html import escape
 
 from app.services.sweep_view import SweepView
 
-W, H = 600, 340
-LEFT, RIGHT, TOP, BOTTOM = 56, 150, 16, 44
+W, H = 700, 340
+LEFT, RIGHT, TOP, BOTTOM = 56, 210, 16, 44
 X_MIN = 1e-3  # cost share on a log axis: 0.1% .. 100%
 
 
@@ -48,6 +48,7 @@ def frontier_svg(view: SweepView) -> str:
                'recompute\'s tokens computed (log)</text>'
                f'<text transform="translate(14 {(TOP + H - BOTTOM) / 2:.0f}) rotate(-90)" '
                'text-anchor="middle">agreement on changed edits</text>')
+    paper_n = 0
     for point in view.frontier:
         if point.agreement is None or point.cost_share is None:
             continue
@@ -61,16 +62,19 @@ def frontier_svg(view: SweepView) -> str:
                        f'<title>{name}: {point.agreement:.2f} at {point.cost_share:.1%}</title></circle>'
                        f'<text x="{x + 7:.1f}" y="{y - 5:.1f}" fill="#1f5fa8">{name}</text>')
         else:
+            paper_n += 1
+            dy = 12 + 11 * (paper_n % 3)  # the paper's points crowd near 12%: stagger their labels
             out.append(f'<rect x="{x - 4:.1f}" y="{y - 4:.1f}" width="8" height="8" fill="none" '
                        f'stroke="#b4580a" stroke-width="1.5"><title>{name} ({escape(point.source)}): '
                        f'{point.agreement:.2f} at {point.cost_share:.1%}</title></rect>'
-                       f'<text x="{x + 7:.1f}" y="{y + 12:.1f}" fill="#b4580a">{name}</text>')
-    lx = W - RIGHT + 12
+                       f'<text x="{x + 7:.1f}" y="{y + dy:.1f}" fill="#b4580a">{name}</text>')
+    lx = W - RIGHT + 80  # right of the 100% column's labels
     out.append(f'<circle cx="{lx}" cy="{TOP + 10}" r="4.5" fill="#1f5fa8"/>'
-               f'<text x="{lx + 8}" y="{TOP + 14}">this sweep ({escape(view.model)})</text>'
-               f'<rect x="{lx - 4}" y="{TOP + 26}" width="8" height="8" fill="none" stroke="#b4580a"/>'
-               f'<text x="{lx + 8}" y="{TOP + 34}">{escape(view.paper_model)}</text>'
-               f'<text x="{lx + 8}" y="{TOP + 48}">(8 gated tasks)</text>')
+               f'<text x="{lx + 8}" y="{TOP + 14}">this sweep</text>'
+               f'<text x="{lx + 8}" y="{TOP + 27}">({escape(view.model)})</text>'
+               f'<rect x="{lx - 4}" y="{TOP + 40}" width="8" height="8" fill="none" stroke="#b4580a"/>'
+               f'<text x="{lx + 8}" y="{TOP + 48}">{escape(view.paper_model)}</text>'
+               f'<text x="{lx + 8}" y="{TOP + 61}">(8 gated tasks)</text>')
     out.append("</svg>")
     return "".join(out)
 
