@@ -69,13 +69,32 @@ def fmt_when(value: datetime | None) -> str:
     return value.strftime("%Y-%m-%d")
 
 
+def word_tail(text: str, n: int) -> str:
+    """The end of `text` in at most about `n` characters, starting on a word ("…" when cut)."""
+    if len(text) <= n:
+        return text
+    tail = text[-n:]
+    cut = tail.find(" ")
+    return "…" + (tail[cut:] if 0 <= cut < len(tail) - 1 and not text[-n - 1].isspace() else tail)
+
+
+def word_head(text: str, n: int) -> str:
+    """The start of `text` in at most about `n` characters, ending on a word ("…" when cut)."""
+    if len(text) <= n:
+        return text
+    head = text[:n]
+    cut = head.rfind(" ")
+    return (head[:cut] if cut > 0 and not text[n].isspace() else head).rstrip() + "…"
+
+
 def count(n: int | None, singular: str, plural: str | None = None) -> str:
     """'1 field', '2 fields', '0 errata' (count(n, 'erratum', 'errata')): never '1 fields'."""
     n = n or 0
     return f"{n:,} {singular if n == 1 else (plural or singular + 's')}"
 
 
-templates.env.filters.update(approx_tokens=approx_tokens, ms=fmt_ms, f=fmt_float, when=fmt_when, count=count)
+templates.env.filters.update(approx_tokens=approx_tokens, ms=fmt_ms, f=fmt_float, when=fmt_when, count=count,
+                             word_tail=word_tail, word_head=word_head)
 templates.env.globals.update(
     STRATEGIES=STRATEGIES, STRATEGY_HELP=STRATEGY_HELP, DEFAULT_STRATEGIES=DEFAULT_STRATEGIES,
     HTMX_FILE=HTMX_FILE,

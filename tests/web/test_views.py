@@ -93,3 +93,12 @@ def test_most_attended_lines_sum_attention_over_their_tokens() -> None:
     assert only.strategy == pytest.approx(float(sv[12:18].sum())) and only.tokens == 6
     assert only.recompute == pytest.approx(float(rv[12:18].sum()))
     assert lines_by_default([" the", " of", " the", "The"]) and not lines_by_default([" the", " status"])
+
+
+def test_snippets_start_and_end_on_word_boundaries() -> None:
+    from app.web.templating import word_head, word_tail
+
+    before = "Before answering, check account_status in the session conte"  # "conte" meets the token
+    assert word_tail(before, 24) == "… in the session conte"  # was "ount_status in the session conte"
+    assert word_head("xt before you answer the customer", 16) == "xt before you…"
+    assert word_head("short", 16) == "short" and word_tail("short", 16) == "short"

@@ -21,7 +21,7 @@ from sqlalchemy.orm import Session
 
 from app.services.attention import align_tokens, attention_vector, results_with_attention
 from app.services.errors import Unprocessable
-from app.web.templating import ROOT
+from app.web.templating import ROOT, word_head, word_tail
 from data.contracts import TokenRecord
 from data.models import Run, RunResult
 from vocabulary import ERRATUM, REFERENCE
@@ -325,9 +325,8 @@ def _context(tokens: list[TokenRecord], i: int) -> tuple[str, str]:
         return _one_line(text)
 
     before, after = gather(-1), gather(1)
-    before = ("…" + before[-CONTEXT_CHARS:]) if len(before) > CONTEXT_CHARS else before
-    after = (after[:CONTEXT_CHARS] + "…") if len(after) > CONTEXT_CHARS else after
-    return before, after
+    return word_tail(before, CONTEXT_CHARS), word_head(after, CONTEXT_CHARS)
+
 
 
 def paint(p: HeatmapPanels) -> dict:
