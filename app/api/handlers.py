@@ -55,10 +55,13 @@ def _quoted(value: Any) -> Any:
 
 
 def wants_json(request: Request) -> bool:
-    """The JSON API, a `.json` page route (exports, token spans) or a client that asks for JSON."""
+    """The JSON API, a `.json` page route (exports, token spans), a page route that answers JSON
+    (declared with `response_class=JSONResponse`: the run page's painted views), or a client that
+    asks for JSON."""
     path = request.url.path
+    route_class = getattr(request.scope.get("route"), "response_class", None)
     return (path.startswith("/api/") or path == "/api" or path.endswith(".json")
-            or "application/json" in request.headers.get("accept", ""))
+            or route_class is JSONResponse or "application/json" in request.headers.get("accept", ""))
 
 
 def answer(request: Request, status: int, message: str, headers: dict[str, str] | None = None,

@@ -201,3 +201,16 @@ def test_the_openapi_schema_says_what_the_app_answers(make_client) -> None:
     assert matches == [True, False, False, False]
     assert schema["NotebookCreate"]["properties"]["model"]["enum"] == ["smollm2-135m"]
     assert schema["ErrataOrder"]["properties"]["ids"]["items"]["maximum"] == 2**53 - 1  # exact in a double
+
+
+def test_page_routes_that_answer_json_refuse_in_json(make_client) -> None:
+    """The run page's painted views answer JSON, so their 404 and 422 are JSON too (were HTML pages);
+    the run page itself keeps its HTML error page."""
+    client = make_client()
+    for path, status in (("/runs/999/attention/paint", 404), ("/runs/999/attention/heads", 422),
+                         ("/runs/999/attention/heads?strategy=recompute", 404)):
+        r = client.get(path)
+        assert r.status_code == status and r.headers["content-type"] == "application/json", (path, r.text)
+        assert r.json()["detail"], path
+    page = client.get("/runs/999")
+    assert page.status_code == 404 and page.headers["content-type"].startswith("text/html")

@@ -94,7 +94,7 @@ def _panels(session: SessionDep, run_id: int, asked) -> HeatmapPanels:
     return heatmap_panels(session, run_id, view)
 
 
-@router.get("/runs/{run_id}/attention/paint")
+@router.get("/runs/{run_id}/attention/paint", response_class=JSONResponse)
 def attention_paint(request: Request, run_id: int, session: SessionDep, asked: ViewDep, rows: str = "",
                     all: str = "") -> Response:
     """The colours of one view's three panels (`?strategy=&layer=&head=&agg=&query=`), computed
@@ -131,7 +131,7 @@ def _top(p: HeatmapPanels, every: bool) -> list[TopToken]:
     return top_tokens(p.res_tokens, p.ref_values, p.res_values, p.mapping, words=False) if every else p.top
 
 
-@router.get("/runs/{run_id}/attention/heads")
+@router.get("/runs/{run_id}/attention/heads", response_class=JSONResponse)
 def attention_heads(request: Request, run_id: int, session: SessionDep, strategy: str) -> Response:
     """For the heatmap: which recompute token each of `strategy`'s tokens corresponds to, and how
     far each head's attention is from recompute's (total variation over aligned tokens) — the
