@@ -107,14 +107,16 @@ def test_the_api_carries_attention_regions_summing_to_one(make_client):
 def test_the_run_page_shows_regions_beside_the_papers_reading(make_client):
     client = make_client()
     run = _finished(client)
-    html = client.get(f"/runs/{run.id}").text
-    assert html.index('id="regions"') < html.index('id="attention"')  # above the token heatmap
+    page = client.get(f"/runs/{run.id}").text
+    # above the token heatmap, loaded after the page opens (it reads every strategy's attention)
+    assert page.index(f'hx-get="/runs/{run.id}/regions"') < page.index('id="attention"')
+    html = client.get(f"/runs/{run.id}/regions").text
     api = client.get(f"/api/runs/{run.id}").json()["attention_regions"]
-    for region in REGIONS:  # the page draws the API's numbers
+    for region in REGIONS:  # the panel draws the API's numbers
         assert f'data-region="{region}" data-share="{api["stale"][region]:.5f}"' in html
     assert "the paper's reading" in html and "≈ 0.1%" in html and "≈ 56%" in html and "≈ 36%" in html
     # a per-layer plot per strategy: 4 layers × 14 px
     assert html.count("<svg width=\"56\" height=\"64\"") == 3
     assert html.count("<title>layer 3: sink") == 3
     assert "Heads that moved most against recompute" in html and "?strategy=stale&amp;layer=" in html
-    assert 'id="hm-top-all"' in html  # the sink, whitespace and punctuation behind a toggle
+    assert 'id="hm-top-all"' in page  # the sink, whitespace and punctuation behind a toggle

@@ -35,6 +35,7 @@ def test_regions_verdicts_and_words_first(tmp_path: Path, browser_page) -> None:
         assert "2 of 3 strategies follow the edit, as recompute does" in page.inner_text(".run-headline")
         assert "✗ keeps the old value" in page.inner_text('.decision-table tr[data-strategy="stale"]')
         # regions: a row per strategy and the paper's, four per-layer plots with 4 layers of columns
+        page.wait_for_selector("#regions .region-table")  # loaded after the page opens
         assert page.locator("#regions .region-table tbody tr").count() == 5
         assert page.locator("#regions svg").count() == 4
         assert page.locator("#regions svg >> nth=0").bounding_box()["width"] == 56

@@ -234,7 +234,7 @@ def test_finished_run_page_decision_table_answers_and_heatmap(client) -> None:
     assert "Follows the edit: field_erratum · keeps the old value: stale." in html
     assert '<option value="stale" selected>' in html  # the heatmap opens on the strategy that differs
     assert 'id="attention"' in html and 'data-layers="4" data-heads="6"' in html
-    assert "hx-trigger" not in html  # a finished run does not poll
+    assert 'hx-trigger="every' not in html  # a finished run does not poll
     heads = client.get(f"/runs/{run.id}/attention/heads", params={"strategy": "field_erratum"}).json()
     assert heads["shape"][:2] == [4, 6] and len(heads["head_diff"]) == 4
     assert heads["map"].count(-1) == 2  # the two erratum tokens have no counterpart in recompute

@@ -11,7 +11,7 @@ from tests.web.conftest import finished, session
 
 PAGES = ("report.html", "report.html?download=1", "export.json", "export.csv", "heatmap.svg",
          "heatmap.svg?strategy=stale&layer=1&head=2", "notes-map.svg", "attention/paint?rows=1",
-         "attention/paint?strategy=stale&agg=max", "attention/heads?strategy=stale")
+         "attention/paint?strategy=stale&agg=max", "attention/heads?strategy=stale", "regions")
 
 
 def _stored(run_id: int) -> list[str]:
@@ -38,6 +38,9 @@ def test_a_finished_runs_heavy_pages_are_built_once_and_served_with_an_etag(make
         unchanged = client.get(f"/runs/{run_id}/{page}", headers={"If-None-Match": etag})
         assert unchanged.status_code == 304 and unchanged.content == b"" and unchanged.headers["etag"] == etag
         assert client.get(f"/runs/{run_id}/{page}", headers={"If-None-Match": '"other"'}).status_code == 200
+    page = client.get(f"/runs/{run_id}").text  # the page opens without it, then asks for it
+    assert f'hx-get="/runs/{run_id}/regions"' in page and "regions-title" not in page
+    assert 'id="regions"' in first["regions"].text and "regions-title" in first["regions"].text
     report = client.get(f"/runs/{run_id}/report.html?download=1")
     assert "default-src 'none'" in report.headers["content-security-policy"]  # its own policy, kept
     assert report.headers["content-disposition"] == f'attachment; filename="run-{run_id}-report.html"'

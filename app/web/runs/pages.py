@@ -15,7 +15,7 @@ from app.services.attention import NoAttention, compare_heads, results_with_atte
 from app.services.runs import cancel_run, waits_without_worker
 from app.web.notebooks.context import decision_summary
 from app.web.paging import page_param, paginate
-from app.web.runs.context import ViewDep, checked_view, run_page_context
+from app.web.runs.context import ViewDep, checked_view, run_context
 from app.web.runs.heatmap_view import (
     GRID_ZERO,
     HeatmapPanels,
@@ -26,6 +26,7 @@ from app.web.runs.heatmap_view import (
     ramps,
     top_tokens,
 )
+from app.web.runs.regions_view import regions_panel
 from app.web.runs.render_cache import VIEW, cached
 from app.web.runs.top_lines import lines_by_default, top_lines
 from app.web.templating import render, templates
@@ -48,9 +49,24 @@ def run_page(request: Request, run_id: int, session: SessionDep, asked: ViewDep)
     """The run, opened on the attention view its URL names (a permalink: `strategy`, `layer`,
     `head`, `agg`, `query`); the page keeps the URL in step as the view changes."""
     run = get_or_404(session, Run, run_id, "run")
-    context = run_page_context(session, run)
+    context = run_context(session, run)  # the regions panel comes after the page: /runs/{id}/regions
     return render(request, "run.html", **context, view=checked_view(run, context, asked), ramps=ramps(),
                   nav="runs")
+
+
+@router.get("/runs/{run_id}/regions")
+def run_regions(request: Request, run_id: int, session: SessionDep) -> Response:
+    """The run page's attention by region panel, which reads every strategy's attention (seconds on
+    a long run): the page loads it after it opens, and a finished run's is built once
+    (`render_cache`). Empty when the run has no attention."""
+    run = get_or_404(session, Run, run_id, "run")
+
+    def build() -> Response:
+        panel = regions_panel(session, run) if run.results else None
+        page = templates.get_template("_attention_regions.html").render(regions=panel) if panel else ""
+        return Response(page, media_type="text/html; charset=utf-8")
+
+    return cached(request, session, run, "regions", build)
 
 
 @router.get("/runs/{run_id}/progress")
