@@ -35,9 +35,11 @@ def serve_web(host: str, port: int, processes: int) -> None:
     import uvicorn
     from uvicorn.supervisors import Multiprocess
 
+    from data.settings import get_settings
+
     os.environ["KVNOTES_SUPERVISOR_PID"] = str(os.getpid())  # the children die with this process
     config = uvicorn.Config(APP, host=host, port=port, workers=max(1, processes), log_level="info",
-                            log_config=LOG_CONFIG)
+                            log_config=LOG_CONFIG, **get_settings().proxy_options)  # X-Forwarded-For
     sock = config.bind_socket()
     try:
         Multiprocess(config, sockets=[sock]).run()
