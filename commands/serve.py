@@ -6,6 +6,10 @@ starts the worker under a `WorkerSupervisor` (restarted with backoff when it die
 `serve`), then supervises the web app's processes (`commands.web`: a process that dies is replaced
 at once); Ctrl-C or SIGTERM stops the web processes, then the worker (a warm shutdown, SIGKILL after
 `WORKER_STOP_S`). `--no-worker` serves the web app alone (workers run elsewhere, as in compose.yaml).
+`--web-workers N` (default: the machine's core count) runs N web processes on one
+socket; each has its own database pool and request limiter (`KVNOTES_DB_POOL_SIZE` requests at once,
+`app.api.capacity`) and its own heavy-render slots, so a crowd gets N times one process's capacity;
+the run and replay caps are counted from the database's rows, so they hold across processes.
 `worker` replaces this process with a Celery worker, so signals reach Celery directly.
 
 Starting on an address other than loopback (or with `KVNOTES_AUTH=required`) needs a secret key
@@ -35,6 +39,13 @@ def _models(value: str | None) -> list[str]:
 
     names = [m.strip() for m in (value or "").split(",") if m.strip()]
     return names or get_settings().models
+
+
+def _positive(value: str) -> int:
+    number = int(value)
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"must be 1 or more, not {number}")
+    return number
 
 
 def startup_problem() -> str | None:
@@ -93,8 +104,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     supervisor = None if args.no_worker else WorkerSupervisor(models, args.name, env=dict(os.environ))
     if supervisor is not None:
         supervisor.start()
-    print(f"kvnotes: open http://{args.host}:{args.port}/  "
-          f"({'no worker' if supervisor is None else f'worker {supervisor.name}'}, "
+    processes = args.web_workers or os.cpu_count() or 1
+    print(f"kvnotes: open http://{args.host}:{args.port}/  ({processes} web processes, "
+          f"{'no worker' if supervisor is None else f'worker {supervisor.name}'}, "
           f"models {', '.join(models)})")
     settings = get_settings()
     if not settings.loopback_bind or settings.auth == "required":
@@ -104,7 +116,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     # up, SIGTERM is an exception (like SIGINT's), so `finally` stops the worker either way.
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
-        serve_web(args.host, args.port, 1)
+        serve_web(args.host, args.port, processes)
     finally:
         if supervisor is not None:
             log.info("stopping the worker (code %s)", supervisor.stop())
@@ -141,6 +153,8 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--name", default=None,
                    help="worker node name (default kvnotes-<model>-<random>@<host>, new each start)")
     p.add_argument("--no-worker", action="store_true", help="serve the web app only (workers run elsewhere)")
+    p.add_argument("--web-workers", type=_positive, default=None, metavar="N",
+                   help="web processes on one socket, each replaced if it dies (default: the core count)")
     p.set_defaults(func=cmd_serve)
 
     p = subparsers.add_parser("worker", help="start a Celery worker for one model's queue")
