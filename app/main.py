@@ -31,6 +31,7 @@ from app.api.routes import (
     shares,
     skills,
     sweeps,
+    trajectories,
 )
 from app.security.guard import authorize
 from app.security.middleware import SecurityMiddleware
@@ -59,7 +60,8 @@ def create_app() -> FastAPI:
         redoc_url=None,
     )
     api = APIRouter(prefix="/api")
-    for module in (notebooks, fields, errata, skills, placements, runs, replays, shares, health, sweeps):
+    for module in (notebooks, fields, errata, skills, placements, runs, replays, shares, health, sweeps,
+                   trajectories):
         api.include_router(module.router)
     app.include_router(api)
     refusals.install(app)  # the rules the schema cannot state, 409 and 503, described

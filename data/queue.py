@@ -28,7 +28,8 @@ log = logging.getLogger(__name__)
 TASK_RUN = "kvnotes.run"
 TASK_COMPILE_SKILL = "kvnotes.compile_skill"
 TASK_REPLAY = "kvnotes.replay"
-TASK_NAMES = (TASK_RUN, TASK_COMPILE_SKILL, TASK_REPLAY)
+TASK_TRAJECTORY = "kvnotes.trajectory"
+TASK_NAMES = (TASK_RUN, TASK_COMPILE_SKILL, TASK_REPLAY, TASK_TRAJECTORY)
 
 
 BROKER_DOWN = (
@@ -141,6 +142,11 @@ def enqueue_replay(replay_id: int, task_id: str, model: str) -> str:
     """Send `kvnotes.replay(replay_id=...)` under the replay's token to the queue of a worker of
     `model` (the notebook's: a replay needs no model of its own, only a worker to drive the server)."""
     return _send(TASK_REPLAY, {"replay_id": replay_id}, queue_for(model), task_id)
+
+
+def enqueue_trajectory(trajectory_id: int, task_id: str, model: str) -> str:
+    """Send `kvnotes.trajectory(trajectory_id=...)` under the trajectory's token to its model's queue."""
+    return _send(TASK_TRAJECTORY, {"trajectory_id": trajectory_id}, queue_for(model), task_id)
 
 
 def revoke(task_id: str) -> bool:

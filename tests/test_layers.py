@@ -226,7 +226,7 @@ def test_the_metric_list_is_the_vocabulary_everywhere():
 
 # ---- the web's rooms: app/web/ is the shared part, one folder per page family ----------------------
 
-WEB_FAMILIES = {"accounts", "notebooks", "runs", "serving", "skills", "sweeps"}
+WEB_FAMILIES = {"accounts", "notebooks", "runs", "serving", "skills", "sweeps", "trajectories"}
 WEB_SHARED = {"templating", "forms", "errors", "paging", "strategy_css"}  # below every family
 WEB_TOP = {"app.web", "app.web.router", "app.web.components"} | {f"app.web.{m}" for m in WEB_SHARED}
 WEB_MODULES = sorted(m for m in SOURCES if m.startswith("app.web."))

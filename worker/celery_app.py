@@ -19,9 +19,9 @@ every `broker_poll_interval_s` instead (kombu's SQLAlchemy transport hands every
 
 Queues are per model, `model.<alias>`; the web side (`data.queue`) sends each task to the queue of
 the run's model, and `kvnotes worker --model M` consumes `model.M`. The tasks live in
-`worker.tasks` and `worker.replay_task`, which Celery imports by name (`include`); this module
-imports no task. Its logs are key=value lines with their `extra` fields (`data.logs`), like the web
-app's.
+`worker.tasks`, `worker.replay_task` and `worker.trajectory_task`, which Celery imports by name
+(`include`); this module imports no task. Its logs are key=value lines with their `extra` fields
+(`data.logs`), like the web app's.
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ def make_celery() -> Celery:
     """Build the app from the current settings (tests call it again after changing the env)."""
     settings = get_settings()
     limit = settings.task_time_limit_s
-    celery = Celery("kvnotes", include=["worker.tasks", "worker.replay_task"])
+    celery = Celery("kvnotes", include=["worker.tasks", "worker.replay_task", "worker.trajectory_task"])
     celery.conf.update(celery_config(settings))  # what the web's client uses: URLs, routes, JSON
     celery.conf.update(
         # a worker keeps trying to reach its broker; the web's client fails fast instead

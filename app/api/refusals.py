@@ -43,6 +43,11 @@ RULES: dict[str, list[str]] = {
         "a vLLM server the operator configured (KVNOTES_VLLM_URL), reachable and serving the model",
         "the notebook has a field (field_id: one of its fields) and a question",
         "the load is sensible: at least one value, known variants"],
+    "POST /api/notebooks/{notebook_id}/trajectories": [
+        "at most KVNOTES_MAX_TURNS turns, none empty",
+        "every label a turn changes names a field of the notebook",
+        "a question for every turn (the turn's, the request's or the notebook's)",
+        "strategies carried across turns (a strategy that appends errata also as name.one_per_field)"],
 }
 CHANGES = {"POST", "PUT", "PATCH", "DELETE"}
 

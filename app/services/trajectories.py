@@ -1,0 +1,216 @@
+"""Trajectories of a notebook: the request that starts one (`TrajectoryCreate`: the turns and the
+strategies), the checks made before anything is saved, starting and cancelling one, and the ONE
+typed view every face renders (`TrajectoryView`: the API's answer, the page, the exports).
+
+Checked on the request: at least one turn and at most `KVNOTES_MAX_TURNS`; no empty turn; every
+field a turn changes is a labelled field of the notebook; a question for every turn (the turn's,
+the request's or the notebook's); the strategies carried across turns (`vocabulary.trajectories`).
+Every problem is a 422 naming the turn, and nothing is saved. How long the prompt grows needs the
+model's tokenizer, which the web app never loads: the worker checks it before the first turn
+(`worker.engine.trajectory.check`) and fails the trajectory with a sentence naming the turn and the
+length, before any turn runs. The row is committed before its message is sent (deleted again if
+the broker refuses it); the worker's `kvnotes.trajectory` does the rest.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from pydantic import BaseModel, ConfigDict, Field
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from app.services.errors import RunLimitReached, Unprocessable
+from app.services.notebooks import check_served
+from data.accounts import LOCAL_USER
+from data.models import Notebook, RunStatus, as_utc, utcnow
+from data.queue import QueueUnavailable, enqueue_trajectory, revoke
+from data.settings import get_settings
+from data.trajectories import Trajectory
+from vocabulary.trajectories import (
+    FieldSpec,
+    Summary,
+    TrajectorySpec,
+    TurnRecord,
+    TurnSpec,
+    carried,
+    summaries,
+    unknown_keys,
+    verdict,
+    with_reference,
+)
+
+ACTIVE = (RunStatus.QUEUED.value, RunStatus.RUNNING.value)
+
+
+class TurnIn(BaseModel):
+    """One turn: text appended, fields changed ({label: value}), a question and its choices."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    append: str = Field(default="", max_length=200_000)
+    fields: dict[str, str] = Field(default_factory=dict)
+    question: str | None = Field(default=None, max_length=4000)
+    choices: list[str] | None = Field(default=None, max_length=64)
+
+
+class TrajectoryCreate(BaseModel):
+    """Start a trajectory: the turns in order, the strategies (recompute always included; a strategy
+    that appends errata also as `name.one_per_field`), and the question asked where a turn asks none
+    (None: the notebook's current one, with its choices)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    turns: list[TurnIn] = Field(min_length=1, max_length=10_000)
+    strategies: list[str] = Field(default_factory=lambda: list(carried()), max_length=32)
+    question: str | None = Field(default=None, max_length=4000)
+    choices: list[str] | None = Field(default=None, max_length=64)
+
+
+def _where(i: int) -> str:
+    return f"turns.{i}"
+
+
+def plan(notebook: Notebook, body: TrajectoryCreate) -> TrajectorySpec:
+    """The spec the worker will run, from the notebook as it is now; `Unprocessable` naming the turn."""
+    settings = get_settings()
+    if len(body.turns) > settings.max_turns:
+        raise Unprocessable("turns", f"{len(body.turns)} turns, more than KVNOTES_MAX_TURNS "
+                                     f"({settings.max_turns})")
+    problem = unknown_keys(body.strategies)
+    if problem:
+        raise Unprocessable("strategies", problem)
+    fields = sorted((f for f in notebook.fields if f.label.strip()), key=lambda f: f.start)
+    labels = [f.label for f in fields]
+    if len(set(labels)) != len(labels):
+        raise Unprocessable("fields", "two fields of this notebook share a label; a turn names a field by "
+                                      "its label, so give each its own")
+    current = notebook.question
+    question = body.question if body.question is not None else (current.text if current else "")
+    if body.choices is not None:
+        choices = list(body.choices)
+    else:
+        choices = list(current.choices) if current is not None and body.question is None else []
+    turns = []
+    for i, turn in enumerate(body.turns):
+        n = i + 1
+        if not turn.append and not turn.fields and turn.question is None:
+            raise Unprocessable(_where(i), f"turn {n} is empty: it appends nothing, changes no field and "
+                                           "asks nothing")
+        unknown = [label for label in turn.fields if label not in labels]
+        if unknown:
+            raise Unprocessable(_where(i), f"turn {n} changes a field {unknown[0]!r} that the notebook does "
+                                           f"not have (fields: {', '.join(labels) or 'none'})")
+        if turn.question is None and not question.strip():
+            raise Unprocessable(_where(i), f"turn {n} asks no question and neither the request nor the "
+                                           "notebook has one")
+        if turn.question is not None and not turn.question.strip():
+            raise Unprocessable(_where(i), f"turn {n}'s question is empty")
+        turns.append(TurnSpec(append=turn.append, fields=dict(turn.fields), question=turn.question,
+                              choices=None if turn.choices is None else tuple(turn.choices)))
+    if any(not c.strip() for c in choices):
+        raise Unprocessable("choices", "a choice is empty")
+    return TrajectorySpec(
+        model=notebook.model, document=notebook.document,
+        fields=tuple(FieldSpec(f.label, f.start, f.end) for f in fields), turns=tuple(turns),
+        question=question, choices=tuple(choices), strategies=with_reference(body.strategies))
+
+
+def check_caps(session: Session, created_by: str) -> None:
+    """The runs' per-user cap holds for trajectories too (`KVNOTES_MAX_ACTIVE_RUNS_PER_USER`; 429),
+    counted after the new row is flushed."""
+    limit = get_settings().max_active_runs_per_user
+    mine = session.scalar(select(func.count(Trajectory.id)).where(
+        Trajectory.status.in_(ACTIVE), Trajectory.created_by == created_by)) or 0
+    if mine > limit:
+        raise RunLimitReached(f"{created_by} has {mine - 1} trajectories queued or running; the limit is "
+                              f"{limit} per user (KVNOTES_MAX_ACTIVE_RUNS_PER_USER): wait for one to finish "
+                              "or cancel it")
+
+
+def start_trajectory(session: Session, notebook: Notebook, body: TrajectoryCreate,
+                     created_by: str = LOCAL_USER) -> Trajectory:
+    """Check, save and enqueue a trajectory. Raises `Unprocessable` (nothing saved), `RunLimitReached`
+    (rolled back) or `QueueUnavailable` (the row deleted again)."""
+    check_served(notebook.model, "model")
+    spec = plan(notebook, body)
+    row = Trajectory(notebook_id=notebook.id, model=notebook.model, spec=spec, status=RunStatus.QUEUED.value,
+                     stage="queued", progress=0.0, turns_total=len(spec.turns), turns_done=0, turns=[],
+                     created_by=created_by)
+    session.add(row)
+    try:
+        session.flush()
+        check_caps(session, created_by)
+        session.commit()
+    except Exception:
+        session.rollback()
+        raise
+    try:
+        enqueue_trajectory(row.id, row.task_id, row.model)
+    except QueueUnavailable:
+        session.delete(row)
+        session.commit()
+        raise
+    return row
+
+
+def settled(session: Session, row: Trajectory) -> Trajectory:
+    """The trajectory, failed with the reason when it is still queued or running past the worker's
+    time limit (its worker died or its message was lost): it never ends in silence."""
+    limit_s = get_settings().task_time_limit_s + 60
+    if row.is_finished or (utcnow() - as_utc(row.created_at)).total_seconds() < limit_s:
+        return row
+    row.status, row.finished_at = RunStatus.FAILED.value, utcnow()
+    row.error = (f"the trajectory did not finish within {limit_s} s (KVNOTES_TASK_TIME_LIMIT + 60 s): its "
+                 f"worker stopped or its message was lost after {row.turns_done} turns; start it again")
+    session.commit()
+    return row
+
+
+def cancel_trajectory(session: Session, row: Trajectory) -> bool:
+    """Cancel an unfinished trajectory (the turns read are kept); False when it already finished."""
+    if row.is_finished:
+        return False
+    row.status, row.stage, row.finished_at = RunStatus.CANCELLED.value, "cancelled", utcnow()
+    row.error = f"cancelled after {row.turns_done} of {row.turns_total} turns; the turns read are kept"
+    session.commit()
+    if row.task_id:
+        revoke(row.task_id)
+    return True
+
+
+class TrajectoryView(BaseModel):
+    """A trajectory as every face shows it: where it is, each turn's results per strategy, each
+    strategy's summary over the turns read and its verdict in words."""
+
+    id: int
+    notebook_id: int | None
+    model: str
+    status: str
+    stage: str
+    progress: float
+    turns_done: int
+    turns_total: int
+    error: str | None
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    strategies: list[str]
+    spec: TrajectorySpec
+    turns: list[TurnRecord]
+    summary: dict[str, Summary]
+    verdicts: dict[str, str]
+
+
+def trajectory_view(session: Session, row: Trajectory) -> TrajectoryView:
+    """The one view of `row` (failed first if it can no longer finish)."""
+    row = settled(session, row)
+    turns = list(row.turns or [])
+    summary = summaries(turns)
+    return TrajectoryView(
+        id=row.id, notebook_id=row.notebook_id, model=row.model, status=row.status, stage=row.stage,
+        progress=row.progress, turns_done=row.turns_done, turns_total=row.turns_total, error=row.error,
+        created_at=row.created_at, started_at=row.started_at, finished_at=row.finished_at,
+        strategies=list(row.spec.strategies), spec=row.spec, turns=turns, summary=summary,
+        verdicts={k: verdict(k, s) for k, s in summary.items() if k != row.spec.strategies[0]})
+
