@@ -13,6 +13,8 @@
     kvnotes sweep --document doc.txt --field OLD [--label L] (--values a,b,… | --values-file F) \\
         --question "..." [--choices …] [--strategies …] [--threshold 0.95] --json
                                   (many values of a field, the policy; see commands.sweep)
+    kvnotes trajectory --document doc.txt --turns turns.jsonl [--field L=TEXT] [--strategies …] [--json]
+                                  (turns appended and fields changed, each strategy carrying its cache)
 
 Bad input exits with status 2 and one line on stderr, never a traceback.
 """
@@ -267,6 +269,9 @@ def build_parser() -> argparse.ArgumentParser:
     from commands.sweep import add_command as add_sweep_command
 
     add_sweep_command(sub)
+    from commands.trajectory import add_command as add_trajectory_command
+
+    add_trajectory_command(sub)
     return parser
 
 

@@ -1,0 +1,156 @@
+"""`kvnotes trajectory`: a document and turns (JSONL, one turn a line), every strategy carrying its
+own cache from turn to turn, in the shape `GET /api/trajectories/{id}` gives.
+
+    kvnotes trajectory --document doc.txt --turns turns.jsonl [--field status=active …] \\
+        --question "..." [--choices yes,no] [--strategies recompute,erratum,…] [--json]
+
+A line of the turns file: {"append": "...", "fields": {"status": "suspended"}, "question": "...",
+"choices": ["yes", "no"]}, each key optional (but not all). A field a turn changes is found in the
+document as `--field LABEL=TEXT` says (TEXT's first occurrence), or else as the text after
+"LABEL: " up to the end of its line or sentence. It runs in this process, on the engine.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import asdict
+from pathlib import Path
+
+from commands.accounts import CommandError
+from vocabulary import REFERENCE
+from vocabulary.trajectories import (
+    FieldSpec,
+    TrajectorySpec,
+    TurnSpec,
+    carried,
+    summaries,
+    unknown_keys,
+    verdict,
+    with_reference,
+)
+
+
+class TrajectoryUsageError(CommandError):
+    """Bad input: `kvnotes` exits 2 with this one line."""
+
+
+def _read(path: str, what: str) -> str:
+    p = Path(path)
+    if not p.is_file():
+        raise TrajectoryUsageError(f"{what} file not found: {path}")
+    try:
+        return p.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise TrajectoryUsageError(f"{what} file is not UTF-8 text: {path}") from None
+
+
+def read_turns(text: str, where: str) -> list[TurnSpec]:
+    """The turns of a JSONL text, one a line; a bad line is named by its number."""
+    turns = []
+    for n, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise TrajectoryUsageError(f"{where}: line {n} is not JSON ({exc.msg})") from None
+        if not isinstance(row, dict) or set(row) - {"append", "fields", "question", "choices"}:
+            raise TrajectoryUsageError(f"{where}: line {n} must be an object with append, fields, question, "
+                                       "choices")
+        fields = row.get("fields") or {}
+        if not isinstance(fields, dict) or not all(isinstance(v, str) for v in fields.values()):
+            raise TrajectoryUsageError(f"{where}: line {n}: fields must be {{label: value}} with text values")
+        choices = row.get("choices")
+        turns.append(TurnSpec(append=str(row.get("append") or ""), fields=dict(fields),
+                              question=row.get("question"),
+                              choices=None if choices is None else tuple(choices)))
+    if not turns:
+        raise TrajectoryUsageError(f"{where}: no turns")
+    return turns
+
+
+def find_fields(document: str, given: list[str], labels: list[str]) -> tuple[FieldSpec, ...]:
+    """The fields: `LABEL=TEXT` (TEXT's first occurrence) for each given, else "LABEL: value" found
+    in the document for each label the turns change."""
+    out: dict[str, FieldSpec] = {}
+    for item in given:
+        label, sep, text = item.partition("=")
+        if not sep or not label.strip() or not text:
+            raise TrajectoryUsageError(f"--field {item!r}: write LABEL=TEXT, e.g. status=active")
+        start = document.find(text)
+        if start < 0:
+            raise TrajectoryUsageError(f"--field {label}: {text!r} is not in the document")
+        out[label.strip()] = FieldSpec(label.strip(), start, start + len(text))
+    for label in labels:
+        if label in out:
+            continue
+        found = re.search(rf"{re.escape(label)}\s*:\s*([^\n.;,]+)", document)
+        if found is None:
+            raise TrajectoryUsageError(f"a turn changes {label!r}, which the document does not show as "
+                                       f"'{label}: value'; name it with --field {label}=TEXT")
+        out[label] = FieldSpec(label, found.start(1), found.end(1))
+    return tuple(sorted(out.values(), key=lambda f: f.start))
+
+
+def result_dict(model: str, turns, status: str = "succeeded") -> dict:
+    """The API's shape: status, turns with each strategy's results, the summary and the verdicts."""
+    summary = summaries(turns)
+    return {"model": model, "status": status, "turns": [asdict(t) for t in turns],
+            "summary": {k: asdict(s) for k, s in summary.items()},
+            "verdicts": {k: verdict(k, s) for k, s in summary.items() if k != REFERENCE}}
+
+
+def cmd_trajectory(args) -> None:
+    from commands.sweep import _load
+
+    document = _read(args.document, "document")
+    turns = read_turns(_read(args.turns, "turns"), args.turns)
+    keys = [s.strip() for s in args.strategies.split(",") if s.strip()] if args.strategies \
+        else list(carried())
+    problem = unknown_keys(keys)
+    if problem:
+        raise TrajectoryUsageError(problem)
+    choices = tuple(c.strip() for c in args.choices.split(",") if c.strip()) if args.choices else ()
+    labels = list(dict.fromkeys(label for t in turns for label in t.fields))
+    fields = find_fields(document, args.field, labels)
+    spec = TrajectorySpec(model=args.model, document=document, fields=fields, turns=tuple(turns),
+                          question=args.question or "", choices=choices,
+                          strategies=with_reference(keys))
+    from worker.engine.trajectory import request_of, trajectory
+
+    eng = _load(args)
+    report = trajectory(eng, request_of(spec))
+    result = result_dict(report.model, report.turns)
+    if args.json:
+        print(json.dumps(result, indent=2))
+        return
+    print(f"{report.model}: {len(report.turns)} turns, document {report.document_tokens} tokens")
+    print(f"{'strategy':<30} {'agreed':>7} {'max KL':>9} {'cum. TTFT ms':>13} {'speed-up':>9} {'tokens':>8}")
+    for k, s in result["summary"].items():
+        speed = f"{s['cumulative_speedup']:.2f}x" if s["cumulative_speedup"] else "-"
+        print(f"{k:<30} {s['agreed']:>3}/{s['turns']:<3} {s['max_kl']:>9.3g} "
+              f"{s['cumulative_ttft_ms']:>13.0f} {speed:>9} {s['cumulative_tokens']:>8}")
+    for sentence in result["verdicts"].values():
+        print(sentence)
+
+
+def add_command(sub) -> None:
+    from worker.engine.models import DEFAULT_MODEL
+
+    p = sub.add_parser("trajectory", help="turns appended and fields changed: each strategy carries its "
+                                          "cache forward; drift and cumulative TTFT against recompute")
+    p.add_argument("--document", required=True)
+    p.add_argument("--turns", required=True, help="JSONL, one turn a line: append, fields, question, choices")
+    p.add_argument("--field", action="append", default=[],
+                   help="LABEL=TEXT: the field LABEL is TEXT's first occurrence (repeatable)")
+    p.add_argument("--strategies", default=None,
+                   help=f"comma-separated (default: {','.join(carried())}); name.one_per_field keeps one "
+                        "erratum per field")
+    p.add_argument("--question", default=None, help="asked at every turn that asks none")
+    p.add_argument("--choices", default=None, help="comma-separated; without it the answer is generated")
+    p.add_argument("--model", default=DEFAULT_MODEL, help="alias (see `kvnotes models`), path or hub id")
+    p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 … (default: cuda when available)")
+    p.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.set_defaults(func=cmd_trajectory)
