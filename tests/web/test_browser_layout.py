@@ -273,3 +273,41 @@ def test_most_attended_offers_lines_and_sentences(site, browser) -> None:
     page.check('input[name="hm-top-by"][value="tokens"]')
     expect(page.locator("#hm-top-tokens-box")).to_be_visible()
     page.context.close()
+
+
+def test_the_first_slide_shows_a_placed_skill_as_a_region(site, browser) -> None:
+    """Step 1's document box draws a placed skill as its own region, where it was spliced, named,
+    as the run page's notes map draws one; on screen at 1280×720 without scrolling."""
+    from app.services.notebooks import add_field
+    from data.models import Notebook, Placement, Question, Skill
+    from tests.web.finished_run import finished_run
+
+    server, _ = site
+    with server.db() as s:
+        nb = Notebook(title="Record with a skill", model="smollm2-135m", document=LONG_DOC)
+        skill = Skill(name="house rules", text="Before answering, check account_status in the session.",
+                      model="smollm2-135m", status="compiled", token_count=12, compile_ms=40.0)
+        s.add_all([nb, skill])
+        s.flush()
+        add_field(s, nb, LONG_DOC.index("active"), LONG_DOC.index("active") + 6, "suspended", "status")
+        at = LONG_DOC.index("2026-03-01")
+        s.add(Placement(notebook_id=nb.id, skill_id=skill.id, position=at))
+        nb.questions.append(Question(text="What is the status?", choices=["active", "suspended"]))
+        s.commit()
+        s.refresh(nb)
+        run = finished_run(s, nb, strategies=("recompute", "stale", "field_erratum")).id
+    page = browser.new_context(viewport={"width": 1280, "height": 720}, bypass_csp=True).new_page()
+    page.goto(f"{server.url}/runs/{run}/present/1")
+    region = page.locator("#step-1 .slide-doc .map-skill")
+    expect(region).to_have_count(1)
+    assert region.inner_text().startswith("skill: house rules")
+    assert "check account_status in the session." in region.inner_text()
+    doc = page.inner_text("#step-1 .slide-doc")  # in place: after the field's line, before the log
+    assert doc.index("suspended") < doc.index("skill: house rules") < doc.index("2026-03-01")
+    box, frame = region.bounding_box(), page.locator("#step-1 .slide-doc").bounding_box()
+    bottom = min(frame["y"] + frame["height"], 720)
+    assert box["height"] > 10 and frame["y"] <= box["y"] and box["y"] + box["height"] <= bottom, (box, frame)
+    border = page.evaluate("getComputedStyle(document.querySelector('#step-1 .map-skill')).borderLeftWidth")
+    page.screenshot(path=str(ARTIFACTS / "48-present-skill-region-1280x720.png"))
+    assert border == "4px"
+    page.context.close()

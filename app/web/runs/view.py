@@ -22,7 +22,7 @@ from app.web.runs.verdict_view import (
     timing,
     verdict_applies,
 )
-from data.contracts import RunSnapshot, SnapshotField
+from data.contracts import RunSnapshot, SnapshotField, SnapshotPlacement
 from data.models import Run, RunResult
 from vocabulary import FLOOR, REFERENCE
 
@@ -200,21 +200,47 @@ def answer_of(result: RunResult) -> str:
 
 @dataclass(frozen=True)
 class SnapshotPiece:
-    """A stretch of the snapshot's document: plain text, or a field's old text with the field."""
+    """A stretch of the snapshot's document: plain text, a field's old text with the field, or a
+    placed skill's text (`skill`: its name) where the skill was spliced in."""
 
     text: str
     field: SnapshotField | None = None
+    skill: str = ""
+
+
+def placement_offsets(snapshot: RunSnapshot) -> list[tuple[int, SnapshotPlacement]]:
+    """Each placed skill's document offset (the end for None; a field's end when inside one), in order."""
+    length = len(snapshot.document)
+    out = []
+    for p in snapshot.placements:
+        at = length if p.position is None else min(max(p.position, 0), length)
+        at = next((f.end for f in snapshot.fields if f.start < at < f.end), at)
+        out.append((at, p))
+    return sorted(out, key=lambda x: x[0])
 
 
 def snapshot_pieces(snapshot: RunSnapshot) -> list[SnapshotPiece]:
-    """The snapshot's document as text pieces and field pieces, in order."""
+    """The snapshot's document as text pieces, field pieces and placed skills, in order."""
     document = snapshot.document
-    pieces, cursor = [], 0
+    skills = placement_offsets(snapshot)
+    pieces: list[SnapshotPiece] = []
+    cursor, k = 0, 0
+
+    def text_to(end: int) -> None:  # plain text up to `end`, with the skills placed in it
+        nonlocal cursor, k
+        while k < len(skills) and skills[k][0] <= end:
+            at, placement = skills[k]
+            pieces.append(SnapshotPiece(document[cursor:at]))
+            pieces.append(SnapshotPiece(placement.text, skill=placement.name or "skill"))
+            cursor, k = at, k + 1
+        pieces.append(SnapshotPiece(document[cursor:end]))
+        cursor = end
+
     for f in sorted(snapshot.fields, key=lambda f: f.start):
         if f.start < cursor:
             continue
-        pieces.append(SnapshotPiece(document[cursor : f.start]))
+        text_to(f.start)
         pieces.append(SnapshotPiece(document[f.start : f.end], f))
         cursor = f.end
-    pieces.append(SnapshotPiece(document[cursor:]))
+    text_to(len(document))
     return [p for p in pieces if p.text or p.field is not None]
