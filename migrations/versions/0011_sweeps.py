@@ -49,7 +49,8 @@ def upgrade() -> None:
     op.create_index("ix_sweeps_notebook_id", "sweeps", ["notebook_id"])
     op.create_index("ix_sweeps_status", "sweeps", ["status"])
     op.create_index("ix_sweeps_created_by", "sweeps", ["created_by"])
-    with op.batch_alter_table("runs") as batch:
+    # A foreign key makes SQLite rebuild the table: keep its AUTOINCREMENT (ids never reused, 0006).
+    with op.batch_alter_table("runs", table_kwargs={"sqlite_autoincrement": True}) as batch:
         batch.add_column(sa.Column("sweep_id", sa.Integer(), nullable=True))
         batch.add_column(sa.Column("sweep_edit", sa.JSON(), nullable=True))
         batch.add_column(sa.Column("attempts", sa.Integer(), server_default="0", nullable=False))
@@ -59,7 +60,8 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
-    with op.batch_alter_table("runs") as batch:
+    # A foreign key makes SQLite rebuild the table: keep its AUTOINCREMENT (ids never reused, 0006).
+    with op.batch_alter_table("runs", table_kwargs={"sqlite_autoincrement": True}) as batch:
         batch.drop_index("ix_runs_sweep_id")
         batch.drop_constraint("fk_runs_sweep_id_sweeps", type_="foreignkey")
         batch.drop_column("attempts")
