@@ -76,3 +76,51 @@ def test_the_serving_panel_offers_the_notebooks_own_values_as_placeholder(client
     panel = client.get(f"/notebooks/{nb}/serving").text
     assert 'placeholder="suspended&#10;active"' in panel and "07:20" not in panel
     assert "Every answer is one of the question's choices: active, suspended" in panel
+
+
+def test_the_serving_panel_sets_the_measured_hit_rate_beside_both_estimates(client) -> None:
+    """Per variant: the replay's measured prefix-cache hit rate, the replay's own estimate and the
+    notebook's latest run's `prefix_cache_share` for the strategy of that name, with a legend line
+    defining both; a strategy the run did not run reads "–"."""
+    from tests.web.conftest import page_run
+    from vocabulary.replay import ReplayResult, ReplaySpec, VariantResult
+
+    nb, _, run = page_run(client, strategies=("recompute", "in_place", "erratum"))  # erratum 97%, in_place 2%
+    measured = {"in_place": (0.031, 0.05), "erratum": (0.937, 0.95), "hoist": (0.960, 0.97)}
+    result = ReplayResult(url="http://127.0.0.1:9/v1", model="m", rate=1.0, concurrency=4, max_model_len=2048,
+                          load_average=0.5,
+                          variants={name: VariantResult(requests=4, prefix_hit_rate=hit, ttft_p50_ms=300.0,
+                                                        ttft_p90_ms=320.0, throughput_rps=1.0,
+                                                        prompt_tokens=400, agreement=1.0,
+                                                        estimated_prefix_share=est,
+                                                        ttft_ms=[300.0] * 4, hit_rates=[hit] * 4,
+                                                        answers=["suspended"] * 4, values=["suspended"] * 4)
+                                    for name, (hit, est) in measured.items()})
+    spec = ReplaySpec(url="http://127.0.0.1:9/v1", document="status: active", start=8, end=14, label="status",
+                      values=("suspended",), question="What is the status?", choices=("active", "suspended"))
+    s = session()
+    replay = Replay(notebook_id=nb, snapshot=spec, status="succeeded", stage="done", progress=1.0,
+                    result=result)
+    s.add(replay)
+    s.commit()
+    for page in (client.get(f"/replays/{replay.id}/panel").text, client.get(f"/notebooks/{nb}/serving").text,
+                 client.get(f"/replays/{replay.id}").text):
+        cells = {}
+        for name in measured:
+            row = page.split(f'<tr data-variant="{name}">')[1].split("</tr>")[0]
+            cells[name] = [row.split(f'data-metric="{m}">')[1].split("</td>")[0]
+                           for m in ("prefix_hit_rate", "estimated_prefix_share", "run_prefix_cache_share")]
+        assert cells == {"in_place": ["3.1%", "5.0%", "2.0%"], "erratum": ["93.7%", "95.0%", "97.0%"],
+                         "hoist": ["96.0%", "97.0%", "–"]}, cells
+        assert f'run <a href="/runs/{run.id}">#{run.id}</a></th>' in page
+        legend = page.split("data-estimate-legend>")[1].split("</p>")[0]
+        assert ("prompt tokens the server took from its prefix cache, over all prompt tokens" in legend
+                and "the share of the prompt this variant (or the strategy of its name) sends that an "
+                    "exact-prefix cache already holds from the original prompt" in legend
+                and f"run #{run.id}" in legend), legend
+    # a notebook with no run of these strategies: the run's column reads – and says why
+    s.delete(s.get(Run, run.id))
+    s.commit()
+    box = client.get(f"/replays/{replay.id}/panel").text
+    assert box.count('data-metric="run_prefix_cache_share">–</td>') == 3
+    assert "none has run these strategies" in box

@@ -16,6 +16,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Form, Request
 from fastapi.responses import JSONResponse, Response
+from sqlalchemy.orm import Session
 
 from app.api.deps import PrincipalDep, SessionDep, get_or_404
 from app.schemas import ReplayCreate, ReplayOut
@@ -28,7 +29,7 @@ from app.services.replays import (
     start_replay,
 )
 from app.web.forms import lines, parse_int, parse_number, validate
-from app.web.serving.view import panel_context, replay_csv
+from app.web.serving.view import panel_context, replay_csv, run_estimates
 from app.web.templating import render
 from data.models import Notebook
 from data.queue import QueueUnavailable
@@ -40,21 +41,21 @@ router = APIRouter(include_in_schema=False)
 Text = Annotated[str, Form()]
 
 
-def _panel(request: Request, notebook: Notebook, replay: Replay | None, status: int = 200,
+def _panel(request: Request, session: Session, notebook: Notebook, replay: Replay | None, status: int = 200,
            errors: dict | None = None, values: dict | None = None) -> Response:
     settings = get_settings()
     defaults = {"url": settings.vllm_url, "model": settings.vllm_model, "values": "", "requests": "",
                 "rate": "1", "concurrency": "4", "variants": list(VARIANTS), "extend_choices": False}
     return render(request, "_serving.html", status, notebook=notebook, errors=errors or {},
                   values={**defaults, **(values or {})}, VARIANTS=VARIANTS, VARIANT_HELP=VARIANT_HELP,
-                  **panel_context(replay))
+                  **panel_context(replay, run_estimates(session, notebook.id)))
 
 
 @router.get("/notebooks/{notebook_id}/serving")
 def serving_panel(request: Request, notebook_id: int, session: SessionDep) -> Response:
     notebook = get_or_404(session, Notebook, notebook_id, "notebook")
     latest = replays_of(session, notebook_id, 1)
-    return _panel(request, notebook, latest[0] if latest else None)
+    return _panel(request, session, notebook, latest[0] if latest else None)
 
 
 @router.post("/notebooks/{notebook_id}/replays")
@@ -76,31 +77,34 @@ def create_replay(request: Request, notebook_id: int, session: SessionDep, princ
         replay = start_replay(session, notebook, body, principal.name, free)
     except Unprocessable as exc:
         session.rollback()
-        return _panel(request, notebook, None, 422, exc.errors, form)
+        return _panel(request, session, notebook, None, 422, exc.errors, form)
     except QueueUnavailable as exc:
-        return _panel(request, notebook, None, 503, {"form": f"The replay could not be queued, nothing was "
-                                                             f"saved: {exc.reason}"}, form)
-    return _panel(request, notebook, replay, 201, values=form)
+        return _panel(request, session, notebook, None, 503,
+                      {"form": f"The replay could not be queued, nothing was saved: {exc.reason}"}, form)
+    return _panel(request, session, notebook, replay, 201, values=form)
 
 
 @router.get("/replays/{replay_id}/panel")
 def replay_box(request: Request, replay_id: int, session: SessionDep) -> Response:
     replay = settled(session, get_or_404(session, Replay, replay_id, "replay"))
-    return render(request, "_replay.html", **panel_context(replay))
+    return render(request, "_replay.html",
+                  **panel_context(replay, run_estimates(session, replay.notebook_id)))
 
 
 @router.post("/replays/{replay_id}/cancel")
 def replay_cancel(request: Request, replay_id: int, session: SessionDep) -> Response:
     replay = settled(session, get_or_404(session, Replay, replay_id, "replay"))
     cancel_replay(session, replay)
-    return render(request, "_replay.html", **panel_context(replay))
+    return render(request, "_replay.html",
+                  **panel_context(replay, run_estimates(session, replay.notebook_id)))
 
 
 @router.get("/replays/{replay_id}")
 def replay_page(request: Request, replay_id: int, session: SessionDep) -> Response:
     replay = settled(session, get_or_404(session, Replay, replay_id, "replay"))
     notebook = session.get(Notebook, replay.notebook_id) if replay.notebook_id else None
-    return render(request, "replay.html", notebook=notebook, nav="notebooks", **panel_context(replay))
+    return render(request, "replay.html", notebook=notebook, nav="notebooks",
+                  **panel_context(replay, run_estimates(session, replay.notebook_id)))
 
 
 @router.get("/replays/{replay_id}/export.json")
