@@ -246,28 +246,34 @@ def policy(stats: Sequence[StrategyStats], threshold: float = DEFAULT_THRESHOLD,
     cheaper = [s for s in candidates if chosen is None or s.cost_share < chosen.cost_share]
     approx = [s for s in cheaper if not s.exact and s.name != ORIGINAL]
     best = max(approx, key=lambda s: (s.changed.lower, -s.cost_share), default=None)
-    if moved == 0:
-        why = (f"no edit changed recompute's decision ({total} edits): the sweep cannot tell the "
-               "strategies apart on this prompt")
+    undetermined = ref.undetermined if ref else 0
+    if moved == 0 and ref is not None and undetermined == total:
+        why = (f"recompute's answer named neither the old nor a new value on all {total} edits "
+               "(undetermined: a free answer that does not read this field back cannot be scored by "
+               "its verdict; ask with choices, or read KL)")
+    elif moved == 0:
+        why = (f"no edit changed recompute's decision ({total} edits, {undetermined} undetermined): "
+               "the sweep cannot tell the strategies apart on this prompt")
     elif best is not None:
         ci = best.changed.ci95
         bounds = f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else ""
         why = (f"{best.name} followed recompute on {best.changed.k} of {best.changed.n} changed edits"
                f"{bounds}: below {threshold:.2f}")
     else:
-        why = f"{moved} edits changed recompute's decision"
+        why = ""
     if chosen is None:
-        return Policy(REFERENCE, threshold, f"{why}, so recompute", group)
+        return Policy(REFERENCE, threshold, f"{why or 'no strategy qualifies'}, so recompute", group)
     if chosen.exact:
-        reason = (f"{chosen.name}, which is exact (it agreed on all {chosen.agreement.n} determined edits) "
-                  f"at {_pct(chosen.cost_share)} of recompute's tokens")
+        agreed = (f"it agreed on all {chosen.agreement.n} determined edits" if chosen.agreement.n
+                  else "by construction")
+        reason = (f"{chosen.name}, which is exact ({agreed}), at {_pct(chosen.cost_share)} of "
+                  "recompute's tokens")
     else:
         reason = (f"{chosen.name}: it followed recompute on {chosen.changed.k} of {chosen.changed.n} "
                   f"changed edits, lower bound {chosen.changed.lower:.2f} >= {threshold:.2f}, at "
                   f"{_pct(chosen.cost_share)} of recompute's tokens")
-    lead = f"{why}, so " if best is not None and moved else ""
-    return Policy(chosen.name, threshold, f"{lead}{reason}" if lead else reason[0].upper() + reason[1:],
-                  group)
+    sentence = f"{why}, so {reason}" if why else reason[0].upper() + reason[1:]
+    return Policy(chosen.name, threshold, sentence, group)
 
 
 @dataclass(frozen=True)

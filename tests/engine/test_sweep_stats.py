@@ -111,4 +111,18 @@ def test_no_changed_edit_says_so():
                                              "erratum": _o("yes", 10)}) for i in range(5)]
     stats = sweep_stats(edits, ["recompute", "stale", "erratum"], True)
     assert stats.policy.strategy == "recompute"
-    assert stats.policy.sentence.startswith("no edit changed recompute's decision (5 edits)")
+    assert stats.policy.sentence == ("no edit changed recompute's decision (5 edits, 0 undetermined): "
+                                     "the sweep cannot tell the strategies apart on this prompt, "
+                                     "so recompute")
+    # a free answer that never names either value: every edit undetermined, and it says so
+    free = [EditRecord(i, "", {}, None, i, {"recompute": _o("yes", 100, followed="neither"),
+                                            "stale": _o("yes", 0, followed="neither"),
+                                            "prefix_reuse": _o("yes", 60, followed="neither")})
+            for i in range(4)]
+    stats = sweep_stats(free, ["recompute", "stale", "prefix_reuse"], False)
+    assert stats.strategies["prefix_reuse"].undetermined == 4
+    assert stats.policy.strategy == "prefix_reuse"
+    assert stats.policy.sentence.startswith(
+        "recompute's answer named neither the old nor a new value on all 4")
+    assert stats.policy.sentence.endswith("so prefix_reuse, which is exact (by construction), at 60% of "
+                                          "recompute's tokens")
