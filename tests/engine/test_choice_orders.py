@@ -11,7 +11,7 @@ import pytest
 
 from worker.engine import Field, Question, RunRequest, load
 from worker.engine.notes import cache_from_layers
-from worker.engine.orders import cyclic_orders, over_orders, position_word
+from worker.engine.orders import cyclic_orders, over_orders, position_word, reading_orders
 from worker.engine.readout import decide, orders_suffixes
 from worker.engine.strategies.measure import Bench
 
@@ -25,6 +25,10 @@ def test_cyclic_orders_put_every_choice_in_every_position_once():
     assert orders == [("a", "b", "c"), ("b", "c", "a"), ("c", "a", "b")]
     for position in range(3):
         assert sorted(order[position] for order in orders) == ["a", "b", "c"]
+    both = reading_orders(("a", "b", "c"))  # and the reversed list's cyclic orders: all 6 for three
+    assert both[:3] == orders and sorted(both) == sorted(set(both)) and len(both) == 6
+    assert reading_orders(("a", "b")) == [("a", "b"), ("b", "a")] and len(reading_orders("abcd")) == 8
+    assert sorted(reading_orders(("c", "b", "a"))) == sorted(both)  # a reversed list: the same orders
     assert [position_word(i, 3) for i in range(3)] == ["first", "second", "last"]
     assert position_word(0, 1) == "first" and position_word(11, 12) == "last"
     assert position_word(10, 12) == "11th"
@@ -54,12 +58,12 @@ def test_every_order_at_once_reads_what_each_order_alone_reads(alias):
     erratum = eng.encode("\n[STATE UPDATE] status is now closed.\n")
     suffix = eng.encode(eng.frame.suffix(QUESTION))
     orders = orders_suffixes(eng.tokenizer, eng.frame, QUESTION)
-    assert len(orders) == 2
+    assert len(orders) == 5  # three choices: all 6 orders, the listed one given apart
     for pending in ([], erratum):
         both = decide(eng.model, eng.tokenizer, eng.frame, cache_from_layers(notes.layers, eng.model),
                       suffix, QUESTION, pending=pending, orders=orders)
         alone = []
-        for order in cyclic_orders(QUESTION.choices):
+        for order in reading_orders(QUESTION.choices):
             asked = replace(QUESTION, choices=order)
             cache = cache_from_layers(notes.layers, eng.model)
             asked_ids = eng.encode(eng.frame.suffix(asked))
@@ -67,25 +71,27 @@ def test_every_order_at_once_reads_what_each_order_alone_reads(alias):
                                 pending=pending).choice_probs)
         for choice in QUESTION.choices:
             per_order = [probs[choice] for probs in alone]
-            assert both.choice_probs[choice] == pytest.approx(sum(per_order) / 3, abs=1e-5)
+            assert both.choice_probs[choice] == pytest.approx(sum(per_order) / 6, abs=1e-5)
             low, high = both.choice_spread[choice]
             assert (low, high) == pytest.approx((min(per_order), max(per_order)), abs=1e-5)
         assert abs(sum(both.choice_probs.values()) - 1) < 1e-6
         assert both.decision == max(both.choice_probs, key=both.choice_probs.get)
 
 
-@pytest.mark.parametrize("alias", ["tiny-llama", "tiny-gemma3"])
-def test_a_reversed_list_of_two_choices_reads_the_same_debiased_distribution(alias):
+@pytest.mark.parametrize(("alias", "choices"), [("tiny-llama", ("active", "suspended")),
+                                               ("tiny-gemma3", ("active", "suspended")),
+                                               ("tiny-llama", ("active", "suspended", "closed"))])
+def test_a_reversed_list_of_choices_reads_the_same_debiased_distribution(alias, choices):
     eng = load(alias)
     start = DOC.index("active")
     field = (Field(start, start + 6, "suspended", "status"),)
     strategies = ("recompute", "stale", "erratum")
-    reports = [eng.run(RunRequest(DOC, Question("What is the status?", choices), fields=field,
+    reports = [eng.run(RunRequest(DOC, Question("What is the status?", listed), fields=field,
                                   strategies=strategies))
-               for choices in (("active", "suspended"), ("suspended", "active"))]
+               for listed in (choices, tuple(reversed(choices)))]
     listed, reversed_ = (r.strategies for r in reports)
     for name in strategies:
-        for choice in ("active", "suspended"):
+        for choice in choices:
             assert listed[name].choice_probs[choice] == pytest.approx(reversed_[name].choice_probs[choice],
                                                                       abs=1e-5), name
             assert listed[name].choice_spread[choice] == pytest.approx(reversed_[name].choice_spread[choice],
@@ -100,7 +106,7 @@ def test_a_bench_scores_the_frame_s_choice_questions_over_their_orders_only():
     def bench(question: Question, suffix: str | None = None) -> Bench:
         return Bench(eng, question, eng.encode(suffix if suffix is not None else eng.frame.suffix(question)))
 
-    assert len(bench(QUESTION).orders) == 2
+    assert len(bench(QUESTION).orders) == 5
     assert bench(Question("Which letter?")).orders == []  # a free answer
     assert bench(Question("Which letter?", ("a",))).orders == []  # one choice, one order
     assert bench(replace(QUESTION, cot=True)).orders == []  # the reasoning is one generation

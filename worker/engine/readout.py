@@ -8,11 +8,11 @@ document), or after the start token for a base model. The question then closes t
     \n\nQuestion … <end of user turn><assistant header>   ← the suffix, computed by every strategy
 
 With `choices`, the decision is the choice whose WHOLE token sequence is most probable (summed
-log-probabilities), averaged over every cyclic order of the choices when the caller gives the
-question's tokens in those orders (`worker.engine.orders`: the debiased distribution, its spread
-over the orders and whether the answer follows a position); without, a greedy generation. With
-chain of thought, the model first writes its reasoning greedily, then the choices are scored after
-an answer cue, in the listed order only (the reasoning is one generation).
+log-probabilities), averaged over every cyclic order of the choices (both directions) when the
+caller gives the question's tokens in those orders (`worker.engine.orders`: the debiased
+distribution, its spread over the orders and whether the answer follows a position); without, a
+greedy generation. With chain of thought, the model first writes its reasoning greedily, then the
+choices are scored after an answer cue, in the listed order only (the reasoning is one generation).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import torch
 from vocabulary.prompt import ANSWER_CUE, PLAIN_TAIL, choice_text, question_text
 from worker.engine.forward import Deferred, fill
 from worker.engine.notes import KV, cache_from_layers, layers_of
-from worker.engine.orders import OrderReading, cyclic_orders, orders_forward, over_orders
+from worker.engine.orders import OrderReading, orders_forward, over_orders, reading_orders
 from worker.engine.selective import has_sliding_window
 from worker.engine.types import Question
 
@@ -215,13 +215,14 @@ def _choice_ids(tokenizer, frame: Frame, choices) -> list[list[int]]:
 
 
 def orders_suffixes(tokenizer, frame: Frame, question: Question) -> list[list[int]]:
-    """The question's tokens in every cyclic order of its choices but the listed one (whose tokens
+    """The question's tokens in every order of its choices it is read in (`reading_orders`: every
+    cyclic order, both directions) but the listed one (whose tokens
     the caller has): what `decide(orders=...)` scores the choices over. Empty with chain of thought
     (the reasoning is one generation) or fewer than two choices."""
     if question.cot or len(question.choices) < 2:
         return []
     return [tokenizer(frame.suffix(replace(question, choices=order)), add_special_tokens=False)["input_ids"]
-            for order in cyclic_orders(question.choices)[1:]]
+            for order in reading_orders(question.choices)[1:]]
 
 
 def _one_pass_readout(model, tokenizer, frame: Frame, base: list[KV], prompt: list[int], question: Question,
@@ -262,7 +263,7 @@ def _orders_readout(model, tokenizer, frame: Frame, base: list[KV], pending: lis
     heads, scores, cache = orders_forward(model, base, list(pending), [list(suffix_ids), *orders], encoded,
                                           deferred)
     first_token_at = time.perf_counter()
-    reading = over_orders(cyclic_orders(question.choices), _per_order(question.choices, scores))
+    reading = over_orders(reading_orders(question.choices), _per_order(question.choices, scores))
     return _chosen(reading, heads[0], encoded, question, first_token_at, _deferred_kv(cache, deferred))
 
 
@@ -281,7 +282,7 @@ def _orders_one_by_one(model, tokenizer, frame: Frame, cache, pending: list[int]
     if first_token_only:
         return Readout(logits=heads[0], decision="", choice_probs={}, text="", answer_ids=[],
                        first_token_at=first_token_at)
-    rotations = cyclic_orders(question.choices)
+    rotations = reading_orders(question.choices)
     per_order = [_score_choices(model, tokenizer, frame, h, c, list(rotation))
                  for h, c, rotation in zip(heads, caches, rotations)]
     encoded = _choice_ids(tokenizer, frame, question.choices)
@@ -312,15 +313,15 @@ def decide(model, tokenizer, frame: Frame, cache, suffix_ids: list[int], questio
     question, so neither costs an extra pass over the weights. With `deferred`, the readout's
     `deferred_kv` completes the notes (`fill`). `first_token_only` stops at the first answer token's
     logits (a timing repeat: no decision, no generation). `orders`: the question's tokens in every
-    other cyclic order of its choices (`orders_suffixes`), to score the choices over their orders
+    other order of its choices (`orders_suffixes`), to score the choices over their orders
     (ignored with chain of thought or without choices)."""
     prompt = list(pending) + list(suffix_ids)
     if deferred is not None and has_sliding_window(model):
         raise ValueError("a sliding-window model cannot defer tokens to the readout "
                          "(one mask cannot carry its windows)")
-    if orders and len(orders) != len(question.choices) - 1:
-        raise ValueError(f"{len(question.choices)} choices need {len(question.choices) - 1} other orders, "
-                         f"not {len(orders)}")
+    if orders and len(orders) != len(reading_orders(question.choices)) - 1:
+        raise ValueError(f"{len(question.choices)} choices are read in "
+                         f"{len(reading_orders(question.choices))} orders, not {len(orders) + 1}")
     if question.choices and not question.cot and orders:
         if has_sliding_window(model):
             return _orders_one_by_one(model, tokenizer, frame, cache, list(pending), list(suffix_ids), orders,
