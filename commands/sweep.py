@@ -96,7 +96,8 @@ def run_sweep(eng, document: str, field: str, label: str, values: list[str], que
         report = eng.run(request, notes=notes)
         outcomes = {name: Outcome(decision=r.decision, followed=r.edit_followed, kl=r.kl_to_recompute,
                                   tokens=r.tokens_computed, prefix_cache_share=r.prefix_cache_share,
-                                  ttft_ms=r.ttft_ms) for name, r in report.strategies.items()}
+                                  ttft_ms=r.ttft_ms, speedup=r.speedup)
+                    for name, r in report.strategies.items()}
         edits.append(EditRecord(position=len(edits), group=label, values={label: value}, expected=None,
                                 run_id=0, outcomes=outcomes))
         if progress:

@@ -88,6 +88,7 @@ class Outcome:
     tokens: int
     prefix_cache_share: float
     ttft_ms: float
+    speedup: float | None = None  # the engine's paired speed-up over recompute, when it measured one
 
 
 @dataclass(frozen=True)
@@ -186,7 +187,9 @@ def strategy_stats(name: str, edits: Sequence[EditRecord], choices: bool) -> Str
         kls.append(mine.kl)
         shares.append(mine.prefix_cache_share)
         tokens, ref_tokens = tokens + mine.tokens, ref_tokens + ref.tokens
-        if mine.ttft_ms > 0 and ref.ttft_ms > 0:
+        if mine.speedup is not None and mine.speedup > 0:  # median of the engine's paired rounds
+            speedups.append(mine.speedup)
+        elif mine.ttft_ms > 0 and ref.ttft_ms > 0:
             speedups.append(ref.ttft_ms / mine.ttft_ms)
     return StrategyStats(
         name=name, edits=n, agreement=agree, changed=moved, undetermined=undetermined,

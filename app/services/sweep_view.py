@@ -162,7 +162,7 @@ class SweepView(BaseModel):
 
 _COLUMNS = (RunResult.run_id, RunResult.strategy, RunResult.decision, RunResult.edit_followed,
             RunResult.kl_to_recompute, RunResult.tokens_computed, RunResult.prefix_cache_share,
-            RunResult.ttft_ms)
+            RunResult.ttft_ms, RunResult.speedup)
 
 
 def _results(record: EditRecord, choices: bool) -> dict[str, EditResultOut]:
@@ -201,7 +201,8 @@ def build_sweep_view(session: Session, sweep: Sweep, threshold: float | None = N
         for row in session.execute(select(*_COLUMNS).where(RunResult.run_id.in_(done_ids))):
             outcomes[row.run_id][row.strategy] = Outcome(
                 decision=row.decision, followed=row.edit_followed, kl=row.kl_to_recompute,
-                tokens=row.tokens_computed, prefix_cache_share=row.prefix_cache_share, ttft_ms=row.ttft_ms)
+                tokens=row.tokens_computed, prefix_cache_share=row.prefix_cache_share, ttft_ms=row.ttft_ms,
+                speedup=row.speedup)
     records: list[EditRecord] = []
     edits: list[EditOut] = []
     for r in runs:

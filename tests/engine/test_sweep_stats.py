@@ -126,3 +126,12 @@ def test_no_changed_edit_says_so():
         "recompute's answer named neither the old nor a new value on all 4")
     assert stats.policy.sentence.endswith("so prefix_reuse, which is exact (by construction), at 60% of "
                                           "recompute's tokens")
+
+
+def test_the_engines_paired_speedup_is_used_when_it_measured_one():
+    edits = [EditRecord(i, "", {}, None, i, {
+        "recompute": _o("yes", 100, ttft=100.0), "stale": _o("yes", 0),
+        "erratum": Outcome("yes", None, 0.0, 10, 0.5, ttft_ms=50.0, speedup=[3.0, 4.0, 5.0][i])})
+        for i in range(3)]
+    e = sweep_stats(edits, ["recompute", "stale", "erratum"], True).strategies["erratum"]
+    assert e.speedup_median == 4.0 and e.speedup_iqr == (3.5, 4.5)  # not 100 / 50 = 2.0
