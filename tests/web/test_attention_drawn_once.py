@@ -85,3 +85,42 @@ def test_one_colour_model_for_the_run_page_and_the_report(make_client):
                                 client.get(f"/runs/{run.id}/report.html").text, re.S).group(1))
     page = client.get(f"/runs/{run.id}/attention/paint?strategy=stale").json()
     assert data["strategies"]["stale"]["paint"] == page
+
+
+def test_dark_slides_draw_a_zero_on_the_dark_panel(make_client):
+    """The dark variant of the colour model: a token with no attention (and a difference of 0) takes
+    the dark panel's own colour, never a lighter box; every dark level's text reads at WCAG AA; the
+    slides carry each cell's dark class and the rules for it."""
+    from app.web.runs.heatmap_view import (
+        STYLESHEET,
+        contrast,
+        dark_class,
+        dark_colours,
+        dark_css,
+        div_t,
+        luminance,
+        palette,
+        seq_t,
+    )
+
+    panel = re.search(r'html\.present-mode\[data-theme="dark"\] \{[^}]*--paper: (#[0-9a-f]{6})',
+                      STYLESHEET.read_text()).group(1)
+    rgb = lambda h: tuple(int(h[i:i + 2], 16) for i in (1, 3, 5))  # noqa: E731
+    assert panel == "#1b2130" and rgb(panel) == palette()["dark-paper"]
+    colours = dark_colours()
+    for zero in (dark_class("s", seq_t(0.0, 0.0123)), dark_class("d", div_t(0.0, 0.004))):
+        assert colours[zero][0] == panel and luminance(rgb(colours[zero][0])) <= luminance(rgb(panel)), zero
+    assert len(colours) == 66 and luminance(rgb(colours["dk-s32"][0])) > 0.8  # the scale ends light
+    ink = rgb("#eef1f6")  # the dark theme's --ink
+    for name, (bg, fg) in colours.items():
+        text = ink if fg == "var(--ink)" else rgb(fg + fg[1:] if len(fg) == 4 else fg)
+        assert contrast(text, rgb(bg)) >= 4.5, (name, bg, fg)
+    client = make_client()
+    run = long_record_run(session(), ("recompute", "stale", "field_erratum"))
+    slide = client.get(f"/runs/{run.id}/present/3?strategy=stale").text
+    assert dark_css() in slide
+    for box, scale in (("pr-ref", "s"), ("pr-res", "s"), ("pr-diff", "d")):
+        cells = slide.split(f'id="{box}">')[1].split("</div>")[0]
+        classes = re.findall(r'<span class="tok [^"]*\bdk-([sd])(\d+)\b', cells)
+        assert len(classes) == cells.count('<span class="tok ') > 50, box
+        assert {s for s, _ in classes} == {scale}, box

@@ -311,3 +311,48 @@ def test_the_first_slide_shows_a_placed_skill_as_a_region(site, browser) -> None
     page.screenshot(path=str(ARTIFACTS / "48-present-skill-region-1280x720.png"))
     assert border == "4px"
     page.context.close()
+
+
+ZERO_TOKEN = """() => {
+  const lum = c => { const m = c.match(/[\\d.]+/g);
+    const f = v => { v /= 255; return v <= 0.03928 ? v / 12.92 : ((v + 0.055) / 1.055) ** 2.4; };
+    return 0.2126 * f(+m[0]) + 0.7152 * f(+m[1]) + 0.0722 * f(+m[2]); };
+  const out = {};
+  for (const id of ['pr-ref', 'pr-res']) {  // a cell's title: "recompute a · strategy b", its panel's value
+    const value = t => { const n = t.title.match(/[\\d.]+(?= ·|$)/g);
+                         return n ? parseFloat(n[id === 'pr-ref' ? 0 : n.length - 1]) : NaN; };
+    const toks = [...document.querySelectorAll('#' + id + ' .tok')];
+    const low = toks.filter(t => !isNaN(value(t))).reduce((a, b) => value(b) < value(a) ? b : a);
+    const panel = getComputedStyle(document.querySelector('#' + id).closest('.heatmap')).backgroundColor;
+    const bgs = toks.map(t => lum(getComputedStyle(t).backgroundColor));
+    out[id] = {value: value(low), bg: getComputedStyle(low).backgroundColor, panel: panel,
+               lowLum: lum(getComputedStyle(low).backgroundColor), panelLum: lum(panel),
+               lightest: Math.max(...bgs), darkest: Math.min(...bgs), cls: low.className};
+  }
+  return out;
+}"""
+
+
+@pytest.mark.parametrize("how", ["toggle", "system"])
+def test_dark_slides_draw_tokens_on_the_dark_panel(site, browser, how) -> None:
+    """Step 3 in dark (the T toggle, or the system's dark scheme): the tokens sit on the dark panel,
+    on a scale that starts at the dark paper (the least attended dark where the light slide's is near
+    white; test_attention_drawn_once checks a zero is the panel itself), in both attention panels."""
+    server, ids = site
+    context = browser.new_context(viewport={"width": 1280, "height": 720}, bypass_csp=True,
+                                  color_scheme="dark" if how == "system" else "light")
+    page = context.new_page()
+    page.goto(f"{server.url}/runs/{ids['run']}/present/3")
+    light = page.evaluate(ZERO_TOKEN)
+    if how == "toggle":
+        assert light["pr-ref"]["lowLum"] > 0.8 and light["pr-ref"]["panel"] == "rgb(255, 255, 255)", light
+        page.keyboard.press("t")
+        expect(page.locator("html")).to_have_attribute("data-theme", "dark")
+    dark = page.evaluate(ZERO_TOKEN)
+    page.screenshot(path=str(ARTIFACTS / f"49-present-dark-tokens-{how}.png"))
+    context.close()
+    for side in ("pr-ref", "pr-res"):
+        d = dark[side]
+        assert d["panel"] == "rgb(27, 33, 48)", d  # the dark paper
+        assert d["lowLum"] < 0.1, d  # the least attended: near the panel (a zero: the panel itself)
+        assert d["lightest"] < 0.95, d  # no token on a white box

@@ -81,12 +81,63 @@ def text_on(c: RGB) -> str:
     return "#fff" if contrast((255, 255, 255), c) >= contrast((0, 0, 0), c) else "#000"
 
 
+def seq_t(value: float, vmax: float) -> float:
+    return 0.9 * (max(0.0, value) / vmax) ** 0.6
+
+
+def div_t(delta: float, dmax: float) -> float:
+    return 0.5 + 0.5 * float(np.sign(delta)) * (abs(delta) / dmax) ** 0.5
+
+
 def seq_colour(value: float, vmax: float) -> RGB:
-    return ramp(seq_stops(), 0.9 * (max(0.0, value) / vmax) ** 0.6)
+    return ramp(seq_stops(), seq_t(value, vmax))
 
 
 def div_colour(delta: float, dmax: float) -> RGB:
-    return ramp(div_stops(), 0.5 + 0.5 * float(np.sign(delta)) * (abs(delta) / dmax) ** 0.5)
+    return ramp(div_stops(), div_t(delta, dmax))
+
+
+# The dark variant: a cell's light colours go inline (`bg`, `fg`), its dark ones are a class (`dark`),
+# its position on scales that start from the dark paper, whose rules (`dark_css`) apply under a
+# dark theme only; one page serves both schemes without scripts. Zero attention: the dark paper.
+
+DARK_LEVELS = 32  # steps of the dark scales (the diverging one has DARK_LEVELS + 1: its middle is 0)
+
+
+def dark_class(scale: str, t: float) -> str:
+    """`dk-s{k}` (attention) or `dk-d{k}` (difference): the level of position `t` (0 … 1)."""
+    return f"dk-{scale}{round(max(0.0, min(1.0, t)) * DARK_LEVELS)}"
+
+
+def dark_text_on(c: RGB) -> str:
+    """The text colour on a dark-scale cell: the dark page's own ink while even its faint grey reads
+    at WCAG AA (4.5:1), else white or black, whichever contrasts more."""
+    if contrast(palette()["dark-ink-faint"], c) >= 4.5:
+        return "var(--ink)"
+    return "#fff" if contrast((255, 255, 255), c) >= contrast((0, 0, 0), c) else "#000"
+
+
+def dark_colours() -> dict[str, tuple[str, str]]:
+    """Each dark class's background and text colour."""
+    out = {}
+    seq = [palette()[f"seq-dark-{i}"] for i in range(5)]
+    div = [palette()[f"div-dark-{n}"] for n in ("neg-2", "neg-1", "0", "pos-1", "pos-2")]
+    for scale, stops in (("s", seq), ("d", div)):
+        for k in range(DARK_LEVELS + 1):
+            c = ramp(stops, k / DARK_LEVELS)
+            out[f"dk-{scale}{k}"] = (hex_colour(c), dark_text_on(c))
+    return out
+
+
+@lru_cache(maxsize=1)
+def dark_css() -> str:
+    """The dark classes' rules for a page with a dark theme (the presentation): under
+    `data-theme="dark"`, or the system's dark scheme unless the reader chose light."""
+    rules = [f".tok.{name}{{background-color:{bg}!important;color:{fg}!important}}"
+             for name, (bg, fg) in dark_colours().items()]
+    chosen = "".join(f'html.present-mode[data-theme="dark"] {r}' for r in rules)
+    system = "".join(f'html.present-mode:not([data-theme="light"]) {r}' for r in rules)
+    return f"{chosen}\n@media (prefers-color-scheme: dark) {{ {system} }}"
 
 
 GRID_ZERO = 0.005  # a head whose attention moved less than this (0.5%) draws as no change
@@ -197,6 +248,7 @@ class Cell:
     unmatched: bool = False
     sign: str = ""  # pos | neg: the difference, also drawn as an underline for greyscale
     query: bool = False
+    dark: str = ""  # the dark variant's class (`dark_class`): its colours under a dark theme
 
 
 @dataclass(frozen=True)
@@ -268,8 +320,10 @@ def heatmap_panels(session: Session, run_id: int, params: ViewParams,
         return f"recompute {a} · {params.strategy} {b}"
 
     def seq_cell(tok: TokenRecord, v: float, query: bool, title: str) -> Cell:
-        c = seq_colour(float(v), vmax)
-        return Cell(tok.text, tok.segment, float(v), hex_colour(c), text_on(c), title, query=query)
+        t = seq_t(float(v), vmax)
+        c = ramp(seq_stops(), t)
+        return Cell(tok.text, tok.segment, float(v), hex_colour(c), text_on(c), title, query=query,
+                    dark=dark_class("s", t))
 
     ref_cells = [seq_cell(t, rv[j], j == ref.query, tip(j, inverse[j])) for j, t in enumerate(ref.tokens)]
     res_cells = [seq_cell(t, sv[i], i == res.query, tip(mapping[i], i)) for i, t in enumerate(res.tokens)]
@@ -280,7 +334,7 @@ def heatmap_panels(session: Session, run_id: int, params: ViewParams,
         sign = "pos" if d > 0.1 * dmax else "neg" if d < -0.1 * dmax else ""
         diff_cells.append(Cell(t.text, t.segment, d, hex_colour(c), text_on(c),
                                tip(mapping[i], i) + f" · difference {d:+.5f}", mapping[i] < 0, sign,
-                               i == res.query))
+                               i == res.query, dark_class("d", div_t(d, dmax))))
     return HeatmapPanels(params, ref_cells, res_cells, diff_cells, vmax, dmax,
                          top_tokens(res.tokens, rv, sv, mapping), ref.tokens, res.tokens, rv, sv, mapping)
 
@@ -326,7 +380,6 @@ def _context(tokens: list[TokenRecord], i: int) -> tuple[str, str]:
 
     before, after = gather(-1), gather(1)
     return word_tail(before, CONTEXT_CHARS), word_head(after, CONTEXT_CHARS)
-
 
 
 def paint(p: HeatmapPanels) -> dict:

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import Response
+from markupsafe import Markup
 
 from app.api.deps import SessionDep, get_or_404
 from app.web.runs.context import ViewDep, checked_view, run_context
-from app.web.runs.heatmap_view import div_stops, heatmap_panels, hex_colour, seq_stops
+from app.web.runs.heatmap_view import dark_css, div_stops, heatmap_panels, hex_colour, seq_stops
 from app.web.templating import render
 from data.models import Run
 
@@ -46,4 +47,5 @@ def present(request: Request, run_id: int, step: int, session: SessionDep, asked
         query=("?" + view.query_string()) if view and asked.strategy else "",
         first_field=fields[0].start if fields else None,
         seq_ramp=[hex_colour(c) for c in seq_stops()], div_ramp=[hex_colour(c) for c in div_stops()],
+        dark_css=Markup(dark_css()),  # generated from the stylesheet's colours, no outside text
     )

@@ -36,7 +36,7 @@ from data.models import Run, RunStatus
 from data.renders import Render
 from data.settings import get_settings
 
-RENDER_VERSION = "1"  # bump when a render changes in a way the digest of the sources cannot see
+RENDER_VERSION = "2"  # bump when a render changes in a way the digest of the sources cannot see
 FINISHED = frozenset({RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLED})
 VIEW = ("strategy", "layer", "head", "agg", "query")  # the parameters of an attention view
 SOURCES = ("app", "templates", "static", "vocabulary", "data")
