@@ -25,6 +25,7 @@ from vocabulary.trajectories import (
     TurnSpec,
     carried,
     summaries,
+    turns_from_jsonl,
     unknown_keys,
     verdict,
     with_reference,
@@ -47,27 +48,10 @@ def _read(path: str, what: str) -> str:
 
 def read_turns(text: str, where: str) -> list[TurnSpec]:
     """The turns of a JSONL text, one a line; a bad line is named by its number."""
-    turns = []
-    for n, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise TrajectoryUsageError(f"{where}: line {n} is not JSON ({exc.msg})") from None
-        if not isinstance(row, dict) or set(row) - {"append", "fields", "question", "choices"}:
-            raise TrajectoryUsageError(f"{where}: line {n} must be an object with append, fields, question, "
-                                       "choices")
-        fields = row.get("fields") or {}
-        if not isinstance(fields, dict) or not all(isinstance(v, str) for v in fields.values()):
-            raise TrajectoryUsageError(f"{where}: line {n}: fields must be {{label: value}} with text values")
-        choices = row.get("choices")
-        turns.append(TurnSpec(append=str(row.get("append") or ""), fields=dict(fields),
-                              question=row.get("question"),
-                              choices=None if choices is None else tuple(choices)))
-    if not turns:
-        raise TrajectoryUsageError(f"{where}: no turns")
-    return turns
+    try:
+        return turns_from_jsonl(text)
+    except ValueError as exc:
+        raise TrajectoryUsageError(f"{where}: {exc}") from None
 
 
 def find_fields(document: str, given: list[str], labels: list[str]) -> tuple[FieldSpec, ...]:

@@ -10,6 +10,7 @@ from the cache and the new one appended after the last turn's text).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -88,6 +89,41 @@ class TrajectorySpec:
     question: str
     choices: tuple[str, ...]
     strategies: tuple[str, ...]
+
+
+TURN_KEYS = ("append", "fields", "question", "choices")
+
+
+def turns_from_jsonl(text: str) -> list[TurnSpec]:
+    """The turns of a JSONL text, one a line (blank lines skipped): {"append": …, "fields": {label:
+    value}, "question": …, "choices": […]}. `ValueError` naming the line for a bad one."""
+    turns = []
+    for n, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"line {n} is not JSON ({exc.msg})") from None
+        if not isinstance(row, dict) or set(row) - set(TURN_KEYS):
+            raise ValueError(f"line {n} must be an object with only {', '.join(TURN_KEYS)}")
+        fields = row.get("fields") or {}
+        if not isinstance(fields, dict) or not all(isinstance(v, str) for v in fields.values()):
+            raise ValueError(f"line {n}: fields must be {{label: value}} with text values")
+        question, choices = row.get("question"), row.get("choices")
+        if question is not None and not isinstance(question, str):
+            raise ValueError(f"line {n}: question must be text")
+        texts = isinstance(choices, list) and all(isinstance(c, str) for c in choices)
+        if choices is not None and not texts:
+            raise ValueError(f"line {n}: choices must be a list of texts")
+        append = row.get("append") or ""
+        if not isinstance(append, str):
+            raise ValueError(f"line {n}: append must be text")
+        turns.append(TurnSpec(append=append, fields=dict(fields), question=question,
+                              choices=None if choices is None else tuple(choices)))
+    if not turns:
+        raise ValueError("no turns: write one turn a line")
+    return turns
 
 
 @dataclass

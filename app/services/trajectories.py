@@ -14,12 +14,13 @@ the broker refuses it); the worker's `kvnotes.trajectory` does the rest.
 
 from __future__ import annotations
 
-from datetime import datetime
+from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from app.schema_types import Timestamp
 from app.services.errors import RunLimitReached, Unprocessable
 from app.services.notebooks import check_served
 from data.accounts import LOCAL_USER
@@ -41,6 +42,10 @@ from vocabulary.trajectories import (
 )
 
 ACTIVE = (RunStatus.QUEUED.value, RunStatus.RUNNING.value)
+# what one request body may hold: any body the schema accepts stays under the server's request limit
+# (`max_request_bytes`, 3 MiB by default); KVNOTES_MAX_TURNS (64 by default) is checked after
+MAX_TURNS_IN_A_BODY = 256
+MAX_APPEND_CHARS = 8000
 
 
 class TurnIn(BaseModel):
@@ -48,10 +53,10 @@ class TurnIn(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    append: str = Field(default="", max_length=200_000)
-    fields: dict[str, str] = Field(default_factory=dict)
+    append: str = Field(default="", max_length=MAX_APPEND_CHARS)
+    fields: dict[str, Annotated[str, Field(max_length=2000)]] = Field(default_factory=dict, max_length=32)
     question: str | None = Field(default=None, max_length=4000)
-    choices: list[str] | None = Field(default=None, max_length=64)
+    choices: list[Annotated[str, Field(max_length=200)]] | None = Field(default=None, max_length=64)
 
 
 class TrajectoryCreate(BaseModel):
@@ -61,10 +66,11 @@ class TrajectoryCreate(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    turns: list[TurnIn] = Field(min_length=1, max_length=10_000)
-    strategies: list[str] = Field(default_factory=lambda: list(carried()), max_length=32)
+    turns: list[TurnIn] = Field(min_length=1, max_length=MAX_TURNS_IN_A_BODY)
+    strategies: list[Annotated[str, Field(max_length=64)]] = Field(default_factory=lambda: list(carried()),
+                                                                    max_length=32)
     question: str | None = Field(default=None, max_length=4000)
-    choices: list[str] | None = Field(default=None, max_length=64)
+    choices: list[Annotated[str, Field(max_length=200)]] | None = Field(default=None, max_length=64)
 
 
 def _where(i: int) -> str:
@@ -192,9 +198,9 @@ class TrajectoryView(BaseModel):
     turns_done: int
     turns_total: int
     error: str | None
-    created_at: datetime
-    started_at: datetime | None
-    finished_at: datetime | None
+    created_at: Timestamp
+    started_at: Timestamp | None
+    finished_at: Timestamp | None
     strategies: list[str]
     spec: TrajectorySpec
     turns: list[TurnRecord]

@@ -76,3 +76,28 @@ def test_bad_turns_are_422_naming_the_turn_and_nothing_is_saved(make_client) -> 
     r = client.post(f"/api/notebooks/{nb}/trajectories", json={"turns": [{"append": "a"}]})
     assert r.status_code == 422 and "turn 1 asks no question" in r.text
     assert _count() == 0
+
+
+def test_the_notebook_panel_takes_jsonl_turns(make_client) -> None:
+    client = make_client()
+    nb = _with_field(client)
+    page = client.get(f"/notebooks/{nb}")
+    assert page.status_code == 200 and f'hx-get="/notebooks/{nb}/trajectory"' in page.text
+    panel = client.get(f"/notebooks/{nb}/trajectory")
+    assert panel.status_code == 200 and "Fields a turn may change: status" in panel.text
+    form = {"question": "Can this customer log in?", "choices": "yes, no",
+            "strategies": ["prefix_reuse", "erratum.one_per_field"]}
+    bad = client.post(f"/notebooks/{nb}/trajectories",
+                      data={**form, "turns": '{"append": "a"}\n{"append": 3}'})
+    assert bad.status_code == 422 and "turns: line 2: append must be text" in bad.text
+    bad = client.post(f"/notebooks/{nb}/trajectories",
+                      data={**form, "turns": '{"append": "a"}\n{"fields": {"tier": "x"}}'})
+    assert bad.status_code == 422 and "turn 2 changes a field &#39;tier&#39;" in bad.text
+    assert _count() == 0
+    ok = client.post(f"/notebooks/{nb}/trajectories",
+                     data={**form, "turns": '{"append": "a"}\n{"fields": {"status": "suspended"}}\n'})
+    assert ok.status_code == 204 and ok.headers["HX-Redirect"].startswith("/trajectories/")
+    t = client.get(f"/api{ok.headers['HX-Redirect']}").json()
+    assert t["turns_total"] == 2 and t["strategies"] == ["recompute", "prefix_reuse", "erratum.one_per_field"]
+    assert t["spec"]["turns"][1]["fields"] == {"status": "suspended"}
+    assert t["spec"]["choices"] == ["yes", "no"]

@@ -23,7 +23,7 @@ router = APIRouter(tags=["trajectories"])
 
 
 @router.post("/notebooks/{notebook_id}/trajectories", response_model=TrajectoryView,
-             status_code=status.HTTP_201_CREATED, responses=errors(404, 429, 503))
+             status_code=status.HTTP_201_CREATED, responses=errors(404, 413, 429, 503))
 def create_trajectory(notebook_id: int, body: TrajectoryCreate, session: SessionDep,
                       principal: PrincipalDep) -> TrajectoryView:
     """Run the turns on the notebook's document and fields, every strategy carrying its own cache."""
