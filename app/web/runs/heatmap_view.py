@@ -131,10 +131,14 @@ def dark_colours() -> dict[str, tuple[str, str]]:
 
 @lru_cache(maxsize=1)
 def dark_css() -> str:
-    """The dark classes' rules for a page with a dark theme (the presentation): under
+    """The dark classes' rules, and the legends' dark scales, for a page with a dark theme (the slides): under
     `data-theme="dark"`, or the system's dark scheme unless the reader chose light."""
+    colours = dark_colours()
     rules = [f".tok.{name}{{background-color:{bg}!important;color:{fg}!important}}"
-             for name, (bg, fg) in dark_colours().items()]
+             for name, (bg, fg) in colours.items()]
+    rules += [f".ramp.ramp-{k}{{background:linear-gradient(90deg,"  # the legends' scales
+              + ",".join(colours[f"dk-{k}{i * DARK_LEVELS // 4}"][0] for i in range(5)) + ")!important}"
+              for k in "sd"]
     chosen = "".join(f'html.present-mode[data-theme="dark"] {r}' for r in rules)
     system = "".join(f'html.present-mode:not([data-theme="light"]) {r}' for r in rules)
     return f"{chosen}\n@media (prefers-color-scheme: dark) {{ {system} }}"
