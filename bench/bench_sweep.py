@@ -1,0 +1,135 @@
+"""A sweep against single runs (issue 23): N destinations of the ~1,000-token shipment log
+(`examples/shipment-log.json`), every strategy against recompute on each, run two ways on the same
+loaded model, and written side by side to `docs/sweeps.md`:
+
+- the sweep: `kvnotes sweep`'s loop (`commands.sweep.run_sweep`), the document prefilled once and
+  every edit starting from those notes;
+- N single runs: what N separate runs of the notebook do, each prefilling the document again.
+
+    .venv/bin/python bench/bench_sweep.py [--edits 40] [--model smollm2-135m] [--out docs/sweeps.md]
+
+Wall time per edit is measured around each whole edit (prefill included where there is one); the
+statistics are the sweep's own (`vocabulary.sweeps`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+CITIES = ["Madrid", "Lisbon", "Rotterdam", "Hamburg", "Gdansk", "Tallinn", "Riga", "Helsinki",
+          "Stockholm", "Copenhagen", "Aarhus", "Bergen", "Trondheim", "Tromso", "Reykjavik", "Dublin",
+          "Cork", "Liverpool", "Antwerp", "Le Havre", "Marseille", "Genoa", "Naples", "Valencia",
+          "Barcelona", "Piraeus", "Izmir", "Constanta", "Varna", "Trieste", "Koper", "Split",
+          "Bremen", "Kiel", "Malmo", "Gothenburg", "Stavanger", "Aberdeen", "Hull", "Zeebrugge"]
+STRATEGIES = ["recompute", "prefix_reuse", "stale", "in_place", "erratum", "field_erratum"]
+QUESTION = "What is the destination of this shipment?"
+
+
+def run(edits: int, model: str, max_new_tokens: int) -> dict:
+    from commands.sweep import run_sweep
+    from data.settings import get_settings
+    from worker.engine import Field, Question, RunRequest, load
+
+    spec = json.loads((ROOT / "examples" / "shipment-log.json").read_text())
+    document, find = spec["document"], spec["fields"][0]["find"]
+    start = document.index(find)
+    eng = load(model, data_dir=get_settings().data_dir)  # no KV store: a single run's prefill is computed
+    question = Question(QUESTION, max_new_tokens=max_new_tokens)
+    values = CITIES[:edits]
+    eng.warm_up()
+
+    sweep_times: list[float] = []
+    t0 = time.perf_counter()
+    last = [t0]
+
+    def tick(done: int, total: int) -> None:
+        now = time.perf_counter()
+        sweep_times.append(now - last[0])
+        last[0] = now
+
+    sweep = run_sweep(eng, document, find, "destination", values, question, STRATEGIES, progress=tick)
+    sweep_total = time.perf_counter() - t0
+
+    single_times: list[float] = []
+    single_prefills = 0
+    for value in values:
+        t1 = time.perf_counter()
+        request = RunRequest(document=document, question=question, strategies=tuple(STRATEGIES),
+                             fields=(Field(start, start + len(find), value, "destination"),))
+        eng.run(request)  # notes=None: the run prefills the document itself
+        single_prefills += 1
+        single_times.append(time.perf_counter() - t1)
+    return {"model": model, "device": str(eng.device), "edits": len(values),
+            "document_tokens": sweep["document_tokens"], "sweep": sweep, "sweep_total_s": sweep_total,
+            "sweep_per_edit_s": sweep_times, "single_total_s": sum(single_times),
+            "single_per_edit_s": single_times, "single_prefills": single_prefills,
+            "machine": f"{platform.machine()}, {platform.processor() or 'cpu'}"}
+
+
+def markdown(r: dict, command: str) -> str:
+    s = r["sweep"]
+    sw, si = r["sweep_per_edit_s"], r["single_per_edit_s"]
+    lines = [
+        "# Sweeps: one prefill for many edits",
+        "",
+        f"Written by `{command}` (bench/bench_sweep.py). {r['edits']} destinations of the "
+        f"{r['document_tokens']}-token shipment log (`examples/shipment-log.json`), every strategy against "
+        f"recompute on each, the question \"{QUESTION}\" (free answer), on {r['model']} ({r['device']}).",
+        "",
+        "| | edits | document prefills | total (s) | per edit, median (s) | per edit, max (s) |",
+        "|---|---:|---:|---:|---:|---:|",
+        f"| sweep | {r['edits']} | {s['document_prefills']} | {r['sweep_total_s']:.1f} | "
+        f"{statistics.median(sw):.2f} | {max(sw):.2f} |",
+        f"| {r['edits']} single runs | {r['edits']} | {r['single_prefills']} | {r['single_total_s']:.1f} | "
+        f"{statistics.median(si):.2f} | {max(si):.2f} |",
+        "",
+        f"The sweep's cost per edit is {r['sweep_total_s'] / r['edits']:.2f} s against "
+        f"{r['single_total_s'] / r['edits']:.2f} s for a single run "
+        f"({'at most' if r['sweep_total_s'] <= r['single_total_s'] else 'MORE than'} a single run's), and "
+        f"the document was prefilled {s['document_prefills']} time(s) instead of {r['single_prefills']}.",
+        "",
+        "## What the sweep found",
+        "",
+        "| strategy | agreement | 95% interval | changed edits | 95% interval | cost share |",
+        "|---|---:|---|---:|---|---:|",
+    ]
+    for name, st in s["strategies"].items():
+        ci = st["agreement_ci95"] or [0, 0]
+        ch = st["changed"]
+        cci = ch["ci95"] or [0, 0]
+        lines.append(f"| {name} | {st['agreed']}/{st['determined']} | [{ci[0]:.2f}, {ci[1]:.2f}] | "
+                     f"{ch['agreed']}/{ch['edits']} | [{cci[0]:.2f}, {cci[1]:.2f}] | "
+                     f"{(st['cost_share'] or 0):.1%} |")
+    lines += ["", f"Policy at {s['policy']['threshold']:.2f}: **{s['policy']['strategy']}**: "
+              f"{s['policy']['sentence']}.", ""]
+    if r["edits"] < 40:
+        lines += [f"Bounded run: {r['edits']} of the 40 edits, on a shared 2-core machine. The full "
+                  "benchmark is `.venv/bin/python bench/bench_sweep.py --edits 40`.", ""]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--edits", type=int, default=40, choices=range(1, len(CITIES) + 1), metavar="1..40")
+    parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--max-new-tokens", type=int, default=8)
+    parser.add_argument("--out", default=str(ROOT / "docs" / "sweeps.md"))
+    args = parser.parse_args(argv)
+    result = run(args.edits, args.model, args.max_new_tokens)
+    command = "bench/bench_sweep.py" + (f" --edits {args.edits}" if args.edits != 40 else "")
+    Path(args.out).write_text(markdown(result, command))
+    print(markdown(result, command))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
