@@ -74,6 +74,7 @@ class RunRequest:
     attention: bool | tuple[str, ...] = False
     attribution: bool = False  # also map which notes carry the decision (`worker.engine.attribution`)
     mechanism: bool = False  # also knockout, selective@K and the logit lens (`worker.engine.mechanism`)
+    policy: str | None = None  # the strategy the notebook adopted from a sweep: `auto` applies it
 
 
 def run(engine: LoadedModel, request: RunRequest, notes: Notes | None = None,
@@ -81,6 +82,8 @@ def run(engine: LoadedModel, request: RunRequest, notes: Notes | None = None,
     """The report of `request`; `notes` are the document's cached notes (prefilled when None)."""
     report_progress = progress or (lambda stage, fraction: None)
     strategies = EDITS.build(_checked(request))
+    for strategy in strategies.values():
+        strategy.follow(request.policy)
     report_progress("prefill", 0.02)
     old = notes if notes is not None else engine.prefill(request.document)
     engine.warm_up()
@@ -137,6 +140,10 @@ def _checked(request: RunRequest) -> list[str]:
     problem = unknown_strategies(request.strategies)
     if problem:
         raise EngineError(problem)
+    if request.policy is not None and (request.policy not in EDITS.names
+                                       or EDITS.classes[request.policy].info.parts):
+        raise EngineError(f"the adopted policy {request.policy!r} is not a strategy with notes of its own "
+                          f"(one of {', '.join(n for n in EDITS.names if not EDITS.classes[n].info.parts)})")
     fields = sorted(request.fields, key=lambda f: f.start)
     n = len(request.document)
     for f in fields:

@@ -52,6 +52,10 @@ class Strategy(Generic[CaseT]):
         """The strategies measured for this one: itself, or a composite's parts."""
         return (self.name,)
 
+    def follow(self, policy: str | None) -> None:
+        """The strategy a notebook adopted from a sweep's policy (None: none); only a composite
+        that picks among others (auto) reads it."""
+
     def prepare(self, case: CaseT) -> None:
         """Work done once, before and outside the timings (nothing by default)."""
 

@@ -1,6 +1,8 @@
-"""`auto`: a composite. It runs no surgery of its own: it measures `field_erratum` (the robust
-default) and its cheaper parts, and picks the cheapest part whose decision matches field_erratum's;
-its cost is every probe it had to run, field_erratum's included, honestly summed."""
+"""`auto`: a composite. It runs no surgery of its own. With no adopted policy it is an oracle pick:
+it measures `field_erratum` (the robust default) and its cheaper parts, and picks the cheapest part
+whose decision matches field_erratum's; its cost is every probe it had to run, field_erratum's
+included, honestly summed. With a policy the notebook adopted from a sweep (`follow`), it runs only
+that strategy and its cost is that strategy's alone."""
 
 from __future__ import annotations
 
@@ -22,11 +24,21 @@ class Auto(Strategy[EditCase]):
         moves_keys=True, parts=("stale", "erratum", "in_place"), role="composite", colour="#b8a200",
     )
     TARGET = FieldErratum.info.name
+    policy: str | None = None
+
+    def follow(self, policy: str | None) -> None:
+        self.policy = policy
 
     def needs(self) -> tuple[str, ...]:
+        if self.policy is not None:
+            return (self.policy,)
         return (self.TARGET, *self.info.parts)
 
     def outcome(self, outcomes: dict[str, Outcome]) -> Outcome:
+        if self.policy is not None:
+            chosen = outcomes[self.policy]
+            surgery = replace(chosen.surgery, detail=f"adopted policy: {self.policy}")
+            return replace(chosen, surgery=surgery, samples=list(chosen.samples), picked=self.policy)
         target = outcomes[self.TARGET].readout.decision
         probes = sorted(self.info.parts, key=lambda n: outcomes[n].surgery.tokens_computed)
         picked, spent = self.TARGET, []
