@@ -55,7 +55,7 @@ def test_a_model_nobody_serves_is_refused_for_notebooks_and_examples(make_client
     client = make_client(KVNOTES_DEFAULT_MODEL="tiny-llama", KVNOTES_MODELS="tiny-llama")
     r = client.post("/api/notebooks", json={"title": "t", "model": "smollm2-135m", "text": DOC})
     assert r.status_code == 422 and "model 'smollm2-135m' is not served here" in r.text
-    page = client.post("/examples/shipment-log")  # the example names smollm2-135m
+    page = client.post("/examples/access-policy")  # the example names smollm2-135m
     assert page.status_code == 422, page.text[:300]
     assert "smollm2-135m" in page.text and "is not served here" in page.text
     assert client.get("/api/notebooks").json() == []  # nothing was made
