@@ -194,6 +194,11 @@ class NotebookOut(NotebookSummary):
     errata: list[ErratumOut]
     placements: list[PlacementOut]
     question: QuestionOut | None
+    # the policy adopted from a finished sweep (`POST /api/sweeps/{id}/adopt`): `auto` runs only it
+    policy_strategy: str | None = None
+    policy_sweep_id: int | None = None
+    policy_threshold: float | None = None
+    policy_sentence: str | None = None
 
 
 # --- runs ----------------------------------------------------------------------------------------

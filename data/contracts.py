@@ -69,6 +69,8 @@ class RunSnapshot(_Frozen):
     mechanism: bool = False  # also knockout, selective@K and the logit lens (`runs.mechanism`)
     # the sweep this run is an edit of: its workers share the document's notes (prefilled once each)
     sweep_id: int | None = None
+    # the strategy the notebook adopted from a sweep's policy: `auto` runs only it (None: oracle pick)
+    policy: str | None = None
 
 
 class SweepEdit(_Frozen):

@@ -10,6 +10,7 @@ Attention maps are stored compactly: float16 bytes `[layers, heads, T]` in a blo
 floats. Ids are never reused (`NEVER_REUSE_IDS`, migration 0006), and a run's status is a `RunStatus`.
 The web app and the worker import these models; nothing here imports either. JSON columns that
 cross the web ↔ worker boundary hold typed values (`data.contracts`), never loose dicts.
+Longer than 400 lines because it is the one schema: every table's columns read in one place.
 """
 
 from __future__ import annotations
@@ -132,6 +133,11 @@ class Notebook(Base):
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow, onupdate=utcnow)
     created_by: Mapped[str | None] = mapped_column(String(64))
     example: Mapped[str | None] = mapped_column(String(64), index=True)
+    # the policy adopted from a finished sweep (`app.services.notebooks.adopt_policy`): auto applies it
+    policy_strategy: Mapped[str | None] = mapped_column(String(64))
+    policy_sweep_id: Mapped[int | None] = mapped_column(Integer)  # no key: the policy outlives its sweep
+    policy_threshold: Mapped[float | None] = mapped_column(Float)
+    policy_sentence: Mapped[str | None] = mapped_column(Text)
 
     fields: Mapped[list[Field]] = relationship(
         back_populates="notebook", cascade="all, delete-orphan", passive_deletes=True, order_by="Field.start"

@@ -56,6 +56,7 @@ def run_request(eng: Engine, snapshot: RunSnapshot) -> RunRequest:
         attention=True,
         attribution=snapshot.attribution,
         mechanism=snapshot.mechanism,
+        policy=snapshot.policy,
     )
 
 

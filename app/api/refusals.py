@@ -39,6 +39,8 @@ RULES: dict[str, list[str]] = {
     "POST /api/notebooks/{notebook_id}/sweeps": [
         'the edits given one way: "values" or "edits"', "every label names a field of the notebook",
         "at most KVNOTES_MAX_SWEEP_EDITS edits", "the notebook has a question, or the sweep sends one"],
+    "POST /api/sweeps/{sweep_id}/adopt": [
+        "the sweep has finished, with at least one finished edit, and its notebook still exists"],
     "POST /api/notebooks/{notebook_id}/replays": [
         "a vLLM server the operator configured (KVNOTES_VLLM_URL), reachable and serving the model",
         "the notebook has a field (field_id: one of its fields) and a question",

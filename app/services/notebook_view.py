@@ -20,4 +20,6 @@ def notebook_view(notebook: Notebook) -> NotebookOut:
         errata=[ErratumOut.model_validate(e) for e in notebook.errata],
         placements=[PlacementOut.model_validate(p) for p in notebook.placements],
         question=QuestionOut.model_validate(question) if question is not None else None,
+        policy_strategy=notebook.policy_strategy, policy_sweep_id=notebook.policy_sweep_id,
+        policy_threshold=notebook.policy_threshold, policy_sentence=notebook.policy_sentence,
     )

@@ -20,9 +20,11 @@ from data.models import RUN_ACTIVE, Notebook, Question, Run, RunStatus, utcnow
 from data.queue import QueueUnavailable, enqueue_run, revoke
 from data.settings import get_settings
 from data.workers import models_without_worker
+from vocabulary import by_role
 
 log = logging.getLogger(__name__)
 ACTIVE = RUN_ACTIVE
+AUTO = by_role("composite")  # the strategy that applies a notebook's adopted policy
 
 
 def build_snapshot(notebook: Notebook, question: Question, strategies: list[str],
@@ -46,6 +48,7 @@ def build_snapshot(notebook: Notebook, question: Question, strategies: list[str]
         strategies=list(strategies),
         attribution=attribution,
         mechanism=mechanism,
+        policy=notebook.policy_strategy if AUTO in strategies else None,
     )
 
 

@@ -19,6 +19,7 @@ from sqlalchemy.orm import Session
 from app.services.errors import RunLimitReached, Unprocessable
 from app.services.notebooks import check_served
 from app.services.sweep_input import PlannedEdits, SweepCreate, plan_edits
+from app.services.sweep_view import build_sweep_view
 from data.accounts import LOCAL_USER
 from data.contracts import RunSnapshot, SnapshotField, SnapshotPlacement, SnapshotQuestion, SweepEdit
 from data.models import RUN_ACTIVE, Notebook, Run, RunStatus, Sweep, utcnow
@@ -140,3 +141,33 @@ def cancel_sweep(session: Session, sweep: Sweep) -> int:
         if run.task_id:
             revoke(run.task_id)
     return len(pending)
+
+
+def adopt_policy(session: Session, sweep: Sweep, threshold: float | None = None) -> Notebook:
+    """Store the finished sweep's policy at `threshold` (None: the sweep's own) on its notebook:
+    the strategy it names, the sweep, the threshold and its sentence. Later runs' `auto` runs only
+    that strategy. A sweep still running, with no finished edit, or whose notebook is gone is refused."""
+    notebook = session.get(Notebook, sweep.notebook_id) if sweep.notebook_id is not None else None
+    if notebook is None:
+        raise Unprocessable("sweep", f"sweep {sweep.id}'s notebook was deleted: there is no notebook "
+                                     "to adopt its policy")
+    if threshold is not None and not 0.0 < threshold < 1.0:
+        raise Unprocessable("threshold", f"threshold must be between 0 and 1 (exclusive); got {threshold}")
+    view = build_sweep_view(session, sweep, threshold)
+    if view.active:
+        raise Unprocessable("sweep", f"sweep {sweep.id} is {view.status} ({view.progress}): adopt its "
+                                     "policy once it has finished")
+    if not any(e.results for e in view.edits):
+        raise Unprocessable("sweep", f"sweep {sweep.id} has no finished edit: it has no policy to adopt")
+    notebook.policy_strategy, notebook.policy_sweep_id = view.policy.strategy, sweep.id
+    notebook.policy_threshold, notebook.policy_sentence = view.policy.threshold, view.policy.sentence
+    session.commit()
+    return notebook
+
+
+def drop_policy(session: Session, notebook: Notebook) -> Notebook:
+    """Forget the notebook's adopted policy: `auto` is the oracle pick again."""
+    notebook.policy_strategy = notebook.policy_sweep_id = None
+    notebook.policy_threshold = notebook.policy_sentence = None
+    session.commit()
+    return notebook

@@ -1,7 +1,9 @@
 """Sweeps: start one over many edits of a notebook's fields (422 naming the row and column of bad
 input, 429 past the sweep cap, 503 when the broker cannot take it: nothing saved), read it (the
 one `SweepView`: per-strategy agreement with Wilson intervals, the frontier, the policy at a
-threshold given here or the sweep's own) and cancel it (finished edits are kept)."""
+threshold given here or the sweep's own) and cancel it (finished edits are kept). A finished sweep's
+policy can be adopted by its notebook (later runs' `auto` runs only the strategy it names) and
+dropped again."""
 
 from __future__ import annotations
 
@@ -9,9 +11,11 @@ from fastapi import APIRouter, HTTPException, Query, status
 from sqlalchemy import select
 
 from app.api.deps import PrincipalDep, SessionDep, errors, get_or_404
+from app.schemas import NotebookOut
+from app.services.notebook_view import notebook_view
 from app.services.sweep_input import SweepCreate
 from app.services.sweep_view import SweepView, build_sweep_view
-from app.services.sweeps import cancel_sweep, start_sweep
+from app.services.sweeps import adopt_policy, cancel_sweep, drop_policy, start_sweep
 from data.models import Notebook, Sweep
 from data.queue import QueueUnavailable
 from data.watchdog import reap_for_reader
@@ -57,3 +61,18 @@ def cancel(sweep_id: int, session: SessionDep) -> SweepView:
         raise HTTPException(status_code=409, detail=f"sweep {sweep_id} already {sweep.status}")
     cancel_sweep(session, sweep)
     return build_sweep_view(session, sweep)
+
+
+@router.post("/sweeps/{sweep_id}/adopt", response_model=NotebookOut, responses=errors(404))
+def adopt(sweep_id: int, session: SessionDep, threshold: float | None = Threshold) -> NotebookOut:
+    """The notebook adopts the finished sweep's policy at `threshold`: its later runs' `auto` runs
+    only the strategy the policy names, at that strategy's cost (422 while the sweep runs)."""
+    reap_for_reader(session)
+    notebook = adopt_policy(session, get_or_404(session, Sweep, sweep_id, "sweep"), threshold)
+    return notebook_view(notebook)
+
+
+@router.delete("/notebooks/{notebook_id}/policy", response_model=NotebookOut, responses=errors(404))
+def drop(notebook_id: int, session: SessionDep) -> NotebookOut:
+    """Drop the adopted policy: `auto` is the oracle pick that costs every probe again."""
+    return notebook_view(drop_policy(session, get_or_404(session, Notebook, notebook_id, "notebook")))

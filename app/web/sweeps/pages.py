@@ -16,7 +16,7 @@ from app.api.deps import PrincipalDep, SessionDep, get_or_404
 from app.services.errors import RunLimitReached, Unprocessable
 from app.services.sweep_input import SweepCreate, rows_from_upload
 from app.services.sweep_view import SweepView, build_sweep_view
-from app.services.sweeps import cancel_sweep, start_sweep
+from app.services.sweeps import adopt_policy, cancel_sweep, drop_policy, start_sweep
 from app.web.forms import parse_number, validate
 from app.web.sweeps.view import csv_text, frontier_svg
 from app.web.templating import render
@@ -64,6 +64,36 @@ def sweep_cancel(request: Request, sweep_id: int, session: SessionDep) -> Respon
     if request.headers.get("HX-Request") == "true":
         return Response(status_code=204, headers={"HX-Refresh": "true"})
     return RedirectResponse(f"/sweeps/{sweep_id}", status_code=303)
+
+
+@router.post("/sweeps/{sweep_id}/adopt")
+async def sweep_adopt(request: Request, sweep_id: int, session: SessionDep) -> Response:
+    """The notebook adopts the finished sweep's policy at the page's threshold; its page shows it.
+    A sweep still running (or with nothing finished) gets its page again with the reason (422)."""
+    form = await request.form()
+    sweep = get_or_404(session, Sweep, sweep_id, "sweep")
+    try:
+        threshold = parse_number(str(form.get("threshold", "")) or None, "threshold", sweep.threshold)
+        notebook = adopt_policy(session, sweep, threshold)
+    except Unprocessable as exc:
+        view = _view(session, sweep_id)
+        return render(request, "sweep.html", sweep=view, frontier=frontier_svg(view), nav="runs",
+                      adopt_error=exc.message, status_code=422)
+    return _go(request, f"/notebooks/{notebook.id}#adopted-policy")
+
+
+@router.post("/notebooks/{notebook_id}/policy/drop")
+def policy_drop(request: Request, notebook_id: int, session: SessionDep) -> Response:
+    """Forget the adopted policy: `auto` is the oracle pick again."""
+    drop_policy(session, get_or_404(session, Notebook, notebook_id, "notebook"))
+    return _go(request, f"/notebooks/{notebook_id}")
+
+
+def _go(request: Request, url: str) -> Response:
+    """To `url`: htmx follows HX-Redirect, a plain form a 303."""
+    if request.headers.get("HX-Request") == "true":
+        return Response(status_code=204, headers={"HX-Redirect": url})
+    return RedirectResponse(url, status_code=303)
 
 
 @router.get("/sweeps/{sweep_id}/export.json")
