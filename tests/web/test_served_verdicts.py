@@ -30,7 +30,10 @@ def _call(url: str, method: str = "GET", body: dict | None = None) -> dict:
 
 
 def test_a_served_read_back_run_knows_the_edit(tmp_path: Path) -> None:
-    (tmp_path / "models").symlink_to(REPO / "var" / "test-data" / "models")  # the converted bundled model
+    from worker.engine.models import ensure_converted
+
+    data = REPO / "var" / "test-data"  # the bundled model, converted once (here when this test runs first)
+    (tmp_path / "models").symlink_to(ensure_converted("smollm2-135m", data).parent)
     with ServedApp(tmp_path, "smollm2-135m", worker=True) as server:
         api = f"{server.url}/api"
         nb = _call(f"{api}/notebooks", "POST",
