@@ -87,16 +87,16 @@ def _tree_mask(past: int, deferred: Deferred | None, group: list[int], parent: l
     (but no stale K/V at a deferred position; a deferred row only the notes before it) and every
     earlier row of its own group or of a group above it. Group 0 is the root (the deferred rows)."""
     n_groups = len(parent)
-    above = torch.eye(n_groups, dtype=torch.bool)
+    above = torch.eye(n_groups, dtype=torch.bool, device=device)
     for g in range(n_groups):
         p = parent[g]
         while p >= 0:
             above[g, p] = True
             p = parent[p]
-    own = torch.tensor(group)
+    own = torch.tensor(group, device=device)
     length = len(group)
-    causal = torch.ones(length, length, dtype=torch.bool).tril()
-    new = (causal & above[own][:, own]).to(device)
+    causal = torch.ones(length, length, dtype=torch.bool, device=device).tril()
+    new = causal & above[own][:, own]
     cached = torch.ones(length, past, dtype=torch.bool, device=device)
     if deferred is not None:
         pos, n_def = torch.tensor(deferred.positions, device=device), len(deferred.positions)

@@ -251,8 +251,9 @@ def _chosen(reading: OrderReading, logits: torch.Tensor, encoded: list[list[int]
 
 def _per_order(choices: Sequence[str], scores: Sequence[Sequence[float]]) -> list[dict[str, float]]:
     """Each order's summed log-probabilities (in the listed order) as its distribution over the choices."""
-    return [dict(zip(choices, torch.softmax(torch.tensor(s, dtype=torch.float64), dim=0).tolist()))
-            for s in scores]
+    # python floats in and out: a CPU tensor, by name
+    return [dict(zip(choices, torch.softmax(torch.tensor(s, dtype=torch.float64, device="cpu"), dim=0)
+                     .tolist())) for s in scores]
 
 
 def _orders_readout(model, tokenizer, frame: Frame, base: list[KV], pending: list[int], suffix_ids: list[int],
