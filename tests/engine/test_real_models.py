@@ -25,11 +25,15 @@ def smollm2(data_dir):
     return load("smollm2-135m", device="cpu", data_dir=data_dir)
 
 
-def test_stale_notes_keep_the_old_decision_when_recompute_flips(smollm2):
+def test_stale_notes_keep_the_old_decision_when_recompute_flips(data_dir):
+    """On gemma3-270m, which reads this field back in either order of the choices: smollm2-135m's
+    stale notes here pick whichever city is listed first, so read over every order they say Madrid
+    (the run page flags such a question)."""
+    gemma = load("gemma3-270m", device="cpu", data_dir=data_dir)
     start = SHIPMENT.index("Oslo")
     question = Question("What is the destination of shipment 4471?", ("Oslo", "Madrid"))
-    before = smollm2.edit(SHIPMENT, [], question, strategies=["recompute"]).strategies["recompute"]
-    report = smollm2.edit(SHIPMENT, [Field(start, start + 4, "Madrid", "destination")], question,
+    before = gemma.edit(SHIPMENT, [], question, strategies=["recompute"]).strategies["recompute"]
+    report = gemma.edit(SHIPMENT, [Field(start, start + 4, "Madrid", "destination")], question,
                           strategies=["recompute", "prefix_reuse", "stale"])
     after = report.strategies
     assert before.decision == "Oslo"
