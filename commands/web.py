@@ -41,6 +41,8 @@ def serve_web(host: str, port: int, processes: int) -> None:
     config = uvicorn.Config(APP, host=host, port=port, workers=max(1, processes), log_level="info",
                             log_config=LOG_CONFIG, **get_settings().proxy_options)  # X-Forwarded-For
     sock = config.bind_socket()
+    sock.listen(config.backlog)  # connections wait in the backlog while children start or restart,
+    # never refused: "Uvicorn running" then means a request will be answered
     try:
         Multiprocess(config, sockets=[sock]).run()
     finally:
