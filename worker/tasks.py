@@ -142,7 +142,10 @@ def _on_worker_ready(sender=None, **_kwargs) -> None:
     hostname = getattr(sender, "hostname", None) or "unknown"
     queues = [q.name for q in sender.task_consumer.queues] if sender is not None else []
     if presence.start(hostname, queues):  # a duplicate name must not fail a live worker's runs
-        run_rows.reap_own_runs(hostname)
+        try:
+            run_rows.reap_own_runs(hostname)
+        except Exception:  # storage down: the watchdog reaps them later; load and say ready all the same
+            log.exception("could not fail the runs a previous life left running", extra={"worker": hostname})
     default_queue = queue_for(get_settings().default_model)
     preload = [q for q in queues if q == default_queue] or [q for q in queues if q.startswith("model.")][:1]
     for name in preload:
