@@ -42,6 +42,7 @@ VIEW = ("strategy", "layer", "head", "agg", "query")  # the parameters of an att
 SOURCES = ("app", "templates", "static", "vocabulary", "data")
 SOURCE_SUFFIXES = frozenset({".py", ".html", ".css", ".js", ".json", ".svg"})
 RETRY_AFTER_S = 5
+WAIT_S = 5.0  # how long a heavy render waits for its holder's slot before 503
 KEPT_HEADERS = ("content-security-policy", "content-disposition")
 CACHE_CONTROL = "private, no-cache"
 
@@ -50,13 +51,15 @@ class _Slots:
     """Heavy renders in progress in this process, per holder (a user, or a shared run)."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
+        self._lock = threading.Condition()
         self.held: Counter[str] = Counter()
 
     @contextmanager
-    def take(self, holder: str, cap: int) -> Iterator[None]:
+    def take(self, holder: str, cap: int, wait_s: float = WAIT_S) -> Iterator[None]:
+        """A slot of `holder`'s, waiting up to `wait_s` for one (a page's own panels ask together),
+        else 503 with Retry-After."""
         with self._lock:
-            if self.held[holder] >= cap:
+            if not self._lock.wait_for(lambda: self.held[holder] < cap, timeout=wait_s):
                 raise HTTPException(
                     status_code=503, headers={"Retry-After": str(RETRY_AFTER_S)},
                     detail=(f"{cap} heavy pages of this run are being built for you already "
@@ -69,6 +72,7 @@ class _Slots:
                 self.held[holder] -= 1
                 if self.held[holder] <= 0:
                     del self.held[holder]
+                self._lock.notify_all()
 
 
 SLOTS = _Slots()
