@@ -63,8 +63,10 @@ class _Progress:
 
     def __init__(self, replay_id: int) -> None:
         self.replay_id, self.last = replay_id, 0.0
+        self.done = self.total = 0  # requests answered so far, of all the replay sends
 
     def __call__(self, done: int, total: int, variant: str) -> None:
+        self.done, self.total = done, total
         if done < total and time.monotonic() - self.last < PROGRESS_EVERY_S:
             return
         self.last = time.monotonic()
@@ -119,13 +121,15 @@ def replay_task(self, replay_id: int) -> dict[str, Any]:
     snapshot = _claim(replay_id, self.request.id)
     if snapshot is None:
         return {"replay_id": replay_id, "status": "skipped"}
+    progress = _Progress(replay_id)
     try:
         with _Watch(replay_id) as watch:
             result = replay(snapshot, snapshot.url, snapshot.model or None,
-                            on_progress=_Progress(replay_id), bounds=bounds(), stop=watch.stop)
+                            on_progress=progress, bounds=bounds(), stop=watch.stop)
     except (Cancelled, ReplayStopped) as exc:
         if isinstance(exc, Cancelled) or watch.stop.is_set():
-            log.info("replay stopped", extra={"replay_id": replay_id, "reason": str(exc)})
+            log.info("replay stopped", extra={"replay_id": replay_id, "reason": str(exc),
+                                              "done": progress.done, "total": progress.total})
             return {"replay_id": replay_id, "status": "cancelled"}
         message = f"{exc} (KVNOTES_REPLAY_DEADLINE); nothing of it is kept"
         _write(replay_id, status=RunStatus.FAILED.value, error=message, finished_at=run_rows.now())
