@@ -23,6 +23,7 @@ from vocabulary.sweeps import (
     Outcome,
     Share,
     StrategyStats,
+    WorstCase,
     changed,
     decision_key,
     share_dict,
@@ -113,17 +114,6 @@ class EditOut(BaseModel):
     results: dict[str, EditResultOut]
 
 
-class WorstCaseOut(BaseModel):
-    position: int
-    run_id: int
-    values: dict[str, str]
-    strategy: str
-    answer: str
-    recompute: str
-    original: str
-    expected: str | None
-
-
 class SweepView(BaseModel):
     """Everything a sweep shows; `GET /api/sweeps/{id}` is exactly this."""
 
@@ -148,7 +138,7 @@ class SweepView(BaseModel):
     frontier: list[FrontierPointOut]
     paper_model: str = PAPER_MODEL
     worst_strategy: str
-    worst_cases: list[WorstCaseOut]
+    worst_cases: list[WorstCase]  # vocabulary's dataclass: pydantic validates and dumps it as is
     edits: list[EditOut]
 
     @property
@@ -234,6 +224,6 @@ def build_sweep_view(session: Session, sweep: Sweep, threshold: float | None = N
                                    ci95=list(f.ci95) if f.ci95 else None, cost_share=f.cost_share,
                                    source=f.source) for f in stats.frontier],
         worst_strategy=stats.worst_strategy,
-        worst_cases=[WorstCaseOut(**w.__dict__) for w in stats.worst],
+        worst_cases=list(stats.worst),
         edits=edits,
     )
