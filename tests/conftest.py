@@ -10,11 +10,13 @@ No test module imports another test module: shared helpers live here or in a pac
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
 import sys
 import time
+import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -252,3 +254,12 @@ class ServedApp:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def api_call(url: str, method: str = "GET", body: dict | None = None) -> dict:
+    """One JSON request to a served kvnotes (urllib: no client session), its JSON answer."""
+    data = json.dumps(body).encode() if body is not None else None
+    request = urllib.request.Request(url, data=data, method=method,
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=60) as response:
+        return json.loads(response.read())

@@ -5,7 +5,6 @@ model has layers; the run page draws all three."""
 
 from __future__ import annotations
 
-import json
 import re
 import time
 import urllib.request
@@ -13,21 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, ServedApp
+from tests.conftest import REPO, ServedApp, api_call
 
 pytestmark = pytest.mark.slow
 
 RECORD = ("Account record\n\nAccount holder: Dana Lee\nstatus: active\nPlan: business\nRegion: north\n\n"
           "Only accounts whose status is active may log in; suspended accounts are refused.")
 STRATEGIES = ["recompute", "stale", "in_place", "field_erratum"]
-
-
-def _call(url: str, method: str = "GET", body: dict | None = None) -> dict:
-    data = json.dumps(body).encode() if body is not None else None
-    request = urllib.request.Request(url, data=data, method=method,
-                                     headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(request, timeout=60) as response:
-        return json.loads(response.read())
 
 
 def test_a_served_run_carries_and_draws_the_mechanism(tmp_path: Path) -> None:
@@ -37,19 +28,19 @@ def test_a_served_run_carries_and_draws_the_mechanism(tmp_path: Path) -> None:
     (tmp_path / "models").symlink_to(ensure_converted("smollm2-135m", data).parent)
     with ServedApp(tmp_path, "smollm2-135m", worker=True) as server:
         api = f"{server.url}/api"
-        nb = _call(f"{api}/notebooks", "POST",
+        nb = api_call(f"{api}/notebooks", "POST",
                    {"title": "access", "model": "smollm2-135m", "text": RECORD})["id"]
         start = RECORD.index("active")
-        _call(f"{api}/notebooks/{nb}/fields", "POST",
+        api_call(f"{api}/notebooks/{nb}/fields", "POST",
               {"start": start, "end": start + 6, "new_value": "suspended", "label": "status"})
-        run = _call(f"{api}/notebooks/{nb}/runs", "POST",
+        run = api_call(f"{api}/notebooks/{nb}/runs", "POST",
                     {"question": "Can this account log in?", "choices": ["yes", "no"],
                      "strategies": STRATEGIES, "mechanism": True})
         assert run["snapshot"]["mechanism"] is True
         deadline = time.time() + 900
         while run["status"] in ("queued", "running") and time.time() < deadline:
             time.sleep(2)
-            run = _call(f"{api}/runs/{run['id']}")
+            run = api_call(f"{api}/runs/{run['id']}")
         assert run["status"] == "succeeded", run.get("error")
         with urllib.request.urlopen(f"{server.url}/runs/{run['id']}", timeout=60) as response:
             html = response.read().decode()

@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 import time
 import urllib.request
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import ServedApp
+from tests.conftest import ServedApp, api_call
 
 pytestmark = pytest.mark.slow
 
@@ -31,14 +30,6 @@ STRATEGIES = ["recompute", "prefix_reuse", "stale", "in_place", "erratum"]
 MODEL = "tiny-llama"
 
 
-def _call(url: str, method: str = "GET", body: dict | None = None) -> dict:
-    data = json.dumps(body).encode() if body is not None else None
-    request = urllib.request.Request(url, data=data, method=method,
-                                     headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(request, timeout=60) as response:
-        return json.loads(response.read())
-
-
 def _text(url: str) -> tuple[int, str]:
     with urllib.request.urlopen(url, timeout=60) as response:
         return response.status, response.read().decode()
@@ -47,23 +38,23 @@ def _text(url: str) -> tuple[int, str]:
 def test_a_served_sweep_of_20_values(tmp_path: Path) -> None:
     with ServedApp(tmp_path, MODEL, worker=True) as server:
         api = f"{server.url}/api"
-        nb = _call(f"{api}/notebooks", "POST", {"title": "access", "model": MODEL, "text": RECORD})["id"]
+        nb = api_call(f"{api}/notebooks", "POST", {"title": "access", "model": MODEL, "text": RECORD})["id"]
         start = RECORD.index("active")
-        _call(f"{api}/notebooks/{nb}/fields", "POST",
+        api_call(f"{api}/notebooks/{nb}/fields", "POST",
               {"start": start, "end": start + 6, "new_value": "suspended", "label": "status"})
-        sweep = _call(f"{api}/notebooks/{nb}/sweeps", "POST",
+        sweep = api_call(f"{api}/notebooks/{nb}/sweeps", "POST",
                       {"values": {"status": VALUES}, "question": "Can Dana log in?",
                        "choices": ["yes", "no"], "strategies": STRATEGIES})
         assert sweep["edits_total"] == 20 and sweep["status"] == "queued"
         deadline = time.time() + 1500
         while sweep["status"] in ("queued", "running") and time.time() < deadline:
             time.sleep(3)
-            sweep = _call(f"{api}/sweeps/{sweep['id']}")
+            sweep = api_call(f"{api}/sweeps/{sweep['id']}")
         assert sweep["status"] == "succeeded", sweep.get("error")
         csv_status, csv_text = _text(f"{server.url}/sweeps/{sweep['id']}/export.csv")
         page_status, page = _text(f"{server.url}/sweeps/{sweep['id']}")
         run_status, _ = _text(f"{server.url}/runs/{sweep['edits'][0]['run_id']}")
-        strict = _call(f"{api}/sweeps/{sweep['id']}?threshold=0.5")
+        strict = api_call(f"{api}/sweeps/{sweep['id']}?threshold=0.5")
     assert sweep["edits_done"] == 20 and sweep["document_prefills"] == 1
     strategies = sweep["strategies"]
     assert set(strategies) == set(STRATEGIES)

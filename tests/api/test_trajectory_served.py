@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ServedApp
+from tests.conftest import ServedApp, api_call
 
 pytestmark = pytest.mark.slow
 
@@ -23,14 +23,6 @@ RECORD = ("Account record\n\nAccount holder: Dana Lee\nstatus: active\nPlan: bus
 MODEL = "tiny-llama"
 STRATEGIES = ["recompute", "prefix_reuse", "stale", "in_place", "erratum", "field_erratum",
               "erratum.one_per_field", "field_erratum.one_per_field"]
-
-
-def _call(url: str, method: str = "GET", body: dict | None = None) -> dict:
-    data = json.dumps(body).encode() if body is not None else None
-    request = urllib.request.Request(url, data=data, method=method,
-                                     headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(request, timeout=60) as response:
-        return json.loads(response.read())
 
 
 def turns() -> list[dict]:
@@ -48,18 +40,18 @@ def turns() -> list[dict]:
 def test_a_served_12_turn_trajectory(tmp_path: Path) -> None:
     with ServedApp(tmp_path, MODEL, worker=True) as server:
         api = f"{server.url}/api"
-        nb = _call(f"{api}/notebooks", "POST", {"title": "agent", "model": MODEL, "text": RECORD})["id"]
+        nb = api_call(f"{api}/notebooks", "POST", {"title": "agent", "model": MODEL, "text": RECORD})["id"]
         start = RECORD.index("active")
-        _call(f"{api}/notebooks/{nb}/fields", "POST",
+        api_call(f"{api}/notebooks/{nb}/fields", "POST",
               {"start": start, "end": start + 6, "new_value": "suspended", "label": "status"})
-        t = _call(f"{api}/notebooks/{nb}/trajectories", "POST",
+        t = api_call(f"{api}/notebooks/{nb}/trajectories", "POST",
                   {"turns": turns(), "strategies": STRATEGIES, "question": "Can Dana log in?",
                    "choices": ["yes", "no"]})
         assert t["status"] == "queued" and t["turns_total"] == 12
         deadline = time.time() + 900
         while t["status"] in ("queued", "running") and time.time() < deadline:
             time.sleep(2)
-            t = _call(f"{api}/trajectories/{t['id']}")
+            t = api_call(f"{api}/trajectories/{t['id']}")
         assert t["status"] == "succeeded", t.get("error")
         with urllib.request.urlopen(f"{server.url}/trajectories/{t['id']}", timeout=60) as response:
             page = response.read().decode()

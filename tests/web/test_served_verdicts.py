@@ -4,14 +4,12 @@ free-answer read-back run carries `edit_followed` that agrees with the values ea
 
 from __future__ import annotations
 
-import json
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, ServedApp
+from tests.conftest import REPO, ServedApp, api_call
 from vocabulary.regions import REGIONS
 from vocabulary.verdicts import edit_followed, words
 
@@ -21,14 +19,6 @@ RECORD = ("Account record\n\nAccount holder: Dana Lee\nstatus: active\nPlan: bus
           "Only accounts whose status is active may log in.")
 
 
-def _call(url: str, method: str = "GET", body: dict | None = None) -> dict:
-    data = json.dumps(body).encode() if body is not None else None
-    request = urllib.request.Request(url, data=data, method=method,
-                                     headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(request, timeout=60) as response:
-        return json.loads(response.read())
-
-
 def test_a_served_read_back_run_knows_the_edit(tmp_path: Path) -> None:
     from worker.engine.models import ensure_converted
 
@@ -36,18 +26,18 @@ def test_a_served_read_back_run_knows_the_edit(tmp_path: Path) -> None:
     (tmp_path / "models").symlink_to(ensure_converted("smollm2-135m", data).parent)
     with ServedApp(tmp_path, "smollm2-135m", worker=True) as server:
         api = f"{server.url}/api"
-        nb = _call(f"{api}/notebooks", "POST",
+        nb = api_call(f"{api}/notebooks", "POST",
                    {"title": "access", "model": "smollm2-135m", "text": RECORD})["id"]
         start = RECORD.index("active")
-        _call(f"{api}/notebooks/{nb}/fields", "POST",
+        api_call(f"{api}/notebooks/{nb}/fields", "POST",
               {"start": start, "end": start + 6, "new_value": "suspended", "label": "status"})
-        run = _call(f"{api}/notebooks/{nb}/runs", "POST",
+        run = api_call(f"{api}/notebooks/{nb}/runs", "POST",
                     {"question": "What is the account status?",
                      "strategies": ["recompute", "stale", "field_erratum"]})
         deadline = time.time() + 900
         while run["status"] in ("queued", "running") and time.time() < deadline:
             time.sleep(2)
-            run = _call(f"{api}/runs/{run['id']}")
+            run = api_call(f"{api}/runs/{run['id']}")
         assert run["status"] == "succeeded", run.get("error")
     results, regions = run["results"], run["attention_regions"]
     assert set(results) == set(regions) == {"recompute", "stale", "field_erratum"}
