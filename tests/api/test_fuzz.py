@@ -23,6 +23,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import httpx
@@ -57,7 +58,14 @@ def test_no_generated_request_gets_a_server_error_and_the_schema_holds(tmp_path:
     if st is None:
         missing("schemathesis is not installed (pip install -e '.[test]')")
     with ServedApp(tmp_path, KVNOTES_BROKER_TIMEOUT="1") as app:
-        config = _refusals_config(httpx.get(f"{app.url}/openapi.json", timeout=30).json())
+        spec = httpx.get(f"{app.url}/openapi.json", timeout=30)
+        for _ in range(60):  # the port opens before the app answers, on a loaded machine (503 then)
+            if spec.status_code == 200:
+                break
+            time.sleep(0.5)
+            spec = httpx.get(f"{app.url}/openapi.json", timeout=30)
+        assert spec.status_code == 200, spec.text
+        config = _refusals_config(spec.json())
         (tmp_path / "schemathesis.toml").write_text(config)
         done = subprocess.run(
             [st, "--config-file", str(tmp_path / "schemathesis.toml"), "run", f"{app.url}/openapi.json",
