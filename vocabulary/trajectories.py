@@ -6,6 +6,12 @@ question, and every strategy carries its own cache from turn to turn (`worker.en
 A strategy that appends errata runs in two variants: `name` keeps every erratum it appended, and
 `name.one_per_field` keeps one erratum per field, for its current value (the earlier one is cut
 from the cache and the new one appended after the last turn's text).
+
+A turn may also place a skill (`TurnSpec.skill`, one of the trajectory's `skills` by name): it goes
+after the cache as it stands, before the turn's appended text. Non-exact strategies splice the
+skill's precompiled notes there (re-rotated, no token computed); exact ones prefill its text as part
+of the prompt. `hoist` keeps its field block (the fields' lines, `hoisted_prompt`) after the last
+turn's text; `auto` applies the adopted sweep policy (`TrajectorySpec.policy`) and is refused without one.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from vocabulary.hoist import hoist
 from vocabulary.strategies import EDIT_INFO, REFERENCE, StrategyInfo
 from vocabulary.sweeps import wilson
 
@@ -28,6 +35,17 @@ def carried(infos: dict[str, StrategyInfo] = EDIT_INFO) -> tuple[str, ...]:
     tests/engine/test_trajectory.py checks this rule against the classes."""
     return tuple(name for name, info in infos.items()
                  if info.role != "composite" and (info.default or info.moves_keys))
+
+
+def default_keys(infos: dict[str, StrategyInfo] = EDIT_INFO) -> tuple[str, ...]:
+    """The strategies a trajectory runs when none are named: every carried one but the composite,
+    which needs an adopted policy."""
+    return tuple(name for name in carried(infos) if infos[name].role != "composite")
+
+
+def composite(infos: dict[str, StrategyInfo] = EDIT_INFO) -> str:
+    """The composite's name (auto): in a trajectory it applies the adopted sweep policy."""
+    return next(name for name, info in infos.items() if info.role == "composite")
 
 
 def split_variant(key: str) -> tuple[str, bool]:
@@ -68,12 +86,25 @@ class FieldSpec:
 @dataclass(frozen=True)
 class TurnSpec:
     """One turn as written (the API's body, a JSONL line): text appended, fields changed
-    ({label: value}), a question and its choices (None: the trajectory's)."""
+    ({label: value}), a question and its choices (None: the trajectory's), and a skill placed (its
+    name among the trajectory's `skills`; it goes before the appended text)."""
 
     append: str = ""
     fields: dict[str, str] = field(default_factory=dict)
     question: str | None = None
     choices: tuple[str, ...] | None = None
+    skill: str | None = None
+
+
+@dataclass(frozen=True)
+class SkillSpec:
+    """A skill a turn may place: its name (what `TurnSpec.skill` says), its text, and the skill row
+    whose compiled notes the worker reuses while its text is the same (None: compiled for the run,
+    outside the timings, as the CLI does)."""
+
+    name: str
+    text: str
+    skill_id: int | None = None
 
 
 @dataclass(frozen=True)
@@ -89,14 +120,16 @@ class TrajectorySpec:
     question: str
     choices: tuple[str, ...]
     strategies: tuple[str, ...]
+    skills: tuple[SkillSpec, ...] = ()  # the skills the turns place, by name
+    policy: str | None = None  # the adopted sweep policy auto applies (None: auto is refused)
 
 
-TURN_KEYS = ("append", "fields", "question", "choices")
+TURN_KEYS = ("append", "fields", "question", "choices", "skill")
 
 
 def turns_from_jsonl(text: str) -> list[TurnSpec]:
     """The turns of a JSONL text, one a line (blank lines skipped): {"append": …, "fields": {label:
-    value}, "question": …, "choices": […]}. `ValueError` naming the line for a bad one."""
+    value}, "question": …, "choices": […], "skill": name}. `ValueError` naming the line for a bad one."""
     turns = []
     for n, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
@@ -119,11 +152,37 @@ def turns_from_jsonl(text: str) -> list[TurnSpec]:
         append = row.get("append") or ""
         if not isinstance(append, str):
             raise ValueError(f"line {n}: append must be text")
+        skill = row.get("skill")
+        if skill is not None and (not isinstance(skill, str) or not skill.strip()):
+            raise ValueError(f"line {n}: skill must be a skill's name")
         turns.append(TurnSpec(append=append, fields=dict(fields), question=question,
-                              choices=None if choices is None else tuple(choices)))
+                              choices=None if choices is None else tuple(choices), skill=skill))
     if not turns:
         raise ValueError("no turns: write one turn a line")
     return turns
+
+
+@dataclass(frozen=True)
+class _Span:
+    start: int
+    end: int
+    new_value: str
+
+
+def hoisted_prompt(document: str, fields: Sequence[FieldSpec], values: dict[str, str],
+                   appended: str) -> tuple[str, str]:
+    """hoist's prompt at a turn, as (kept, block): `kept` is the document without its fields' lines
+    (`vocabulary.hoist`) followed by every turn's text so far, `block` is those lines holding the
+    fields' current values, after a newline when the text before does not end with one. An agent's
+    server that hoists keeps the block last: each turn its cache drops the block (at the end, so
+    nothing moves), prefills the turn's text and prefills the block again; the prefix before the
+    block is never recomputed, and the block is, every turn, changed or not."""
+    laid = hoist(document, [_Span(f.start, f.end, values[f.label]) for f in fields])
+    kept = laid.text[:laid.tail_start] + appended
+    block = laid.tail
+    if block and kept and not kept.endswith("\n"):
+        block = "\n" + block
+    return kept, block
 
 
 @dataclass
@@ -141,6 +200,7 @@ class StrategyTurn:
     cache_tokens: int
     cumulative_tokens: int
     errata: int  # errata the cache holds
+    tokens_spliced: int = 0  # a placed skill's tokens spliced in: none computed, their keys re-rotated
 
 
 @dataclass
