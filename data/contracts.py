@@ -71,6 +71,21 @@ class RunSnapshot(_Frozen):
     sweep_id: int | None = None
     # the strategy the notebook adopted from a sweep's policy: `auto` runs only it (None: oracle pick)
     policy: str | None = None
+    # why that strategy: which field(s) the run edits and whose policy applied (per-field policies)
+    policy_note: str | None = None
+
+
+class FieldPolicy(_Frozen):
+    """One field's policy, adopted from a sweep that edited its fields separately
+    (`notebooks.policy_fields`): the strategy `auto` applies to a run that edits this field, the
+    threshold it was read at, its sentence, and the share of recompute's tokens the strategy
+    computed on that field's edits (which ranks strategies when a run edits several fields)."""
+
+    field: str
+    strategy: str
+    threshold: float
+    sentence: str
+    cost_share: float | None = None
 
 
 class SweepEdit(_Frozen):

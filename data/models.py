@@ -40,7 +40,15 @@ from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship, validates
 from sqlalchemy.types import TypeDecorator
 
-from data.contracts import MechanismRecord, NotesMap, RunSnapshot, SnapshotQuestion, SweepEdit, TokenRecord
+from data.contracts import (
+    FieldPolicy,
+    MechanismRecord,
+    NotesMap,
+    RunSnapshot,
+    SnapshotQuestion,
+    SweepEdit,
+    TokenRecord,
+)
 
 
 class RunStatus(StrEnum):
@@ -138,6 +146,9 @@ class Notebook(Base):
     policy_sweep_id: Mapped[int | None] = mapped_column(Integer)  # no key: the policy outlives its sweep
     policy_threshold: Mapped[float | None] = mapped_column(Float)
     policy_sentence: Mapped[str | None] = mapped_column(Text)
+    # per field, when adopted from a sweep that edited fields separately (migration 0016); the
+    # overall `policy_strategy` applies to a field none of them names
+    policy_fields: Mapped[list[FieldPolicy] | None] = mapped_column(Typed(list[FieldPolicy]))
 
     fields: Mapped[list[Field]] = relationship(
         back_populates="notebook", cascade="all, delete-orphan", passive_deletes=True, order_by="Field.start"
