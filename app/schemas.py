@@ -38,7 +38,7 @@ from app.schema_types import (
     Value,
     at_most,
 )
-from data.contracts import MechanismRecord, NotesMap, RunSnapshot, StrategyMetrics, TokenRecord
+from data.contracts import FieldPolicy, MechanismRecord, NotesMap, RunSnapshot, StrategyMetrics, TokenRecord
 from data.models import RunStatus
 from data.replays import Replay
 from data.settings import get_settings
@@ -199,6 +199,8 @@ class NotebookOut(NotebookSummary):
     policy_sweep_id: int | None = None
     policy_threshold: float | None = None
     policy_sentence: str | None = None
+    # per field, when adopted with `per_field=true`: `auto` runs the strategy of the field(s) a run edits
+    policy_fields: list[FieldPolicy] | None = None
 
 
 # --- runs ----------------------------------------------------------------------------------------

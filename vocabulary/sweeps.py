@@ -225,6 +225,7 @@ class Policy:
     threshold: float
     sentence: str
     group: str = ""  # the field it is for ("" for the whole sweep)
+    cost_share: float | None = None  # the strategy's share of recompute's tokens on these edits
 
 
 def _pct(x: float | None) -> str:
@@ -265,7 +266,7 @@ def policy(stats: Sequence[StrategyStats], threshold: float = DEFAULT_THRESHOLD,
     else:
         why = ""
     if chosen is None:
-        return Policy(REFERENCE, threshold, f"{why or 'no strategy qualifies'}, so recompute", group)
+        return Policy(REFERENCE, threshold, f"{why or 'no strategy qualifies'}, so recompute", group, 1.0)
     if chosen.exact:
         agreed = (f"it agreed on all {chosen.agreement.n} determined edits" if chosen.agreement.n
                   else "by construction")
@@ -276,7 +277,7 @@ def policy(stats: Sequence[StrategyStats], threshold: float = DEFAULT_THRESHOLD,
                   f"changed edits, lower bound {chosen.changed.lower:.2f} >= {threshold:.2f}, at "
                   f"{_pct(chosen.cost_share)} of recompute's tokens")
     sentence = f"{why}, so {reason}" if why else reason[0].upper() + reason[1:]
-    return Policy(chosen.name, threshold, sentence, group)
+    return Policy(chosen.name, threshold, sentence, group, chosen.cost_share)
 
 
 @dataclass(frozen=True)

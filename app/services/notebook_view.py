@@ -22,4 +22,5 @@ def notebook_view(notebook: Notebook) -> NotebookOut:
         question=QuestionOut.model_validate(question) if question is not None else None,
         policy_strategy=notebook.policy_strategy, policy_sweep_id=notebook.policy_sweep_id,
         policy_threshold=notebook.policy_threshold, policy_sentence=notebook.policy_sentence,
+        policy_fields=list(notebook.policy_fields) if notebook.policy_fields else None,
     )

@@ -21,6 +21,8 @@ from data.queue import QueueUnavailable, enqueue_run, revoke
 from data.settings import get_settings
 from data.workers import models_without_worker
 from vocabulary import by_role
+from vocabulary.sweep_policy import apply_policy
+from vocabulary.sweeps import Policy
 
 log = logging.getLogger(__name__)
 ACTIVE = RUN_ACTIVE
@@ -48,8 +50,24 @@ def build_snapshot(notebook: Notebook, question: Question, strategies: list[str]
         strategies=list(strategies),
         attribution=attribution,
         mechanism=mechanism,
-        policy=notebook.policy_strategy if AUTO in strategies else None,
+        **(adopted_policy(notebook) if AUTO in strategies else {}),
     )
+
+
+def adopted_policy(notebook: Notebook) -> dict[str, str | None]:
+    """The snapshot's `policy` (what `auto` runs) and `policy_note` (why) under the notebook's
+    adopted policy: the overall strategy, or, with per-field policies, the strategy of the field(s)
+    this run edits (several: the most conservative, stated; `vocabulary.sweeps.apply_policy`)."""
+    if notebook.policy_strategy is None:
+        return {}
+    if not notebook.policy_fields:
+        return {"policy": notebook.policy_strategy}
+    edited = [f.label or f"the unlabelled field at {f.start}"
+              for f in sorted(notebook.fields, key=lambda f: f.start) if f.new_value != f.old_value]
+    per_field = [Policy(p.strategy, p.threshold, p.sentence, p.field, p.cost_share)
+                 for p in notebook.policy_fields]
+    applied = apply_policy(notebook.policy_strategy, per_field, edited)
+    return {"policy": applied.strategy, "policy_note": applied.note}
 
 
 def check_run_caps(session: Session, created_by: str) -> None:

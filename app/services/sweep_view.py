@@ -73,6 +73,7 @@ class PolicyOut(BaseModel):
     threshold: float
     sentence: str
     field: str = ""  # the field it is for ("" for the whole sweep)
+    cost_share: float | None = None  # the strategy's share of recompute's tokens on those edits
 
 
 class PolicyView(PolicyOut):
@@ -218,8 +219,10 @@ def build_sweep_view(session: Session, sweep: Sweep, threshold: float | None = N
         error=sweep.error, created_at=sweep.created_at, finished_at=sweep.finished_at,
         strategies={name: StrategySweepOut.of(s) for name, s in stats.strategies.items()},
         policy=PolicyView(strategy=p.strategy, threshold=p.threshold, sentence=p.sentence,
+                          cost_share=p.cost_share,
                           per_field=[PolicyOut(strategy=q.strategy, threshold=q.threshold,
-                                               sentence=q.sentence, field=q.group) for q in stats.policies]),
+                                               sentence=q.sentence, field=q.group, cost_share=q.cost_share)
+                                     for q in stats.policies]),
         frontier=[FrontierPointOut(label=f.label, agreement=f.agreement,
                                    ci95=list(f.ci95) if f.ci95 else None, cost_share=f.cost_share,
                                    source=f.source) for f in stats.frontier],

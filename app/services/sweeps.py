@@ -21,7 +21,14 @@ from app.services.notebooks import check_served
 from app.services.sweep_input import PlannedEdits, SweepCreate, plan_edits
 from app.services.sweep_view import build_sweep_view
 from data.accounts import LOCAL_USER
-from data.contracts import RunSnapshot, SnapshotField, SnapshotPlacement, SnapshotQuestion, SweepEdit
+from data.contracts import (
+    FieldPolicy,
+    RunSnapshot,
+    SnapshotField,
+    SnapshotPlacement,
+    SnapshotQuestion,
+    SweepEdit,
+)
 from data.models import RUN_ACTIVE, Notebook, Run, RunStatus, Sweep, utcnow
 from data.queue import SWEEP_PRIORITY, QueueUnavailable, enqueue_run, revoke
 from data.settings import get_settings
@@ -143,10 +150,14 @@ def cancel_sweep(session: Session, sweep: Sweep) -> int:
     return len(pending)
 
 
-def adopt_policy(session: Session, sweep: Sweep, threshold: float | None = None) -> Notebook:
+def adopt_policy(session: Session, sweep: Sweep, threshold: float | None = None,
+                 per_field: bool = False) -> Notebook:
     """Store the finished sweep's policy at `threshold` (None: the sweep's own) on its notebook:
     the strategy it names, the sweep, the threshold and its sentence. Later runs' `auto` runs only
-    that strategy. A sweep still running, with no finished edit, or whose notebook is gone is refused."""
+    that strategy. With `per_field`, also each field's own policy (a sweep that edited its fields
+    separately): a later run's `auto` then runs the strategy of the field(s) it edits. A sweep
+    still running, with no finished edit, whose notebook is gone, or (per field) that has no
+    per-field policy is refused."""
     notebook = session.get(Notebook, sweep.notebook_id) if sweep.notebook_id is not None else None
     if notebook is None:
         raise Unprocessable("sweep", f"sweep {sweep.id}'s notebook was deleted: there is no notebook "
@@ -159,8 +170,15 @@ def adopt_policy(session: Session, sweep: Sweep, threshold: float | None = None)
                                      "policy once it has finished")
     if not any(e.results for e in view.edits):
         raise Unprocessable("sweep", f"sweep {sweep.id} has no finished edit: it has no policy to adopt")
+    if per_field and not view.policy.per_field:
+        raise Unprocessable("per_field", f"sweep {sweep.id} has no per-field policy: it edited "
+                                         "one field, or several together in each edit; adopt its "
+                                         "overall policy")
     notebook.policy_strategy, notebook.policy_sweep_id = view.policy.strategy, sweep.id
     notebook.policy_threshold, notebook.policy_sentence = view.policy.threshold, view.policy.sentence
+    notebook.policy_fields = [
+        FieldPolicy(field=p.field, strategy=p.strategy, threshold=p.threshold, sentence=p.sentence,
+                    cost_share=p.cost_share) for p in view.policy.per_field] if per_field else None
     session.commit()
     return notebook
 
@@ -169,5 +187,6 @@ def drop_policy(session: Session, notebook: Notebook) -> Notebook:
     """Forget the notebook's adopted policy: `auto` is the oracle pick again."""
     notebook.policy_strategy = notebook.policy_sweep_id = None
     notebook.policy_threshold = notebook.policy_sentence = None
+    notebook.policy_fields = None
     session.commit()
     return notebook

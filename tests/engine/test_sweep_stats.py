@@ -135,3 +135,21 @@ def test_the_engines_paired_speedup_is_used_when_it_measured_one():
         for i in range(3)]
     e = sweep_stats(edits, ["recompute", "stale", "erratum"], True).strategies["erratum"]
     assert e.speedup_median == 4.0 and e.speedup_iqr == (3.5, 4.5)  # not 100 / 50 = 2.0
+
+
+def test_a_per_field_policy_applies_the_most_conservative_strategy_of_the_edited_fields():
+    from vocabulary.sweep_policy import apply_policy, caution
+    from vocabulary.sweeps import Policy
+
+    # recompute, then an exact strategy, then by share of recompute's tokens (unknown: careful)
+    assert caution("recompute", 1.0) > caution("prefix_reuse", 0.95) > caution("selective", 0.15)
+    assert caution("selective", 0.15) > caution("erratum", 0.12) > caution("in_place", 0.006)
+    assert caution("erratum", None) > caution("selective", 0.15)
+    fields = [Policy("in_place", 0.95, "", "timestamp", 0.006), Policy("erratum", 0.95, "", "status", 0.12)]
+    assert apply_policy("erratum", fields, ["timestamp"]).strategy == "in_place"
+    both = apply_policy("erratum", fields, ["timestamp", "status"])
+    assert both.strategy == "erratum" and both.note == (
+        "the run edits timestamp (in_place) and status (erratum): the most conservative, erratum")
+    tier = apply_policy("recompute", fields, ["timestamp", "tier"])
+    assert tier.strategy == "recompute" and "tier (no policy of its own: the overall recompute)" in tier.note
+    assert apply_policy("in_place", fields, []).strategy == "in_place"

@@ -2,8 +2,8 @@
 input, 429 past the sweep cap, 503 when the broker cannot take it: nothing saved), read it (the
 one `SweepView`: per-strategy agreement with Wilson intervals, the frontier, the policy at a
 threshold given here or the sweep's own) and cancel it (finished edits are kept). A finished sweep's
-policy can be adopted by its notebook (later runs' `auto` runs only the strategy it names) and
-dropped again."""
+policy can be adopted by its notebook (later runs' `auto` runs only the strategy it names; per
+field, the strategy of the field a run edits) and dropped again."""
 
 from __future__ import annotations
 
@@ -24,6 +24,9 @@ router = APIRouter(tags=["sweeps"])
 Threshold = Query(default=None, gt=0.0, lt=1.0,
                   description="the policy's threshold on the lower bound of changed-edit agreement "
                               "(default: the sweep's own); nothing is run again")
+PerField = Query(default=False,
+                 description="also adopt each field's own policy (a sweep that edited its fields "
+                             "separately): a run's auto then runs the strategy of the field(s) it edits")
 
 
 @router.post("/notebooks/{notebook_id}/sweeps", response_model=SweepView,
@@ -64,11 +67,15 @@ def cancel(sweep_id: int, session: SessionDep) -> SweepView:
 
 
 @router.post("/sweeps/{sweep_id}/adopt", response_model=NotebookOut, responses=errors(404))
-def adopt(sweep_id: int, session: SessionDep, threshold: float | None = Threshold) -> NotebookOut:
+def adopt(sweep_id: int, session: SessionDep, threshold: float | None = Threshold,
+          per_field: bool = PerField) -> NotebookOut:
     """The notebook adopts the finished sweep's policy at `threshold`: its later runs' `auto` runs
-    only the strategy the policy names, at that strategy's cost (422 while the sweep runs)."""
+    only the strategy the policy names, at that strategy's cost (422 while the sweep runs). With
+    `per_field=true` (a sweep that edited its fields separately), each field's own policy too: a
+    run's `auto` runs the strategy of the field it edits, the most conservative of them when it
+    edits several (`policy_note` in its snapshot says which)."""
     reap_for_reader(session)
-    notebook = adopt_policy(session, get_or_404(session, Sweep, sweep_id, "sweep"), threshold)
+    notebook = adopt_policy(session, get_or_404(session, Sweep, sweep_id, "sweep"), threshold, per_field)
     return notebook_view(notebook)
 
 

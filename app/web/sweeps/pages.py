@@ -68,13 +68,14 @@ def sweep_cancel(request: Request, sweep_id: int, session: SessionDep) -> Respon
 
 @router.post("/sweeps/{sweep_id}/adopt")
 async def sweep_adopt(request: Request, sweep_id: int, session: SessionDep) -> Response:
-    """The notebook adopts the finished sweep's policy at the page's threshold; its page shows it.
+    """The notebook adopts the finished sweep's policy at the page's threshold (with `per_field=1`,
+    each field's own policy too); its page shows it.
     A sweep still running (or with nothing finished) gets its page again with the reason (422)."""
     form = await request.form()
     sweep = get_or_404(session, Sweep, sweep_id, "sweep")
     try:
         threshold = parse_number(str(form.get("threshold", "")) or None, "threshold", sweep.threshold)
-        notebook = adopt_policy(session, sweep, threshold)
+        notebook = adopt_policy(session, sweep, threshold, per_field=form.get("per_field") == "1")
     except Unprocessable as exc:
         view = _view(session, sweep_id)
         return render(request, "sweep.html", sweep=view, frontier=frontier_svg(view), nav="runs",
