@@ -5,11 +5,12 @@ typed view every face renders (`TrajectoryView`: the API's answer, the page, the
 Checked on the request: at least one turn and at most `KVNOTES_MAX_TURNS`; no empty turn; every
 field a turn changes is a labelled field of the notebook; a question for every turn (the turn's,
 the request's or the notebook's); the strategies carried across turns (`vocabulary.trajectories`).
-Every problem is a 422 naming the turn, and nothing is saved. How long the prompt grows needs the
-model's tokenizer, which the web app never loads: the worker checks it before the first turn
-(`worker.engine.trajectory.check`) and fails the trajectory with a sentence naming the turn and the
-length, before any turn runs. The row is committed before its message is sent (deleted again if
-the broker refuses it); the worker's `kvnotes.trajectory` does the rest.
+Every problem is a 422 naming the turn, and nothing is saved. A turn whose prompt would be past the
+model's context is one too (naming the turn and the length), counted with the converted model's own
+tokenizer file where the web can read it (`app.services.prompt_length`, torch-free); where it cannot,
+the worker checks before the first turn (`worker.engine.trajectory.check`) and fails the trajectory
+with the same sentence, before any turn runs. The row is committed before its message is sent
+(deleted again if the broker refuses it); the worker's `kvnotes.trajectory` does the rest.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from sqlalchemy.orm import Session
 from app.schema_types import Timestamp
 from app.services.errors import RunLimitReached, Unprocessable
 from app.services.notebooks import check_served
+from app.services.prompt_length import check_fits
 from data.accounts import LOCAL_USER
 from data.models import Notebook, RunStatus, as_utc, utcnow
 from data.queue import QueueUnavailable, enqueue_trajectory, revoke
@@ -140,6 +142,7 @@ def start_trajectory(session: Session, notebook: Notebook, body: TrajectoryCreat
     (rolled back) or `QueueUnavailable` (the row deleted again)."""
     check_served(notebook.model, "model")
     spec = plan(notebook, body)
+    check_fits(spec)  # a turn past the model's context, where the web can read the model's files
     row = Trajectory(notebook_id=notebook.id, model=notebook.model, spec=spec, status=RunStatus.QUEUED.value,
                      stage="queued", progress=0.0, turns_total=len(spec.turns), turns_done=0, turns=[],
                      created_by=created_by)

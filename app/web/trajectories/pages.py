@@ -1,7 +1,8 @@
 """The trajectory pages: the permalink `/trajectories/{id}` (progress k of N turns with Cancel, the
 verdicts, the drift and cumulative-TTFT drawings made on the server, a table per turn), its progress
 fragment, its exports (`export.json`: the one `TrajectoryView`; `export.csv`: one row per turn and
-strategy), cancel, and the notebook's Trajectory panel (turns as JSONL, one a line)."""
+strategy), cancel, and the notebook's Trajectory panel: the Turns editor (a row per turn, edited on
+the server by `turns_form`: add, move, delete, import and show JSONL) and Start."""
 
 from __future__ import annotations
 
@@ -9,21 +10,24 @@ from dataclasses import asdict
 
 from fastapi import APIRouter, Request
 from fastapi.responses import RedirectResponse, Response
+from pydantic import ValidationError
 from sqlalchemy import select
+from starlette.datastructures import UploadFile as StarletteUpload
 
 from app.api.deps import PrincipalDep, SessionDep, get_or_404
 from app.services.errors import RunLimitReached, Unprocessable
 from app.services.trajectories import (
     TrajectoryCreate,
     TrajectoryView,
+    TurnIn,
     cancel_trajectory,
     start_trajectory,
     trajectory_view,
 )
-from app.web.forms import validate
 from app.web.templating import render
+from app.web.trajectories.turns_form import Edited, TurnRow, apply, jsonl_of, row_of, rows_from_form
 from app.web.trajectories.view import csv_text, cumulative_svg, drift_svg
-from data.models import RUN_ACTIVE, Notebook
+from data.models import RUN_ACTIVE, Notebook, Skill
 from data.queue import QueueUnavailable
 from data.settings import get_settings
 from data.trajectories import Trajectory
@@ -82,26 +86,54 @@ def trajectory_csv(trajectory_id: int, session: SessionDep) -> Response:
                     headers={"Content-Disposition": f'attachment; filename="trajectory-{view.id}.csv"'})
 
 
-# ---- the notebook's Trajectory panel ------------------------------------------------------------
+# ---- the notebook's Trajectory panel: the Turns editor ------------------------------------------
 
 
 def _choices_of(notebook: Notebook) -> str:
     return ", ".join(notebook.question.choices) if notebook.question else ""
 
 
+def _labels(notebook: Notebook) -> list[str]:
+    return [f.label for f in notebook.fields if f.label]
+
+
+def _skill_names(session, notebook: Notebook) -> list[str] | None:
+    """The compiled skills a turn may place (the notebook's model's, as its palette lists them), or
+    None while the API takes no `skill` in a turn (the select is not drawn then)."""
+    if "skill" not in TurnIn.model_fields:
+        return None
+    compiled = select(Skill.name).where(Skill.model == notebook.model, Skill.status == "compiled")
+    return list(dict.fromkeys(session.scalars(compiled.order_by(Skill.name))))
+
+
 def _panel(request: Request, session, notebook: Notebook, errors: dict[str, str] | None = None,
-           form: dict | None = None, status_code: int = 200) -> Response:
+           form: dict | None = None, status_code: int = 200, edited: Edited | None = None) -> Response:
     rows = session.scalars(select(Trajectory).where(Trajectory.notebook_id == notebook.id)
                            .order_by(Trajectory.id.desc()).limit(10)).all()
     question = notebook.question
     keys = list(carried()) + [f"{n}{VARIANT_SEP}{ONE_PER_FIELD}" for n in carried()
                               if not EDIT_INFO[n].exact and EDIT_INFO[n].role == "candidate"]
+    labels = _labels(notebook)
+    edited = edited or Edited([TurnRow(fields=dict.fromkeys(labels, ""))])
+    errors = errors or {}
+    # a turn's problem beside its row; one about a turn the editor does not show goes on top
+    beside = {key: message for key, message in errors.items()
+              if key.startswith("turns.") and key[6:].isdigit() and int(key[6:]) < len(edited.rows)}
+    top = [message for key, message in errors.items() if key.startswith("turns") and key not in beside]
     return render(request, "_trajectory_panel.html", status_code=status_code, notebook=notebook,
-                  labels=[f.label for f in notebook.fields if f.label], trajectories=rows,
-                  errors=errors or {},
-                  form=form or {"turns": "", "question": question.text if question else "",
+                  labels=labels, now={f.label: f.old_value for f in notebook.fields if f.label},
+                  trajectories=rows, errors=errors, beside=beside, top=top, turn_rows=edited.rows,
+                  focus=edited.focus, notice=edited.notice,
+                  jsonl=jsonl_of(edited.rows) if edited.show_jsonl else None,
+                  skills=_skill_names(session, notebook),
+                  form=form or {"question": question.text if question else "",
                                 "choices": _choices_of(notebook), "strategies": list(carried())},
                   keys=keys, max_turns=get_settings().max_turns)
+
+
+def _form(data) -> dict:
+    return {"question": str(data.get("question", "")), "choices": str(data.get("choices", "")),
+            "strategies": [str(s) for s in data.getlist("strategies")]}
 
 
 @router.get("/notebooks/{notebook_id}/trajectory")
@@ -109,29 +141,83 @@ def trajectory_panel(request: Request, notebook_id: int, session: SessionDep) ->
     return _panel(request, session, get_or_404(session, Notebook, notebook_id, "notebook"))
 
 
+async def _imported(data) -> str:
+    """The JSONL to import: the file chosen, else the text pasted."""
+    upload = data.get("import_file")
+    if isinstance(upload, StarletteUpload) and upload.filename:
+        limit = get_settings().max_upload_bytes
+        raw = await upload.read(limit + 1)
+        if len(raw) > limit:
+            raise Unprocessable("import", f"import: the file is larger than {limit} bytes "
+                                          "(KVNOTES_MAX_UPLOAD_BYTES)")
+        try:
+            return raw.decode("utf-8-sig")
+        except UnicodeDecodeError:
+            raise Unprocessable("import", "import: the file is not UTF-8 text") from None
+    return str(data.get("import_text", ""))
+
+
+@router.post("/notebooks/{notebook_id}/trajectory/turns")
+async def trajectory_turns(request: Request, notebook_id: int, session: SessionDep) -> Response:
+    """An editing action on the Turns panel (`op`: add, up:i, down:i, delete:i, import, export): the
+    panel again with the rows after it; a bad import is a 422 beside the import box, the rows kept."""
+    notebook = get_or_404(session, Notebook, notebook_id, "notebook")
+    data = await request.form()
+    labels = _labels(notebook)
+    rows = rows_from_form(data, labels)
+    op = str(data.get("op", ""))
+    try:
+        edited = apply(op, rows, labels, await _imported(data) if op == "import" else "")
+    except Unprocessable as exc:
+        return _panel(request, session, notebook, exc.errors, _form(data), 422, Edited(rows, show_jsonl=True))
+    return _panel(request, session, notebook, None, _form(data), 200, edited)
+
+
+def _checked(body: dict) -> TrajectoryCreate:
+    """`body` as the API reads it; `Unprocessable` naming the turn for a bad one ("turn 3: append:
+    String should have at most 8000 characters")."""
+    try:
+        return TrajectoryCreate.model_validate(body)
+    except ValidationError as exc:
+        found: dict[str, str] = {}
+        for err in exc.errors():
+            loc, message = err.get("loc", ()), str(err.get("msg", "invalid")).removeprefix("Value error, ")
+            if len(loc) >= 2 and loc[0] == "turns" and isinstance(loc[1], int):
+                what = "".join(f"{part}: " for part in loc[2:])
+                found.setdefault(f"turns.{loc[1]}", f"turn {loc[1] + 1}: {what}{message}")
+            else:
+                found.setdefault(str(loc[0]) if loc else "form", message)
+        raise Unprocessable.of(found) from None
+
+
 @router.post("/notebooks/{notebook_id}/trajectories")
 async def trajectory_start(request: Request, notebook_id: int, session: SessionDep,
                            principal: PrincipalDep) -> Response:
-    """Start a trajectory from the panel's JSONL turns; on success go to its page, else the panel
-    again with each problem beside its field (nothing saved)."""
+    """Start a trajectory from the Turns editor's rows (or, from a plain form, JSONL turns in
+    `turns`, one a line); on success go to its page, else the panel again with each problem beside
+    its turn or field (nothing saved)."""
     notebook = get_or_404(session, Notebook, notebook_id, "notebook")
     data = await request.form()
-    form = {"turns": str(data.get("turns", "")), "question": str(data.get("question", "")),
-            "choices": str(data.get("choices", "")),
-            "strategies": [str(s) for s in data.getlist("strategies")]}
+    labels, form = _labels(notebook), _form(data)
+    edited = Edited(rows_from_form(data, labels))
     try:
-        try:
-            turns = turns_from_jsonl(form["turns"])
-        except ValueError as exc:
-            raise Unprocessable("turns", f"turns: {exc}") from None
-        body = {"turns": [asdict(t) for t in turns], "strategies": form["strategies"] or [REFERENCE],
+        if "turn_count" in data:
+            turns = [row.body() for row in edited.rows]
+        else:
+            try:
+                specs = turns_from_jsonl(str(data.get("turns", "")))
+            except ValueError as exc:
+                raise Unprocessable("turns", f"turns: {exc}") from None
+            turns = [{k: v for k, v in asdict(t).items() if v is not None} for t in specs]
+            edited = Edited([row_of(t, labels) for t in specs])
+        body = {"turns": turns, "strategies": form["strategies"] or [REFERENCE],
                 "question": form["question"],
                 "choices": [c.strip() for c in form["choices"].split(",") if c.strip()]}
-        row = start_trajectory(session, notebook, validate(TrajectoryCreate, body), principal.name)
+        row = start_trajectory(session, notebook, _checked(body), principal.name)
     except Unprocessable as exc:
-        return _panel(request, session, notebook, exc.errors, form, 422)
+        return _panel(request, session, notebook, exc.errors, form, 422, edited)
     except QueueUnavailable as exc:
-        return _panel(request, session, notebook, {"form": exc.reason}, form, 503)
+        return _panel(request, session, notebook, {"form": exc.reason}, form, 503, edited)
     except RunLimitReached as exc:
-        return _panel(request, session, notebook, {"form": str(exc)}, form, 429)
+        return _panel(request, session, notebook, {"form": str(exc)}, form, 429, edited)
     return Response(status_code=204, headers={"HX-Redirect": f"/trajectories/{row.id}"})
