@@ -43,7 +43,13 @@ from data.models import RunStatus
 from data.replays import Replay
 from data.settings import get_settings
 from vocabulary import STRATEGIES, unknown_strategies, with_recompute
-from vocabulary.replay import VARIANTS, ReplayResult, ReplaySpec
+from vocabulary.replay import (
+    VARIANTS,
+    ReplayResult,
+    ReplaySpec,
+    TrajectoryReplayResult,
+    TrajectoryReplaySpec,
+)
 
 
 class _Out(BaseModel):
@@ -320,12 +326,28 @@ class ReplayCreate(BaseModel):
                                  "added to the choices this replay sends (else such values are refused)")
 
 
+class TrajectoryReplayCreate(BaseModel):
+    """A replay of a trajectory on a vLLM server: one chat request per turn, in order, per variant.
+    Unset: the server of `KVNOTES_VLLM_URL` (and `KVNOTES_VLLM_MODEL`), every variant."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    url: str = Field(default="", max_length=500, description="the server, e.g. http://127.0.0.1:8100/v1")
+    model: str = Field(default="", max_length=200, description="the served model ('' = the one it serves)")
+    variants: list[str] = Field(default_factory=lambda: list(VARIANTS), min_length=1,
+                                max_length=len(VARIANTS))
+    max_tokens: Integer = Field(default=16, ge=1, le=256, description="answer tokens per request")
+
+
 class ReplayOut(BaseModel):
-    """A replay: where it is, what it replays (`vocabulary.replay.ReplaySpec`) and (once it
-    succeeded) what it measured."""
+    """A replay: where it is, what it replays (`vocabulary.replay.ReplaySpec`; for a trajectory,
+    `kind` "trajectory" and a `TrajectoryReplaySpec`) and (once it succeeded) what it measured
+    (`ReplayResult`; for a trajectory, `TrajectoryReplayResult`: per variant, every turn)."""
 
     id: int
+    kind: Literal["edit", "trajectory"] = "edit"
     notebook_id: int | None
+    trajectory_id: int | None = None
     status: str
     stage: str
     progress: float
@@ -334,12 +356,14 @@ class ReplayOut(BaseModel):
     created_at: Timestamp
     started_at: Timestamp | None
     finished_at: Timestamp | None
-    snapshot: ReplaySpec
-    result: ReplayResult | None
+    snapshot: ReplaySpec | TrajectoryReplaySpec
+    result: ReplayResult | TrajectoryReplayResult | None
 
     @classmethod
     def of(cls, replay: Replay) -> ReplayOut:
-        return cls(id=replay.id, notebook_id=replay.notebook_id, status=replay.status, stage=replay.stage,
+        kind = "edit" if replay.trajectory_id is None else "trajectory"
+        return cls(id=replay.id, kind=kind, notebook_id=replay.notebook_id,
+                   trajectory_id=replay.trajectory_id, status=replay.status, stage=replay.stage,
                    progress=replay.progress, error=replay.error, created_by=replay.created_by,
                    created_at=replay.created_at, started_at=replay.started_at, finished_at=replay.finished_at,
                    snapshot=replay.snapshot, result=replay.result)

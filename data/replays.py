@@ -1,7 +1,8 @@
 """Serving replays: one row per replay a user started from a notebook (the Serving panel or
-`POST /api/notebooks/{id}/replays`), what it replays (`vocabulary.replay.ReplaySpec`, written by the
-web and read by the worker's `kvnotes.replay`), where it is, and what it measured
-(`vocabulary.replay.ReplayResult`).
+`POST /api/notebooks/{id}/replays`) or from one of its trajectories (the trajectory page's panel or
+`POST /api/trajectories/{id}/replays`), what it replays (`vocabulary.replay.ReplaySpec`, or a
+`TrajectoryReplaySpec` naming its trajectory; written by the web and read by the worker's
+`kvnotes.replay`), where it is, and what it measured (`ReplayResult`, `TrajectoryReplayResult`).
 
 A replay that fails keeps its error and no result: nothing half measured is ever shown as a result.
 Deleting the notebook deletes its replays (their snapshots hold its document).
@@ -26,13 +27,16 @@ from data.models import (
     new_task_id,
     utcnow,
 )
-from vocabulary.replay import ReplayResult, ReplaySpec
+from vocabulary.replay import ReplayResult, ReplaySpec, TrajectoryReplayResult, TrajectoryReplaySpec
 
-_SPEC = TypeAdapter(ReplaySpec)
+AnySpec = ReplaySpec | TrajectoryReplaySpec
+AnyResult = ReplayResult | TrajectoryReplayResult
+_SPEC = TypeAdapter(AnySpec)
 
 
 class Replay(Base):
-    """One serving replay of a notebook's field edit; `status` takes the runs' statuses."""
+    """One serving replay of a notebook's field edit, or of a trajectory of the notebook (its
+    snapshot a `TrajectoryReplaySpec`); `status` takes the runs' statuses."""
 
     __tablename__ = "replays"
     __table_args__ = (CheckConstraint(f"status IN ({', '.join(map(repr, RUN_STATUSES))})", name="status"),
@@ -41,7 +45,7 @@ class Replay(Base):
     id: Mapped[int] = mapped_column(primary_key=True)
     notebook_id: Mapped[int | None] = mapped_column(ForeignKey("notebooks.id", ondelete="CASCADE"),
                                                     index=True)
-    snapshot: Mapped[ReplaySpec] = mapped_column(Typed(ReplaySpec))
+    snapshot: Mapped[AnySpec] = mapped_column(Typed(AnySpec))
     status: Mapped[str] = mapped_column(String(16), default=RunStatus.QUEUED.value)
     stage: Mapped[str] = mapped_column(String(64), default="queued")
     progress: Mapped[float] = mapped_column(Float, default=0.0)
@@ -51,11 +55,16 @@ class Replay(Base):
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
-    result: Mapped[ReplayResult | None] = mapped_column(Typed(ReplayResult | None))
+    result: Mapped[AnyResult | None] = mapped_column(Typed(AnyResult | None))
 
     @validates("snapshot")
-    def _typed_snapshot(self, _key: str, value: Any) -> ReplaySpec:
+    def _typed_snapshot(self, _key: str, value: Any) -> AnySpec:
         return _SPEC.validate_python(value)
+
+    @property
+    def trajectory_id(self) -> int | None:
+        """The trajectory it replays (None: a notebook's field edit)."""
+        return self.snapshot.trajectory_id if isinstance(self.snapshot, TrajectoryReplaySpec) else None
 
     @property
     def is_finished(self) -> bool:

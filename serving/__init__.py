@@ -9,13 +9,25 @@ shared vocabulary only), so the web app, the worker and the command line call th
     result = replay(ReplaySpec(document, start, end, "destination", ("Madrid", "Rome"), question),
                     url="http://127.0.0.1:8100/v1", model="smollm2-135m")
     result.to_dict()  # {"variants": {"in_place": {...}, "erratum": {...}, "hoist": {...}}, ...}
+
+A trajectory (`vocabulary.trajectories`: turns appending text and changing fields) is replayed the
+same way, one request per turn in order (`replay_trajectory`, `serving.trajectory`).
 """
 
 from serving.replay import Bounds, preflight, replay
 from serving.server import ReplayError, ReplayStopped, Server, ServerInfo
 from serving.streams import PlannedRequest, arrivals, plan_variant
-from vocabulary.replay import VARIANTS, ReplayResult, ReplaySpec, VariantResult
+from serving.trajectory import PlannedTurn, plan_turns, replay_trajectory
+from vocabulary.replay import (
+    VARIANTS,
+    ReplayResult,
+    ReplaySpec,
+    TrajectoryReplayResult,
+    TrajectoryReplaySpec,
+    VariantResult,
+)
 
-__all__ = ["VARIANTS", "Bounds", "PlannedRequest", "ReplayError", "ReplayResult", "ReplaySpec",
-           "ReplayStopped",
-           "Server", "ServerInfo", "VariantResult", "arrivals", "plan_variant", "preflight", "replay"]
+__all__ = ["VARIANTS", "Bounds", "PlannedRequest", "PlannedTurn", "ReplayError", "ReplayResult", "ReplaySpec",
+           "ReplayStopped", "Server", "ServerInfo", "TrajectoryReplayResult", "TrajectoryReplaySpec",
+           "VariantResult", "arrivals", "plan_turns", "plan_variant", "preflight", "replay",
+           "replay_trajectory"]

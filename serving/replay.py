@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from serving.server import Completion, Counters, ReplayError, ReplayStopped, Server, ServerInfo
 from serving.streams import PlannedRequest, plan_variant
 from vocabulary.prefix import common_prefix
-from vocabulary.replay import ReplayResult, ReplaySpec, VariantResult
+from vocabulary.replay import ReplayResult, ReplaySpec, TrajectoryReplaySpec, VariantResult
 from vocabulary.verdicts import edit_followed
 
 # on_progress(done, total, variant): requests finished so far over all variants.
@@ -62,11 +62,12 @@ def replay(spec: ReplaySpec, url: str, model: str | None = None, on_progress: Pr
                             round(os.getloadavg()[0], 2), results, info.prompt_format)
 
 
-def preflight(spec: ReplaySpec, url: str, model: str | None = None,
+def preflight(spec: ReplaySpec | TrajectoryReplaySpec, url: str, model: str | None = None,
               bounds: Bounds = Bounds(connect_s=2.0, request_s=3.0, replay_s=5.0)) -> ServerInfo:
-    """What a replay can check on a web request, within seconds (`bounds`): the spec, the server
-    reachable and serving the model. The prompts' lengths are checked by `replay` on the worker.
-    A `ReplayError` naming the problem, else what the server serves."""
+    """What a replay (of an edit or of a trajectory) can check on a web request, within seconds
+    (`bounds`): the spec, the server reachable and serving the model. The prompts' lengths are
+    checked by `replay` on the worker. A `ReplayError` naming the problem, else what the server
+    serves."""
     problems = spec.problems()
     if problems:
         raise ReplayError("; ".join(problems), problems[0].split(":")[0].split(" ")[0])

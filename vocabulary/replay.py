@@ -13,6 +13,8 @@ import dataclasses
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 
+from vocabulary.trajectories import FieldSpec, SkillSpec, TurnSpec
+
 VARIANTS = ("in_place", "erratum", "hoist")
 
 VARIANT_HELP = {
@@ -146,6 +148,159 @@ class ReplayResult:
     # /v1/chat/completions) or "plain" (a model without one: the text as kvnotes frames it, through
     # /v1/completions)
     prompt_format: str = "chat"
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+# ---- a trajectory replayed --------------------------------------------------------------------------
+# An agent loop on a server: one request per turn, in order, each prompt the last turn's plus what
+# this turn appends, with the field changes carried the variant's way (`serving.trajectory`).
+
+TRAJECTORY_VARIANT_HELP = {
+    "in_place": "the document with the fields' current values, then the turns: the prompt breaks at a "
+                "changed field, so the cache keeps only what precedes it",
+    "erratum": "the document as it was, the turns, and an erratum appended at the turn a field changed: "
+               "each prompt extends the last, so the cache keeps all of it",
+    "hoist": "the fields' lines moved after the document and the turns, holding the current values: the "
+             "cache keeps everything before them",
+}
+
+
+@dataclass(frozen=True)
+class TrajectoryReplaySpec:
+    """What a trajectory replay sends: the document with its labelled fields (their first values in
+    place), the turns in order (`vocabulary.trajectories.TurnSpec`; a skill a turn places is its
+    text, before the turn's own), the question asked where a turn asks none, the variants and the
+    server. One request per turn and variant, in order (an agent
+    loop is sequential). The web app builds it from a stored trajectory (`trajectory_id`; None from
+    the command line), the `replays` table stores it (its `snapshot`), the worker runs it."""
+
+    document: str
+    fields: tuple[FieldSpec, ...]
+    turns: tuple[TurnSpec, ...]
+    question: str
+    choices: tuple[str, ...] = ()
+    variants: tuple[str, ...] = VARIANTS
+    max_tokens: int = 16
+    url: str = ""
+    model: str = ""
+    trajectory_id: int | None = None
+    skills: tuple[SkillSpec, ...] = ()  # the skills the turns place (their text goes before the turn's)
+
+    @property
+    def total_requests(self) -> int:
+        """Requests per variant: one per turn."""
+        return len(self.turns)
+
+    def replace(self, **changes: object) -> TrajectoryReplaySpec:
+        return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
+
+    def problems(self) -> list[str]:
+        """Every reason this spec cannot run, each naming the turn or the field ([] when none)."""
+        out = []
+        labels = [f.label for f in self.fields]
+        if any(not label.strip() for label in labels) or len(set(labels)) != len(labels):
+            out.append("fields: every field needs a label of its own (a turn names a field by its label)")
+        spans = sorted((f.start, f.end, f.label) for f in self.fields)
+        for start, end, label in spans:
+            if not 0 <= start < end <= len(self.document):
+                out.append(f"fields: {label!r} [{start}, {end}) must be a non-empty span inside the "
+                           f"document ({len(self.document)} characters)")
+        for (_, end, a), (start, _, b) in zip(spans, spans[1:]):
+            if start < end:
+                out.append(f"fields: {a!r} and {b!r} overlap")
+        if not self.turns:
+            out.append("turns: give at least one turn")
+        if self.choices and len(self.choices) < 2:
+            out.append("choices: give at least two, or none for a free answer")
+        for n, turn in enumerate(self.turns, start=1):
+            if not turn.append and not turn.fields and turn.question is None and turn.skill is None:
+                out.append(f"turn {n} is empty: it appends nothing, changes no field, places no skill "
+                           "and asks nothing")
+            skills = [s.name for s in self.skills]
+            if turn.skill is not None and turn.skill not in skills:
+                out.append(f"turn {n} places a skill {turn.skill!r} that the trajectory does not have "
+                           f"(skills: {', '.join(skills) or 'none'})")
+            unknown = [label for label in turn.fields if label not in labels]
+            if unknown:
+                out.append(f"turn {n} changes a field {unknown[0]!r} that the document does not have "
+                           f"(fields: {', '.join(labels) or 'none'})")
+            if any(not value.strip() for value in turn.fields.values()):
+                out.append(f"turn {n} sets a field to an empty value")
+            if turn.question is not None and not turn.question.strip():
+                out.append(f"turn {n}'s question is empty")
+            elif turn.question is None and not self.question.strip():
+                out.append(f"turn {n} asks no question and the trajectory has none")
+            if turn.choices and len(turn.choices) < 2:
+                out.append(f"turn {n}: give at least two choices, or none for a free answer")
+        unknown_variants = [v for v in self.variants if v not in VARIANTS]
+        if unknown_variants or not self.variants:
+            out.append(f"variants: unknown {', '.join(map(repr, unknown_variants)) or '(none given)'}; "
+                       f"valid: {', '.join(VARIANTS)}")
+        if self.max_tokens < 1:
+            out.append(f"max_tokens: must be at least 1, got {self.max_tokens}")
+        return out
+
+
+# What a trajectory replay reports per turn, in order (the panel's legend).
+TURN_REPORTED = {
+    "hit_rate": "cached / prompt tokens of this turn's request, as the server's usage reports them",
+    "ttft_ms": "time to first token of this turn's request, from sending it (ms)",
+    "cumulative_ttft_ms": "the TTFTs of this variant's turns so far, summed (ms)",
+    "prompt_tokens": "tokens of this turn's prompt (the server's count)",
+    "cached_tokens": "of them, those the server took from its prefix cache",
+    "estimated_share": "kvnotes's estimate: the longest prefix, in tokens, this prompt shares with an "
+                       "earlier prompt of the variant, over its length (an exact-prefix cache of any size)",
+    "edit_followed": "the answer names the fields' current values (new) or earlier ones (old); blank "
+                     "before any field changed",
+}
+
+
+@dataclass
+class TurnHit:
+    """One turn of one variant as the server answered it (index from 0)."""
+
+    index: int
+    prompt_tokens: int
+    cached_tokens: int
+    hit_rate: float
+    ttft_ms: float
+    cumulative_ttft_ms: float
+    answer: str
+    edit_followed: str | None  # None: no field differs from its first value yet
+    changed: list[str] = field(default_factory=list)  # the labels this turn changed
+    estimated_share: float = 0.0
+    errata: int = 0  # errata in this turn's prompt (the erratum variant)
+
+
+@dataclass
+class TrajectoryVariantResult:
+    """One variant over the turns: each turn, and over them all the hit rate (Σ cached / Σ prompt
+    tokens), the cumulative TTFT (the turns' TTFTs summed) and the tokens."""
+
+    turns: list[TurnHit]
+    hit_rate: float
+    cumulative_ttft_ms: float
+    prompt_tokens: int  # over the turns
+    cached_tokens: int  # over the turns
+    followed: int  # turns whose answer named the current values (edit_followed = new) ...
+    moved_turns: int  # ... of the turns where a field differed from its first value
+    metrics_hit_rate: float | None = None  # the same rate from /metrics deltas (None: no counters)
+    cache_reset: bool = False  # the server's prefix cache was emptied before the warm request
+
+
+@dataclass
+class TrajectoryReplayResult:
+    """A finished trajectory replay: the server and each variant's turns."""
+
+    url: str
+    model: str
+    max_model_len: int
+    load_average: float
+    variants: dict[str, TrajectoryVariantResult]
+    prompt_format: str = "chat"  # as `ReplayResult.prompt_format`
+    trajectory_id: int | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)

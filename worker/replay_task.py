@@ -1,7 +1,8 @@
 """The Celery task `kvnotes.replay`: a serving replay that the web app saved as a `replays` row.
 
 It reads the row's snapshot (the broker carries only the id), marks it running, drives the user's
-vLLM server through `serving.replay` with progress written back as it goes, and stores the result;
+vLLM server through `serving.replay` (a trajectory's snapshot through `serving.replay_trajectory`,
+one request per turn) with progress written back as it goes, and stores the result;
 a replay that fails (the server unreachable or dying mid-replay, a prompt too long) ends as a
 `failed` row whose error names the problem and the request, with no result kept. A replay cancelled
 while it runs stops within seconds, mid-answer (its row is watched and the server's streams shut),
@@ -20,8 +21,8 @@ from sqlalchemy import select, update
 from data.models import RunStatus
 from data.replays import Replay
 from data.settings import get_settings
-from serving import Bounds, ReplayError, ReplayStopped, replay
-from vocabulary.replay import ReplaySpec
+from serving import Bounds, ReplayError, ReplayStopped, replay, replay_trajectory
+from vocabulary.replay import ReplaySpec, TrajectoryReplaySpec
 from worker import run_rows
 from worker.celery_app import app
 
@@ -45,7 +46,7 @@ def _write(replay_id: int, only_running: bool = True, **values: Any) -> bool:
     return bool(changed)
 
 
-def _claim(replay_id: int, task_id: str | None) -> ReplaySpec | None:
+def _claim(replay_id: int, task_id: str | None) -> ReplaySpec | TrajectoryReplaySpec | None:
     """Mark the queued replay that holds this message's token running; None when there is none."""
     with run_rows.session() as s:
         row = s.get(Replay, replay_id)
@@ -61,8 +62,8 @@ class _Progress:
     """Writes `stage` and `progress` at most every PROGRESS_EVERY_S (always the last request), and
     stops the replay when its row is no longer running."""
 
-    def __init__(self, replay_id: int) -> None:
-        self.replay_id, self.last = replay_id, 0.0
+    def __init__(self, replay_id: int, unit: str = "requests") -> None:
+        self.replay_id, self.last, self.unit = replay_id, 0.0, unit
         self.done = self.total = 0  # requests answered so far, of all the replay sends
 
     def __call__(self, done: int, total: int, variant: str) -> None:
@@ -70,7 +71,7 @@ class _Progress:
         if done < total and time.monotonic() - self.last < PROGRESS_EVERY_S:
             return
         self.last = time.monotonic()
-        if not _write(self.replay_id, stage=f"{variant}: {done}/{total} requests", progress=done / total):
+        if not _write(self.replay_id, stage=f"{variant}: {done}/{total} {self.unit}", progress=done / total):
             raise Cancelled(f"replay {self.replay_id} is no longer running: stopped after {done} of "
                             f"{total} requests")
 
@@ -121,11 +122,13 @@ def replay_task(self, replay_id: int) -> dict[str, Any]:
     snapshot = _claim(replay_id, self.request.id)
     if snapshot is None:
         return {"replay_id": replay_id, "status": "skipped"}
-    progress = _Progress(replay_id)
+    turns = isinstance(snapshot, TrajectoryReplaySpec)
+    progress = _Progress(replay_id, "turns" if turns else "requests")
+    run = replay_trajectory if turns else replay
     try:
         with _Watch(replay_id) as watch:
-            result = replay(snapshot, snapshot.url, snapshot.model or None,
-                            on_progress=progress, bounds=bounds(), stop=watch.stop)
+            result = run(snapshot, snapshot.url, snapshot.model or None,  # type: ignore[arg-type]
+                         on_progress=progress, bounds=bounds(), stop=watch.stop)
     except (Cancelled, ReplayStopped) as exc:
         if isinstance(exc, Cancelled) or watch.stop.is_set():
             log.info("replay stopped", extra={"replay_id": replay_id, "reason": str(exc),

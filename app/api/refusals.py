@@ -45,11 +45,16 @@ RULES: dict[str, list[str]] = {
         "a vLLM server the operator configured (KVNOTES_VLLM_URL), reachable and serving the model",
         "the notebook has a field (field_id: one of its fields) and a question",
         "the load is sensible: at least one value, known variants"],
+    "POST /api/trajectories/{trajectory_id}/replays": [
+        "a vLLM server the operator configured (KVNOTES_VLLM_URL), reachable and serving the model",
+        "known variants; the trajectory's turns can be sent (none empty, every field a turn changes exists)"],
     "POST /api/notebooks/{notebook_id}/trajectories": [
         "at most KVNOTES_MAX_TURNS turns, none empty",
         "every label a turn changes names a field of the notebook",
         "a question for every turn (the turn's, the request's or the notebook's)",
-        "strategies carried across turns (a strategy that appends errata also as name.one_per_field)"],
+        "strategies carried across turns (a strategy that appends errata also as name.one_per_field)",
+        "every turn's prompt fits the model's context (counted where the web can read the model's files; "
+        "else the worker fails the trajectory before its first turn)"],
 }
 CHANGES = {"POST", "PUT", "PATCH", "DELETE"}
 

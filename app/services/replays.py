@@ -11,25 +11,33 @@ most, `CHECKS_AT_ONCE` per process, so servers that do not answer cannot hold th
 slots). The prompts' lengths are checked by the worker before its first request. A failed check is
 a 422 naming the problem (a 429 for a cap), and nothing is saved; the replay row is committed
 before its message is sent (deleted again if the broker refuses it). The worker's `kvnotes.replay`
-does the rest."""
+does the rest.
+
+A trajectory is replayed the same way (`start_trajectory_replay`): its document, fields, turns and
+question as stored, one request per turn and variant; the same server checks, caps and queue, and a
+spec that cannot run is a 422 naming the turn (`turns.{i}`). Its row is the notebook's (deleted
+with it) and names the trajectory in its snapshot (`replays_of_trajectory`)."""
 
 from __future__ import annotations
 
+import re
 import threading
 
 from sqlalchemy import func, select, text
 from sqlalchemy.orm import Session
 
-from app.schemas import ReplayCreate
+from app.schemas import ReplayCreate, TrajectoryReplayCreate
 from app.services.errors import RunLimitReached, Unprocessable
 from data.accounts import LOCAL_USER, count_users
 from data.models import Notebook, RunStatus, as_utc, utcnow
 from data.queue import QueueUnavailable, enqueue_replay, revoke
-from data.replays import Replay
+from data.replays import AnySpec, Replay
 from data.settings import get_settings
+from data.trajectories import Trajectory
 from serving import Bounds, ReplayError, preflight
 from serving.server import base_url
-from vocabulary.replay import ReplaySpec
+from vocabulary.replay import ReplaySpec, TrajectoryReplaySpec
+from vocabulary.trajectories import SkillSpec
 from vocabulary.verdicts import words
 
 ACTIVE = (RunStatus.QUEUED.value, RunStatus.RUNNING.value)
@@ -116,7 +124,38 @@ def start_replay(session: Session, notebook: Notebook, body: ReplayCreate,
     """Check, save and enqueue a replay. Raises `Unprocessable` (nothing saved), `RunLimitReached`
     (the caps, or too many replays being checked at once: 429) or `QueueUnavailable` (the row
     deleted again). `free`: the asker may name any server (`at_the_keyboard`)."""
-    snapshot = snapshot_for(notebook, body, free)
+    return _saved(session, notebook.id, notebook.model, snapshot_for(notebook, body, free), created_by)
+
+
+def trajectory_snapshot(row: Trajectory, body: TrajectoryReplayCreate,
+                        free: bool = False) -> TrajectoryReplaySpec:
+    """What the trajectory's replay will send: its document, fields, turns, question and skills as
+    stored; `Unprocessable` naming the turn (`turns.{i}`) or the field of the request to blame."""
+    spec = row.spec
+    snapshot = TrajectoryReplaySpec(
+        document=spec.document, fields=tuple(spec.fields), turns=tuple(spec.turns), question=spec.question,
+        choices=tuple(spec.choices), variants=tuple(body.variants), max_tokens=body.max_tokens,
+        url=replay_target(body.url, free), model=body.model.strip() or get_settings().vllm_model,
+        trajectory_id=row.id, skills=tuple(SkillSpec(s.name, s.text) for s in spec.skills))
+    problems = snapshot.problems()
+    if problems:
+        turn = re.match(r"turn (\d+)", problems[0])
+        raise Unprocessable(f"turns.{int(turn.group(1)) - 1}" if turn else problems[0].split(":")[0],
+                            f"trajectory {row.id}: {problems[0]}")
+    return snapshot
+
+
+def start_trajectory_replay(session: Session, row: Trajectory, body: TrajectoryReplayCreate,
+                            created_by: str = LOCAL_USER, free: bool = False) -> Replay:
+    """Check, save and enqueue a replay of the trajectory `row` (as `start_replay`), on the queue of
+    its model."""
+    return _saved(session, row.notebook_id, row.model, trajectory_snapshot(row, body, free), created_by)
+
+
+def _saved(session: Session, notebook_id: int | None, model: str, snapshot: AnySpec,
+           created_by: str) -> Replay:
+    """The caps, the server's preflight, the row committed, then its message sent (the row deleted
+    again when the broker refuses it)."""
     check_replay_caps(session, created_by)
     if not _checking.acquire(blocking=False):
         raise RunLimitReached(f"{CHECKS_AT_ONCE} replays are being checked against their servers right "
@@ -130,14 +169,14 @@ def start_replay(session: Session, notebook: Notebook, body: ReplayCreate,
     finally:
         _checking.release()
     snapshot = snapshot.replace(model=info.model)
-    replay = Replay(notebook_id=notebook.id, snapshot=snapshot, status=RunStatus.QUEUED.value, stage="queued",
+    replay = Replay(notebook_id=notebook_id, snapshot=snapshot, status=RunStatus.QUEUED.value, stage="queued",
                     progress=0.0, created_by=created_by)
     session.add(replay)
     session.flush()
     check_replay_caps(session, created_by, counting_itself=True)
     session.commit()
     try:
-        enqueue_replay(replay.id, replay.task_id, notebook.model)
+        enqueue_replay(replay.id, replay.task_id, model)
     except QueueUnavailable:
         session.delete(replay)
         session.commit()
@@ -168,9 +207,24 @@ def check_replay_caps(session: Session, created_by: str, counting_itself: bool =
             "all (KVNOTES_MAX_ACTIVE_RUNS): wait for some to finish")
 
 
-def replays_of(session: Session, notebook_id: int, limit: int = 20) -> list[Replay]:
-    """The notebook's replays, newest first (one that can no longer finish is failed first)."""
-    query = select(Replay).where(Replay.notebook_id == notebook_id).order_by(Replay.id.desc()).limit(limit)
+def _trajectory_of():
+    """The trajectory a replay row replays, as SQL (NULL for a field edit's replay)."""
+    return Replay.snapshot["trajectory_id"].as_integer()
+
+
+def replays_of(session: Session, notebook_id: int, limit: int = 20, edits_only: bool = False) -> list[Replay]:
+    """The notebook's replays, newest first (one that can no longer finish is failed first);
+    `edits_only`: not those of its trajectories."""
+    query = select(Replay).where(Replay.notebook_id == notebook_id)
+    if edits_only:
+        query = query.where(_trajectory_of().is_(None))
+    query = query.order_by(Replay.id.desc()).limit(limit)
+    return [settled(session, replay) for replay in session.scalars(query)]
+
+
+def replays_of_trajectory(session: Session, trajectory_id: int, limit: int = 20) -> list[Replay]:
+    """The trajectory's replays, newest first (one that can no longer finish is failed first)."""
+    query = (select(Replay).where(_trajectory_of() == trajectory_id).order_by(Replay.id.desc()).limit(limit))
     return [settled(session, replay) for replay in session.scalars(query)]
 
 

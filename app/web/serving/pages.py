@@ -54,7 +54,7 @@ def _panel(request: Request, session: Session, notebook: Notebook, replay: Repla
 @router.get("/notebooks/{notebook_id}/serving")
 def serving_panel(request: Request, notebook_id: int, session: SessionDep) -> Response:
     notebook = get_or_404(session, Notebook, notebook_id, "notebook")
-    latest = replays_of(session, notebook_id, 1)
+    latest = replays_of(session, notebook_id, 1, edits_only=True)
     return _panel(request, session, notebook, latest[0] if latest else None)
 
 
