@@ -9,7 +9,8 @@ half a render. It is a cache: deleting the folder costs a render again, never a 
 
 Bounds: at most `MAX_RENDERS_PER_RUN` files per run (views are many: layer × head × query; the
 oldest go first), and a run's folder goes once the run is gone (checked whenever a render is
-stored, against the database).
+stored, against the database). A finished trajectory's report is kept the same way, under
+`trajectory-<id>-<created>/`.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from sqlalchemy.orm import Session
 
 from data.models import Run, as_utc
 from data.settings import get_settings
+from data.trajectories import Trajectory
 
 MAX_RENDERS_PER_RUN = 32
 
@@ -46,10 +48,15 @@ def renders_dir() -> Path:
     return get_settings().data_dir / "renders"
 
 
-def run_tag(run: Run) -> str:
-    """The folder name of `run`'s renders: `<id>-<created, µs since the epoch>`."""
+TRAJECTORY = "trajectory"  # the prefix of a trajectory's folder (a run's folder has none)
+
+
+def run_tag(run: Run | Trajectory) -> str:
+    """The folder name of `run`'s renders: `<id>-<created, µs since the epoch>`; a trajectory's
+    (its report) `trajectory-<id>-<created>`."""
     created = as_utc(run.created_at)
-    return f"{int(run.id)}-{round(created.timestamp() * 1e6) if created else 0}"
+    tag = f"{int(run.id)}-{round(created.timestamp() * 1e6) if created else 0}"
+    return f"{TRAJECTORY}-{tag}" if isinstance(run, Trajectory) else tag
 
 
 def _path(tag: str, key: str, version: str) -> Path:
@@ -92,17 +99,19 @@ def put_render(tag: str, key: str, version: str, render: Render) -> None:
         old.unlink(missing_ok=True)
 
 
-def forget_gone_runs(session: Session) -> list[int]:
-    """Delete the render folders of runs that no longer exist; their tags."""
+def forget_gone_runs(session: Session) -> list[str]:
+    """Delete the render folders of runs (and trajectories) that no longer exist; their tags."""
     folder = renders_dir()
     if not folder.is_dir():
         return []
-    stored = {p.name: int(p.name.split("-", 1)[0]) for p in folder.iterdir()
-              if p.is_dir() and p.name.split("-", 1)[0].isdigit()}
-    if not stored:
-        return []
-    alive = {run_tag(run) for run in session.scalars(select(Run).where(Run.id.in_(set(stored.values()))))}
-    gone = sorted(set(stored) - alive)
+    names = [p.name for p in folder.iterdir() if p.is_dir()]
+    gone: list[str] = []
+    for kind, prefix in ((Run, ""), (Trajectory, f"{TRAJECTORY}-")):
+        stored = {name: int(name[len(prefix):].split("-", 1)[0]) for name in names
+                  if name.startswith(prefix) and name[len(prefix):].split("-", 1)[0].isdigit()}
+        if stored:
+            rows = session.scalars(select(kind).where(kind.id.in_(set(stored.values()))))
+            gone += sorted(set(stored) - {run_tag(row) for row in rows})
     for tag in gone:
         shutil.rmtree(folder / tag, ignore_errors=True)
     return gone

@@ -35,6 +35,7 @@ from app.web.templating import ROOT
 from data.models import Run, RunStatus
 from data.renders import Render
 from data.settings import get_settings
+from data.trajectories import Trajectory
 
 RENDER_VERSION = "2"  # bump when a render changes in a way the digest of the sources cannot see
 FINISHED = frozenset({RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLED})
@@ -122,10 +123,11 @@ def _answer(request: Request, render: Render) -> Response:
     return Response(render.body, media_type=render.media_type, headers=headers)
 
 
-def cached(request: Request, session: Session, run: Run, kind: str, build: Callable[[], Response],
-           names: tuple[str, ...] = ()) -> Response:
-    """The render `kind` of `run` for the parameters `names` of this request: stored (a finished
-    run's, built before by this version) or built now under a heavy-render slot, then stored."""
+def cached(request: Request, session: Session, run: Run | Trajectory, kind: str,
+           build: Callable[[], Response], names: tuple[str, ...] = ()) -> Response:
+    """The render `kind` of `run` (or of a trajectory: its report) for the parameters `names` of this
+    request: stored (a finished one's, built before by this version) or built now under a
+    heavy-render slot, then stored."""
     finished = run.status in FINISHED
     key, version = render_key(kind, request, names), code_version()
     if finished and (found := stored_render(run, key, version)) is not None:

@@ -1,15 +1,17 @@
 """The trajectory pages: the permalink `/trajectories/{id}` (progress k of N turns with Cancel, the
-verdicts, the drift and cumulative-TTFT drawings made on the server, a table per turn), its progress
-fragment, its exports (`export.json`: the one `TrajectoryView`; `export.csv`: one row per turn and
-strategy), cancel, and the notebook's Trajectory panel: the Turns editor (a row per turn, edited on
-the server by `turns_form`: add, move, delete, import and show JSONL) and Start."""
+verdicts, the drift, cumulative-TTFT and timeline drawings made on the server, a table per turn),
+its progress fragment, its exports (`export.json`: the one `TrajectoryView`; `export.csv`: one row
+per turn and strategy; `report.html`: the offline report, self-contained), cancel, and the
+notebook's Trajectory panel: the Turns editor (a row per turn, edited on the server by
+`turns_form`: add, move, delete, import and show JSONL) and Start."""
 
 from __future__ import annotations
 
 from dataclasses import asdict
+from datetime import UTC, datetime
 
 from fastapi import APIRouter, Request
-from fastapi.responses import RedirectResponse, Response
+from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from pydantic import ValidationError
 from sqlalchemy import select
 from starlette.datastructures import UploadFile as StarletteUpload
@@ -24,9 +26,11 @@ from app.services.trajectories import (
     start_trajectory,
     trajectory_view,
 )
-from app.web.templating import render
+from app.web.runs.export_pages import _report_assets, _unlinked
+from app.web.runs.render_cache import cached
+from app.web.templating import render, templates
 from app.web.trajectories.turns_form import Edited, TurnRow, apply, jsonl_of, row_of, rows_from_form
-from app.web.trajectories.view import csv_text, cumulative_svg, drift_svg
+from app.web.trajectories.view import csv_text, cumulative_svg, drift_svg, timeline_svg
 from data.models import RUN_ACTIVE, Notebook, Skill
 from data.queue import QueueUnavailable
 from data.settings import get_settings
@@ -49,7 +53,7 @@ def _active(view: TrajectoryView) -> bool:
 def trajectory_page(request: Request, trajectory_id: int, session: SessionDep) -> Response:
     view = _view(session, trajectory_id)
     return render(request, "trajectory.html", trajectory=view, active=_active(view), drift=drift_svg(view),
-                  cumulative=cumulative_svg(view), nav="runs")
+                  cumulative=cumulative_svg(view), timeline=timeline_svg(view), nav="runs")
 
 
 @router.get("/trajectories/{trajectory_id}/progress")
@@ -84,6 +88,38 @@ def trajectory_csv(trajectory_id: int, session: SessionDep) -> Response:
     view = _view(session, trajectory_id)
     return Response(csv_text(view), media_type="text/csv",
                     headers={"Content-Disposition": f'attachment; filename="trajectory-{view.id}.csv"'})
+
+
+def _svg_inline(svg: str) -> str:
+    """A drawing for inline HTML: the namespace attribute is not needed there (and names no URL)."""
+    return svg.replace(' xmlns="http://www.w3.org/2000/svg"', "")
+
+
+@router.get("/trajectories/{trajectory_id}/report.html")
+def trajectory_report(request: Request, trajectory_id: int, session: SessionDep,
+                      download: str = "") -> Response:
+    """The offline report: one HTML file (the app's stylesheet and the drawings inline, no script,
+    nothing it loads) with the verdicts, the summary, the drift, cumulative-TTFT and timeline
+    drawings and a row per turn and strategy. `download=1` saves it. Built once for a finished
+    trajectory, then served from store with an ETag (the runs' `render_cache`)."""
+    row = get_or_404(session, Trajectory, trajectory_id, "trajectory")
+    return cached(request, session, row, "report.html", lambda: _report(session, row, download),
+                  ("download",))
+
+
+def _report(session, row: Trajectory, download: str) -> Response:
+    view = trajectory_view(session, row)
+    css = _report_assets()[0]
+    page = templates.get_template("trajectory_report.html").render(
+        trajectory=view, css=css, drift=_svg_inline(drift_svg(view)),
+        cumulative=_svg_inline(cumulative_svg(view)), timeline=_svg_inline(timeline_svg(view)),
+        generated=datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"), REFERENCE=REFERENCE)
+    policy = ("default-src 'none'; style-src 'unsafe-inline'; img-src data:; base-uri 'none'; "
+              "form-action 'none'; frame-ancestors 'none'")
+    headers = {"Content-Security-Policy": policy}
+    if download:
+        headers["Content-Disposition"] = f'attachment; filename="trajectory-{view.id}-report.html"'
+    return HTMLResponse(_unlinked(page), headers=headers)
 
 
 # ---- the notebook's Trajectory panel: the Turns editor ------------------------------------------

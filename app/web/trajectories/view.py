@@ -1,6 +1,7 @@
-"""What the trajectory page draws from the one `TrajectoryView`, on the server: the drift over turns
-(KL to recompute per strategy, a disagreement marked with a cross), the cumulative TTFT per strategy,
-and the turns' timeline (where fields changed); and the CSV export, one row per turn and strategy."""
+"""What the trajectory page and its offline report draw from the one `TrajectoryView`, on the
+server: the drift over turns (KL to recompute per strategy, a disagreement marked with a cross), the
+cumulative TTFT per strategy, and the turns' timeline (prompt length, where fields changed and the
+errata each strategy's cache holds); and the CSV export, one row per turn and strategy."""
 
 from __future__ import annotations
 
@@ -91,6 +92,70 @@ def cumulative_svg(view: TrajectoryView) -> str:
     """Cumulative time to first token per strategy over the turns."""
     return _plot(view, lambda r: r.cumulative_ttft_ms, "Cumulative TTFT per strategy (ms)", "ms",
                  crosses=False)
+
+
+def timeline_svg(view: TrajectoryView) -> str:
+    """The turns in order: recompute's prompt length per turn (bars), where fields changed (red
+    diamonds, "label → value"), where a turn asked its own question (?) or placed a skill (S), and
+    per strategy that appends errata, the errata its cache holds after each change (an erratum
+    strategy's count grows, its one_per_field variant's stays at one per field)."""
+    turns, specs = view.turns, view.spec.turns
+    n = len(turns)
+    if not n:
+        return ""
+    keys = [k for k in view.strategies if any(t.results.get(k) and t.results[k].errata for t in turns)]
+    lane, top = 24, 28
+    bars_h = 60
+    height = top + bars_h + lane * (2 + len(keys)) + 10
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {W} {height}" role="img" '
+             'aria-label="Timeline of the turns" class="trajectory-plot">',
+             f'<text x="{PAD}" y="14" font-size="12">Timeline: prompt length, field changes and errata '
+             'per turn</text>']
+    most = max(t.prompt_tokens for t in turns) or 1
+    base = top + bars_h
+    width = max(2.0, (W - PAD - 20) / max(n, 1) * 0.6)
+    parts.append(f'<text x="4" y="{top + 8}" font-size="10">{most}</text>'
+                 f'<text x="4" y="{base}" font-size="10">0</text>'
+                 f'<text x="{W - 10}" y="{top + 8}" font-size="10" text-anchor="end">'
+                 "recompute's prompt tokens</text>")
+    for i, t in enumerate(turns):
+        x, h = _x(i, n), bars_h * t.prompt_tokens / most
+        parts.append(f'<rect x="{x - width / 2:.1f}" y="{base - h:.1f}" width="{width:.1f}" height="{h:.1f}" '
+                     f'fill="#b8c2d6"><title>turn {i + 1}: {t.prompt_tokens} prompt tokens</title></rect>')
+    y = base + lane - 6
+    parts.append(f'<text x="4" y="{y + 4}" font-size="10">turns</text>')
+    for i, t in enumerate(turns):
+        x, spec = _x(i, n), specs[t.index] if t.index < len(specs) else None
+        parts.append(f'<line x1="{x:.1f}" y1="{y - 3}" x2="{x:.1f}" y2="{y + 3}" stroke="#999"/>')
+        if t.changed and spec is not None:
+            what = ", ".join(f"{label} → {spec.fields.get(label, '')}" for label in t.changed)
+            parts.append(f'<path d="M{x:.1f},{y - 7} l6,7 l-6,7 l-6,-7 z" fill="#c33">'
+                         f'<title>turn {i + 1}: {escape(what)}</title></path>'
+                         f'<text x="{x + 8:.1f}" y="{y - 8 if i % 2 else y + 16}" font-size="10" fill="#c33">'
+                         f'{escape(what[:28])}</text>')
+        marks = ("?" if spec is not None and spec.question is not None else "") + \
+                ("S" if spec is not None and getattr(spec, "skill", None) else "")
+        if marks:
+            parts.append(f'<text x="{x - 3:.1f}" y="{y - 10}" font-size="10">{marks}<title>turn {i + 1}: '
+                         f'{"asks its own question " if "?" in marks else ""}'
+                         f'{"places a skill" if "S" in marks else ""}</title></text>')
+    for j, k in enumerate(keys):
+        y = base + lane * (2 + j)
+        parts.append(f'<text x="4" y="{y + 4}" font-size="10" fill="{colour(k)}">{escape(k[:9])}'
+                     f'<title>{escape(k)}: errata in its cache</title></text>')
+        parts.append(f'<line x1="{PAD}" y1="{y}" x2="{W - 10}" y2="{y}" stroke="{colour(k)}" '
+                     f'stroke-opacity="0.35"{_dash(k)}/>')
+        for i, t in enumerate(turns):
+            r = t.results.get(k)
+            if r is None or not t.changed:
+                continue
+            x = _x(i, n)
+            parts.append(f'<circle cx="{x:.1f}" cy="{y}" r="7" fill="{colour(k)}"><title>{escape(k)} after '
+                         f'turn {i + 1}: {r.errata} errata in its cache</title></circle>'
+                         f'<text x="{x:.1f}" y="{y + 3.5}" font-size="9" fill="#fff" text-anchor="middle">'
+                         f'{r.errata}</text>')
+    parts.append("</svg>")
+    return "".join(parts)
 
 
 def csv_text(view: TrajectoryView) -> str:
