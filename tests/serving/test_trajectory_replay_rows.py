@@ -51,7 +51,8 @@ def test_bad_replays_are_refused_naming_the_problem_and_a_good_one_is_queued(mak
     assert client.post("/api/trajectories/987654/replays", json={"url": fake.url}).status_code == 404
     assert client.get(f"/api/trajectories/{tid}/replays").json() == []
 
-    r = client.post(f"/api/trajectories/{tid}/replays", json={"url": fake.url, "variants": ["erratum", "hoist"]})
+    r = client.post(f"/api/trajectories/{tid}/replays",
+                    json={"url": fake.url, "variants": ["erratum", "hoist"]})
     assert r.status_code == 201, r.text
     replay = r.json()
     assert (replay["kind"], replay["trajectory_id"], replay["notebook_id"], replay["status"]) == \
@@ -99,10 +100,10 @@ def _result(tid: int) -> TrajectoryReplayResult:
     for name, rates in (("in_place", [0.9, 0.9, 0.0, 0.9, 0.0, 0.9]), ("erratum", [0.9] * 6)):
         t = turns(rates)
         cached = sum(x.cached_tokens for x in t)
-        variants[name] = TrajectoryVariantResult(turns=t, hit_rate=round(cached / 6000, 4),
-                                                 cumulative_ttft_ms=t[-1].cumulative_ttft_ms, prompt_tokens=6000,
-                                                 cached_tokens=cached, followed=0, moved_turns=4,
-                                                 metrics_hit_rate=round(cached / 6000, 4), cache_reset=True)
+        variants[name] = TrajectoryVariantResult(
+            turns=t, hit_rate=round(cached / 6000, 4), cumulative_ttft_ms=t[-1].cumulative_ttft_ms,
+            prompt_tokens=6000, cached_tokens=cached, followed=0, moved_turns=4,
+            metrics_hit_rate=round(cached / 6000, 4), cache_reset=True)
     return TrajectoryReplayResult("http://127.0.0.1:9", "fake-model", 4096, 1.5, variants, trajectory_id=tid)
 
 
@@ -133,6 +134,7 @@ def test_a_stored_result_reads_back_turn_by_turn(make_client, fake_vllm):
         dips = re.findall(r'cy="([0-9.]+)"[^>]*data-variant="in_place"', figure)
         assert [float(y) > float(heights[0]) for y in dips] == [False, False, True, False, True, False]
     csv = client.get(f"/replays/{rid}/export.csv").text.splitlines()
-    assert csv[0].startswith("variant,turn,changed,prompt_tokens,cached_tokens,hit_rate") and len(csv) == 1 + 12
+    assert csv[0].startswith("variant,turn,changed,prompt_tokens,cached_tokens,hit_rate")
+    assert len(csv) == 1 + 12  # a line per variant and turn
     assert csv[3].startswith("in_place,3,status,1000,0,0.0,")
     assert client.get(f"/replays/{rid}/export.json").json()["result"] == got["result"]
