@@ -1,12 +1,15 @@
 """A trajectory replayed on a real vLLM server (the session's `scripts/vllm.sh`, smollm2-135m): one
 request per turn in order, per variant, each turn's hit rate and TTFT as the server reports them,
 and over the turns the hit rate (checked against /metrics) and the cumulative TTFT; the same through
-`kvnotes replay --turns … --json`, and a turn too long for the server named before any request."""
+`kvnotes replay --turns … --json` and through the API of `kvnotes serve` with a real worker, and a
+turn too long for the server named before any request."""
 
 from __future__ import annotations
 
 import json
+import time
 
+import httpx
 import pytest
 
 from serving import ReplayError, TrajectoryReplaySpec, replay_trajectory
@@ -101,3 +104,43 @@ def test_a_turn_too_long_for_the_server_is_named_before_any_request(vllm_url):
         replay_trajectory(spec, vllm_url)
     with Server(vllm_url) as server:
         assert server.counters().queries == before  # nothing reached the engine
+
+
+def test_a_trajectory_replayed_through_the_api_reports_a_hit_rate_per_turn(served):
+    """The issue's done check: a trajectory of `kvnotes serve`'s API, replayed on vLLM by the worker,
+    reads back with a hit rate and a TTFT for every turn of every variant."""
+    with httpx.Client(base_url=served.url, timeout=120) as client:
+        r = client.post("/api/notebooks", json={"title": "shipment", "model": "tiny-llama", "text": RECORD})
+        nid = r.json()["id"]
+        r = client.post(f"/api/notebooks/{nid}/fields", json={"start": START, "end": START + 4,
+                                                              "new_value": "Madrid", "label": "destination"})
+        assert r.status_code == 201, r.text
+        turns = [{"append": t.append, **({"fields": t.fields} if t.fields else {})}
+                 for t in trajectory(6).turns]
+        r = client.post(f"/api/notebooks/{nid}/trajectories",
+                        json={"turns": turns, "question": QUESTION, "choices": list(CHOICES),
+                              "strategies": ["erratum"]})
+        assert r.status_code == 201, r.text
+        tid = r.json()["id"]
+        client.post(f"/api/trajectories/{tid}/cancel")  # its engine run is not needed to replay its turns
+        started = client.post(f"/api/trajectories/{tid}/replays", json={"variants": ["in_place", "erratum"]})
+        assert started.status_code == 201, started.text
+        rid = started.json()["id"]
+        deadline = time.monotonic() + 600
+        while (replay := client.get(f"/api/replays/{rid}").json())["status"] in ("queued", "running"):
+            assert time.monotonic() < deadline, replay
+            time.sleep(1)
+        assert replay["status"] == "succeeded", replay["error"]
+        assert (replay["kind"], replay["trajectory_id"]) == ("trajectory", tid)
+        variants = replay["result"]["variants"]
+        for name, v in variants.items():
+            assert [t["index"] for t in v["turns"]] == list(range(6)), name
+            assert all(0 <= t["hit_rate"] <= 1 and t["ttft_ms"] > 0 for t in v["turns"]), name
+            assert v["cumulative_ttft_ms"] == pytest.approx(sum(t["ttft_ms"] for t in v["turns"]), abs=0.05)
+        assert all(t["hit_rate"] > 0.8 for t in variants["erratum"]["turns"][1:])
+        assert variants["in_place"]["turns"][2]["hit_rate"] < 0.1
+        panel = client.get(f"/trajectories/{tid}/serving").text
+        turn3 = panel.split('<tr data-turn="3" class="changed">')[1].split("</tr>")[0]
+        for name, v in variants.items():
+            rate = f"{v['turns'][2]['hit_rate'] * 100:.0f}%"
+            assert f'data-variant="{name}" data-metric="hit_rate"' in turn3 and f">{rate}<" in turn3
