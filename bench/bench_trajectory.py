@@ -3,7 +3,8 @@ N turns (28 by default) that each append a tool result, the status changing twic
 turn N/3, active again at 2N/3). Every strategy carries its own cache through the turns on the
 bundled model, side by side in one run (`worker.engine.trajectory`); the per-strategy agreement,
 largest KL, cumulative tokens and cumulative TTFT go to `docs/trajectories.md`. The turns are also
-written to `examples/support-trajectory.jsonl` (the input of `kvnotes trajectory`).
+written to `examples/support-trajectory.jsonl` (the input of `kvnotes trajectory`) and the record to
+`examples/support-record.txt`; what follows `KEEP` in the output (the vLLM replay) is kept.
 
     .venv/bin/python bench/bench_trajectory.py [--turns 28] [--model smollm2-135m] \\
         [--out docs/trajectories.md]
@@ -27,6 +28,8 @@ sys.path.insert(0, str(ROOT))
 RECORD = ("SUPPORT SESSION: account record\n"
           "Account holder: Dana Lee\nstatus: active\nPlan: business\nRegion: north\n\n"
           "Policy: only accounts whose status is active may log in or receive a refund.\n")
+# what follows this line in the output is kept when the benchmark writes it again
+KEEP = "<!-- written by hand below: kept by bench/bench_trajectory.py -->"
 TOOLS = ["billing.lookup: last invoice paid on time", "auth.lookup: 2 failed logins this week",
          "tickets.lookup: the customer asks for a refund", "usage.lookup: 14 seats in use",
          "audit.lookup: no unusual activity", "mail.lookup: the customer wrote again"]
@@ -58,6 +61,7 @@ def main() -> None:
 
     rows = turns(args.turns)
     (ROOT / "examples" / "support-trajectory.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (ROOT / "examples" / "support-record.txt").write_text(RECORD)  # the document, for kvnotes replay --turns
     start = RECORD.index("active")
     keys = [*carried(), *(f"{k}.{ONE_PER_FIELD}" for k in ("erratum", "field_erratum"))]
     spec = TrajectorySpec(model=args.model, document=RECORD, fields=(FieldSpec("status", start, start + 6),),
@@ -102,7 +106,10 @@ def main() -> None:
               "weights, so the speed-ups of TTFT are far smaller than the tokens saved; the tokens column is "
               "the cost a GPU server pays. Errata strategies keep growing their cache "
               "(`cache_tokens` per turn in the JSON); `.one_per_field` keeps one erratum per field.", ""]
-    Path(args.out).write_text("\n".join(lines))
+    out = Path(args.out)
+    before = out.read_text() if out.exists() else ""
+    kept = KEEP + before.split(KEEP, 1)[1] if KEEP in before else ""  # the vLLM section, measured by hand
+    out.write_text("\n".join(lines) + ("\n" + kept if kept else ""))
     (ROOT / "bench" / "data").mkdir(exist_ok=True)
     (ROOT / "bench" / "data" / "trajectory.json").write_text(
         json.dumps({"model": report.model, "turns": [asdict(t) for t in report.turns]}, indent=1))
