@@ -2,12 +2,16 @@
 own cache from turn to turn, in the shape `GET /api/trajectories/{id}` gives.
 
     kvnotes trajectory --document doc.txt --turns turns.jsonl [--field status=active …] \\
-        --question "..." [--choices yes,no] [--strategies recompute,erratum,…] [--json]
+        --question "..." [--choices yes,no] [--strategies recompute,erratum,hoist,auto,…] \\
+        [--skill refunds=refunds.txt …] [--policy erratum] [--json]
 
 A line of the turns file: {"append": "...", "fields": {"status": "suspended"}, "question": "...",
-"choices": ["yes", "no"]}, each key optional (but not all). A field a turn changes is found in the
-document as `--field LABEL=TEXT` says (TEXT's first occurrence), or else as the text after
-"LABEL: " up to the end of its line or sentence. It runs in this process, on the engine.
+"choices": ["yes", "no"], "skill": "refunds"}, each key optional (but not all). A field a turn
+changes is found in the document as `--field LABEL=TEXT` says (TEXT's first occurrence), or else as
+the text after "LABEL: " up to the end of its line or sentence. A skill a turn places is a text
+file given as `--skill NAME=FILE` (compiled once, before the turns). `auto` applies `--policy` (a
+notebook's adopted sweep policy: the strategy it names) and is refused without one. It runs in this
+process, on the engine.
 """
 
 from __future__ import annotations
@@ -21,9 +25,12 @@ from commands.accounts import CommandError
 from vocabulary import REFERENCE
 from vocabulary.trajectories import (
     FieldSpec,
+    SkillSpec,
     TrajectorySpec,
     TurnSpec,
+    accepted,
     carried,
+    composite,
     summaries,
     turns_from_jsonl,
     unknown_keys,
@@ -77,6 +84,25 @@ def find_fields(document: str, given: list[str], labels: list[str]) -> tuple[Fie
     return tuple(sorted(out.values(), key=lambda f: f.start))
 
 
+def read_skills(given: list[str], turns: list[TurnSpec]) -> tuple[SkillSpec, ...]:
+    """The skills `--skill NAME=FILE` gives; a turn placing a skill not given is named."""
+    skills: dict[str, SkillSpec] = {}
+    for item in given:
+        name, sep, path = item.partition("=")
+        if not sep or not name.strip() or not path:
+            raise TrajectoryUsageError(f"--skill {item!r}: write NAME=FILE, e.g. refunds=refunds.txt")
+        text = _read(path, f"skill {name.strip()!r}")
+        if not text.strip():
+            raise TrajectoryUsageError(f"--skill {name.strip()}: {path} is empty")
+        skills[name.strip()] = SkillSpec(name.strip(), text)
+    for i, turn in enumerate(turns, 1):
+        if turn.skill is not None and turn.skill not in skills:
+            raise TrajectoryUsageError(f"turn {i} places a skill {turn.skill!r} that no --skill gives "
+                                       f"(given: {', '.join(skills) or 'none'}); add --skill "
+                                       f"{turn.skill}=FILE")
+    return tuple(skills.values())
+
+
 def result_dict(model: str, turns, status: str = "succeeded") -> dict:
     """The API's shape: status, turns with each strategy's results, the summary and the verdicts."""
     summary = summaries(turns)
@@ -95,12 +121,19 @@ def cmd_trajectory(args) -> None:
     problem = unknown_keys(keys)
     if problem:
         raise TrajectoryUsageError(problem)
+    auto = composite()
+    if args.policy is not None and (args.policy not in carried()):
+        raise TrajectoryUsageError(f"--policy {args.policy!r}: name a strategy ({', '.join(carried())})")
+    if args.policy is None and any(k.partition(".")[0] == auto for k in keys):
+        raise TrajectoryUsageError(f"{auto} in a trajectory applies an adopted sweep policy: give it as "
+                                   f"--policy NAME (e.g. --policy erratum), or leave {auto} out")
+    skills = read_skills(args.skill, turns)
     choices = tuple(c.strip() for c in args.choices.split(",") if c.strip()) if args.choices else ()
     labels = list(dict.fromkeys(label for t in turns for label in t.fields))
     fields = find_fields(document, args.field, labels)
     spec = TrajectorySpec(model=args.model, document=document, fields=fields, turns=tuple(turns),
                           question=args.question or "", choices=choices,
-                          strategies=with_reference(keys))
+                          strategies=with_reference(keys), skills=skills, policy=args.policy)
     from worker.engine.trajectory import request_of, trajectory
 
     eng = _load(args)
@@ -117,6 +150,14 @@ def cmd_trajectory(args) -> None:
               f"{s['cumulative_ttft_ms']:>13.0f} {speed:>9} {s['cumulative_tokens']:>8}")
     for sentence in result["verdicts"].values():
         print(sentence)
+    if any(k.partition(".")[0] == auto for k in keys):
+        print(f"{auto} applied the adopted policy: {args.policy}, at its cost")
+    for turn, spec_turn in zip(report.turns, turns):
+        spliced = max((r.tokens_spliced for r in turn.results.values()), default=0)
+        if spec_turn.skill is not None:
+            print(f"turn {turn.index + 1} placed the skill {spec_turn.skill!r}: {spliced} tokens spliced by "
+                  "the strategies that are not exact (none computed; their keys re-rotated), prefilled by "
+                  "the exact ones")
 
 
 def add_command(sub) -> None:
@@ -129,8 +170,12 @@ def add_command(sub) -> None:
     p.add_argument("--field", action="append", default=[],
                    help="LABEL=TEXT: the field LABEL is TEXT's first occurrence (repeatable)")
     p.add_argument("--strategies", default=None,
-                   help=f"comma-separated (default: {','.join(carried())}); name.one_per_field keeps one "
-                        "erratum per field")
+                   help=f"comma-separated, of {','.join(accepted())} (default: every one but "
+                        f"{composite()}); name.one_per_field keeps one erratum per field")
+    p.add_argument("--skill", action="append", default=[],
+                   help="NAME=FILE: the skill a turn's \"skill\": NAME places (repeatable)")
+    p.add_argument("--policy", default=None,
+                   help=f"the strategy {composite()} applies (a notebook's adopted sweep policy)")
     p.add_argument("--question", default=None, help="asked at every turn that asks none")
     p.add_argument("--choices", default=None, help="comma-separated; without it the answer is generated")
     p.add_argument("--model", default=DEFAULT_MODEL, help="alias (see `kvnotes models`), path or hub id")

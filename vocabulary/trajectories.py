@@ -29,18 +29,24 @@ VARIANT_SEP = "."
 
 
 def carried(infos: dict[str, StrategyInfo] = EDIT_INFO) -> tuple[str, ...]:
-    """The edit strategies a trajectory carries across turns: every one that edits the notes it
-    holds. A composite (it picks among parts per edit) and a strategy that lays the document out
-    again once before its edits (neither a default nor moving keys: hoist's layout) are not carried;
-    tests/engine/test_trajectory.py checks this rule against the classes."""
-    return tuple(name for name, info in infos.items()
-                 if info.role != "composite" and (info.default or info.moves_keys))
+    """The edit strategies a trajectory carries across turns, each its own cache: every one but
+    the composite. Those that edit the notes they hold carry them as they are; one that lays the
+    document out again once before its edits (hoist) carries that layout, its field block kept
+    after the last turn's text (`hoisted_prompt`). The composite (auto) is accepted too
+    (`accepted`), and carries the strategy the adopted sweep policy names: it is no default, being
+    refused without a policy. tests/engine/test_trajectory.py checks that the engine builds every one."""
+    return tuple(name for name, info in infos.items() if info.role != "composite")
+
+
+def accepted(infos: dict[str, StrategyInfo] = EDIT_INFO) -> tuple[str, ...]:
+    """Every strategy a trajectory may be asked for: the carried ones and the composite."""
+    return (*carried(infos), composite(infos))
 
 
 def default_keys(infos: dict[str, StrategyInfo] = EDIT_INFO) -> tuple[str, ...]:
-    """The strategies a trajectory runs when none are named: every carried one but the composite,
-    which needs an adopted policy."""
-    return tuple(name for name in carried(infos) if infos[name].role != "composite")
+    """The strategies a trajectory runs when none are named: every carried one (not the
+    composite, which needs an adopted policy)."""
+    return carried(infos)
 
 
 def composite(infos: dict[str, StrategyInfo] = EDIT_INFO) -> str:
@@ -55,9 +61,9 @@ def split_variant(key: str) -> tuple[str, bool]:
 
 
 def unknown_keys(keys: Sequence[str], infos: dict[str, StrategyInfo] = EDIT_INFO) -> str:
-    """'' when every key is a carried strategy (or its one_per_field variant), else one line naming
-    the bad ones and the valid ones."""
-    valid = carried(infos)
+    """'' when every key is an accepted strategy (or its one_per_field variant), else one line
+    naming the bad ones and the valid ones."""
+    valid = accepted(infos)
     bad = []
     for key in keys:
         name, _, policy = key.partition(VARIANT_SEP)

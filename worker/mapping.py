@@ -63,12 +63,18 @@ def run_request(eng: Engine, snapshot: RunSnapshot) -> RunRequest:
 def compiled_skill(eng: Engine, placement: SnapshotPlacement) -> Notes | None:
     """The placed skill's compiled notes from the KV store, or None (the engine then compiles it)
     when the skill is gone, its text changed since the snapshot, or its notes are not stored."""
-    if placement.skill_id is None:
+    return stored_skill_notes(eng, placement.skill_id, placement.text)
+
+
+def stored_skill_notes(eng: Engine, skill_id: int | None, text: str) -> Notes | None:
+    """The compiled notes the skill row `skill_id` keeps in the KV store, while its text is still
+    `text`; None when there is no row, its text changed, or its notes are not stored."""
+    if skill_id is None:
         return None
     with session() as s:
-        skill = s.get(Skill, placement.skill_id)
-        key = skill.store_key if skill is not None and skill.text == placement.text else None
-    return eng.stored_skill(key, placement.text) if key else None
+        skill = s.get(Skill, skill_id)
+        key = skill.store_key if skill is not None and skill.text == text else None
+    return eng.stored_skill(key, text) if key else None
 
 
 def result_row(run_id: int, strategy: str, result: StrategyResult, attention: Attention | None) -> RunResult:

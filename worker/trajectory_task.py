@@ -6,7 +6,9 @@ each turn the turn's results and `turns_done` are written, so progress is per tu
 or failed trajectory keeps the turns it read. Before each turn the row is read: once it is no longer
 running (cancelled, or deleted with its notebook) the trajectory stops there. A refusal of the engine
 (a prompt past the model's context at some turn, named with its length) fails the row with that
-sentence before any turn runs.
+sentence before any turn runs. The skills the turns place are read from the KV store where their
+rows keep compiled notes for the same text (`worker.mapping.stored_skill_notes`), else compiled
+before the first turn.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from worker import run_rows
 from worker.celery_app import app
 from worker.engine import EngineError
 from worker.engine.trajectory import request_of, trajectory
+from worker.mapping import stored_skill_notes
 from worker.runtime import describe_failure, get_engine
 
 log = logging.getLogger(__name__)
@@ -77,7 +80,8 @@ def trajectory_task(self, trajectory_id: int) -> dict[str, Any]:
         eng = get_engine(spec.model)
         device, stage = str(eng.device), "prefill"
         _write(trajectory_id, stage="prefill")
-        request = request_of(spec)
+        stored = {s.name: stored_skill_notes(eng, s.skill_id, s.text) for s in spec.skills}
+        request = request_of(spec, {name: notes for name, notes in stored.items() if notes is not None})
         trajectory(eng, request, progress=progress, cancelled=lambda: not _running(trajectory_id))
     except Exception as exc:
         if not isinstance(exc, EngineError):

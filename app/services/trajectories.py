@@ -4,7 +4,11 @@ typed view every face renders (`TrajectoryView`: the API's answer, the page, the
 
 Checked on the request: at least one turn and at most `KVNOTES_MAX_TURNS`; no empty turn; every
 field a turn changes is a labelled field of the notebook; a question for every turn (the turn's,
-the request's or the notebook's); the strategies carried across turns (`vocabulary.trajectories`).
+the request's or the notebook's); the strategies carried across turns (`vocabulary.trajectories`);
+a skill a turn places is a compiled skill of the notebook's model, by name (one placed in this
+notebook first, else the latest); `auto` applies the notebook's adopted sweep policy (its overall
+strategy: a trajectory carries one strategy through every turn, whichever fields they change) and is
+refused without one.
 Every problem is a 422 naming the turn, and nothing is saved. A turn whose prompt would be past the
 model's context is one too (naming the turn and the length), counted with the converted model's own
 tokenizer file where the web can read it (`app.services.prompt_length`, torch-free); where it cannot,
@@ -19,24 +23,27 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import func, select
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, object_session
 
 from app.schema_types import Timestamp
 from app.services.errors import RunLimitReached, Unprocessable
 from app.services.notebooks import check_served
 from app.services.prompt_length import check_fits
 from data.accounts import LOCAL_USER
-from data.models import Notebook, RunStatus, as_utc, utcnow
+from data.models import Notebook, RunStatus, Skill, as_utc, utcnow
 from data.queue import QueueUnavailable, enqueue_trajectory, revoke
 from data.settings import get_settings
 from data.trajectories import Trajectory
 from vocabulary.trajectories import (
     FieldSpec,
+    SkillSpec,
     Summary,
     TrajectorySpec,
     TurnRecord,
     TurnSpec,
     carried,
+    composite,
+    split_variant,
     summaries,
     unknown_keys,
     verdict,
@@ -51,7 +58,8 @@ MAX_APPEND_CHARS = 8000
 
 
 class TurnIn(BaseModel):
-    """One turn: text appended, fields changed ({label: value}), a question and its choices."""
+    """One turn: text appended, fields changed ({label: value}), a question and its choices, and a
+    skill placed before the appended text (a compiled skill of the notebook's model, by name)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -59,12 +67,13 @@ class TurnIn(BaseModel):
     fields: dict[str, Annotated[str, Field(max_length=2000)]] = Field(default_factory=dict, max_length=32)
     question: str | None = Field(default=None, max_length=4000)
     choices: list[Annotated[str, Field(max_length=200)]] | None = Field(default=None, max_length=64)
+    skill: str | None = Field(default=None, min_length=1, max_length=200)
 
 
 class TrajectoryCreate(BaseModel):
     """Start a trajectory: the turns in order, the strategies (recompute always included; a strategy
-    that appends errata also as `name.one_per_field`), and the question asked where a turn asks none
-    (None: the notebook's current one, with its choices)."""
+    that appends errata also as `name.one_per_field`; auto only with an adopted policy), and the
+    question asked where a turn asks none (None: the notebook's current one, with its choices)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -79,6 +88,19 @@ def _where(i: int) -> str:
     return f"turns.{i}"
 
 
+def _skill(notebook: Notebook, name: str) -> Skill | None:
+    """The compiled skill of the notebook's model named `name`: one placed in the notebook first,
+    else the latest compiled."""
+    placed = [p.skill for p in notebook.placements if p.skill.name == name and p.skill.status == "compiled"]
+    if placed:
+        return placed[0]
+    session = object_session(notebook)
+    if session is None:
+        return None
+    return session.scalar(select(Skill).where(Skill.name == name, Skill.model == notebook.model,
+                                              Skill.status == "compiled").order_by(Skill.id.desc()).limit(1))
+
+
 def plan(notebook: Notebook, body: TrajectoryCreate) -> TrajectorySpec:
     """The spec the worker will run, from the notebook as it is now; `Unprocessable` naming the turn."""
     settings = get_settings()
@@ -88,6 +110,12 @@ def plan(notebook: Notebook, body: TrajectoryCreate) -> TrajectorySpec:
     problem = unknown_keys(body.strategies)
     if problem:
         raise Unprocessable("strategies", problem)
+    auto = composite()
+    wants_auto = any(split_variant(k)[0] == auto for k in body.strategies)
+    if wants_auto and notebook.policy_strategy is None:
+        raise Unprocessable("strategies", f"{auto} in a trajectory applies the notebook's adopted sweep "
+                                          "policy, and this notebook has none: adopt a finished sweep's "
+                                          f"policy, or leave {auto} out")
     fields = sorted((f for f in notebook.fields if f.label.strip()), key=lambda f: f.start)
     labels = [f.label for f in fields]
     if len(set(labels)) != len(labels):
@@ -99,12 +127,18 @@ def plan(notebook: Notebook, body: TrajectoryCreate) -> TrajectorySpec:
         choices = list(body.choices)
     else:
         choices = list(current.choices) if current is not None and body.question is None else []
-    turns = []
+    turns, skills = [], {}
     for i, turn in enumerate(body.turns):
         n = i + 1
-        if not turn.append and not turn.fields and turn.question is None:
-            raise Unprocessable(_where(i), f"turn {n} is empty: it appends nothing, changes no field and "
-                                           "asks nothing")
+        if not turn.append and not turn.fields and turn.question is None and turn.skill is None:
+            raise Unprocessable(_where(i), f"turn {n} is empty: it appends nothing, changes no field, places "
+                                           "no skill and asks nothing")
+        if turn.skill is not None and turn.skill not in skills:
+            skill = _skill(notebook, turn.skill)
+            if skill is None:
+                raise Unprocessable(_where(i), f"turn {n} places a skill {turn.skill!r} that is not a "
+                                               f"compiled skill of {notebook.model}")
+            skills[turn.skill] = SkillSpec(turn.skill, skill.text, skill.id)
         unknown = [label for label in turn.fields if label not in labels]
         if unknown:
             raise Unprocessable(_where(i), f"turn {n} changes a field {unknown[0]!r} that the notebook does "
@@ -115,13 +149,15 @@ def plan(notebook: Notebook, body: TrajectoryCreate) -> TrajectorySpec:
         if turn.question is not None and not turn.question.strip():
             raise Unprocessable(_where(i), f"turn {n}'s question is empty")
         turns.append(TurnSpec(append=turn.append, fields=dict(turn.fields), question=turn.question,
-                              choices=None if turn.choices is None else tuple(turn.choices)))
+                              choices=None if turn.choices is None else tuple(turn.choices),
+                              skill=turn.skill))
     if any(not c.strip() for c in choices):
         raise Unprocessable("choices", "a choice is empty")
     return TrajectorySpec(
         model=notebook.model, document=notebook.document,
         fields=tuple(FieldSpec(f.label, f.start, f.end) for f in fields), turns=tuple(turns),
-        question=question, choices=tuple(choices), strategies=with_reference(body.strategies))
+        question=question, choices=tuple(choices), strategies=with_reference(body.strategies),
+        skills=tuple(skills.values()), policy=notebook.policy_strategy if wants_auto else None)
 
 
 def check_caps(session: Session, created_by: str) -> None:

@@ -72,7 +72,10 @@ def test_bad_turns_are_422_naming_the_turn_and_nothing_is_saved(make_client) -> 
         assert where in r.text and message in r.text, r.text
     r = client.post(f"/api/notebooks/{nb}/trajectories",
                     json={**BODY, "turns": [{"append": "a"}], "strategies": ["auto"]})
-    assert r.status_code == 422 and "unknown trajectory strategies: 'auto'" in r.text
+    assert r.status_code == 422 and "auto in a trajectory applies the notebook's adopted sweep" in r.text
+    r = client.post(f"/api/notebooks/{nb}/trajectories",
+                    json={**BODY, "turns": [{"append": "a"}], "strategies": ["nonesuch"]})
+    assert r.status_code == 422 and "unknown trajectory strategies: 'nonesuch'" in r.text
     r = client.post(f"/api/notebooks/{nb}/trajectories", json={"turns": [{"append": "a"}]})
     assert r.status_code == 422 and "turn 1 asks no question" in r.text
     assert _count() == 0

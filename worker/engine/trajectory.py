@@ -12,9 +12,24 @@ A turn may append text (a tool result, a message), change fields (label -> value
 3. the decision is read after the cache with the readout's `decide` (choices over their cyclic
    orders, as a run reads them) and compared with recompute's (`compare.fidelity`).
 
+A turn may place a skill (`Turn.skill`), before what it appends. Its notes are compiled once before
+the turns (the stored ones reused), outside the timings as a run's skills are. A strategy that is
+not exact splices them after its cache (keys re-rotated to their place, O(L), the paper's
+composition): `tokens_spliced` counts them, `tokens_computed` does not, and the rotation and the copy
+are inside its TTFT. Exact strategies prefill the skill's text as part of the prompt.
+
+`hoist` carries the hoisted layout (`vocabulary.trajectories.hoisted_prompt`): the document without
+its fields' lines, prefilled once before the turns as its deployment would (untimed, like every
+strategy's document notes), then each turn's text, then the field block, kept last: every turn the
+block is dropped from the end, the turn's text prefilled and the block with the current values
+prefilled again (computed every turn, changed or not), as an exact prefix cache serves that layout.
+`auto` carries the strategy the notebook's adopted sweep policy names (`TrajectoryRequest.policy`),
+at that strategy's cost; without a policy it is refused (its oracle pick would have to carry every
+probe's cache through every turn).
+
 Exact strategies (recompute, prefix_reuse: `info.exact`) hold the whole current prompt, tokenized
 as one text each turn: recompute prefills it all again, prefix_reuse keeps the notes up to the first
-token that differs. Nothing is deferred to the readout here (`_Eager`): a cache carried forward must
+token that differs. Nothing is deferred to the readout here (`carry`): a cache carried forward must
 be complete before the next turn. `tokens_computed` counts the tokens a strategy ran through the
 model for its cache at that turn (the question's tokens, the same for all, are not counted);
 `ttft_ms` is from the turn's start to the decision's first token.
@@ -27,13 +42,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from vocabulary import DEFAULT_TEMPLATE, REFERENCE, render_erratum
-from vocabulary.regions import ERRATUM
 from vocabulary.trajectories import (
     StrategyTurn,
     Summary,
     TrajectorySpec,
     TurnRecord,
-    carried,
+    default_keys,
     split_variant,
     summaries,
     unknown_keys,
@@ -41,40 +55,51 @@ from vocabulary.trajectories import (
     with_reference,
 )
 from vocabulary.verdicts import edit_followed
+from worker.engine.carry import Carried, advance, document_with, lay_out_hoisted
 from worker.engine.compare import fidelity, same_answer
-from worker.engine.edit import Editor, shift
-from worker.engine.forward import cut, extend, join_all
 from worker.engine.loaded import LoadedModel
-from worker.engine.notes import KV, Notes, cache_from_layers
+from worker.engine.notes import Notes, cache_from_layers
 from worker.engine.readout import decide, orders_suffixes
 from worker.engine.strategies import EDITS, Strategy
-from worker.engine.strategies.edit import EditCase
+from worker.engine.strategies.edits.hoist import Hoist
 from worker.engine.types import EngineError, Field, Question
-
-APPENDED = "turn"  # the segment of a turn's appended tokens
 
 
 @dataclass(frozen=True)
 class Turn:
-    """One turn: text appended, fields changed ((label, value) pairs), a question (None: the
-    trajectory's)."""
+    """One turn: a skill placed (its name; None: none), text appended, fields changed ((label,
+    value) pairs), a question (None: the trajectory's)."""
 
     append: str = ""
     fields: tuple[tuple[str, str], ...] = ()
     question: Question | None = None
+    skill: str | None = None
+
+
+@dataclass(frozen=True)
+class TurnSkill:
+    """A skill the turns may place: its name, its text and its compiled notes (`compile_skill`:
+    sink first; None: compiled before the turns)."""
+
+    name: str
+    text: str
+    notes: Notes | None = None
 
 
 @dataclass(frozen=True)
 class TrajectoryRequest:
     """A document with labelled fields (their spans; the document holds their first values), the
-    turns, the question asked where a turn asks none, and the strategy keys (`vocabulary.trajectories`)."""
+    turns, the question asked where a turn asks none, the strategy keys (`vocabulary.trajectories`),
+    the skills the turns place and the adopted sweep policy auto applies (None: auto is refused)."""
 
     document: str
     fields: tuple[Field, ...]
     turns: tuple[Turn, ...]
     question: Question | None = None
-    strategies: tuple[str, ...] = carried()
+    strategies: tuple[str, ...] = default_keys()
     erratum_template: str = DEFAULT_TEMPLATE
+    skills: tuple[TurnSkill, ...] = ()
+    policy: str | None = None
 
 
 @dataclass
@@ -90,47 +115,13 @@ class TrajectoryReport:
         return {k: verdict(k, s) for k, s in self.summary().items() if k != REFERENCE}
 
 
-class _Eager(Editor):
-    """The shared surgery, computing every changed token itself (a carried cache must be complete)."""
-
-    def can_defer(self) -> bool:
-        return False
-
-
-@dataclass
-class _Carried:
-    """One strategy's cache as it is carried from turn to turn."""
-
-    key: str
-    strategy: Strategy
-    one_per_field: bool
-    ids: list[int]
-    segments: list[str]
-    offsets: list[tuple[int, int]]
-    layers: list[KV]
-    doc_tokens: int  # the frame + document piece at the front
-    values: dict[str, str]  # the values its document piece holds
-    told: dict[str, str]  # the values it was last told (an erratum's old value)
-    errata: dict[str, tuple[int, int]] = field(default_factory=dict)  # label -> its latest erratum's span
-    n_errata: int = 0
-    cumulative_ttft_ms: float = 0.0
-    cumulative_tokens: int = 0
-
-    @property
-    def exact(self) -> bool:
-        return self.strategy.info.exact
-
-    def notes(self, engine: LoadedModel) -> Notes:
-        return Notes(list(self.ids), list(self.offsets), list(self.segments), self.layers,
-                     rope=engine.rope, immobile_reason=engine.rope_error)
-
-
 def check(engine: LoadedModel, request: TrajectoryRequest) -> list[str]:
     """The strategy keys, recompute first, after checking the request: every problem is one line
     naming the turn (an unknown label, an empty turn, no question, a prompt past the context)."""
     problem = unknown_keys(request.strategies)
     if problem:
         raise EngineError(problem)
+    _policy(request)
     labels = {f.label for f in request.fields}
     if "" in labels or len(labels) != len(request.fields):
         raise EngineError("every field of a trajectory needs a label of its own")
@@ -139,9 +130,14 @@ def check(engine: LoadedModel, request: TrajectoryRequest) -> list[str]:
     context = getattr(engine.model.config, "max_position_embeddings", None)
     values = {f.label: request.document[f.start:f.end] for f in request.fields}
     appended, errata = "", 0
+    skills = {s.name: s for s in request.skills}
     for i, turn in enumerate(request.turns, 1):
-        if not turn.append and not turn.fields and turn.question is None:
-            raise EngineError(f"turn {i} is empty: it appends nothing, changes no field and asks nothing")
+        if not turn.append and not turn.fields and turn.question is None and turn.skill is None:
+            raise EngineError(f"turn {i} is empty: it appends nothing, changes no field, places no skill "
+                              "and asks nothing")
+        if turn.skill is not None and turn.skill not in skills:
+            raise EngineError(f"turn {i} places a skill {turn.skill!r} that the trajectory does not have "
+                              f"(skills: {', '.join(sorted(skills)) or 'none'})")
         for label, value in turn.fields:
             if label not in values:
                 raise EngineError(f"turn {i} changes a field {label!r} that the document does not have "
@@ -153,9 +149,9 @@ def check(engine: LoadedModel, request: TrajectoryRequest) -> list[str]:
         question = turn.question or request.question
         if question is None or not question.text.strip():
             raise EngineError(f"turn {i} asks no question and the trajectory has none")
-        appended += turn.append
+        appended += (skills[turn.skill].text if turn.skill is not None else "") + turn.append
         if context:
-            length = (len(engine.tokenize_document(_text(request, values) + appended)[0]) + errata
+            length = (len(engine.tokenize_document(document_with(request, values) + appended)[0]) + errata
                       + len(engine.encode(engine.frame.suffix(question))) + 8)
             if length > context:
                 raise EngineError(f"turn {i}: the prompt would be {length} tokens (errata included), past "
@@ -163,19 +159,35 @@ def check(engine: LoadedModel, request: TrajectoryRequest) -> list[str]:
     return list(with_reference(request.strategies))
 
 
-def _text(request: TrajectoryRequest, values: dict[str, str]) -> str:
-    text = request.document
-    for f in sorted(request.fields, key=lambda f: f.start, reverse=True):
-        text = text[:f.start] + values[f.label] + text[f.end:]
-    return text
+def _policy(request: TrajectoryRequest) -> str | None:
+    """The strategy auto carries: the adopted policy when a key asks for auto (an `EngineError` when
+    none is adopted, or it names no plain strategy), else None."""
+    asked = [k for k in request.strategies if EDITS.classes[split_variant(k)[0]].info.role == "composite"]
+    if not asked:
+        return None
+    if request.policy is None:
+        raise EngineError(f"{asked[0]} in a trajectory applies the notebook's adopted sweep policy, and "
+                          "none is adopted: adopt a finished sweep's policy (kvnotes trajectory --policy "
+                          "NAME), or name the strategies yourself")
+    cls = EDITS.classes.get(request.policy)
+    if cls is None or cls.info.role == "composite":
+        raise EngineError(f"the adopted policy {request.policy!r} names no plain strategy "
+                          f"(valid: {', '.join(n for n in default_keys())})")
+    return request.policy
 
 
-def _build(keys: list[str]) -> dict[str, tuple[Strategy, bool]]:
+def _build(keys: list[str], policy: str | None = None) -> dict[str, tuple[Strategy, bool]]:
+    """Each key's strategy object and its erratum variant: auto's is the policy's strategy; a
+    strategy that lays the document out again other than hoist is refused."""
     built = {}
     for key in keys:
         name, one = split_variant(key)
+        if EDITS.classes[name].info.role == "composite":
+            if policy is None:
+                raise EngineError(f"{name} needs an adopted sweep policy in a trajectory")
+            name = policy
         strategy = EDITS.build([name])[name]
-        if type(strategy).prepare is not Strategy.prepare:
+        if type(strategy).prepare is not Strategy.prepare and not isinstance(strategy, Hoist):
             raise EngineError(f"{name} lays the document out again before its edits; a trajectory does "
                               "not carry it yet")
         built[key] = (strategy, one)
@@ -189,15 +201,24 @@ def trajectory(engine: LoadedModel, request: TrajectoryRequest, notes: Notes | N
     document's cached notes (prefilled when None). `progress(turn, report)` after each turn;
     `cancelled()` is asked before each turn (True stops with the turns read so far)."""
     keys = check(engine, request)
-    built = _build(keys)
-    if any(s.info.moves_keys for s, _ in built.values()):
+    built = _build(keys, _policy(request))
+    placed = {t.skill for t in request.turns if t.skill is not None}
+    if any(s.info.moves_keys for s, _ in built.values()) or (
+            placed and not all(s.info.exact for s, _ in built.values())):
         engine.require_portable()
     old = notes if notes is not None else engine.prefill(request.document)
+    # the skills the turns place, compiled once outside the timings (a run's skills are too)
+    compiled = {s.name: s.notes if s.notes is not None else engine.compile_skill(s.text)
+                for s in request.skills if s.name in placed}
     engine.warm_up()
     first = {f.label: request.document[f.start:f.end] for f in request.fields}
-    states = {k: _Carried(k, s, one, list(old.token_ids), list(old.segments), list(old.offsets), old.layers,
+    states = {k: Carried(k, s, one, list(old.token_ids), list(old.segments), list(old.offsets), old.layers,
                           len(old.token_ids), dict(first), dict(first)) for k, (s, one) in built.items()}
+    for state in states.values():
+        if isinstance(state.strategy, Hoist):
+            lay_out_hoisted(engine, request, state, old, first)
     report = TrajectoryReport(model=engine.info.alias, document_tokens=len(old.token_ids))
+    texts = {s.name: s.text for s in request.skills}
     values, appended, previous = dict(first), "", dict(first)
     for index, turn in enumerate(request.turns):
         if cancelled():
@@ -206,8 +227,8 @@ def trajectory(engine: LoadedModel, request: TrajectoryRequest, notes: Notes | N
         for label in changed:
             previous[label] = values[label]
         values.update(dict(turn.fields))
-        appended += turn.append
-        full = engine.tokenize_document(_text(request, values) + appended)
+        appended += (texts[turn.skill] if turn.skill is not None else "") + turn.append
+        full = engine.tokenize_document(document_with(request, values) + appended)
         question = turn.question or request.question
         suffix = engine.encode(engine.frame.suffix(question))
         orders = orders_suffixes(engine.tokenizer, engine.frame, question)
@@ -221,7 +242,8 @@ def trajectory(engine: LoadedModel, request: TrajectoryRequest, notes: Notes | N
         readouts = {}
         for key, state in states.items():
             t0 = time.perf_counter()
-            computed = _advance(engine, request, state, turn, values, changed, full)
+            computed = advance(engine, request, state, turn.append, values, changed, full, appended,
+                                compiled.get(turn.skill) if turn.skill is not None else None)
             readout = decide(engine.model, engine.tokenizer, engine.frame,
                              cache_from_layers(state.layers, engine.model), suffix, question, orders=orders)
             ttft = (readout.first_token_at - t0) * 1000
@@ -236,97 +258,23 @@ def trajectory(engine: LoadedModel, request: TrajectoryRequest, notes: Notes | N
                 edit_followed=followed(readout.decision), kl_to_recompute=fid.kl_to_recompute,
                 logit_cosine=fid.logit_cosine, tokens_computed=computed, ttft_ms=ttft,
                 cumulative_ttft_ms=state.cumulative_ttft_ms, cache_tokens=len(state.ids),
-                cumulative_tokens=state.cumulative_tokens, errata=state.n_errata)
+                cumulative_tokens=state.cumulative_tokens, errata=state.n_errata,
+                tokens_spliced=state.spliced)
         report.turns.append(tr)
         if progress is not None:
             progress(index, tr)
     return report
 
 
-def _advance(engine: LoadedModel, request: TrajectoryRequest, state: _Carried, turn: Turn,
-             values: dict[str, str], changed: list[str], full) -> int:
-    """Carry `state` through `turn`: its appended text, then its field changes. Returns the tokens
-    run through the model."""
-    if state.exact:  # the whole current prompt, tokenized as one text
-        ids, offsets, segments = full
-        surgery = state.strategy.surgery(_case(engine, state, ids, segments, offsets, []))
-        _take(engine, state, surgery)
-        return surgery.tokens_computed
-    computed = 0
-    added = engine.encode(turn.append) if turn.append else []
-    if added:
-        state.layers = extend(engine.model, state.layers, added)
-        state.ids += added
-        state.segments += [APPENDED] * len(added)
-        state.offsets += [(-1, -1)] * len(added)
-        computed += len(added)
-    mine = [label for label in changed if values[label] != state.told[label]]
-    if not mine:
-        return computed
-    if state.one_per_field:
-        for label in mine:
-            _cut_erratum(engine, state, label)
-    new_values = {**state.values, **{label: values[label] for label in mine}}
-    doc_ids, doc_offsets, doc_segments = engine.tokenize_document(_text(request, new_values))
-    rest = slice(state.doc_tokens, None)
-    pieces = [engine.encode(render_erratum(label, state.told[label], values[label], request.erratum_template))
-              for label in mine]
-    case = _case(engine, state, doc_ids + state.ids[rest], doc_segments + state.segments[rest],
-                 doc_offsets + state.offsets[rest], [t for p in pieces for t in p])
-    before = len(state.ids)
-    surgery = state.strategy.surgery(case)
-    _take(engine, state, surgery)
-    kept = len(state.ids) - len(surgery.pending)
-    if kept == len(doc_ids) + before - state.doc_tokens and state.ids[:len(doc_ids)] == doc_ids:
-        state.values, state.doc_tokens = new_values, len(doc_ids)  # the document piece was edited
-    if surgery.pending and surgery.segments[-1] == ERRATUM:
-        at = kept
-        for label, piece in zip(mine, pieces):
-            state.errata[label] = (at, at + len(piece))
-            at += len(piece)
-        state.n_errata += len(pieces)
-    for label in mine:
-        state.told[label] = values[label]
-    return computed + surgery.tokens_computed
-
-
-def _case(engine: LoadedModel, state: _Carried, ids, segments, offsets, erratum_ids) -> EditCase:
-    editor = _Eager(engine.model, engine.rope, state.notes(engine), list(ids), list(segments), list(offsets))
-    return EditCase(engine=engine, editor=editor, erratum_ids=list(erratum_ids), cached_ids=list(state.ids))
-
-
-def _take(engine: LoadedModel, state: _Carried, surgery) -> None:
-    """The surgery's notes as the strategy's cache, its pending tokens (an erratum) computed onto it."""
-    layers = surgery.layers
-    if surgery.pending:
-        layers = extend(engine.model, layers, list(surgery.pending))
-    state.layers, state.ids = layers, list(surgery.token_ids)
-    state.segments, state.offsets = list(surgery.segments), list(surgery.offsets)
-
-
-def _cut_erratum(engine: LoadedModel, state: _Carried, label: str) -> None:
-    """Cut `label`'s latest erratum from the cache: the tokens after it keep their K/V, keys
-    re-rotated back by its length."""
-    span = state.errata.pop(label, None)
-    if span is None:
-        return
-    a, b = span
-    n = b - a
-    after = shift(cut(state.layers, b, len(state.ids)), engine.rope, -n)
-    state.layers = join_all([cut(state.layers, 0, a), after])
-    for part in ("ids", "segments", "offsets"):
-        seq = getattr(state, part)
-        setattr(state, part, seq[:a] + seq[b:])
-    state.errata = {k: (s - n, e - n) if s >= b else (s, e) for k, (s, e) in state.errata.items()}
-    state.n_errata -= 1
-
-
-def request_of(spec: TrajectorySpec) -> TrajectoryRequest:
+def request_of(spec: TrajectorySpec, compiled: dict[str, Notes] | None = None) -> TrajectoryRequest:
     """The engine's request for a stored or written trajectory (`vocabulary.trajectories`): a turn
-    with a question of its own asks it with its own choices (none: a free answer)."""
+    with a question of its own asks it with its own choices (none: a free answer); `compiled`: the
+    skills' stored notes by name (a skill without is compiled before the turns)."""
     fields = tuple(Field(f.start, f.end, spec.document[f.start:f.end], f.label) for f in spec.fields)
     turns = tuple(Turn(append=t.append, fields=tuple(t.fields.items()),
-                       question=None if t.question is None else Question(t.question, tuple(t.choices or ())))
+                       question=None if t.question is None else Question(t.question, tuple(t.choices or ())),
+                       skill=t.skill)
                   for t in spec.turns)
+    skills = tuple(TurnSkill(s.name, s.text, (compiled or {}).get(s.name)) for s in spec.skills)
     return TrajectoryRequest(spec.document, fields, turns, Question(spec.question, tuple(spec.choices)),
-                             tuple(spec.strategies))
+                             tuple(spec.strategies), skills=skills, policy=spec.policy)
