@@ -29,6 +29,7 @@ from data.db import get_sessionmaker, release_connections
 from data.models import utcnow
 from data.queue import queue_for
 from data.settings import get_settings
+from data.sweep_edits import retry_lost_edits
 from data.watchdog import reap_stale_runs
 
 log = logging.getLogger("kvnotes.serve")
@@ -81,6 +82,7 @@ def forget_worker(name: str) -> list[int]:
             workers.mark_stopped(session, name)
             failed = reap_stale_runs(session, utcnow(), get_settings().heartbeat_max_age_s, worker=name)
             session.commit()
+            retry_lost_edits(session)  # a sweep's edits among them: queued again once, for the next worker
             return failed
     except Exception as exc:  # the database may be down too; the watchdog catches up later
         log.error("could not record that worker %s died: %s", name, exc.__class__.__name__)

@@ -64,6 +64,11 @@ class RunStatus(StrEnum):
 RUN_STATUSES = tuple(status.value for status in RunStatus)
 RUN_ACTIVE = (RunStatus.QUEUED, RunStatus.RUNNING)
 RUN_FINISHED = (RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLED)
+# `runs.error` of a run the watchdog (`data.watchdog`) failed because its worker or its message was
+# lost: a message that turns up restarts it (`worker.run_rows.claim`), a sweep's edit is queued
+# again once (`data.sweep_edits`)
+WORKER_LOST = "worker lost while running; re-run it"
+MESSAGE_LOST = "its queue message was lost with a stopped worker before it started; re-run it"
 # Ids are never reused (SQLite AUTOINCREMENT; PostgreSQL sequences never go back): an old address
 # either shows what it showed or says it was deleted, never another user's notebook or run.
 NEVER_REUSE_IDS = {"sqlite_autoincrement": True}

@@ -9,7 +9,8 @@ worker that stopped or stopped beating is failed at once, and a run still `queue
 worker of its model has sat idle for `QUEUED_GRACE_S` lost its message (a worker took it and died
 before starting it) and is failed too, as is a run queued for a model that this installation does
 not serve (`KVNOTES_MODELS`) and no live worker holds: it would wait forever. `watch` does all of
-this; workers call it every few seconds.
+this; workers call it every few seconds. A sweep's edit failed here is queued again once
+(`data.sweep_edits.retry_lost_edits`, called once these writes are committed).
 
 Pure database work on the caller's session (the caller commits); no torch, no worker tasks.
 """
@@ -18,17 +19,16 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from sqlalchemy import or_, select
+from sqlalchemy import func, or_, select
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
-from data.models import Run, RunStatus, as_utc
+from data.models import MESSAGE_LOST, WORKER_LOST, Run, RunStatus, as_utc  # the reasons it writes
 from data.queue import queue_for
 from data.settings import get_settings
+from data.sweep_edits import retry_lost_edits
 from data.workers import dead_worker_names, live_workers
 
-WORKER_LOST = "worker lost while running; re-run it"
-MESSAGE_LOST = "its queue message was lost with a stopped worker before it started; re-run it"
 QUEUED_GRACE_S = 30.0  # a live idle worker takes a waiting message within a second or two
 
 
@@ -90,8 +90,10 @@ def reap_lost_messages(session: Session, now: datetime, grace_s: float = QUEUED_
         return []
     cutoff = now - timedelta(seconds=grace_s)
     reaped = []
-    for run in session.scalars(select(Run).where(Run.status == RunStatus.QUEUED, Run.created_at < cutoff)):
-        created = as_utc(run.created_at)
+    # a queued run's heartbeat is when it was queued again (a sweep's edit after its worker was lost)
+    queued_at = func.coalesce(Run.heartbeat_at, Run.created_at)
+    for run in session.scalars(select(Run).where(Run.status == RunStatus.QUEUED, queued_at < cutoff)):
+        created = as_utc(run.heartbeat_at) or as_utc(run.created_at)
         if created is not None and created < cutoff and queue_for(run.model) in idle_queues:
             _fail(run, now, MESSAGE_LOST)
             reaped.append(run.id)
@@ -137,10 +139,12 @@ def watch(session: Session, now: datetime | None = None) -> list[int]:
 
 
 def reap_for_reader(session: Session) -> None:
-    """What a web reader of runs calls first: lost runs become `failed` before anyone looks. A
-    database that cannot be written (read-only, full) must not stop anyone reading: skipped then."""
+    """What a web reader of runs calls first: lost runs become `failed` before anyone looks, and a
+    sweep's edits among them are queued again once (`data.sweep_edits`). A database that cannot be
+    written (read-only, full) must not stop anyone reading: skipped then."""
     try:
         if watch(session):
             session.commit()
+        retry_lost_edits(session)
     except DBAPIError:
         session.rollback()

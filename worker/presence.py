@@ -6,8 +6,9 @@ started it.
   a killed `serve` leaves no orphan worker.
 - When ready (`start`, `starting` while it loads or converts its model, then `ready`): register
   under the node name, then beat every `BEAT_S` seconds from a thread, and run the watchdog every
-  `WATCH_EVERY_S` (so lost runs are failed even when nobody reads them). Health counts the worker
-  only once it is ready, and names what it still does before ("starting: converting smollm2-135m").
+  `WATCH_EVERY_S` (so lost runs are failed even when nobody reads them, and a sweep's lost edits
+  are queued again once: `data.sweep_edits`). Health counts the worker only once it is ready, and
+  names what it still does before ("starting: converting smollm2-135m").
 - A worker whose registration could not be written (a read-only database) or whose row was marked
   stopped while the database could not hear it registers again at its next beat, as it is then
   (starting or ready): a storage fault never leaves a live worker out of the registry.
@@ -32,6 +33,7 @@ from data import workers
 from data.db import get_sessionmaker
 from data.lifeline import die_with_parent
 from data.settings import get_settings
+from data.sweep_edits import retry_lost_edits
 from data.watchdog import watch
 
 log = logging.getLogger(__name__)
@@ -114,6 +116,7 @@ def _beat_loop(name: str) -> None:
         if since_watch >= WATCH_EVERY_S:
             since_watch = 0.0
             _write("run the watchdog", _watch)
+            _write("retry lost sweep edits", retry_lost_edits)  # after the watchdog's commit
 
 
 def _watch(session) -> None:

@@ -24,6 +24,7 @@ from data.contracts import MechanismRecord, NotesMap, RunSnapshot
 from data.db import get_sessionmaker
 from data.models import Run, RunResult, RunStatus, as_utc
 from data.settings import get_settings
+from data.sweep_edits import SWEEP_ATTEMPTS, lost_twice, retry_lost_edits
 from data.watchdog import MESSAGE_LOST, WORKER_LOST, reap_stale_runs
 from data.workers import dead_worker_names
 from worker.sweep_rows import refresh as refresh_sweep
@@ -33,7 +34,6 @@ log = logging.getLogger(__name__)
 HEARTBEAT_S = 10.0  # a live run's heartbeat period; the watchdog's max age is many of these
 PROGRESS_EVERY_S = 0.25  # at most this often a progress write (stage changes always write)
 ROW_WAIT_S = 10.0  # how long to wait for a row the web process has not committed yet
-SWEEP_ATTEMPTS = 2  # a sweep's edit runs at most twice: once, and once more if its worker was lost
 LOST = (WORKER_LOST, MESSAGE_LOST)  # failed by the watchdog: a message that turns up restarts the run
 
 
@@ -72,10 +72,12 @@ def wait_for(model: type, row_id: int) -> bool:
 
 
 def reap_own_runs(hostname: str) -> list[int]:
-    """At worker start: runs still `running` under this worker's name are from its previous life."""
+    """At worker start: runs still `running` under this worker's name are from its previous life
+    (a sweep's edits among them are queued again once: `data.sweep_edits`)."""
     with session() as s:
         reaped = reap_stale_runs(s, now(), get_settings().heartbeat_max_age_s, worker=hostname)
         s.commit()
+        retry_lost_edits(s)
     if reaped:
         log.warning("runs marked failed (lost in a previous life of this worker)",
                     extra={"worker": hostname, "run_ids": reaped})
@@ -118,7 +120,7 @@ def claim(run_id: int, hostname: str, task_id: str) -> RunSnapshot | None:
             # finishes with what it has
             reason = run.error if run.status == RunStatus.FAILED else WORKER_LOST
             run.status, run.stage, run.finished_at = RunStatus.FAILED, "failed", now()
-            run.error = f"lost twice (retried once after its worker was lost): {reason}"
+            run.error = lost_twice(reason)
             sweep_id = run.sweep_id
             s.commit()
             refresh_sweep(sweep_id)

@@ -14,14 +14,14 @@ from __future__ import annotations
 import hashlib
 import logging
 from collections import OrderedDict
-from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
-from sqlalchemy import func, select, update
+from sqlalchemy import update
 
 from data.contracts import RunSnapshot
 from data.db import get_sessionmaker
-from data.models import RUN_ACTIVE, Run, RunStatus, Sweep
+from data.models import Sweep
+from data.sweep_edits import refresh_sweep
 
 if TYPE_CHECKING:
     from worker.engine import Engine, Notes
@@ -57,29 +57,13 @@ def sweep_notes(eng: Engine, snapshot: RunSnapshot) -> Notes:
 
 
 def refresh(sweep_id: int | None) -> None:
-    """Write the sweep's progress (edits finished) and, once no edit is left to run, its end: it
-    finishes with what it has and says how many edits failed. A cancelled sweep stays cancelled."""
+    """Write the sweep's progress (edits finished) and, once no edit is left to run or to retry,
+    its end (`data.sweep_edits.refresh_sweep`): it finishes with what it has and says how many edits
+    failed and why. A cancelled sweep stays cancelled."""
     if sweep_id is None:
         return
     try:
         with session() as s:
-            sweep = s.get(Sweep, sweep_id, with_for_update=True)
-            if sweep is None:
-                return
-            counts = dict(s.execute(select(Run.status, func.count(Run.id)).where(Run.sweep_id == sweep_id)
-                                    .group_by(Run.status)).all())
-            succeeded, failed = counts.get(RunStatus.SUCCEEDED, 0), counts.get(RunStatus.FAILED, 0)
-            active = sum(counts.get(status, 0) for status in RUN_ACTIVE)
-            sweep.edits_done = succeeded + failed
-            if sweep.status in RUN_ACTIVE:
-                if active == 0:
-                    sweep.status = RunStatus.SUCCEEDED if succeeded else RunStatus.FAILED
-                    sweep.finished_at = datetime.now(UTC)
-                    if failed:
-                        sweep.error = (f"{failed} of {sweep.edits_total} edits failed (each run says why); "
-                                       f"the sweep reports the {succeeded} that finished")
-                else:
-                    sweep.status = RunStatus.RUNNING
-            s.commit()
+            refresh_sweep(s, sweep_id)
     except Exception:  # progress is re-derived when the sweep is read; never fail a run for it
         log.exception("sweep: progress not written", extra={"sweep_id": sweep_id})

@@ -104,8 +104,10 @@ def start_run(session: Session, notebook: Notebook, question: Question, strategi
 
 def rerun_snapshot(session: Session, run: Run, created_by: str = LOCAL_USER) -> Run:
     """Run exactly what `run` ran on again (its snapshot, not the notebook as it is now): a new
-    run of the same notebook. Same caps and failure policy as `start_run`."""
-    return _enqueue(session, run.notebook_id, run.snapshot, created_by)
+    run of the same notebook. Same caps and failure policy as `start_run`. A sweep's edit runs
+    again as an ordinary run: not counted on the sweep, and with the attention maps a sweep does
+    not keep."""
+    return _enqueue(session, run.notebook_id, run.snapshot.model_copy(update={"sweep_id": None}), created_by)
 
 
 def _enqueue(session: Session, notebook_id: int | None, snapshot: RunSnapshot, created_by: str,

@@ -11,11 +11,12 @@ from __future__ import annotations
 from datetime import datetime
 
 from pydantic import BaseModel
-from sqlalchemy import func, select
+from sqlalchemy import func, or_, select
 from sqlalchemy.orm import Session
 
 from data.contracts import SweepEdit
 from data.models import RUN_ACTIVE, Run, RunResult, RunStatus, Sweep
+from data.sweep_edits import LOST_TWICE, REQUEUED_STAGE, SWEEP_ATTEMPTS, awaiting_retry, waits_for_retry
 from vocabulary.strategies import REFERENCE
 from vocabulary.sweeps import (
     PAPER_MODEL,
@@ -113,6 +114,9 @@ class EditOut(BaseModel):
     expected: str | None
     changed: bool | None
     results: dict[str, EditResultOut]
+    # how many times a worker took it: 2 when its first worker was lost and it ran again
+    attempts: int = 0
+    retried: str | None = None  # says so, once it was queued again after its worker was lost
 
 
 class SweepView(BaseModel):
@@ -129,6 +133,7 @@ class SweepView(BaseModel):
     edits_total: int
     edits_done: int
     edits_failed: int
+    edits_retried: int  # queued again after their worker was lost (retried once at most)
     edits_skipped: int
     document_prefills: int
     error: str | None
@@ -167,12 +172,12 @@ def _results(record: EditRecord, choices: bool) -> dict[str, EditResultOut]:
 
 
 def sweep_status(session: Session, sweep: Sweep) -> str:
-    """The sweep's status: its row's, except that a sweep with no edit left to run (its last edit
-    failed by the watchdog, which does not know sweeps) reads as finished."""
+    """The sweep's status: its row's, except that a sweep with no edit left to run or to retry (its
+    last edit failed for good by the watchdog, which does not know sweeps) reads as finished."""
     if sweep.status not in RUN_ACTIVE:
         return sweep.status
-    active = session.scalar(select(func.count(Run.id)).where(Run.sweep_id == sweep.id,
-                                                             Run.status.in_(RUN_ACTIVE))) or 0
+    active = session.scalar(select(func.count(Run.id)).where(
+        Run.sweep_id == sweep.id, or_(Run.status.in_(RUN_ACTIVE), awaiting_retry()))) or 0
     if active:
         running = session.scalar(select(func.count(Run.id)).where(Run.sweep_id == sweep.id,
                                                                   Run.status != RunStatus.QUEUED)) or 0
@@ -180,11 +185,22 @@ def sweep_status(session: Session, sweep: Sweep) -> str:
     return RunStatus.SUCCEEDED
 
 
+def _retried(run) -> str | None:
+    """What an edit that was queued again after its worker was lost says (None: it was not)."""
+    if (run.attempts or 0) >= SWEEP_ATTEMPTS and run.status != RunStatus.FAILED:
+        return "retried once: its first worker was lost"
+    if run.stage == REQUEUED_STAGE and run.status == RunStatus.QUEUED:
+        return "queued again: its worker was lost"
+    if run.status == RunStatus.FAILED and (run.error or "").startswith(LOST_TWICE):
+        return "retried once, lost again"
+    return None
+
+
 def build_sweep_view(session: Session, sweep: Sweep, threshold: float | None = None) -> SweepView:
     """The one view of `sweep`, its policy at `threshold` (None: the sweep's own)."""
     threshold = sweep.threshold if threshold is None else threshold
     choices = bool(sweep.question.choices)
-    runs = session.execute(select(Run.id, Run.status, Run.error, Run.sweep_edit)
+    runs = session.execute(select(Run.id, Run.status, Run.error, Run.sweep_edit, Run.attempts, Run.stage)
                            .where(Run.sweep_id == sweep.id).order_by(Run.id)).all()
     done_ids = [r.id for r in runs if r.status == RunStatus.SUCCEEDED]
     outcomes: dict[int, dict[str, Outcome]] = {rid: {} for rid in done_ids}
@@ -206,16 +222,20 @@ def build_sweep_view(session: Session, sweep: Sweep, threshold: float | None = N
         edits.append(EditOut(position=edit.position, run_id=r.id, status=r.status, error=r.error,
                              field=edit.group, values=dict(edit.values), expected=edit.expected,
                              changed=changed(record, choices) if record else None,
-                             results=_results(record, choices) if record else {}))
+                             results=_results(record, choices) if record else {},
+                             attempts=r.attempts or 0, retried=_retried(r)))
     stats = sweep_stats(records, sweep.strategies, choices, threshold)
-    failed = sum(r.status == RunStatus.FAILED for r in runs)
+    waiting = {r.id for r in runs if waits_for_retry(r.status, r.error, r.attempts)}  # to be queued again
+    failed = sum(r.status == RunStatus.FAILED and r.id not in waiting for r in runs)
+    retried = sum(_retried(r) is not None for r in runs)
     p = stats.policy
     return SweepView(
         id=sweep.id, notebook_id=sweep.notebook_id, model=sweep.model, status=sweep_status(session, sweep),
         question=sweep.question.text, choices=list(sweep.question.choices),
         strategies_asked=list(sweep.strategies), threshold=threshold, edits_total=sweep.edits_total,
-        edits_done=sum(r.status in (RunStatus.SUCCEEDED, RunStatus.FAILED) for r in runs),
-        edits_failed=failed, edits_skipped=sweep.edits_skipped, document_prefills=sweep.document_prefills,
+        edits_done=sum(r.status in (RunStatus.SUCCEEDED, RunStatus.FAILED) for r in runs) - len(waiting),
+        edits_failed=failed, edits_retried=retried, edits_skipped=sweep.edits_skipped,
+        document_prefills=sweep.document_prefills,
         error=sweep.error, created_at=sweep.created_at, finished_at=sweep.finished_at,
         strategies={name: StrategySweepOut.of(s) for name, s in stats.strategies.items()},
         policy=PolicyView(strategy=p.strategy, threshold=p.threshold, sentence=p.sentence,

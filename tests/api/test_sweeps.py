@@ -191,3 +191,33 @@ def test_on_redis_a_sweeps_edits_queue_behind_runs(make_client) -> None:
     assert run_ids(queue) == [run["id"]]  # the list a worker pops first
     assert sorted(run_ids(queue + "\x06\x169")) == sorted(e["run_id"] for e in sweep["edits"])
     r.flushdb()
+
+
+def test_a_sweep_edit_runs_again_as_an_ordinary_run_with_attention(make_client, tmp_path: Path) -> None:
+    """A sweep keeps no attention maps; its edit's run page says so and offers to run the edit
+    again: the new run is an ordinary one (no sweep in its snapshot, so the worker computes its
+    attention and counts nothing on the sweep)."""
+    from data.db import get_sessionmaker
+    from data.models import Run, RunResult
+
+    client = make_client()
+    nb = _with_field(client)
+    sweep = client.post(f"/api/notebooks/{nb}/sweeps", json=_body(values={"status": ["banned"]})).json()
+    edit = sweep["edits"][0]["run_id"]
+    with get_sessionmaker()() as s:  # finished as a sweep's worker finishes it: statistics, no attention
+        run = s.get(Run, edit)
+        run.status, run.stage, run.progress = "succeeded", "done", 1.0
+        s.add(RunResult(run_id=edit, strategy="recompute", decision="no", tokens_computed=40, tokens=None))
+        s.commit()
+    page = client.get(f"/runs/{edit}").text
+    assert "This run stored no attention maps" in page and f'href="/sweeps/{sweep["id"]}"' in page
+    assert "data-rerun-with-attention" in page
+    again = client.post(f"/api/runs/{edit}/rerun")
+    assert again.status_code == 201, again.text
+    rerun = client.get(f"/api/runs/{again.json()['id']}").json()
+    assert rerun["snapshot"]["sweep_id"] is None
+    assert rerun["snapshot"]["fields"] == client.get(f"/api/runs/{edit}").json()["snapshot"]["fields"]
+    with get_sessionmaker()() as s:
+        assert s.get(Run, again.json()["id"]).sweep_id is None
+    assert client.get(f"/api/sweeps/{sweep['id']}").json()["edits_total"] == 1
+    assert again.json()["id"] in [m["run_id"] for _, m in _broker_messages(tmp_path)]

@@ -81,7 +81,7 @@ def frontier_svg(view: SweepView) -> str:
 
 CSV_COLUMNS = ("sweep_id", "position", "run_id", "status", "field", "values", "expected", "strategy",
                "decision", "edit_followed", "agrees_with_recompute", "changed", "kl_to_recompute",
-               "tokens_computed", "ttft_ms", "prefix_cache_share")
+               "tokens_computed", "ttft_ms", "prefix_cache_share", "attempts")
 
 
 def csv_text(view: SweepView) -> str:
@@ -99,5 +99,5 @@ def csv_text(view: SweepView) -> str:
                              "" if r is None or r.agrees is None else int(r.agrees),
                              "" if edit.changed is None else int(edit.changed),
                              r.kl_to_recompute if r else "", r.tokens_computed if r else "",
-                             r.ttft_ms if r else "", r.prefix_cache_share if r else ""])
+                             r.ttft_ms if r else "", r.prefix_cache_share if r else "", edit.attempts])
     return buffer.getvalue()
