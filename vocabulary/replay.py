@@ -1,7 +1,9 @@
 """The serving replay's words: its variants, what a replay sends (`ReplaySpec`: the web app's
 request becomes one, the `replays.snapshot` column stores it, the worker and `kvnotes replay` run
 it) and what it reports per variant (the `--json` contract of `kvnotes replay`, the API's answer and
-the `replays.result` column).
+the `replays.result` column). A trajectory replayed turn by turn has its own pair, in the same
+column: `TrajectoryReplaySpec` (the turns, one request each, in order) and `TrajectoryReplayResult`
+(per variant, every turn's hit rate and TTFT, and the cumulative TTFT).
 
 Stdlib only: `serving` fills these, the data layer stores them (pydantic validates the dataclasses)
 and the web app reads them, from one definition.
