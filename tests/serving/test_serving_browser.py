@@ -1,6 +1,7 @@
 """The Serving panel in headless Chromium, with the app's Content-Security-Policy in force: it loads
 into the notebook page, a replay started from its form shows progress, and the finished panel
-shows the numbers the API stores."""
+shows the numbers the API stores; the same for the trajectory page's Replay on vLLM panel, turn by
+turn."""
 
 from __future__ import annotations
 
@@ -43,5 +44,48 @@ def test_a_replay_from_the_panel_shows_the_stored_numbers(served):
         assert page.locator(".ttft-strips circle").count() == 4  # one dot per request
         page.click("#replay-box a[href^='/replays/']")
         page.wait_for_selector("h1:has-text('Serving replay')")
+        assert not errors, errors
+        browser.close()
+
+
+def test_a_trajectory_replay_from_the_trajectory_page_shows_every_turn(served):
+    """The trajectory page's Replay on vLLM panel: loaded into place, started from its form, then
+    every turn's hit rate as the API stores it and a point per turn and variant in its figure."""
+    from tests.serving.test_trajectory_replay import RECORD, START, trajectory
+
+    sync_api = chromium()
+    with httpx.Client(base_url=served.url, timeout=120) as client:
+        nid = client.post("/api/notebooks", json={"title": "shipment", "model": "tiny-llama",
+                                                  "text": RECORD}).json()["id"]
+        client.post(f"/api/notebooks/{nid}/fields", json={"start": START, "end": START + 4,
+                                                          "new_value": "Madrid", "label": "destination"})
+        turns = [{"append": t.append, **({"fields": t.fields} if t.fields else {})}
+                 for t in trajectory(4).turns]
+        tid = client.post(f"/api/notebooks/{nid}/trajectories",
+                          json={"turns": turns, "question": "Where does it go?",
+                                "choices": ["Oslo", "Madrid"], "strategies": ["erratum"]}).json()["id"]
+        client.post(f"/api/trajectories/{tid}/cancel")
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        errors: list[str] = []
+        page.on("pageerror", lambda exc: errors.append(str(exc)))
+        page.goto(f"{served.url}/trajectories/{tid}")
+        page.wait_for_selector("#trajectory-serving-form")  # loaded into place by htmx
+        assert page.input_value("#trajectory-serving-url").endswith("/v1")  # KVNOTES_VLLM_URL
+        page.uncheck("#trajectory-serving-form input[value=hoist]")
+        page.click("#trajectory-serving-form button[type=submit]")
+        page.wait_for_selector("#replay-box .badge.succeeded, #replay-box .badge.failed", timeout=600_000)
+        assert page.locator("#replay-box .badge.succeeded").count() == 1, page.inner_text("#replay-box")
+        with httpx.Client(base_url=served.url, timeout=60) as client:
+            stored = client.get(f"/api/trajectories/{tid}/replays").json()[0]["result"]["variants"]
+        assert list(stored) == ["in_place", "erratum"]
+        for name, v in stored.items():
+            for t in v["turns"]:
+                cell = page.locator(f'#replay-box tr[data-turn="{t["index"] + 1}"] '
+                                    f'td[data-variant="{name}"][data-metric="hit_rate"]')
+                assert cell.inner_text() == f"{t['hit_rate'] * 100:.0f}%", (name, t)
+        figure = page.locator('svg[aria-label="Prefix-cache hit rate per turn"] circle')
+        assert figure.count() == 2 * 4  # a point per variant and turn
         assert not errors, errors
         browser.close()
