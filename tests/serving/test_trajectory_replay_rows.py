@@ -3,7 +3,7 @@ broker, no worker; a local stand-in answers the server checks): what is refused 
 saved (no server, a server that does not answer, an unknown variant, a turn that cannot be sent:
 422 naming it), a replay queued, listed with its trajectory and not in the notebook's Serving panel,
 cancelled from its box; and a stored result read back turn by turn by the API, the panel, the
-permalink and the CSV."""
+permalink and the CSV; both kinds of row in one table, on SQLite and PostgreSQL."""
 
 from __future__ import annotations
 
@@ -138,3 +138,63 @@ def test_a_stored_result_reads_back_turn_by_turn(make_client, fake_vllm):
     assert len(csv) == 1 + 12  # a line per variant and turn
     assert csv[3].startswith("in_place,3,status,1000,0,0.0,")
     assert client.get(f"/replays/{rid}/export.json").json()["result"] == got["result"]
+
+
+def _rows_round_trip(url: str) -> None:
+    """Edit and trajectory replays in one table: each reads back typed, the notebook's edit replays
+    and a trajectory's replays are told apart by the snapshot, and deleting the notebook deletes
+    both."""
+    from sqlalchemy import delete, func, select
+    from sqlalchemy.orm import Session
+
+    from app.services.replays import replays_of, replays_of_trajectory
+    from data.db import make_engine
+    from data.migrate import upgrade_to_head
+    from data.models import Notebook
+    from vocabulary.replay import ReplaySpec, TrajectoryReplaySpec
+    from vocabulary.trajectories import FieldSpec, TurnSpec
+
+    upgrade_to_head(url)
+    engine = make_engine(url)
+    try:
+        with Session(engine) as s:
+            nb = Notebook(title="t", model="smollm2-135m", document=DOC)
+            s.add(nb)
+            s.flush()
+            start = DOC.index("active")
+            edit = ReplaySpec(DOC, start, start + 6, "status", ("suspended",), "May Dana log in?")
+            spec = TrajectoryReplaySpec(DOC, (FieldSpec("status", start, start + 6),),
+                                        (TurnSpec(append="\nx.", fields={"status": "suspended"}),), "Q?",
+                                        trajectory_id=41)
+            rows = [Replay(notebook_id=nb.id, snapshot=edit, status="succeeded"),
+                    Replay(notebook_id=nb.id, snapshot=spec, status="succeeded", result=_result(41)),
+                    Replay(notebook_id=nb.id, snapshot=spec.replace(trajectory_id=42), status="queued")]
+            s.add_all(rows)
+            s.commit()
+            ids = [r.id for r in rows]
+            nid = nb.id
+        with Session(engine) as s:
+            assert [r.id for r in replays_of(s, nid, edits_only=True)] == [ids[0]]
+            assert [r.id for r in replays_of(s, nid)] == ids[::-1]
+            got = replays_of_trajectory(s, 41)
+            assert [r.id for r in got] == [ids[1]] and got[0].trajectory_id == 41
+            assert isinstance(got[0].snapshot, TrajectoryReplaySpec)
+            assert got[0].snapshot.turns[0].fields == {"status": "suspended"}
+            assert isinstance(got[0].result, TrajectoryReplayResult)
+            rates = [t.hit_rate for t in got[0].result.variants["in_place"].turns]
+            assert rates == [0.9, 0.9, 0.0, 0.9, 0.0, 0.9]
+            edited = s.get(Replay, ids[0])
+            assert isinstance(edited.snapshot, ReplaySpec) and edited.trajectory_id is None
+            s.execute(delete(Notebook).where(Notebook.id == nid))
+            s.commit()
+            assert s.scalar(select(func.count(Replay.id))) == 0
+    finally:
+        engine.dispose()
+
+
+def test_rows_round_trip_on_sqlite(tmp_path):
+    _rows_round_trip(f"sqlite:///{tmp_path / 'kvnotes.db'}")
+
+
+def test_rows_round_trip_on_postgresql(postgres_url):
+    _rows_round_trip(postgres_url)
