@@ -105,7 +105,7 @@ def retry_lost_edits(session: Session) -> Retried:
     sweeps = {sweep for rid, _, sweep in candidates if rid in tokens} | {sweep for _, _, sweep in lost}
     session.commit()  # every row and its token first: a worker never sees a message before its run
     for run_id, (token, error) in tokens.items():
-        run = session.get(Run, run_id)
+        run = session.get(Run, run_id, populate_existing=True)  # as committed, not as the caller loaded it
         try:
             if run is None or run.task_id != token:
                 continue  # deleted or taken meanwhile
@@ -130,7 +130,7 @@ def refresh_sweep(session: Session, sweep_id: int) -> None:
     its end: it finishes with what it has and says how many edits failed and why. A sweep whose
     edit was queued again after it had ended is running again; a cancelled sweep stays cancelled.
     Commits."""
-    sweep = session.get(Sweep, sweep_id, with_for_update=True)
+    sweep = session.get(Sweep, sweep_id, with_for_update=True, populate_existing=True)
     if sweep is None:
         return
     counts = dict(session.execute(select(Run.status, func.count(Run.id)).where(Run.sweep_id == sweep_id)
