@@ -1,5 +1,6 @@
 """One vLLM server for the serving tests, started once per test session from `scripts/vllm.sh`
-(the bundled smollm2-135m, on a free port), and a short document to replay on it.
+(the bundled smollm2-135m, on a free port), a short document to replay on it, and a trajectory
+(`trajectory`: turns appending log lines to a longer record, its destination changed twice).
 
 Under `CI=true` a server that cannot start fails the suite; elsewhere the tests skip with the
 reason (a missing vLLM virtualenv is not installed from here: that is 3.5 GB). `KVNOTES_TEST_VLLM_URL`
@@ -23,7 +24,9 @@ from pathlib import Path
 import httpx
 import pytest
 
+from serving import TrajectoryReplaySpec
 from tests.conftest import REPO, UNDER_CI, ServedApp, free_port, missing
+from vocabulary.trajectories import FieldSpec, TurnSpec
 
 START_TIMEOUT_S = 600  # about 3 minutes on 2 busy cores; more when the machine is loaded
 VENV = Path(os.environ.get("KVNOTES_VLLM_VENV") or REPO / ".venv-vllm")
@@ -47,6 +50,25 @@ DOCUMENT = ("SHIPMENT RECORD\nrecord_id: SR-20417\ncustomer: Halvorsen Marine AS
             "carrier: NordFreight\n\nOperations log:\n" + "\n".join(LOG_LINES) + "\n")
 QUESTION = "What is the destination of this shipment?"
 CHOICES = ("Oslo", "Madrid", "Rome", "Lisbon")
+
+# ~1,300 tokens: the shipment record, its destination near the top, and its log twice over, so a
+# turn's few dozen new tokens and the 128-token block rounding of vLLM's CPU cache stay small beside it
+RECORD = DOCUMENT + "\n".join(LOG_LINES) + "\n"
+START = RECORD.index("Oslo")
+EVENTS = ["The carrier confirmed the booking.", "Customs asked for the certificate of origin.",
+          "The warehouse loaded the container.", "The vessel left the terminal on time.",
+          "The customer asked for the arrival estimate.", "Billing issued the final invoice.",
+          "The agent at the port confirmed the berth."]
+# 7 turns, each appending a log line; the destination changes at turns 3 and 5
+CHANGES = {2: "Madrid", 4: "Rome"}
+
+
+def trajectory(n: int = 7, **kw) -> TrajectoryReplaySpec:
+    """The first `n` turns over RECORD, as a trajectory replay (`kw`: more of its fields)."""
+    turns = tuple(TurnSpec(append=f"2026-03-02 09:{10 + i:02d} {EVENTS[i % len(EVENTS)]}\n",
+                           fields={"destination": CHANGES[i]} if i in CHANGES else {}) for i in range(n))
+    return TrajectoryReplaySpec(RECORD, (FieldSpec("destination", START, START + 4),), turns, QUESTION,
+                                CHOICES, **kw)
 
 
 def _served(url: str) -> bool:

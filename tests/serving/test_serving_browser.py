@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from tests.conftest import CHROMIUM, CHROMIUM_ARGS, chromium
-from tests.serving.conftest import make_notebook
+from tests.serving.conftest import RECORD, START, make_notebook, trajectory
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser]
 
@@ -51,8 +51,6 @@ def test_a_replay_from_the_panel_shows_the_stored_numbers(served):
 def test_a_trajectory_replay_from_the_trajectory_page_shows_every_turn(served):
     """The trajectory page's Replay on vLLM panel: loaded into place, started from its form, then
     every turn's hit rate as the API stores it and a point per turn and variant in its figure."""
-    from tests.serving.test_trajectory_replay import RECORD, START, trajectory
-
     sync_api = chromium()
     with httpx.Client(base_url=served.url, timeout=120) as client:
         nid = client.post("/api/notebooks", json={"title": "shipment", "model": "tiny-llama",

@@ -12,32 +12,13 @@ import time
 import httpx
 import pytest
 
-from serving import ReplayError, TrajectoryReplaySpec, replay_trajectory
+from serving import ReplayError, replay_trajectory
 from serving.server import Server
 from tests.conftest import REPO, kvnotes_cli
-from tests.serving.conftest import CHOICES, DOCUMENT, LOG_LINES, QUESTION
-from vocabulary.trajectories import FieldSpec, TurnSpec
+from tests.serving.conftest import CHOICES, LOG_LINES, QUESTION, RECORD, START, trajectory
+from vocabulary.trajectories import TurnSpec
 
 pytestmark = pytest.mark.slow
-# ~1,300 tokens: the shipment record, its destination near the top, and its log twice over, so a
-# turn's few dozen new tokens and the 128-token block rounding of vLLM's CPU cache stay small beside it
-RECORD = DOCUMENT + "\n".join(LOG_LINES) + "\n"
-START = RECORD.index("Oslo")
-EVENTS = ["The carrier confirmed the booking.", "Customs asked for the certificate of origin.",
-          "The warehouse loaded the container.", "The vessel left the terminal on time.",
-          "The customer asked for the arrival estimate.", "Billing issued the final invoice.",
-          "The agent at the port confirmed the berth."]
-# 7 turns, each appending a log line; the destination changes at turns 3 and 5
-CHANGES = {2: "Madrid", 4: "Rome"}
-
-
-def trajectory(n: int = 7, **kw) -> TrajectoryReplaySpec:
-    turns = tuple(TurnSpec(append=f"2026-03-02 09:{10 + i:02d} {EVENTS[i % len(EVENTS)]}\n",
-                           fields={"destination": CHANGES[i]} if i in CHANGES else {}) for i in range(n))
-    return TrajectoryReplaySpec(RECORD, (FieldSpec("destination", START, START + 4),), turns, QUESTION,
-                                CHOICES, **kw)
-
-
 def test_each_turn_reports_its_hit_rate_and_errata_keep_the_cache_where_in_place_loses_it(vllm_url):
     seen: list[tuple[int, int, str]] = []
     result = replay_trajectory(trajectory(), vllm_url, on_progress=lambda d, t, v: seen.append((d, t, v)))
