@@ -47,7 +47,7 @@ def _with_field(client, model: str = "smollm2-135m") -> int:
 
 def _appends(html: str) -> list[str]:
     """The editor's rows as drawn: each turn's appended text, in order."""
-    return re.findall(r'name="turns\.\d+\.append" rows="3"[^>]*>([^<]*)</textarea>', html)
+    return re.findall(r'name="turns\.\d+\.append" rows="3"[^>]*>\n([^<]*)</textarea>', html)
 
 
 def _form(rows: list[dict], **extra) -> dict:
@@ -78,7 +78,7 @@ def test_the_turns_editor_adds_moves_deletes_imports_and_shows_jsonl(make_client
     deleted = client.post(edit, data={**_form(rows), "op": "delete:0"}, headers=HX)
     assert _appends(deleted.text) == ["C", "B"] and "Turn 1 deleted." in deleted.text
     shown = client.post(edit, data={**_form(rows[1:]), "op": "export"}, headers=HX)
-    jsonl = re.search(r'id="trajectory-jsonl"[^>]*>([^<]*)</textarea>', shown.text).group(1)
+    jsonl = re.search(r'id="trajectory-jsonl"[^>]*>\n([^<]*)</textarea>', shown.text).group(1)
     assert jsonl.replace("&#34;", '"').splitlines() == [
         '{"append": "C", "question": "Is the plan business?", "choices": ["yes", "no"]}',
         '{"append": "B", "fields": {"status": "suspended"}}']
@@ -96,6 +96,9 @@ def test_the_turns_editor_adds_moves_deletes_imports_and_shows_jsonl(make_client
     assert _appends(bad.text) == ["A", "C", "B"]  # the rows as they were
     bad = client.post(edit, data={**_form(rows), "op": "import", "import_text": '{"append": 3}'}, headers=HX)
     assert bad.status_code == 422 and "import: line 1: append must be text" in bad.text
+    # a browser posts a textarea's lines ended by CR LF; the text's own first newline is kept
+    kept = client.post(edit, data={**_form([{"append": "\r\n[tool] one\r\ntwo"}]), "op": "add"}, headers=HX)
+    assert _appends(kept.text) == ["\n[tool] one\ntwo", ""]
     assert _count() == 0  # editing saves nothing
 
 
@@ -127,6 +130,34 @@ def test_start_sends_the_rows_and_a_bad_turn_is_named_beside_its_row(make_client
         {"append": "\n[tool] 2 tickets open."}, {"fields": {"status": "suspended"}},
         {"append": "\n[tool] 3 tickets open.", "question": "Is the plan business?", "choices": ["yes", "no"]}]
     assert t["strategies"] == ["recompute", "prefix_reuse", "erratum.one_per_field"] and _count() == 1
+
+
+def test_a_turn_places_a_compiled_skill_chosen_in_its_row(make_client) -> None:
+    from data.db import get_sessionmaker
+    from data.models import Skill
+
+    client = make_client()
+    nb = _with_field(client)
+    assert 'name="turns.0.skill"' not in client.get(f"/notebooks/{nb}/trajectory").text  # none compiled
+    with get_sessionmaker()() as s:  # as a worker leaves a compiled skill
+        s.add_all([Skill(name="terse", text="Answer in one word.", model="smollm2-135m", status="compiled",
+                         token_count=6, compile_ms=12.0),
+                   Skill(name="other model", text="x", model="gemma3-270m", status="compiled",
+                         token_count=1)])
+        s.commit()
+    panel = client.get(f"/notebooks/{nb}/trajectory").text
+    assert re.findall(r'<option value="([^"]*)"', panel) == ["", "terse"]  # the notebook's model's only
+    rows = [{"append": "\n[tool] 2 tickets open."}, {"skill": "terse", "append": "\n[user] May I log in?"}]
+    shown = client.post(f"/notebooks/{nb}/trajectory/turns", data={**_form(rows), "op": "export"}, headers=HX)
+    jsonl = re.search(r'id="trajectory-jsonl"[^>]*>\n([^<]*)</textarea>', shown.text).group(1)
+    second = jsonl.replace("&#34;", '"').splitlines()[1]
+    assert second == '{"append": "\\n[user] May I log in?", "skill": "terse"}'
+    assert re.search(r'<option value="terse" selected>', shown.text)
+    ok = client.post(f"/notebooks/{nb}/trajectories", data=_form(rows), headers=HX)
+    assert ok.status_code == 204, ok.text
+    t = client.get(f"/api{ok.headers['HX-Redirect']}").json()
+    assert [turn["skill"] for turn in t["spec"]["turns"]] == [None, "terse"]
+    assert [s["name"] for s in t["spec"]["skills"]] == ["terse"]
 
 
 STRATEGIES = ["prefix_reuse", "erratum", "erratum.one_per_field"]

@@ -36,7 +36,14 @@ from data.queue import QueueUnavailable
 from data.settings import get_settings
 from data.trajectories import Trajectory
 from vocabulary import EDIT_INFO, REFERENCE
-from vocabulary.trajectories import ONE_PER_FIELD, VARIANT_SEP, carried, turns_from_jsonl
+from vocabulary.trajectories import (
+    ONE_PER_FIELD,
+    VARIANT_SEP,
+    carried,
+    composite,
+    default_keys,
+    turns_from_jsonl,
+)
 
 router = APIRouter()
 
@@ -149,6 +156,8 @@ def _panel(request: Request, session, notebook: Notebook, errors: dict[str, str]
     question = notebook.question
     keys = list(carried()) + [f"{n}{VARIANT_SEP}{ONE_PER_FIELD}" for n in carried()
                               if not EDIT_INFO[n].exact and EDIT_INFO[n].role == "candidate"]
+    if notebook.policy_strategy:  # the composite applies the adopted policy; without one it is refused
+        keys.append(composite())
     labels = _labels(notebook)
     edited = edited or Edited([TurnRow(fields=dict.fromkeys(labels, ""))])
     errors = errors or {}
@@ -163,7 +172,7 @@ def _panel(request: Request, session, notebook: Notebook, errors: dict[str, str]
                   jsonl=jsonl_of(edited.rows) if edited.show_jsonl else None,
                   skills=_skill_names(session, notebook),
                   form=form or {"question": question.text if question else "",
-                                "choices": _choices_of(notebook), "strategies": list(carried())},
+                                "choices": _choices_of(notebook), "strategies": list(default_keys())},
                   keys=keys, max_turns=get_settings().max_turns)
 
 

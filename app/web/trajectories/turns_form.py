@@ -61,8 +61,10 @@ class TurnRow:
 
 
 def _text(data: Mapping, name: str) -> str:
+    """A posted value, its line ends as typed: a browser sends a textarea's lines ended by CR LF,
+    and a turn's text is prefilled as written, so they are read back as LF."""
     value = data.get(name)
-    return value if isinstance(value, str) else ""
+    return value.replace("\r\n", "\n") if isinstance(value, str) else ""
 
 
 def rows_from_form(data: Mapping, labels: Sequence[str]) -> list[TurnRow]:

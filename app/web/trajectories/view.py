@@ -28,8 +28,13 @@ def _dash(key: str) -> str:
     return ' stroke-dasharray="5 3"' if split_variant(key)[1] else ""
 
 
-def _frame(title: str, y_label: str, top: float, n: int, changed: list[int]) -> list[str]:
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {W} {H + 30}" role="img" '
+LEGEND_COLUMNS = 3  # legend entries per row ("field_erratum.one_per_field" needs a third of the width)
+
+
+def _frame(title: str, y_label: str, top: float, n: int, changed: list[int],
+           legend_rows: int = 1) -> list[str]:
+    height = H + 30 + 12 * max(legend_rows - 1, 0)  # every legend row inside the drawing
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {W} {height}" role="img" '
              f'aria-label="{escape(title)}" class="trajectory-plot">',
              f'<text x="{PAD}" y="14" font-size="12">{escape(title)}</text>',
              f'<line x1="{PAD}" y1="{H - PAD + 20}" x2="{W - 10}" y2="{H - PAD + 20}" stroke="#999"/>',
@@ -53,7 +58,9 @@ def _y(v: float, top: float) -> float:
 
 
 def _legend(keys: list[str]) -> str:
-    return "".join(f'<text x="{PAD + 150 * (j % 4)}" y="{H + 24 + 12 * (j // 4)}" font-size="10" '
+    step = (W - PAD) // LEGEND_COLUMNS
+    return "".join(f'<text x="{PAD + step * (j % LEGEND_COLUMNS)}" y="{H + 24 + 12 * (j // LEGEND_COLUMNS)}" '
+                   'font-size="10" '
                    f'fill="{colour(k)}">■ {escape(k)}</text>' for j, k in enumerate(keys))
 
 
@@ -64,7 +71,7 @@ def _plot(view: TrajectoryView, value, title: str, y_label: str, crosses: bool) 
         return ""
     changed = [t.index for t in turns if t.changed]
     top = max((value(t.results[k]) for t in turns for k in keys if k in t.results), default=0.0) or 1.0
-    parts = _frame(title, y_label, top, n, changed)
+    parts = _frame(title, y_label, top, n, changed, -(-len(keys) // LEGEND_COLUMNS))
     for k in keys:
         points = [(_x(i, n), _y(value(t.results[k]), top)) for i, t in enumerate(turns) if k in t.results]
         path = " ".join(f"{x:.1f},{y:.1f}" for x, y in points)
@@ -95,64 +102,70 @@ def cumulative_svg(view: TrajectoryView) -> str:
 
 
 def timeline_svg(view: TrajectoryView) -> str:
-    """The turns in order: recompute's prompt length per turn (bars), where fields changed (red
-    diamonds, "label → value"), where a turn asked its own question (?) or placed a skill (S), and
-    per strategy that appends errata, the errata its cache holds after each change (an erratum
+    """The turns in order, one column each: recompute's prompt length (a bar), where fields changed
+    (a red diamond, "label → value"), where a turn asked its own question (?) or placed a skill (S),
+    and per strategy that appends errata, the errata its cache holds after each change (an erratum
     strategy's count grows, its one_per_field variant's stays at one per field)."""
     turns, specs = view.turns, view.spec.turns
     n = len(turns)
     if not n:
         return ""
     keys = [k for k in view.strategies if any(t.results.get(k) and t.results[k].errata for t in turns)]
-    lane, top = 24, 28
-    bars_h = 60
-    height = top + bars_h + lane * (2 + len(keys)) + 10
+    left, right, lane, top, bars_h = 110, 16, 24, 40, 60
+
+    def x(i: int) -> float:  # the middle of turn i's column
+        return left + (W - left - right) * (i + 0.5) / n
+
+    base = top + bars_h
+    height = base + lane * (2 + len(keys)) + 4
+    most = max(t.prompt_tokens for t in turns) or 1
+    width = max(2.0, min(24.0, (W - left - right) / n * 0.6))
     parts = [f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {W} {height}" role="img" '
              'aria-label="Timeline of the turns" class="trajectory-plot">',
-             f'<text x="{PAD}" y="14" font-size="12">Timeline: prompt length, field changes and errata '
-             'per turn</text>']
-    most = max(t.prompt_tokens for t in turns) or 1
-    base = top + bars_h
-    width = max(2.0, (W - PAD - 20) / max(n, 1) * 0.6)
-    parts.append(f'<text x="4" y="{top + 8}" font-size="10">{most}</text>'
-                 f'<text x="4" y="{base}" font-size="10">0</text>'
-                 f'<text x="{W - 10}" y="{top + 8}" font-size="10" text-anchor="end">'
-                 "recompute's prompt tokens</text>")
+             f'<text x="{PAD}" y="14" font-size="12">Timeline: prompt length, field changes and errata per '
+             'turn</text>',
+             f'<text x="4" y="{top + 4}" font-size="10">prompt tokens</text>'
+             f'<text x="4" y="{top + 16}" font-size="10" fill="#666">(recompute\'s)</text>'
+             f'<text x="{left - 6}" y="{top + 4}" font-size="10" text-anchor="end">{most}</text>'
+             f'<text x="{left - 6}" y="{base}" font-size="10" text-anchor="end">0</text>']
     for i, t in enumerate(turns):
-        x, h = _x(i, n), bars_h * t.prompt_tokens / most
-        parts.append(f'<rect x="{x - width / 2:.1f}" y="{base - h:.1f}" width="{width:.1f}" height="{h:.1f}" '
-                     f'fill="#b8c2d6"><title>turn {i + 1}: {t.prompt_tokens} prompt tokens</title></rect>')
-    y = base + lane - 6
-    parts.append(f'<text x="4" y="{y + 4}" font-size="10">turns</text>')
+        h = bars_h * t.prompt_tokens / most
+        parts.append(f'<rect x="{x(i) - width / 2:.1f}" y="{base - h:.1f}" width="{width:.1f}" '
+                     f'height="{h:.1f}" fill="#b8c2d6"><title>turn {i + 1}: {t.prompt_tokens} prompt '
+                     'tokens</title></rect>')
+    y = base + lane
+    parts.append(f'<text x="4" y="{y + 4}" font-size="10">turns (1..{n})</text>'
+                 f'<line x1="{left}" y1="{y}" x2="{W - right}" y2="{y}" stroke="#ccc"/>')
     for i, t in enumerate(turns):
-        x, spec = _x(i, n), specs[t.index] if t.index < len(specs) else None
-        parts.append(f'<line x1="{x:.1f}" y1="{y - 3}" x2="{x:.1f}" y2="{y + 3}" stroke="#999"/>')
+        spec = specs[t.index] if t.index < len(specs) else None
+        parts.append(f'<line x1="{x(i):.1f}" y1="{y - 3}" x2="{x(i):.1f}" y2="{y + 3}" stroke="#999"/>')
         if t.changed and spec is not None:
             what = ", ".join(f"{label} → {spec.fields.get(label, '')}" for label in t.changed)
-            parts.append(f'<path d="M{x:.1f},{y - 7} l6,7 l-6,7 l-6,-7 z" fill="#c33">'
+            anchor = "end" if x(i) > W * 0.6 else "start"
+            dx = -9 if anchor == "end" else 9
+            parts.append(f'<path d="M{x(i):.1f},{y - 7} l6,7 l-6,7 l-6,-7 z" fill="#c33">'
                          f'<title>turn {i + 1}: {escape(what)}</title></path>'
-                         f'<text x="{x + 8:.1f}" y="{y - 8 if i % 2 else y + 16}" font-size="10" fill="#c33">'
-                         f'{escape(what[:28])}</text>')
+                         f'<text x="{x(i) + dx:.1f}" y="{y + 4 - 12 * (i % 2)}" font-size="10" fill="#c33" '
+                         f'text-anchor="{anchor}">{escape(what[:32])}</text>')
         marks = ("?" if spec is not None and spec.question is not None else "") + \
                 ("S" if spec is not None and getattr(spec, "skill", None) else "")
         if marks:
-            parts.append(f'<text x="{x - 3:.1f}" y="{y - 10}" font-size="10">{marks}<title>turn {i + 1}: '
-                         f'{"asks its own question " if "?" in marks else ""}'
+            parts.append(f'<text x="{x(i):.1f}" y="{y + 16}" font-size="10" text-anchor="middle">{marks}'
+                         f'<title>turn {i + 1}: {"asks its own question " if "?" in marks else ""}'
                          f'{"places a skill" if "S" in marks else ""}</title></text>')
     for j, k in enumerate(keys):
         y = base + lane * (2 + j)
-        parts.append(f'<text x="4" y="{y + 4}" font-size="10" fill="{colour(k)}">{escape(k[:9])}'
-                     f'<title>{escape(k)}: errata in its cache</title></text>')
-        parts.append(f'<line x1="{PAD}" y1="{y}" x2="{W - 10}" y2="{y}" stroke="{colour(k)}" '
+        parts.append(f'<text x="4" y="{y + 4}" font-size="10" fill="{colour(k)}">{escape(k[:20])}'
+                     f'<title>{escape(k)}: errata in its cache after each change</title></text>'
+                     f'<line x1="{left}" y1="{y}" x2="{W - right}" y2="{y}" stroke="{colour(k)}" '
                      f'stroke-opacity="0.35"{_dash(k)}/>')
         for i, t in enumerate(turns):
             r = t.results.get(k)
             if r is None or not t.changed:
                 continue
-            x = _x(i, n)
-            parts.append(f'<circle cx="{x:.1f}" cy="{y}" r="7" fill="{colour(k)}"><title>{escape(k)} after '
-                         f'turn {i + 1}: {r.errata} errata in its cache</title></circle>'
-                         f'<text x="{x:.1f}" y="{y + 3.5}" font-size="9" fill="#fff" text-anchor="middle">'
+            parts.append(f'<circle cx="{x(i):.1f}" cy="{y}" r="7" fill="{colour(k)}"><title>{escape(k)} '
+                         f'after turn {i + 1}: {r.errata} errata in its cache</title></circle>'
+                         f'<text x="{x(i):.1f}" y="{y + 3.5}" font-size="9" fill="#fff" text-anchor="middle">'
                          f'{r.errata}</text>')
     parts.append("</svg>")
     return "".join(parts)
