@@ -116,7 +116,7 @@ def _notes_map_svg(session: SessionDep, run: Run) -> Response:
 
 
 @lru_cache(maxsize=1)
-def _report_assets() -> tuple[str, str, str]:
+def report_assets() -> tuple[str, str, str]:
     """(stylesheet, script, the script's CSP hash source) — read once."""
     css = STYLESHEET.read_text(encoding="utf-8") + strategy_css()
     script = REPORT_SCRIPT.read_text(encoding="utf-8")
@@ -132,7 +132,7 @@ def _json_for_html(data: object) -> str:
             .replace("&", "\\u0026").replace("/", "\\u002f"))
 
 
-def _unlinked(page: str) -> str:
+def unlinked(page: str) -> str:
     """User text that looks like a URL or a /static path is kept as text: the colon or slash is
     written as a character reference, which the browser shows unchanged but which no longer reads
     as a reference to anything (the report references nothing outside itself)."""
@@ -184,7 +184,7 @@ def _report(session: SessionDep, run: Run, asked, download: str) -> Response:
     run_id = run.id
     context = run_context(session, run)
     view = checked_view(run, context, asked)
-    css, script, script_hash = _report_assets()
+    css, script, script_hash = report_assets()
     panels = heatmap_panels(session, run.id, view) if view else None
     data = report_data(session, run, context["attention_strategies"], view) if view else {}
     data["run"] = run_view(session, run).model_dump(mode="json")  # the API's run, the same object
@@ -198,4 +198,4 @@ def _report(session: SessionDep, run: Run, asked, download: str) -> Response:
               "base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
     headers = {"Content-Security-Policy": policy,
                **(_download(f"run-{run_id}-report.html") if download else {})}
-    return HTMLResponse(_unlinked(page), headers=headers)
+    return HTMLResponse(unlinked(page), headers=headers)

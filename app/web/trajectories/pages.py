@@ -26,7 +26,7 @@ from app.services.trajectories import (
     start_trajectory,
     trajectory_view,
 )
-from app.web.runs.export_pages import _report_assets, _unlinked
+from app.web.runs.export_pages import report_assets, unlinked
 from app.web.runs.render_cache import cached
 from app.web.templating import render, templates
 from app.web.trajectories.turns_form import Edited, TurnRow, apply, jsonl_of, row_of, rows_from_form
@@ -116,7 +116,7 @@ def trajectory_report(request: Request, trajectory_id: int, session: SessionDep,
 
 def _report(session, row: Trajectory, download: str) -> Response:
     view = trajectory_view(session, row)
-    css = _report_assets()[0]
+    css = report_assets()[0]
     page = templates.get_template("trajectory_report.html").render(
         trajectory=view, css=css, drift=_svg_inline(drift_svg(view)),
         cumulative=_svg_inline(cumulative_svg(view)), timeline=_svg_inline(timeline_svg(view)),
@@ -126,7 +126,7 @@ def _report(session, row: Trajectory, download: str) -> Response:
     headers = {"Content-Security-Policy": policy}
     if download:
         headers["Content-Disposition"] = f'attachment; filename="trajectory-{view.id}-report.html"'
-    return HTMLResponse(_unlinked(page), headers=headers)
+    return HTMLResponse(unlinked(page), headers=headers)
 
 
 # ---- the notebook's Trajectory panel: the Turns editor ------------------------------------------
