@@ -37,7 +37,9 @@ class StrategyInfo:
       it), "floor" (recomputes nothing: the model acts on the old notes), "composite" (picks among
       its parts), or "candidate" (every other).
     colour: its colour on every page, chip and drawing (`#rrggbb`; a name two kinds share has one).
-    rank: where lists show it, lowest first (the reference at 0); ties go by name."""
+    rank: where lists show it, lowest first (the reference at 0); ties go by name.
+    appends_errata: it appends an erratum after the notes (a trajectory also runs it as
+      `name.one_per_field`, which keeps one erratum per field)."""
 
     name: str
     kind: Literal["edit", "compose"]
@@ -51,6 +53,7 @@ class StrategyInfo:
     role: Role = "candidate"
     colour: str = "#3d4350"
     rank: int = 0
+    appends_errata: bool = False
 
 
 

@@ -67,12 +67,13 @@ def unknown_keys(keys: Sequence[str], infos: dict[str, StrategyInfo] = EDIT_INFO
     bad = []
     for key in keys:
         name, _, policy = key.partition(VARIANT_SEP)
-        if name not in valid or (policy and policy != ONE_PER_FIELD):
+        if name not in valid or (policy and (policy != ONE_PER_FIELD or not infos[name].appends_errata)):
             bad.append(key)
     if not bad:
         return ""
+    errata = ", ".join(n for n in valid if n in infos and infos[n].appends_errata)
     return (f"unknown trajectory strategies: {', '.join(map(repr, bad))}; valid: {', '.join(valid)} "
-            f"(a strategy that appends errata also as name{VARIANT_SEP}{ONE_PER_FIELD})")
+            f"(the ones that append errata, {errata}, also as name{VARIANT_SEP}{ONE_PER_FIELD})")
 
 
 def with_reference(keys: Sequence[str]) -> tuple[str, ...]:

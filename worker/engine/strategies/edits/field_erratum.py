@@ -19,6 +19,7 @@ class FieldErratum(Strategy[EditCase]):
         help="refresh the field and append the correction (the robust default)",
         recomputes="the changed tokens and the appended correction",
         moves_keys=True, can_defer=True, default=True, colour="#009e73",
+        appends_errata=True,
     )
 
     def surgery(self, case: EditCase) -> Surgery:
