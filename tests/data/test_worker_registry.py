@@ -48,7 +48,8 @@ def _worker(session: Session, name: str, beat_s_ago: float, idle_s: float | None
 def _run(session: Session, status: str, worker: str | None, age_s: float, now: datetime) -> int:
     run = Run(snapshot=SNAPSHOT, strategies=["recompute"], status=status, worker=worker,
               created_at=now - timedelta(seconds=age_s), started_at=now - timedelta(seconds=age_s),
-              heartbeat_at=now - timedelta(seconds=1), timings={})
+              # a queued run has no heartbeat until a worker takes it (or the sweep queues it again)
+              heartbeat_at=now - timedelta(seconds=1) if status == "running" else None, timings={})
     session.add(run)
     session.commit()
     return run.id
