@@ -8,9 +8,24 @@ import json
 import sqlite3
 from pathlib import Path
 
+import pytest
 from fastapi.testclient import TestClient
 
 DOC = "Customer record. status: active. age: 34. Only active customers may log in."
+@pytest.fixture
+def engines_without_store():
+    """For a test that runs the real worker tasks in this process: they attach the process's KV
+    store to the engine `load` caches per process, and later tests that load the same model expect
+    none (their prefill computed, not read back: tests/engine/test_cuda_path.py and
+    test_device_map.py failed after such a test), so it is taken off again."""
+    yield
+    import sys
+
+    engine_module = sys.modules.get("worker.engine.engine")
+    for engine in getattr(engine_module, "_ENGINES", {}).values():
+        engine.store = None
+
+
 def _notebook(client: TestClient, text: str = DOC) -> dict:
     r = client.post("/api/notebooks", json={"title": "policy", "model": "smollm2-135m", "text": text})
     assert r.status_code == 201, r.text

@@ -92,7 +92,8 @@ def test_a_turn_places_a_compiled_skill_and_hoist_and_auto_are_carried(make_clie
     assert "auto follows the adopted policy: <code>erratum</code>" in page
 
 
-def test_the_worker_splices_the_stored_skill_and_runs_hoist_and_auto(make_client) -> None:
+def test_the_worker_splices_the_stored_skill_and_runs_hoist_and_auto(make_client,
+        engines_without_store) -> None:
     """On tiny-llama, the skill compiled by the real `kvnotes.compile_skill` task and the trajectory
     run by the real `kvnotes.trajectory` task, in this process: the worker finds the skill's stored
     notes (not once its text changed); at the turn that places it every strategy that is not exact

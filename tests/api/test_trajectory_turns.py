@@ -186,7 +186,8 @@ def _finished_trajectory(client) -> dict:
     return client.get(f"/api/trajectories/{r.json()['id']}").json()
 
 
-def test_the_offline_report_is_one_self_contained_file(make_client) -> None:
+def test_the_offline_report_is_one_self_contained_file(make_client,
+        engines_without_store) -> None:
     client = make_client(KVNOTES_MODELS="smollm2-135m,tiny-llama")
     t = _finished_trajectory(client)
     keys = ["recompute", *STRATEGIES]
