@@ -22,13 +22,13 @@ Import floors, bottom to top: a module imports only from its own floor or below,
         strategies.__main__ strategies.edits strategies.edits.* strategies.compositions
         strategies.compositions.*
     6 analyses of a run's notes: attribution mechanism
-    7 the measure loops: run blend trajectory
+    7 the measure loops: run blend trajectory carry
     8 the facade: engine
 
 Notes and RoPE at the bottom; the forward pass and the readout above them; the surgery every
 strategy shares (`edit.Editor`, `compose`'s splice); the strategies (one file each) and the measure
 loop that times them; what a run adds (the notes map, the mechanism); the loops that run a request
-(`run` for edits, `blend` for compositions, `trajectory` for turns, each strategy carrying
+(`run` for edits, `blend` for compositions, `trajectory` for turns, each strategy carrying (`carry`)
 its cache forward); and `Engine`, which loads a model and offers them.
 """
 
