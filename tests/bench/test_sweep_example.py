@@ -1,8 +1,10 @@
 """The example sweep (`examples/sweeps/agent-status.json`): an agent prompt with a timestamp and an
 account-status field, at least 20 values each, a question that reads the status back; its stored
 measurement (`agent-status.measured.json`, written by scripts/measure_sweep_example.py) covers every
-value, and every stored statistic is what `vocabulary.sweeps` computes from the stored decisions.
-The slow test runs the first edits of each field again on the bundled model and compares."""
+value on both bundled models, and every stored statistic is what `vocabulary.sweeps` computes from
+the stored decisions. The example runs on the model whose recompute reads the status back on the
+most edits (`vocabulary.readback.choose_sweep_model`), with the sentence that says so. The slow test
+runs the first edits of each field again on that model and compares."""
 
 from __future__ import annotations
 
@@ -13,11 +15,13 @@ from pathlib import Path
 
 import pytest
 
+from vocabulary.readback import SweepReading, choose_sweep_model
 from vocabulary.sweeps import EditRecord, Outcome, sweep_stats
 
 REPO = Path(__file__).resolve().parents[2]
 SPEC = REPO / "examples" / "sweeps" / "agent-status.json"
 MEASURED = SPEC.with_name("agent-status.measured.json")
+CHOSEN = "smollm2-135m"  # the model whose recompute reads the status back on the most edits
 
 
 def test_the_example_has_two_fields_of_20_values_and_reads_the_status_back() -> None:
@@ -34,8 +38,13 @@ def test_the_stored_statistics_follow_from_the_stored_decisions() -> None:
     spec = json.loads(SPEC.read_text())
     assert MEASURED.exists(), "run .venv/bin/python scripts/measure_sweep_example.py"
     measured = json.loads(MEASURED.read_text())
-    assert measured["model"] == spec["model"]
-    for field, stored in zip(spec["fields"], measured["fields"], strict=True):
+    assert tuple(measured["models"]) == ("smollm2-135m", "gemma3-270m")
+    for model, run in measured["models"].items():
+        _check_statistics(spec, model, run)
+
+
+def _check_statistics(spec: dict, model: str, run: dict) -> None:
+    for field, stored in zip(spec["fields"], run["fields"], strict=True):
         assert [e["value"] for e in stored["edits"]] == field["values"]
         assert stored["document_prefills"] == 1
         records = [EditRecord(position=i, group=field["label"], values={field["label"]: e["value"]},
@@ -48,10 +57,31 @@ def test_the_stored_statistics_follow_from_the_stored_decisions() -> None:
         for name, s in stats.strategies.items():
             kept = stored["strategies"][name]
             assert (s.agreement.k, s.agreement.n, s.undetermined) == \
-                (kept["agreed"], kept["determined"], kept["undetermined"]), (field["label"], name)
+                (kept["agreed"], kept["determined"], kept["undetermined"]), (model, field["label"], name)
             assert (s.changed.k, s.changed.n) == (kept["changed"]["agreed"], kept["changed"]["edits"])
         exact = stored["strategies"]["prefix_reuse"]
         assert exact["agreed"] == exact["determined"]
+
+
+def test_the_example_runs_on_the_model_that_reads_the_status_back_and_says_why() -> None:
+    spec = json.loads(SPEC.read_text())
+    measured = json.loads(MEASURED.read_text())
+    assert spec["reads_back"] == measured["reads_back"] == "account status"
+    readings = []
+    for model, run in measured["models"].items():
+        field = next(f for f in run["fields"] if f["label"] == spec["reads_back"])
+        followed = [e for e in field["edits"] if e["edit_followed"]["recompute"] == "new"]
+        kept = sum(e["edit_followed"]["stale"] == "old" for e in followed)
+        assert len(followed) == field["strategies"]["recompute"]["changed"]["edits"]
+        readings.append(SweepReading(model, len(followed), kept, len(field["edits"])))
+    assert choose_sweep_model(readings) == (measured["model"], measured["reason"])
+    assert spec["model"] == measured["model"] == CHOSEN
+    # measured: smollm2-135m's recompute named the new status on 11 of 20 edits; gemma3-270m's on 1
+    # (it answered the old "active" on 14)
+    assert [(r.model, r.followed, r.stale_kept) for r in readings] == [("smollm2-135m", 11, 11),
+                                                                       ("gemma3-270m", 1, 1)]
+    doc = (REPO / "docs" / "sweep-example.md").read_text()
+    assert f"**The example runs on {CHOSEN}.** {measured['reason']}" in doc
 
 
 @pytest.mark.slow
