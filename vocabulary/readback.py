@@ -14,7 +14,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-QUOTE_CHARS = 48  # an answer quoted in a reason is cut here, so the sentence stays short
+QUOTE_CHARS = 40  # an answer quoted in a reason is cut here, so the sentence stays short
+NAMED = {"new": "the new value", "old": "the old value", "both": "both values", "neither": "neither value"}
 
 
 def quoted(answer: str) -> str:
@@ -46,9 +47,9 @@ class Reading:
     def failure(self) -> str:
         """Why this model does not read the field back ("" when it does)."""
         if self.recompute_followed != "new":
-            return f"recompute answered {quoted(self.recompute)}, not the new value"
+            return f"recompute named {NAMED[self.recompute_followed]}, {quoted(self.recompute)}"
         if self.stale_followed != "old":
-            return f"the stale notes answered {quoted(self.stale)}, not the old value"
+            return f"the stale notes named {NAMED[self.stale_followed]}, {quoted(self.stale)}"
         return ""
 
 

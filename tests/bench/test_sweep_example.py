@@ -90,3 +90,17 @@ def test_the_stored_decisions_hold_on_the_bundled_model() -> None:
                           cwd=REPO, capture_output=True, text=True, timeout=1800)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "ok: 4 edits checked" in done.stdout
+
+
+def test_the_readme_row_of_the_sweep_is_the_stored_measurement() -> None:
+    measured = json.loads(MEASURED.read_text())
+    row = next(line for line in (REPO / "README.md").read_text().splitlines()
+               if line.startswith("| `agent-status` sweep"))
+    cells = [c.strip() for c in row.split("|")[3:6]]
+    said = []
+    for run in measured["models"].values():
+        field = next(f for f in run["fields"] if f["label"] == measured["reads_back"])
+        followed = [e for e in field["edits"] if e["edit_followed"]["recompute"] == "new"]
+        kept = sum(e["edit_followed"]["stale"] == "old" for e in followed)
+        said.append(f"new on {len(followed)} of {len(field['edits'])} / old on {kept}")
+    assert cells == [*said, measured["model"]]

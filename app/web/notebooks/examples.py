@@ -6,9 +6,12 @@ choices?, cot?, skills?: [{name, text, position_find | null}]}. `find` and `posi
 matched against the document (first occurrence); a missing one is an error naming it.
 
 An example states no number by hand: its description names measured values as `{strategy.key}`
-(`answer`, `answer_f1`, `kl`, `same_decision`, `edit_followed`), filled from
+(`answer`, `answer_f1`, `kl`, `same_decision`, `edit_followed`, or `first_line`: the answer's first
+line, for a base model that goes on past its answer with more questions of its own), filled from
 `examples/<slug>.measured.json`, which `scripts/measure_examples.py` writes by running the example
-on its model (and `tests/engine/test_examples_measured.py` runs again to check).
+on every bundled model (and `tests/web/test_examples.py` runs again to check). That file also names
+the model the example runs on, the one that reads its field back, with the sentence that says why
+(`chosen_model`); the example's card and notebook page show that sentence.
 """
 
 from __future__ import annotations
@@ -30,10 +33,12 @@ from app.web.templating import EXAMPLES_DIR
 from data.accounts import LOCAL_USER
 from data.models import Notebook, Skill
 from data.settings import get_settings
+from vocabulary.readback import Reading, choose_model
 
 log = logging.getLogger(__name__)
 MEASURED_SUFFIX = ".measured.json"
 MEASURED_KEYS = ("answer", "answer_f1", "kl", "same_decision", "edit_followed")
+FIRST_LINE = "first_line"  # a citation of the answer's first line (derived from `answer`)
 _CITED = re.compile(r"\{(\w+)\.(\w+)\}")
 
 
@@ -82,6 +87,7 @@ class Example:
     path: Path
     measured_model: str = ""  # the model the numbers were measured on ("" when none are cited)
     summary: str = ""  # one plain sentence; the description's numbers sit behind a "details" toggle
+    model_reason: str = ""  # which model it runs on and why, one sentence ("" when not measured)
 
 
 def _find(document: str, needle: str, what: str, slug: str) -> int:
@@ -135,26 +141,45 @@ def _shown(value: object) -> str:
     return str(value)
 
 
-def filled(spec: ExampleSpec, directory: Path = EXAMPLES_DIR) -> tuple[str, str]:
-    """The description with each `{strategy.key}` replaced by the stored measurement, and the
-    model measured on. A citation the measurement lacks is an `ExampleError` naming it."""
+def chosen_model(models: dict[str, dict]) -> tuple[str, str]:
+    """The model an example runs on and why, from each model's stored run (`{model: {"strategies":
+    {name: {answer, edit_followed, …}}}`, in preference order): the first whose recompute names the
+    new value while its stale notes keep the old one (`vocabulary.readback.choose_model`)."""
+    readings = []
+    for model, run in models.items():
+        rows = run["strategies"]
+        readings.append(Reading(model, rows["recompute"]["answer"], rows["recompute"]["edit_followed"],
+                                rows["stale"]["answer"], rows["stale"]["edit_followed"]))
+    return choose_model(readings)
+
+
+def filled(spec: ExampleSpec, directory: Path = EXAMPLES_DIR) -> tuple[str, str, str]:
+    """The description with each `{strategy.key}` replaced by the stored measurement on the
+    example's model, that model, and the sentence saying why it runs on it. A citation the
+    measurement lacks, or a measurement that chose another model, is an `ExampleError` naming it."""
     if not cited(spec.description):
-        return spec.description, ""
+        return spec.description, "", ""
     path = measured_path(spec.slug, directory)
     try:
         measured = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        runs = measured["models"]
+    except (OSError, ValueError, KeyError, TypeError):
         raise ExampleError(f"example {spec.slug}: {path.name} is missing or unreadable "
                            "(write it with scripts/measure_examples.py)") from None
+    if measured.get("model") != spec.model or spec.model not in runs:
+        raise ExampleError(f"example {spec.slug}: {path.name} chose {measured.get('model')!r} but "
+                           f"{spec.slug}.json names {spec.model!r}")
 
     def one(m: re.Match) -> str:
         strategy, key = m.group(1), m.group(2)
-        row = measured.get("strategies", {}).get(strategy, {})
+        row = runs[spec.model].get("strategies", {}).get(strategy, {})
+        if key == FIRST_LINE and "answer" in row:
+            return _shown((row["answer"].strip().splitlines() or [""])[0])
         if key not in MEASURED_KEYS or key not in row:
             raise ExampleError(f"example {spec.slug}: {m.group(0)} is not in {path.name}")
         return _shown(row[key])
 
-    return _CITED.sub(one, spec.description), str(measured.get("model", ""))
+    return _CITED.sub(one, spec.description), spec.model, str(measured.get("reason", ""))
 
 
 def example_slugs(directory: Path = EXAMPLES_DIR) -> list[str]:
@@ -174,11 +199,12 @@ def _listed(directory: Path, stamp: tuple) -> tuple[Example, ...]:
     for slug in example_slugs(directory):
         try:
             spec = read_spec(slug, directory)
-            description, model = filled(spec, directory)
+            description, model, reason = filled(spec, directory)
         except ExampleError as exc:
             log.warning("example skipped", extra={"example": slug, "reason": str(exc)})
             continue
-        out.append(Example(slug, spec.title, description, directory / f"{slug}.json", model, spec.summary))
+        out.append(Example(slug, spec.title, description, directory / f"{slug}.json", model, spec.summary,
+                           reason))
     return tuple(out)
 
 
