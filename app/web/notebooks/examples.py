@@ -33,6 +33,7 @@ from app.web.templating import EXAMPLES_DIR
 from data.accounts import LOCAL_USER
 from data.models import Notebook, Skill
 from data.settings import get_settings
+from vocabulary import FLOOR, REFERENCE
 from vocabulary.readback import Reading, choose_model
 
 log = logging.getLogger(__name__)
@@ -148,8 +149,8 @@ def chosen_model(models: dict[str, dict]) -> tuple[str, str]:
     readings = []
     for model, run in models.items():
         rows = run["strategies"]
-        readings.append(Reading(model, rows["recompute"]["answer"], rows["recompute"]["edit_followed"],
-                                rows["stale"]["answer"], rows["stale"]["edit_followed"]))
+        readings.append(Reading(model, rows[REFERENCE]["answer"], rows[REFERENCE]["edit_followed"],
+                                rows[FLOOR]["answer"], rows[FLOOR]["edit_followed"]))
     return choose_model(readings)
 
 
