@@ -32,8 +32,12 @@ def add_turn(page, text: str) -> None:
     before = len(appends(page))
     page.click("#trajectory-add")
     page.wait_for_function(f"document.querySelectorAll('#trajectory .turn-row').length === {before + 1}")
+    # the focus moves once the swapped panel has settled (after the rows appear: under load, later)
+    want = f"turns.{before}.append"
+    page.wait_for_function(f"document.activeElement && document.activeElement.name === '{want}'",
+                           timeout=30_000)
     focused = page.evaluate("document.activeElement && document.activeElement.name")
-    assert focused == f"turns.{before}.append", focused
+    assert focused == want, focused
     page.keyboard.type(text)
 
 
