@@ -58,10 +58,29 @@ def _print(report, args) -> None:
         print(json.dumps(data, indent=2))
         return
     print(f"{data['model']}: {data['document_tokens']} document tokens")
-    print(f"{'strategy':<14} {'decision':<18} {'KL':>9} {'top1':>5} {'top10':>5} {'tokens':>7} {'ms':>9}")
+    print(f"{'strategy':<14} {'decision':<18} {'KL':>9} {'top1':>5} {'top10':>5} {'tokens':>7} {'ms':>9}"
+          "  speed-up")
+    from vocabulary import REFERENCE
+
+    ref = data["strategies"].get(REFERENCE)
     for name, r in data["strategies"].items():
         print(f"{name:<14} {r['decision'][:18]:<18} {r['kl_to_recompute']:>9.4f} {str(r['top1_agrees']):>5} "
-              f"{r['topk_overlap']:>5} {r['tokens_computed']:>7} {r['latency_ms']:>9.1f}")
+              f"{r['topk_overlap']:>5} {r['tokens_computed']:>7} {r['latency_ms']:>9.1f}  "
+              f"{_speedup_text(r, ref) if name != REFERENCE else ''}")
+
+
+def _speedup_text(r: dict, ref: dict | None) -> str:
+    """The speed-up as the run page reads it: "6.9× (5.1–8.0×)", or why it does not stand."""
+    from vocabulary.speedups import speedup_reading
+
+    if ref is None or r.get("speedup") is None:
+        return "-"
+    reading = speedup_reading(ref.get("ttft_ms"), r.get("ttft_ms"), r.get("speedup_range"),
+                              ref.get("ttft_spread_ms"), r.get("ttft_spread_ms"))
+    if reading is not None:
+        return reading.label
+    span = r.get("speedup_range") or []
+    return f"{r['speedup']:.1f}×" + (f" ({span[0]:.1f}–{span[1]:.1f}×)" if len(span) == 2 else "")
 
 
 def _load(args):

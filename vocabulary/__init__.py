@@ -96,7 +96,8 @@ METRICS = (
     Metric("logit_cosine", float, "cosine similarity of the first token's raw logits to recompute's"),
     Metric("decision_matches_recompute", bool,
            "same decision as recompute: the same choice, or the same answer after SQuAD normalisation"),
-    Metric("tokens_computed", int, "tokens run through the model for the notes, seam repair included"),
+    Metric("tokens_computed", int, "tokens run through the model for the notes, seam repair included "
+           "(for auto without a policy, every probe it ran, summed)"),
     Metric("latency_ms", float, "from the cached notes to the whole answer: ttft_ms + decode_ms"),
     Metric("ttft_ms", float, "time to first token: from the cached notes to the first answer token's logits"),
     Metric("decode_ms", float, "time after the first token: generating the rest, or scoring the choices"),
@@ -121,8 +122,9 @@ METRICS = (
            "recompute's time to first token over this one's, the median over the paired timing rounds "
            "(recompute timed again in each round, beside the strategy); None for runs stored before"),
     Metric("speedup_range", list[float],
-           "[min, max] of the speed-up over the paired rounds: too short to time when it crosses 1× or "
-           "spans more than a factor of 2 (empty for runs stored before)"),
+           "[min, max] of the speed-up over the paired rounds: noisy when it crosses 1× or spans more "
+           "than a factor of 2, too short to time when recompute's first token is also under 250 ms "
+           "(empty for runs stored before)"),
     Metric("choice_spread", dict[str, list[float]],
            "[min, max] of each choice's probability over the cyclic orders of the choices (choice_probs "
            "is their mean); empty for a free answer"),

@@ -95,7 +95,8 @@ def decision_record(row) -> dict[str, Any]:
     r = row.result
     record = {"strategy": row.strategy, "is_reference": row.is_reference, "same_decision": row.agrees,
               "edit_followed": row.followed, "tokens_pct": row.tokens_pct, "speedup": row.speedup,
-              "too_short_to_time": row.timing is not None,
+              "too_short_to_time": row.timing is not None and row.timing.kind == "short",
+              "speedup_note": row.timing.label if row.timing is not None else None,
               "speedup_range": list(row.speedup_range) if row.speedup_range else None}
     if r is not None:
         record.update(decision=r.decision, choice_probs=r.choice_probs, answer_f1=r.answer_f1,
@@ -111,7 +112,7 @@ def decision_record(row) -> dict[str, Any]:
 CSV_COLUMNS = ["strategy", "decision", "same_decision", "edit_followed", "choice_probs", "answer_f1",
                "recompute_answer_nll", "kl_to_recompute", "top1_agrees", "topk_overlap", "tokens_computed",
                "tokens_pct", "prefix_cache_share", "ttft_ms", "ttft_spread_ms", "decode_ms", "latency_ms",
-               "speedup", "speedup_range", "too_short_to_time", "choice_spread", "order_bias"]
+               "speedup", "speedup_range", "speedup_note", "too_short_to_time", "choice_spread", "order_bias"]
 _FORMULA = ("=", "+", "-", "@", "\t", "\r")
 
 

@@ -15,14 +15,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from vocabulary import FLOOR
+from vocabulary.speedups import MAX_RANGE_FACTOR, MIN_TIMED_MS, speedup_reading
 from vocabulary.verdicts import edit_followed
 
 # What each `edit_followed` value reads as on the page, and in the note's groups.
 FOLLOWED_WORDS = {"new": "follows the edit", "old": "keeps the old value", "both": "names both values",
                   "neither": "names neither value"}
 
-MIN_TIMED_MS = 250.0  # runs stored without paired rounds: a recompute TTFT under this is too short
-MAX_RANGE_FACTOR = 2.0  # a speed-up whose paired range spans more than this factor is too short to time
 
 
 def values_of(snapshot: Any) -> tuple[list[str], list[str]]:
@@ -114,8 +113,12 @@ def headline(rows: Sequence[Any], has_fields: bool) -> Headline | None:
 
 @dataclass(frozen=True)
 class Timing:
-    """Why a speed-up is "too short to time", with the numbers (the cell's tooltip)."""
+    """Why a speed-up does not stand (`vocabulary.speedups`): the cell's `label` ("too short to
+    time", "noisy: 0.9–1.1×, about the same as recompute", "noisy: 4.1–9.8×"), `kind` short |
+    noisy, and the numbers behind it (the cell's tooltip)."""
 
+    label: str
+    kind: str
     tip: str
 
 
@@ -131,33 +134,23 @@ def speedup_range(result: Any) -> tuple[float, float] | None:
 
 
 def timing(result: Any, reference: Any) -> Timing | None:
-    """None when the speed-up over `reference` (recompute) stands; else why not. With paired
-    rounds (recompute timed again beside the strategy): the speed-up's range over them crosses 1× or
-    spans more than a factor of `MAX_RANGE_FACTOR`. Runs stored before: recompute's time to first
-    token under `MIN_TIMED_MS`, or the range from both TTFT spreads crossing 1× (when stored)."""
+    """None when the speed-up over `reference` (recompute) stands; else how it reads and why
+    (`vocabulary.speedups.speedup_reading`: under the floor, or a noisy range)."""
     ref_ms, mine_ms = reference.ttft_ms or 0.0, result.ttft_ms or 0.0
-    if not ref_ms or not mine_ms:
+    mine, theirs, paired = _spread(result), _spread(reference), speedup_range(result)
+    reading = speedup_reading(ref_ms, mine_ms, paired, theirs, mine)
+    if reading is None:
         return None
-    mine, theirs = _spread(result), _spread(reference)
     numbers = f"recompute {_ms(ref_ms, theirs)}, this strategy {_ms(mine_ms, mine)}"
-    paired = speedup_range(result)
-    if paired is not None:
-        low, high = paired
-        if low <= 1.0 <= high:
-            return Timing(f"the speed-up ranges {low:.1f}×–{high:.1f}× over the paired timings, "
-                          f"across 1×: {numbers}")
-        if low <= 0 or high / low > MAX_RANGE_FACTOR:
-            return Timing(f"the speed-up ranges {low:.1f}×–{high:.1f}× over the paired timings, more "
-                          f"than a factor of {MAX_RANGE_FACTOR:.0f}: {numbers}")
-        return None
-    if ref_ms < MIN_TIMED_MS:
-        return Timing(f"recompute's time to first token is under {MIN_TIMED_MS:.0f} ms: {numbers}")
-    if mine and theirs and mine[0] > 0 and mine[1] > 0:
-        low, high = theirs[0] / mine[1], theirs[1] / mine[0]
-        if low <= 1.0 <= high:
-            return Timing(f"the speed-up ranges {low:.1f}×–{high:.1f}× over the repeats, "
-                          f"across 1×: {numbers}")
-    return None
+    over = "the paired timings" if paired is not None else "the repeats"
+    if reading.kind == "short":
+        why = f"recompute's time to first token is under {MIN_TIMED_MS:.0f} ms"
+    elif reading.low is not None and reading.low <= 1.0 <= (reading.high or 0.0):
+        why = f"the speed-up ranges {reading.low:.1f}×–{reading.high:.1f}× over {over}, across 1×"
+    else:
+        why = (f"the speed-up ranges {reading.low:.1f}×–{reading.high:.1f}× over {over}, more than a "
+               f"factor of {MAX_RANGE_FACTOR:.0f}")
+    return Timing(reading.label, reading.kind, f"{why}: {numbers}")
 
 
 def _ms(median: float, spread: tuple[float, float] | None) -> str:

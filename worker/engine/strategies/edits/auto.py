@@ -1,8 +1,8 @@
 """`auto`: a composite. It runs no surgery of its own. With no adopted policy it is an oracle pick:
 it measures `field_erratum` (the robust default) and its cheaper parts, and picks the cheapest part
 whose decision matches field_erratum's; its cost is every probe it had to run, field_erratum's
-included, honestly summed. With a policy the notebook adopted from a sweep (`follow`), it runs only
-that strategy and its cost is that strategy's alone."""
+included, honestly summed: its time and its tokens computed. With a policy the notebook adopted
+from a sweep (`follow`), it runs only that strategy and its cost is that strategy's alone."""
 
 from __future__ import annotations
 
@@ -43,12 +43,15 @@ class Auto(Strategy[EditCase]):
         probes = sorted(self.info.parts, key=lambda n: outcomes[n].surgery.tokens_computed)
         picked, spent = self.TARGET, []
         for name in probes:
-            spent.append(outcomes[name])
+            spent.append(name)
             if same_answer(outcomes[name].readout.decision, target):
                 picked = name
                 break
-        spent.append(outcomes[self.TARGET])
+        spent.append(self.TARGET)
         chosen = outcomes[picked]
-        surgery = replace(chosen.surgery, detail=f"picked {picked}")  # for people; `picked` is the fact
-        return Outcome(surgery, chosen.readout, _summed(spent, chosen), chosen.answer_nll,
-                       chosen.prefix_cache_share, picked=picked)
+        probed = sum(outcomes[n].surgery.tokens_computed for n in spent)  # every probe's tokens, summed
+        surgery = replace(chosen.surgery, tokens_computed=probed,  # `picked` is the fact; detail for people
+                          detail=f"picked {picked} after probing {', '.join(spent)}: "
+                                 f"{probed} tokens computed in all")
+        return Outcome(surgery, chosen.readout, _summed([outcomes[n] for n in spent], chosen),
+                       chosen.answer_nll, chosen.prefix_cache_share, picked=picked)
