@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.blocks import write_block  # noqa: E402
 from bench.documents import SHIPMENT, filler  # noqa: E402
-from serving import ReplaySpec, Server, replay  # noqa: E402
+from serving import Backend, ReplaySpec, connect, replay  # noqa: E402
 from serving.streams import question_text  # noqa: E402
 
 CITIES = ("Madrid", "Rome", "Lisbon", "Paris", "Vienna", "Prague", "Warsaw", "Athens", "Dublin", "Bergen",
@@ -35,7 +35,7 @@ QUESTION = "What is the destination of this shipment?"
 COLOURS = {"in_place": "#c0392b", "erratum": "#27ae60", "hoist": "#2980b9"}
 
 
-def shipment_log(server: Server, tokens: int) -> str:
+def shipment_log(server: Backend, tokens: int) -> str:
     """A shipment record (destination near the top), then log lines until the chat prompt holds
     about `tokens` tokens, counted by the server."""
     head = ["SHIPMENT RECORD", *(f"{k}: {v}" for k, v in SHIPMENT), "", "Operations log and policy notes:"]
@@ -127,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--block", default="serving", help="the marked block of --out to write")
     p.add_argument("--json", type=Path, default=None, help="also write every result as JSON here")
     args = p.parse_args(argv)
-    with Server(args.url, args.model) as server:
+    with connect(args.url, args.model) as server:
         info = server.info()
         document = shipment_log(server, args.tokens)
     start = document.index("destination: ") + len("destination: ")

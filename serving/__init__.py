@@ -11,11 +11,15 @@ shared vocabulary only), so the web app, the worker and the command line call th
     result.to_dict()  # {"variants": {"in_place": {...}, "erratum": {...}, "hoist": {...}}, ...}
 
 A trajectory (`vocabulary.trajectories`: turns appending text and changing fields) is replayed the
-same way, one request per turn in order (`replay_trajectory`, `serving.trajectory`).
+same way, one request per turn in order (`replay_trajectory`, `serving.trajectory`). Both speak to
+the engine only through the serving backend protocol (`serving.backend`: vLLM and SGLang), as the
+erratum gateway does.
 """
 
-from serving.replay import Bounds, preflight, replay
+from serving.backend import ENGINES, Backend, SglangBackend, VllmBackend, connect
+from serving.replay import preflight, replay
 from serving.server import ReplayError, ReplayStopped, Server, ServerInfo
+from serving.session import Bounds
 from serving.streams import PlannedRequest, arrivals, plan_variant
 from serving.trajectory import PlannedTurn, plan_turns, replay_trajectory
 from vocabulary.replay import (
@@ -27,7 +31,7 @@ from vocabulary.replay import (
     VariantResult,
 )
 
-__all__ = ["VARIANTS", "Bounds", "PlannedRequest", "PlannedTurn", "ReplayError", "ReplayResult", "ReplaySpec",
-           "ReplayStopped", "Server", "ServerInfo", "TrajectoryReplayResult", "TrajectoryReplaySpec",
-           "VariantResult", "arrivals", "plan_turns", "plan_variant", "preflight", "replay",
-           "replay_trajectory"]
+__all__ = ["ENGINES", "VARIANTS", "Backend", "Bounds", "PlannedRequest", "PlannedTurn", "ReplayError",
+           "ReplayResult", "ReplaySpec", "ReplayStopped", "Server", "ServerInfo", "SglangBackend",
+           "TrajectoryReplayResult", "TrajectoryReplaySpec", "VariantResult", "VllmBackend", "arrivals",
+           "connect", "plan_turns", "plan_variant", "preflight", "replay", "replay_trajectory"]

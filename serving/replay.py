@@ -20,9 +20,9 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
 
-from serving.server import Completion, Counters, ReplayError, ReplayStopped, Server, ServerInfo
+from serving.server import Completion, ReplayError, ReplayStopped, Server, ServerInfo
+from serving.session import Bounds, checked_lengths, delta, open_backend, warm_up
 from serving.streams import PlannedRequest, plan_variant
 from vocabulary.prefix import common_prefix
 from vocabulary.replay import ReplayResult, ReplaySpec, TrajectoryReplaySpec, VariantResult
@@ -32,25 +32,14 @@ from vocabulary.verdicts import edit_followed
 Progress = Callable[[int, int, str], None]
 
 
-@dataclass(frozen=True)
-class Bounds:
-    """How long a replay may take: to connect, for each answer, and in all (None: no overall bound);
-    and the ports it may never reach besides `serving.targets.SERVICE_PORTS`."""
-
-    connect_s: float = 10.0
-    request_s: float = 120.0
-    replay_s: float | None = None
-    refused_ports: tuple[int, ...] = ()
-
-
 def replay(spec: ReplaySpec, url: str, model: str | None = None, on_progress: Progress | None = None,
-           bounds: Bounds | None = None, stop: threading.Event | None = None) -> ReplayResult:
+           bounds: Bounds | None = None, stop: threading.Event | None = None,
+           engine: str = "vllm") -> ReplayResult:
     """Run every variant of `spec` against the server at `url`; a `ReplayError` naming the problem
     (and the request, when one failed) otherwise, `ReplayStopped` once `stop` is set or the replay
     runs past `bounds.replay_s`. Nothing is kept from a failed replay."""
     bounds = bounds or Bounds()
-    with Server(url, model, timeout_s=bounds.request_s, connect_s=bounds.connect_s,
-                deadline_s=bounds.replay_s, refused_ports=bounds.refused_ports, stop_event=stop) as server:
+    with open_backend(url, model, bounds, stop, engine) as server:
         info, plans, lengths = _prepared(server, spec)
         total = spec.total_requests * len(plans)
         results = {}
@@ -71,8 +60,7 @@ def preflight(spec: ReplaySpec | TrajectoryReplaySpec, url: str, model: str | No
     problems = spec.problems()
     if problems:
         raise ReplayError("; ".join(problems), problems[0].split(":")[0].split(" ")[0])
-    with Server(url, model, timeout_s=bounds.request_s, connect_s=bounds.connect_s,
-                deadline_s=bounds.replay_s, refused_ports=bounds.refused_ports) as server:
+    with open_backend(url, model, bounds) as server:
         return server.info()
 
 
@@ -88,35 +76,20 @@ def _prepared(server: Server, spec: ReplaySpec) -> tuple[ServerInfo, dict, dict[
 def _checked_lengths(server: Server, spec: ReplaySpec, plans: dict,
                      max_model_len: int) -> dict[str, list[int]]:
     """Every prompt's token ids (warm prompts too), after checking each fits the server."""
-    ids: dict[str, list[int]] = {}
-    for variant, (warm, planned) in plans.items():
-        for what, content in [("warm-up", warm)] + [(f"request {r.index + 1}", r.content) for r in planned]:
-            if content not in ids:
-                ids[content] = server.prompt_tokens(content)
-            if max_model_len and len(ids[content]) + spec.max_tokens > max_model_len:
-                raise ReplayError(f"{variant} {what}: the prompt is {len(ids[content])} tokens and the "
-                                  f"answer up to {spec.max_tokens}, beyond the server's max_model_len of "
-                                  f"{max_model_len}; shorten the document or start the server with a "
-                                  "larger --max-model-len", "document")
-    return ids
+    prompts = [(variant, what, content) for variant, (warm, planned) in plans.items()
+               for what, content in [("warm-up", warm)] + [(f"request {r.index + 1}", r.content)
+                                                           for r in planned]]
+    return checked_lengths(server, prompts, spec.max_tokens, max_model_len, "the document", "document")
 
 
 def _run_variant(server: Server, spec: ReplaySpec, warm: str, planned: list[PlannedRequest],
                  ids: dict[str, list[int]], progress: Callable[[int], None] | None) -> VariantResult:
-    variant = planned[0].variant
-    cache_reset = server.reset_cache()
-    try:
-        server.complete(warm, spec.max_tokens, spec.choices)
-    except ReplayStopped:
-        raise
-    except ReplayError as exc:
-        raise ReplayError(f"{variant} warm-up request failed: {exc}") from None
-    before = server.counters()
+    cache_reset, before = warm_up(server, planned[0].variant, warm, spec.max_tokens, spec.choices)
     started = time.perf_counter()
     completions = _stream_all(server, spec, planned, progress)
     elapsed = time.perf_counter() - started
     after = server.counters()
-    result = _summarise(spec, planned, completions, elapsed, _delta(before, after), ids[warm], ids)
+    result = _summarise(spec, planned, completions, elapsed, delta(before, after), ids[warm], ids)
     result.cache_reset = cache_reset
     return result
 
@@ -166,12 +139,6 @@ def _result(future: Future, request: PlannedRequest) -> Completion:
     except ReplayError as exc:
         raise ReplayError(f"{request.variant} request {request.index + 1} (field = {request.value!r}) "
                           f"failed: {exc}") from None
-
-
-def _delta(before: Counters | None, after: Counters | None) -> float | None:
-    if before is None or after is None or after.queries <= before.queries:
-        return None
-    return (after.hits - before.hits) / (after.queries - before.queries)
 
 
 def _summarise(spec: ReplaySpec, planned: list[PlannedRequest], completions: list[Completion],

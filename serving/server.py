@@ -1,6 +1,9 @@
-"""One OpenAI-compatible server (vLLM) as the replay sees it: which model it serves, how long a
-prompt may be and whether the model has a chat template, token counts of a prompt, one streamed
-completion timed to its first token, and the prefix-cache counters of `/metrics`.
+"""The transport under every serving backend (`serving.backend`): one OpenAI-compatible server as
+the replay sees it: which model it serves, how long a prompt may be and whether the model has a
+chat template, one streamed completion timed to its first token, bounded connections that a stop
+shuts at once. What differs between engines (how tokens are counted, how the prefix cache is reset
+and read, how an answer is constrained to choices) is left to the backend classes
+(`serving.backend.VllmBackend`, `SglangBackend`), which override the hooks marked "engine" below.
 
 A prompt is sent as kvnotes prefills it (`worker.engine.readout.Frame`): for a model with a chat
 template, as the user message of that template (`/v1/chat/completions`, the server applies it); for
@@ -83,7 +86,6 @@ class Counters:
 
 # what a request to an address can raise besides an answer (an address httpx or IDNA refuses included)
 NETWORK_ERRORS = (httpx.HTTPError, httpx.InvalidURL, UnicodeError, OSError)
-_COUNTER = re.compile(r"^vllm:prefix_cache_(queries|hits)_total\{[^}]*\}\s+([0-9.eE+-]+)\s*$", re.MULTILINE)
 MAX_BODY = 16 << 20  # the largest answer read from the server (token ids of a long prompt, /metrics)
 WATCH_EVERY_S = 0.2  # how often the watcher looks for a stop or a passed deadline
 
@@ -125,8 +127,9 @@ class _TrackingBackend(httpcore.SyncBackend):
 
 
 class Server:
-    """An OpenAI-compatible server at `url` serving `model` (None: the one model it serves). `chat`:
-    send prompts through the model's chat template (None: when it has one, which `info` finds out).
+    """The transport of an OpenAI-compatible server at `url` serving `model` (None: the one model it
+    serves). `chat`: send prompts through the model's chat template (None: when it has one, which
+    `info` finds out).
 
     Bounded: `connect_s` to connect, `request_s` for each answer (its first byte by the read timeout,
     its end by the watcher), `deadline_s` (None: none) for everything this server is asked. `stop()`
@@ -213,7 +216,7 @@ class Server:
         if self._stopped:
             return ReplayStopped(self._stopped)
         log.info("replay server failed", extra={"url": self.url, "asked": asked, "detail": detail[:500]})
-        return ReplayError(f"the server at {self.url} did not answer as vLLM does ({asked})")
+        return ReplayError(f"the server at {self.url} did not answer as {self.engine} does ({asked})")
 
     @contextmanager
     def _stream(self, method: str, path: str, body: dict | None = None) -> Iterator[httpx.Response]:
@@ -288,48 +291,22 @@ class Server:
             raise self._failure("GET /v1/models", "max_model_len is not a number") from None
         return ServerInfo(self.model, max_model_len, self.chat)
 
-    def _has_chat_template(self) -> bool:
-        """Whether the served model formats chat messages: vLLM's /tokenize refuses messages (HTTP
-        400 naming the chat template) for a model without a template."""
-        status, data = self._request("POST", "/tokenize", {"model": self.model, "messages": _messages("?"),
-                                                           "add_generation_prompt": True})
-        if status == 400 and b"chat template" in data.lower():
-            return False
-        if status != 200:
-            raise self._failure("POST /tokenize", f"HTTP {status}: {data[:300]!r}")
-        return True
-
     def _prompt(self, content: str) -> dict:
         """The request body's prompt part for `content`, chat or plain."""
         if self.chat is False:
             return {"prompt": content + PLAIN_TAIL}
         return {"messages": _messages(content)}
 
-    def prompt_tokens(self, content: str) -> list[int]:
-        """The token ids of the prompt that carries `content` (chat: as the user message)."""
-        extra = {"add_generation_prompt": True} if self.chat is not False else {}
-        body = {"model": self.model, **self._prompt(content), **extra}
-        status, data = self._request("POST", "/tokenize", body)
-        if status != 200:
-            raise self._failure("POST /tokenize", f"HTTP {status}: {data[:300]!r}")
-        tokens = self._json(data, "POST /tokenize").get("tokens")
-        if not isinstance(tokens, list):
-            raise self._failure("POST /tokenize", "no token ids")
-        return tokens
+    # --- engine hooks: serving.backend.EngineBackend and its engines fill these in ---------------
 
-    def reset_cache(self) -> bool:
-        """Empty the server's prefix cache (vLLM's development endpoint, which scripts/vllm.sh enables
-        on a loopback bind); False when the server does not offer it."""
-        return self._request("POST", "/reset_prefix_cache")[0] == 200
+    engine = "an OpenAI-compatible server"
 
-    def counters(self) -> Counters | None:
-        """The prefix-cache counters summed over engines, or None when `/metrics` has none."""
-        status, data = self._request("GET", "/metrics")
-        found = {"queries": 0.0, "hits": 0.0}
-        matches = _COUNTER.findall(data.decode(errors="replace")) if status == 200 else []
-        for kind, value in matches:
-            found[kind] += float(value)
-        return Counters(found["queries"], found["hits"]) if matches else None
+    def _has_chat_template(self) -> bool:
+        raise NotImplementedError
+
+    def constraint(self, choices: tuple[str, ...]) -> dict:
+        """The request body's part that constrains the answer to one of `choices`."""
+        raise NotImplementedError
 
     def complete(self, content: str, max_tokens: int, choices: tuple[str, ...] = ()) -> Completion:
         """Stream one greedy completion (chat or plain, as the model takes prompts), constrained to one
@@ -338,7 +315,7 @@ class Server:
         body = {"model": self.model, **self._prompt(content), "max_tokens": max_tokens,
                 "temperature": 0.0, "stream": True, "stream_options": {"include_usage": True}}
         if choices:  # a base model's answer follows "Answer:" after a space, as Frame.choice_text writes it
-            body["structured_outputs"] = {"choice": [choice_text(c, self.chat is not False) for c in choices]}
+            body.update(self.constraint(tuple(choice_text(c, self.chat is not False) for c in choices)))
         path = "/v1/completions" if self.chat is False else "/v1/chat/completions"
         asked = f"POST {path}"
         sent = time.perf_counter()

@@ -36,8 +36,9 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from serving.replay import Bounds, Progress, _delta
+from serving.replay import Progress
 from serving.server import ReplayError, ReplayStopped, Server, ServerInfo
+from serving.session import Bounds, checked_lengths, delta, open_backend, warm_up
 from vocabulary import render_erratum
 from vocabulary.prefix import common_prefix
 from vocabulary.prompt import question_text
@@ -131,7 +132,7 @@ def _field_of(problem: str) -> str:
 
 def replay_trajectory(spec: TrajectoryReplaySpec, url: str, model: str | None = None,
                       on_progress: Progress | None = None, bounds: Bounds | None = None,
-                      stop: threading.Event | None = None) -> TrajectoryReplayResult:
+                      stop: threading.Event | None = None, engine: str = "vllm") -> TrajectoryReplayResult:
     """Every variant of `spec`, turn by turn, against the server at `url`; a `ReplayError` naming the
     problem (and the turn), `ReplayStopped` once `stop` is set or past `bounds.replay_s`. Nothing is
     kept from a failed replay."""
@@ -139,8 +140,7 @@ def replay_trajectory(spec: TrajectoryReplaySpec, url: str, model: str | None = 
     if problems:
         raise ReplayError("; ".join(problems), _field_of(problems[0]))
     bounds = bounds or Bounds()
-    with Server(url, model, timeout_s=bounds.request_s, connect_s=bounds.connect_s,
-                deadline_s=bounds.replay_s, refused_ports=bounds.refused_ports, stop_event=stop) as server:
+    with open_backend(url, model, bounds, stop, engine) as server:
         info = server.info()
         plans = {v: plan_turns(spec, v) for v in spec.variants}
         ids = _checked_lengths(server, spec, plans, info)
@@ -158,30 +158,16 @@ def replay_trajectory(spec: TrajectoryReplaySpec, url: str, model: str | None = 
 def _checked_lengths(server: Server, spec: TrajectoryReplaySpec, plans: dict,
                      info: ServerInfo) -> dict[str, list[int]]:
     """Every prompt's token ids (warm prompts too), after checking each fits the server."""
-    ids: dict[str, list[int]] = {}
-    for variant, (warm, planned) in plans.items():
-        for what, content in [("warm-up", warm)] + [(f"turn {t.index + 1}", t.content) for t in planned]:
-            if content not in ids:
-                ids[content] = server.prompt_tokens(content)
-            if info.max_model_len and len(ids[content]) + spec.max_tokens > info.max_model_len:
-                raise ReplayError(f"{variant} {what}: the prompt is {len(ids[content])} tokens and the "
-                                  f"answer up to {spec.max_tokens}, beyond the server's max_model_len of "
-                                  f"{info.max_model_len}; shorten the turns or start the server with a "
-                                  "larger --max-model-len", "turns")
-    return ids
+    prompts = [(variant, what, content) for variant, (warm, planned) in plans.items()
+               for what, content in [("warm-up", warm)] + [(f"turn {t.index + 1}", t.content)
+                                                           for t in planned]]
+    return checked_lengths(server, prompts, spec.max_tokens, info.max_model_len, "the turns", "turns")
 
 
 def _run_turns(server: Server, spec: TrajectoryReplaySpec, warm: str, planned: list[PlannedTurn],
                ids: dict[str, list[int]], progress: Callable[[int], None] | None) -> TrajectoryVariantResult:
     variant = planned[0].variant
-    cache_reset = server.reset_cache()
-    try:
-        server.complete(warm, spec.max_tokens, spec.choices)
-    except ReplayStopped:
-        raise
-    except ReplayError as exc:
-        raise ReplayError(f"{variant} warm-up request failed: {exc}") from None
-    before = server.counters()
+    cache_reset, before = warm_up(server, variant, warm, spec.max_tokens, spec.choices)
     earlier, turns, cumulative = [ids[warm]], [], 0.0
     for turn in planned:
         try:
@@ -204,7 +190,7 @@ def _run_turns(server: Server, spec: TrajectoryReplaySpec, warm: str, planned: l
                              errata=turn.errata))
         if progress:
             progress(len(turns))
-    rate = _delta(before, server.counters())
+    rate = delta(before, server.counters())
     prompt, cached = sum(t.prompt_tokens for t in turns), sum(t.cached_tokens for t in turns)
     return TrajectoryVariantResult(
         turns=turns, hit_rate=round(cached / max(1, prompt), 4), cumulative_ttft_ms=cumulative,

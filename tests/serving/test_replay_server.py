@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from serving import ReplayError, ReplaySpec, replay
-from serving.server import Server
+from serving.backend import connect
 from tests.conftest import REPO, free_port, kvnotes_cli
 from tests.serving.conftest import CHOICES, DOCUMENT, QUESTION, DyingServer
 
@@ -28,7 +28,7 @@ def spec(document: str = DOCUMENT, **kw) -> ReplaySpec:
 
 
 def _queries(url: str) -> float:
-    with Server(url) as server:
+    with connect(url) as server:
         return server.counters().queries
 
 
@@ -108,9 +108,9 @@ def test_a_model_without_a_chat_template_is_replayed_with_plain_prompts(base_mod
     question, "\\nAnswer:") through /v1/completions, and the cache story is the same."""
     from transformers import AutoTokenizer
 
-    with Server(vllm_url) as chat:
+    with connect(vllm_url) as chat:
         assert chat.info().prompt_format == "chat"
-    with Server(base_model_url) as plain:
+    with connect(base_model_url) as plain:
         info = plain.info()
         assert (info.chat, info.prompt_format) == (False, "plain")
         text = DOCUMENT + "\n\nQuestion: " + QUESTION

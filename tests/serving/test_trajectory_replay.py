@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from serving import ReplayError, replay_trajectory
-from serving.server import Server
+from serving.backend import connect
 from tests.conftest import REPO, kvnotes_cli
 from tests.serving.conftest import CHOICES, LOG_LINES, QUESTION, RECORD, START, trajectory
 from vocabulary.trajectories import TurnSpec
@@ -75,7 +75,7 @@ def test_kvnotes_replay_turns_prints_every_turn_as_json(vllm_url, tmp_path):
 
 
 def test_a_turn_too_long_for_the_server_is_named_before_any_request(vllm_url):
-    with Server(vllm_url) as server:
+    with connect(vllm_url) as server:
         before = server.counters().queries
     long_turn = TurnSpec(append="\n".join(LOG_LINES * 8))  # ~3,000 tokens more at turn 3
     spec = trajectory(4)
@@ -83,7 +83,7 @@ def test_a_turn_too_long_for_the_server_is_named_before_any_request(vllm_url):
     with pytest.raises(ReplayError, match=r"in_place turn 3: the prompt is \d+ tokens and the answer up to "
                                           r"16, beyond the server's max_model_len of 4096"):
         replay_trajectory(spec, vllm_url)
-    with Server(vllm_url) as server:
+    with connect(vllm_url) as server:
         assert server.counters().queries == before  # nothing reached the engine
 
 

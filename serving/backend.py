@@ -1,0 +1,167 @@
+"""The serving backend protocol: what kvnotes asks of a serving engine, and the engines that answer it.
+
+Four calls, nothing else (the replays, the trajectory replays and the erratum gateway use only these):
+
+- count the tokens of a prompt (`prompt_tokens`, with `info` for the served model, its longest
+  prompt and whether it has a chat template);
+- reset the prefix cache (`reset_cache`);
+- read the prefix-cache counters (`counters`: cumulative tokens looked up and found);
+- send a chat or completion request, streamed, timed to its first token (`complete` for a replay's
+  prompt; `relay` for a client's own OpenAI request, which the gateway forwards as it is).
+
+Two engines implement it:
+
+- count the tokens: vLLM `POST /tokenize`, SGLang `POST /v1/tokenize` (a prompt or chat messages);
+- reset the prefix cache: vLLM `POST /reset_prefix_cache` (a development endpoint), SGLang
+  `POST /flush_cache`;
+- the counters: vLLM `vllm:prefix_cache_queries_total` and `..._hits_total`; SGLang
+  `sglang:prompt_tokens_total` and `sglang:cached_tokens_total` (`--enable-metrics`);
+- cached tokens per request: `usage.prompt_tokens_details.cached_tokens` on both (vLLM
+  `--enable-prompt-tokens-details`, SGLang `--enable-cache-report`: RadixAttention's hits);
+- an answer constrained to choices: vLLM `structured_outputs: {choice: [...]}`, SGLang `regex`.
+
+`connect(url, ...)` is the one place a backend is constructed; `engine` names which ("vllm" unless
+told). Every failure is a `ReplayError` (`serving.server`), never a traceback.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections.abc import Iterable
+from typing import Protocol, runtime_checkable
+
+from serving.relay import Relay, relay
+from serving.server import Completion, Counters, ReplayError, Server, ServerInfo, _messages
+
+_VLLM_COUNTER = re.compile(r"^vllm:prefix_cache_(queries|hits)_total\{[^}]*\}\s+([0-9.eE+-]+)\s*$",
+                           re.MULTILINE)
+_SGLANG_COUNTER = re.compile(r"^sglang:(prompt|cached)_tokens_total\{[^}]*\}\s+([0-9.eE+-]+)\s*$",
+                             re.MULTILINE)
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """A serving engine as kvnotes uses it (see the module docstring)."""
+
+    url: str
+    model: str | None
+    engine: str
+
+    def info(self) -> ServerInfo: ...
+
+    def prompt_tokens(self, content: str) -> list[int]: ...
+
+    def reset_cache(self) -> bool: ...
+
+    def counters(self) -> Counters | None: ...
+
+    def complete(self, content: str, max_tokens: int, choices: tuple[str, ...] = ()) -> Completion: ...
+
+    def relay(self, path: str, body: dict, timeout_s: float) -> Relay: ...
+
+    def pause(self, seconds: float) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class EngineBackend(Server):
+    """What both engines share on top of the transport: the tokenize endpoint (at `tokenize_path`)
+    that counts a prompt's tokens and tells whether the model has a chat template, `/metrics` read
+    for counters, and the relay of a client's own request."""
+
+    tokenize_path = "/tokenize"
+
+    def _has_chat_template(self) -> bool:
+        """Whether the served model formats chat messages: the engine's tokenize endpoint refuses
+        messages (HTTP 400 naming the chat template) for a model without a template."""
+        body = {"model": self.model, "messages": _messages("?"), "add_generation_prompt": True}
+        status, data = self._request("POST", self.tokenize_path, body)
+        if status == 400 and b"chat template" in data.lower():
+            return False
+        if status != 200:
+            raise self._failure(f"POST {self.tokenize_path}", f"HTTP {status}: {data[:300]!r}")
+        return True
+
+    def prompt_tokens(self, content: str) -> list[int]:
+        """Count the tokens: the token ids of the prompt that carries `content` (chat: as the user
+        message), from the engine's tokenize endpoint."""
+        extra = {"add_generation_prompt": True} if self.chat is not False else {}
+        body = {"model": self.model, **self._prompt(content), **extra}
+        asked = f"POST {self.tokenize_path}"
+        status, data = self._request("POST", self.tokenize_path, body)
+        if status != 200:
+            raise self._failure(asked, f"HTTP {status}: {data[:300]!r}")
+        tokens = self._json(data, asked).get("tokens")
+        if not isinstance(tokens, list):
+            raise self._failure(asked, "no token ids")
+        return tokens
+
+    def _metric_sums(self, pattern: re.Pattern) -> dict[str, float] | None:
+        """`/metrics` read with `pattern` (groups: the series' kind, its value), summed per kind over
+        every labelled series; None when no series matched (or the server has no /metrics)."""
+        status, data = self._request("GET", "/metrics")
+        matches = pattern.findall(data.decode(errors="replace")) if status == 200 else []
+        found: dict[str, float] = {}
+        for kind, value in matches:
+            found[kind] = found.get(kind, 0.0) + float(value)
+        return found or None
+
+    def relay(self, path: str, body: dict, timeout_s: float) -> Relay:
+        """A client's own request to this engine, forwarded as it is (`serving.relay`)."""
+        return relay(self.url, path, body, timeout_s)
+
+
+class VllmBackend(EngineBackend):
+    """vLLM's OpenAI-compatible server (`scripts/vllm.sh` starts one with what kvnotes reads)."""
+
+    engine = "vLLM"
+    tokenize_path = "/tokenize"
+
+    def reset_cache(self) -> bool:
+        """Empty the prefix cache (vLLM's development endpoint, which scripts/vllm.sh enables on a
+        loopback bind); False when the server does not offer it."""
+        return self._request("POST", "/reset_prefix_cache")[0] == 200
+
+    def counters(self) -> Counters | None:
+        found = self._metric_sums(_VLLM_COUNTER)
+        return None if found is None else Counters(found.get("queries", 0.0), found.get("hits", 0.0))
+
+    def constraint(self, choices: tuple[str, ...]) -> dict:
+        return {"structured_outputs": {"choice": list(choices)}}
+
+
+
+class SglangBackend(EngineBackend):
+    """SGLang's server (`python -m sglang.launch_server --enable-metrics --enable-cache-report`): its
+    RadixAttention reuses any cached prefix, and it reports the reused tokens as vLLM does."""
+
+    engine = "SGLang"
+    tokenize_path = "/v1/tokenize"
+
+    def reset_cache(self) -> bool:
+        """Empty the radix cache (`/flush_cache`; SGLang refuses while requests are running)."""
+        return self._request("POST", "/flush_cache")[0] == 200
+
+    def counters(self) -> Counters | None:
+        found = self._metric_sums(_SGLANG_COUNTER)
+        return None if found is None else Counters(found.get("prompt", 0.0), found.get("cached", 0.0))
+
+    def constraint(self, choices: tuple[str, ...]) -> dict:
+        return {"regex": "(" + "|".join(re.escape(c) for c in choices) + ")"}
+
+
+ENGINES: dict[str, type[EngineBackend]] = {"vllm": VllmBackend, "sglang": SglangBackend}
+
+
+def connect(url: str, model: str | None = None, *, engine: str = "vllm", timeout_s: float = 600.0,
+            chat: bool | None = None, connect_s: float = 10.0, deadline_s: float | None = None,
+            refused_ports: Iterable[int] = (), stop_event: threading.Event | None = None) -> EngineBackend:
+    """The backend for the server at `url` (`engine`: "vllm" or "sglang"); see `serving.server.Server`
+    for the bounds. The one place a backend is constructed."""
+    try:
+        kind = ENGINES[engine.lower()]
+    except KeyError:
+        raise ReplayError(f"engine must be one of {', '.join(ENGINES)}, got {engine!r}", "engine") from None
+    return kind(url, model, timeout_s=timeout_s, chat=chat, connect_s=connect_s, deadline_s=deadline_s,
+                refused_ports=refused_ports, stop_event=stop_event)

@@ -1,0 +1,189 @@
+"""A small real HTTP server that speaks a serving engine's documented API, deterministically: the
+OpenAI endpoints (`/v1/models`, `/v1/chat/completions`, `/v1/completions`, streamed and not) and,
+by `dialect`, vLLM's (`/tokenize`, `/reset_prefix_cache`, `vllm:prefix_cache_*` in `/metrics`) or
+SGLang's (`/v1/tokenize`, `/flush_cache`, `sglang:prompt_tokens_total` and
+`sglang:cached_tokens_total`). Not a mock of kvnotes: a peer on a socket, as the engine is.
+
+Its prefix cache is exact and token-level, as RadixAttention and vLLM's block cache are (here one
+token is one character, no blocks): a prompt's cached tokens are its longest common prefix with any
+prompt seen since the last reset, reported as `usage.prompt_tokens_details.cached_tokens` and summed
+into the counters.
+
+Its answer reads the prompt's `key` (default "destination"): `reads="first"` answers the value on
+the key's line as first written (a model that ignores errata), `reads="last"` the last value stated
+(the line, or an erratum "key has changed from A to B"). `fault` makes it fail: "500" answers every
+completion with HTTP 500, "slow" waits `delay_s` before answering, "trickle" streams one event every
+`delay_s` forever (`gone` is set when the client went away).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+
+class Engine:
+    def __init__(self, dialect: str = "vllm", model: str = "smollm2-135m", key: str = "destination",
+                 reads: str = "last", fault: str = "", delay_s: float = 0.0, max_model_len: int = 8192,
+                 chat: bool = True) -> None:
+        self.dialect, self.model, self.key, self.reads = dialect, model, key, reads
+        self.fault, self.delay_s, self.max_model_len, self.chat = fault, delay_s, max_model_len, chat
+        self.seen: list[str] = []
+        self.queries = self.hits = 0
+        self.completions: list[dict] = []  # every completion request's body, in order
+        self.gone = threading.Event()
+        self.lock = threading.Lock()
+        engine = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def do_GET(self) -> None:
+                engine.get(self)
+
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                engine.post(self, json.loads(body or b"{}"))
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+    # --- what the engine computes ------------------------------------------------------------------
+
+    def render(self, body: dict) -> str:
+        """The prompt text: chat messages through a fixed template, or the completion's prompt."""
+        if "messages" in body:
+            if not self.chat:
+                raise ValueError("this model has no chat template")
+            return "".join(f"<|{m['role']}|>{m['content']}\n" for m in body["messages"]) + "<|assistant|>"
+        return str(body.get("prompt", ""))
+
+    def cache(self, prompt: str) -> int:
+        """Look `prompt` up in the prefix cache (then keep it); the tokens found."""
+        with self.lock:
+            best = 0
+            for earlier in self.seen:
+                n = 0
+                for a, b in zip(earlier, prompt):
+                    if a != b:
+                        break
+                    n += 1
+                best = max(best, n)
+            cached = min(best, len(prompt) - 1)
+            self.seen.append(prompt)
+            self.queries += len(prompt)
+            self.hits += cached
+            return cached
+
+    def answer(self, prompt: str) -> str:
+        values = re.findall(rf"{re.escape(self.key)}(?: has changed from [^;\n]* to|:) ([A-Za-z]+)", prompt)
+        if not values:
+            return "I do not know."
+        return f"The {self.key} is {values[0] if self.reads == 'first' else values[-1]}."
+
+    # --- HTTP --------------------------------------------------------------------------------------
+
+    def send(self, handler: BaseHTTPRequestHandler, status: int, body: object,
+             kind: str = "application/json") -> None:
+        data = body if isinstance(body, bytes) else json.dumps(body).encode()
+        handler.send_response(status)
+        handler.send_header("Content-Type", kind)
+        handler.send_header("Content-Length", str(len(data)))
+        handler.end_headers()
+        handler.wfile.write(data)
+
+    def get(self, h: BaseHTTPRequestHandler) -> None:
+        if h.path == "/v1/models":
+            card = {"id": self.model, "object": "model", "owned_by": self.dialect,
+                    "max_model_len": self.max_model_len}
+            return self.send(h, 200, {"object": "list", "data": [card]})
+        if h.path == "/metrics":
+            if self.dialect == "vllm":
+                labels = f'{{engine="0",model_name="{self.model}"}}'
+                text = (f"vllm:prefix_cache_queries_total{labels} {self.queries}.0\n"
+                        f"vllm:prefix_cache_hits_total{labels} {self.hits}.0\n")
+            else:
+                text = (f'sglang:prompt_tokens_total{{model_name="{self.model}"}} {self.queries}.0\n'
+                        f'sglang:cached_tokens_total{{model_name="{self.model}",cache_source="device"}} '
+                        f'{self.hits}.0\n')
+            return self.send(h, 200, text.encode(), "text/plain")
+        self.send(h, 404, {"detail": "Not Found"})
+
+    def post(self, h: BaseHTTPRequestHandler, body: dict) -> None:
+        tokenize = "/tokenize" if self.dialect == "vllm" else "/v1/tokenize"
+        reset = "/reset_prefix_cache" if self.dialect == "vllm" else "/flush_cache"
+        if h.path == tokenize:
+            try:
+                text = self.render(body)
+            except ValueError as exc:
+                return self.send(h, 400, {"error": {"message": f"{exc}: no chat template", "code": 400}})
+            return self.send(h, 200, {"tokens": [ord(c) for c in text], "count": len(text),
+                                      "max_model_len": self.max_model_len})
+        if h.path == reset:
+            with self.lock:
+                self.seen.clear()
+            return self.send(h, 200, b"", "text/plain")
+        if h.path in ("/v1/chat/completions", "/v1/completions"):
+            return self.complete(h, body, chat=h.path.endswith("chat/completions"))
+        self.send(h, 404, {"detail": "Not Found"})
+
+    def complete(self, h: BaseHTTPRequestHandler, body: dict, chat: bool) -> None:
+        self.completions.append(body)
+        if self.fault == "500":
+            return self.send(h, 500, {"error": {"message": "engine fault", "type": "InternalServerError"}})
+        if self.fault == "slow":
+            time.sleep(self.delay_s)
+        if body.get("model") not in (None, self.model):
+            return self.send(h, 404, {"error": {"message": f"The model `{body.get('model')}` does not exist.",
+                                                "type": "NotFoundError", "code": 404}})
+        prompt = self.render(body)
+        cached = self.cache(prompt)
+        text = self.answer(prompt)
+        usage = {"prompt_tokens": len(prompt), "completion_tokens": len(text.split()),
+                 "total_tokens": len(prompt) + len(text.split()),
+                 "prompt_tokens_details": {"cached_tokens": cached}}
+        kind = "chat.completion" if chat else "text_completion"
+        if not body.get("stream"):
+            choice = ({"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}
+                      if chat else {"index": 0, "text": text, "finish_reason": "stop"})
+            return self.send(h, 200, {"id": "cmpl-1", "object": kind, "created": 1, "model": self.model,
+                                      "choices": [choice], "usage": usage})
+        h.send_response(200)
+        h.send_header("Content-Type", "text/event-stream")
+        h.send_header("Connection", "close")
+        h.end_headers()
+        words = [w + " " for w in text.split(" ")]
+        words[-1] = words[-1].rstrip()
+        try:
+            for i, word in enumerate(words + [""] * (10**6 if self.fault == "trickle" else 0)):
+                last = i == len(words) - 1
+                delta = {"content": word} if chat else None
+                choice = ({"index": 0, "delta": delta, "finish_reason": "stop" if last else None} if chat
+                          else {"index": 0, "text": word, "finish_reason": "stop" if last else None})
+                event = {"id": "cmpl-1", "object": f"{kind}.chunk", "created": 1, "model": self.model,
+                         "choices": [choice]}
+                h.wfile.write(f"data: {json.dumps(event)}\n\n".encode())
+                h.wfile.flush()
+                if self.fault == "trickle":
+                    time.sleep(self.delay_s)
+            if (body.get("stream_options") or {}).get("include_usage"):
+                event = {"id": "cmpl-1", "object": f"{kind}.chunk", "created": 1, "model": self.model,
+                         "choices": [], "usage": usage}
+                h.wfile.write(f"data: {json.dumps(event)}\n\n".encode())
+            h.wfile.write(b"data: [DONE]\n\n")
+            h.wfile.flush()
+        except OSError:
+            self.gone.set()
+        h.close_connection = True
