@@ -6,10 +6,11 @@ Run results use the engine's JSON names (`kvnotes edit --json`): decision, choic
 kl_to_recompute, ... The run snapshot and the token records are the data layer's contracts
 (`data.contracts`).
 
-Every request model refuses what the pages' forms refuse (blank titles, documents, values,
-questions; "blank" includes zero-width characters alone; NUL characters anywhere): 422 naming the
-field; pydantic refuses text that is not valid Unicode (a lone surrogate such as "\ud800" in JSON)
-the same way, and `app.api.handlers` quotes it back safely. Booleans are strict (0 is not false).
+Every text of every request model keeps the one set of text rules (`vocabulary.text_rules`, as the
+types of `app.schema_types`): valid Unicode (no lone surrogate such as "\ud800" in JSON), no NUL,
+not blank ("blank" includes zero-width characters, marks and fillers alone), at most its limit: 422
+naming the field, quoted back safely by `app.api.handlers`; the pages' forms validate with the same
+models (tests/api/test_text_rules.py walks the OpenAPI schema to hold every string to them). Booleans are strict (0 is not false).
 Every timestamp goes out in UTC with its timezone (SQLite hands them back naive).
 """
 
@@ -31,8 +32,11 @@ from app.schema_types import (
     Number,
     Offset,
     QuestionText,
+    ServedModelName,
+    ServerUrl,
     SkillName,
     SkillText,
+    StrategyName,
     Timestamp,
     Title,
     Value,
@@ -219,7 +223,7 @@ class RunCreate(BaseModel):
     question: QuestionText | None = None
     choices: Choices | None = None
     cot: StrictBool | None = None
-    strategies: Annotated[list[Annotated[str, Documented(lambda: {"enum": list(STRATEGIES)})]],
+    strategies: Annotated[list[Annotated[StrategyName, Documented(lambda: {"enum": list(STRATEGIES)})]],
                           Field(max_length=len(STRATEGIES))] = list(STRATEGIES)
     attribution: StrictBool = False  # also compute the notes map: which notes carry the decision
     mechanism: StrictBool = False  # also knockout, selective@K and the logit lens (a few recomputes)
@@ -310,17 +314,17 @@ class ReplayCreate(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    url: str = Field(default="", max_length=500, description="the server, e.g. http://127.0.0.1:8100/v1")
-    model: str = Field(default="", max_length=200, description="the served model ('' = the one it serves)")
+    url: ServerUrl = Field(default="", description="the server, e.g. http://127.0.0.1:8100/v1")
+    model: ServedModelName = Field(default="", description="the served model ('' = the one it serves)")
     field_id: Integer | None = Field(default=None, description="the field that changes (default: the first)")
-    values: list[str] = Field(default_factory=list, max_length=MAX_REPLAY_VALUES,
-                              description="the values the field takes, one per request, in turn")
+    values: list[Value] = Field(default_factory=list, max_length=MAX_REPLAY_VALUES,
+                                description="the values the field takes, one per request, in turn")
     requests: Integer = Field(default=0, ge=0, le=MAX_REPLAY_REQUESTS,
                               description="per variant (0: one per value)")
     rate: Number = Field(default=1.0, gt=0, le=1000, description="Poisson arrivals, requests per second")
     concurrency: Integer = Field(default=4, ge=1, le=64, description="requests in flight at most")
-    variants: list[str] = Field(default_factory=lambda: list(VARIANTS), min_length=1,
-                                max_length=len(VARIANTS))
+    variants: list[StrategyName] = Field(default_factory=lambda: list(VARIANTS), min_length=1,
+                                         max_length=len(VARIANTS))
     max_tokens: Integer = Field(default=16, ge=1, le=256, description="answer tokens per request")
     extend_choices: StrictBool = Field(default=False, description="values outside the question's choices are "
                                  "added to the choices this replay sends (else such values are refused)")
@@ -332,10 +336,10 @@ class TrajectoryReplayCreate(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    url: str = Field(default="", max_length=500, description="the server, e.g. http://127.0.0.1:8100/v1")
-    model: str = Field(default="", max_length=200, description="the served model ('' = the one it serves)")
-    variants: list[str] = Field(default_factory=lambda: list(VARIANTS), min_length=1,
-                                max_length=len(VARIANTS))
+    url: ServerUrl = Field(default="", description="the server, e.g. http://127.0.0.1:8100/v1")
+    model: ServedModelName = Field(default="", description="the served model ('' = the one it serves)")
+    variants: list[StrategyName] = Field(default_factory=lambda: list(VARIANTS), min_length=1,
+                                         max_length=len(VARIANTS))
     max_tokens: Integer = Field(default=16, ge=1, le=256, description="answer tokens per request")
 
 

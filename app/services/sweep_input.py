@@ -13,13 +13,14 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from app.schema_types import Number
+from app.schema_types import Cell, Choices, Number, QuestionText, StrategyName, Value, by_label
 from app.services.errors import Unprocessable
 from data.contracts import SweepEdit
 from data.models import Notebook
 from data.settings import get_settings
 from vocabulary import DEFAULT_STRATEGIES, unknown_strategies, with_recompute
 from vocabulary.sweeps import DEFAULT_THRESHOLD, ORIGINAL
+from vocabulary.text_rules import visible
 
 EXPECTED = "expected"  # the optional column of the answer a person expects
 
@@ -33,11 +34,12 @@ class SweepCreate(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    values: dict[str, list[str]] | None = None
-    edits: list[dict[str, str]] | None = None
-    question: str | None = Field(default=None, max_length=4000)
-    choices: list[str] | None = Field(default=None, max_length=64)
-    strategies: list[str] = Field(default_factory=lambda: list(DEFAULT_STRATEGIES), max_length=16)
+    # every text by the text rules (`app.schema_types`): a value is a field value (KVNOTES_MAX_VALUE_CHARS)
+    values: by_label(list[Value]) | None = None
+    edits: list[by_label(Cell)] | None = None
+    question: QuestionText | None = None
+    choices: Choices | None = None
+    strategies: list[StrategyName] = Field(default_factory=lambda: list(DEFAULT_STRATEGIES), max_length=16)
     threshold: Number = Field(default=DEFAULT_THRESHOLD, gt=0.0, lt=1.0)
 
     @field_validator("strategies")
@@ -136,7 +138,7 @@ def plan_edits(notebook: Notebook, body: SweepCreate) -> PlannedEdits:
                 if column not in fields:
                     raise Unprocessable("edits", f"row {row_n}, column {column!r}: names no field of this "
                                                  f"notebook; its fields are {known}")
-                if not value.strip():
+                if not visible(value):  # the text rules' blank (a cell may be empty in the schema)
                     raise Unprocessable("edits", f"row {row_n}, column {column!r}: the value is empty")
                 values[column] = value
             if not values:
@@ -145,7 +147,7 @@ def plan_edits(notebook: Notebook, body: SweepCreate) -> PlannedEdits:
             if all(fields[label].old_value == v for label, v in values.items()):
                 skipped += 1
                 continue
-            expected = (row.get(EXPECTED) or "").strip() or None
+            expected = (row.get(EXPECTED) or "").strip() if visible(row.get(EXPECTED) or "") else None
             group = next(iter(values)) if len(values) == 1 else ""
             edits.append(SweepEdit(position=len(edits), group=group, values=values, expected=expected))
     limit = get_settings().max_sweep_edits

@@ -19,13 +19,20 @@ with the same sentence, before any turn runs. The row is committed before its me
 
 from __future__ import annotations
 
-from typing import Annotated
-
 from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, object_session
 
-from app.schema_types import Timestamp
+from app.schema_types import (
+    AppendText,
+    Choices,
+    QuestionText,
+    SkillName,
+    StrategyName,
+    Timestamp,
+    Value,
+    by_label,
+)
 from app.services.errors import RunLimitReached, Unprocessable
 from app.services.notebooks import check_served
 from app.services.prompt_length import check_fits
@@ -54,20 +61,20 @@ ACTIVE = (RunStatus.QUEUED.value, RunStatus.RUNNING.value)
 # what one request body may hold: any body the schema accepts stays under the server's request limit
 # (`max_request_bytes`, 3 MiB by default); KVNOTES_MAX_TURNS (64 by default) is checked after
 MAX_TURNS_IN_A_BODY = 256
-MAX_APPEND_CHARS = 8000
 
 
 class TurnIn(BaseModel):
     """One turn: text appended, fields changed ({label: value}), a question and its choices, and a
-    skill placed before the appended text (a compiled skill of the notebook's model, by name)."""
+    skill placed before the appended text (a compiled skill of the notebook's model, by name). Every
+    text by the text rules (`app.schema_types`): a field's value as a field's (KVNOTES_MAX_VALUE_CHARS)."""
 
     model_config = ConfigDict(extra="forbid")
 
-    append: str = Field(default="", max_length=MAX_APPEND_CHARS)
-    fields: dict[str, Annotated[str, Field(max_length=2000)]] = Field(default_factory=dict, max_length=32)
-    question: str | None = Field(default=None, max_length=4000)
-    choices: list[Annotated[str, Field(max_length=200)]] | None = Field(default=None, max_length=64)
-    skill: str | None = Field(default=None, min_length=1, max_length=200)
+    append: AppendText = ""
+    fields: by_label(Value, items=32) = Field(default_factory=dict)
+    question: QuestionText | None = None
+    choices: Choices | None = None
+    skill: SkillName | None = None
 
 
 class TrajectoryCreate(BaseModel):
@@ -78,10 +85,9 @@ class TrajectoryCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     turns: list[TurnIn] = Field(min_length=1, max_length=MAX_TURNS_IN_A_BODY)
-    strategies: list[Annotated[str, Field(max_length=64)]] = Field(default_factory=lambda: list(carried()),
-                                                                    max_length=32)
-    question: str | None = Field(default=None, max_length=4000)
-    choices: list[Annotated[str, Field(max_length=200)]] | None = Field(default=None, max_length=64)
+    strategies: list[StrategyName] = Field(default_factory=lambda: list(carried()), max_length=32)
+    question: QuestionText | None = None
+    choices: Choices | None = None
 
 
 def _where(i: int) -> str:

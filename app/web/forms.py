@@ -8,8 +8,10 @@ from __future__ import annotations
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
+from starlette.datastructures import UploadFile
 
 from app.services.errors import Unprocessable
+from data.settings import get_settings
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -59,3 +61,20 @@ def parse_number(value: Any, name: str, default: float) -> float:
 def lines(value: str | None) -> list[str]:
     """A textarea of one item per line → the non-empty, stripped items."""
     return [line.strip() for line in (value or "").splitlines() if line.strip()]
+
+
+async def upload_text(file: UploadFile, field: str, prefix: str = "") -> str:
+    """The text of an uploaded file, by the text rules' first one: at most `KVNOTES_MAX_UPLOAD_BYTES`,
+    and UTF-8 (a leading BOM dropped). A file that is not is refused naming the first bad byte, never
+    read with U+FFFD in place of its bytes. `Unprocessable` on `field`, its message after `prefix`."""
+    limit = get_settings().max_upload_bytes
+    raw = await file.read(limit + 1)
+    if len(raw) > limit:
+        raise Unprocessable(field, f"{prefix}the file is larger than {limit} bytes "
+                                   "(KVNOTES_MAX_UPLOAD_BYTES)")
+    try:
+        return raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        name = file.filename or "the file"
+        raise Unprocessable(field, f"{prefix}{name} is not UTF-8 text (byte 0x{raw[exc.start]:02x} at "
+                                   f"offset {exc.start}): save it as UTF-8") from None

@@ -111,7 +111,7 @@ def test_start_sends_the_rows_and_a_bad_turn_is_named_beside_its_row(make_client
         ([{"append": "a"}, {"append": "b", "fields.tier": "gold"}], "turn-2-error",
          "turn 2 changes a field &#39;tier&#39;"),
         ([{"append": "a" * 8001}], "turn-1-error",
-         "turn 1: append: String should have at most 8000 characters"),
+         "turn 1: append: at most 8000 characters; got 8001"),
         ([{"append": "a"}] * 4, "role=\"alert\"", "4 turns, more than KVNOTES_MAX_TURNS (3)"),
     ]
     for rows, where, message in cases:

@@ -15,7 +15,7 @@ from app.schemas import NotebookCreate
 from app.services.errors import Unprocessable
 from app.services.notebooks import create_notebook as create_notebook_action
 from app.services.unit import saving
-from app.web.forms import validate
+from app.web.forms import upload_text, validate
 from app.web.notebooks.examples import ExampleError, list_examples, load_example, opened_examples
 from app.web.notebooks.home_view import notebook_cards
 from app.web.paging import page_param
@@ -57,14 +57,7 @@ async def _uploaded_text(file: UploadFile | None) -> str | None:
     """The document inside an upload: .txt/.md as UTF-8 text, .json's `text` or `document` key."""
     if file is None or not file.filename:
         return None
-    limit = get_settings().max_upload_bytes
-    raw = await file.read(limit + 1)
-    if len(raw) > limit:
-        raise Unprocessable("file", f"the file is larger than {limit // 1024} KB")
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError:
-        raise Unprocessable("file", f"{file.filename} is not UTF-8 text") from None
+    text = await upload_text(file, "file")
     name = file.filename.lower()
     if name.endswith(".json"):
         try:

@@ -17,7 +17,7 @@ from app.services.errors import RunLimitReached, Unprocessable
 from app.services.sweep_input import SweepCreate, rows_from_upload
 from app.services.sweep_view import SweepView, build_sweep_view
 from app.services.sweeps import adopt_policy, cancel_sweep, drop_policy, start_sweep
-from app.web.forms import parse_number, validate
+from app.web.forms import parse_number, upload_text, validate
 from app.web.sweeps.view import csv_text, frontier_svg
 from app.web.templating import render
 from data.models import RUN_ACTIVE, Notebook, Sweep
@@ -160,10 +160,7 @@ async def sweep_start(request: Request, notebook_id: int, session: SessionDep, p
                 "threshold": parse_number(form["threshold"], "threshold", DEFAULT_THRESHOLD),
                 "choices": [c.strip() for c in form["choices"].split(",") if c.strip()]}
         if upload is not None and upload.filename:
-            raw = await upload.read(get_settings().max_upload_bytes + 1)
-            if len(raw) > get_settings().max_upload_bytes:
-                raise Unprocessable("upload", "the file is larger than the upload limit")
-            body["edits"] = rows_from_upload(raw.decode("utf-8", errors="replace"), upload.filename)
+            body["edits"] = rows_from_upload(await upload_text(upload, "upload"), upload.filename)
         else:
             body["values"] = {f.label: [v.strip() for v in form[f"values_{i}"].splitlines() if v.strip()]
                               for i, f in enumerate(fields) if form[f"values_{i}"].strip()}

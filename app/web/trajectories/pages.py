@@ -26,6 +26,7 @@ from app.services.trajectories import (
     start_trajectory,
     trajectory_view,
 )
+from app.web.forms import upload_text
 from app.web.runs.export_pages import report_assets, unlinked
 from app.web.runs.render_cache import cached
 from app.web.templating import render, templates
@@ -190,15 +191,7 @@ async def _imported(data) -> str:
     """The JSONL to import: the file chosen, else the text pasted."""
     upload = data.get("import_file")
     if isinstance(upload, StarletteUpload) and upload.filename:
-        limit = get_settings().max_upload_bytes
-        raw = await upload.read(limit + 1)
-        if len(raw) > limit:
-            raise Unprocessable("import", f"import: the file is larger than {limit} bytes "
-                                          "(KVNOTES_MAX_UPLOAD_BYTES)")
-        try:
-            return raw.decode("utf-8-sig")
-        except UnicodeDecodeError:
-            raise Unprocessable("import", "import: the file is not UTF-8 text") from None
+        return await upload_text(upload, "import", "import: ")
     return str(data.get("import_text", ""))
 
 
@@ -220,7 +213,7 @@ async def trajectory_turns(request: Request, notebook_id: int, session: SessionD
 
 def _checked(body: dict) -> TrajectoryCreate:
     """`body` as the API reads it; `Unprocessable` naming the turn for a bad one ("turn 3: append:
-    String should have at most 8000 characters")."""
+    at most 8000 characters; got 8001")."""
     try:
         return TrajectoryCreate.model_validate(body)
     except ValidationError as exc:

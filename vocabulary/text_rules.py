@@ -1,0 +1,103 @@
+"""The one set of rules every text that comes in must pass, whatever carries it (a JSON body, a form,
+a CSV or JSONL upload, the command line): valid Unicode (no lone surrogate such as U+D800, which no
+UTF-8 page or JSON answer can carry), no NUL (PostgreSQL cannot store it), not blank, and at most a
+length. The web's request types (`app.schema_types`) are built from these functions; nothing else
+defines them.
+
+"Blank" is what shows nothing: whitespace, format characters (zero-width space, BOM, joiners),
+marks alone (a lone combining accent, a variation selector), controls, and the letters that show
+nothing though Unicode calls them letters or symbols (the Hangul fillers, the blank Braille pattern).
+
+`unrenderable` says whether a stored value (a row written before these rules held) can still be
+sent out as UTF-8: pages and answers use it to show such a row as a placeholder instead of failing.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+import unicodedata
+from typing import Any
+
+# Characters that show nothing though Unicode gives them a letter's or symbol's category: the Hangul
+# fillers (U+115F, 1160, 3164, FFA0) and the blank Braille pattern (U+2800).
+BLANK_LETTERS = frozenset({0x115F, 0x1160, 0x3164, 0xFFA0, 0x2800})
+# Marks (combining accents, variation selectors such as FE0F and E0100, the combining grapheme
+# joiner 034F) and format characters (zero-width space, BOM, …) show nothing alone.
+SHOWS_NOTHING = frozenset({"Cf", "Mn", "Me", "Mc", "Cc", "Zl", "Zp", "Zs"})  # not unassigned (Cn): a
+# pattern listing every unassigned code point is too large for schema tools to honour
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def invisible(ch: str) -> bool:
+    """Does the character `ch` show nothing alone?"""
+    return ch.isspace() or ord(ch) in BLANK_LETTERS or unicodedata.category(ch) in SHOWS_NOTHING
+
+
+def visible(value: str) -> bool:
+    """Has `value` a character that shows: not whitespace, a format character, a mark (a lone
+    combining accent, a variation selector), a control, nor a blank letter?"""
+    return not all(invisible(ch) for ch in value)
+
+
+def lone_surrogate(value: str) -> int | None:
+    """The index of the first lone surrogate in `value` (text that is not valid Unicode), or None."""
+    found = _SURROGATE.search(value)
+    return None if found is None else found.start()
+
+
+def invisible_class() -> str:
+    """A regex character class body of every character `visible` does not count, and NUL (the
+    schema's statement of the blank rule)."""
+    codes = [c for c in range(sys.maxunicode + 1)
+             if c == 0 or (not 0xD800 <= c <= 0xDFFF and invisible(chr(c)))]
+    ranges, first = [], codes[0]
+    for previous, code in zip(codes, [*codes[1:], None], strict=True):
+        if code != previous + 1:
+            ranges.append((first, previous))
+            first = code
+
+    def char(c: int) -> str:
+        return f"\\u{c:04x}" if c <= 0xFFFF else chr(c)
+    return "".join(char(a) if a == b else f"{char(a)}-{char(b)}" for a, b in ranges)
+
+
+def text_problem(value: str, limit: int | None = None, limit_name: str = "",
+                 blank: bool = False) -> str | None:
+    """What is wrong with `value` as incoming text, in one line, or None when it passes: not valid
+    Unicode, a NUL, blank (unless `blank` is allowed), or longer than `limit` characters (named by
+    its setting `limit_name`)."""
+    at = lone_surrogate(value)
+    if at is not None:
+        return (f"is not valid Unicode: a lone surrogate U+{ord(value[at]):04X} at character {at} "
+                "(send text as UTF-8)")
+    if "\x00" in value:
+        return f"cannot contain a NUL character (\\x00, at {value.index(chr(0))})"
+    if limit is not None and len(value) > limit:
+        return f"at most {limit} characters{f' ({limit_name})' if limit_name else ''}; got {len(value)}"
+    if not blank and not visible(value):
+        return "cannot be blank" if value == "" else "cannot be blank (it shows nothing: spaces, " \
+                                                     "zero-width or other invisible characters only)"
+    return None
+
+
+def unrenderable(value: Any) -> str | None:
+    """Where in `value` (a str, or lists, tuples and dicts of them, keys too, or a pydantic model's
+    dump) a lone surrogate sits, as a path such as "values.0", or None when it all encodes as UTF-8."""
+    if isinstance(value, str):
+        return "" if lone_surrogate(value) is not None else None
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if isinstance(key, str) and lone_surrogate(key) is not None:
+                return "(a key)"
+            where = unrenderable(item)
+            if where is not None:
+                return f"{key}.{where}".rstrip(".") if isinstance(key, str) else where
+        return None
+    if isinstance(value, list | tuple):
+        for i, item in enumerate(value):
+            where = unrenderable(item)
+            if where is not None:
+                return f"{i}.{where}".rstrip(".")
+        return None
+    return None
