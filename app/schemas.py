@@ -10,7 +10,8 @@ Every text of every request model keeps the one set of text rules (`vocabulary.t
 types of `app.schema_types`): valid Unicode (no lone surrogate such as "\ud800" in JSON), no NUL,
 not blank ("blank" includes zero-width characters, marks and fillers alone), at most its limit: 422
 naming the field, quoted back safely by `app.api.handlers`; the pages' forms validate with the same
-models (tests/api/test_text_rules.py walks the OpenAPI schema to hold every string to them). Booleans are strict (0 is not false).
+models (tests/api/test_text_rules.py walks the OpenAPI schema to hold every string to them).
+Booleans are strict (0 is not false).
 Every timestamp goes out in UTC with its timezone (SQLite hands them back naive).
 """
 
