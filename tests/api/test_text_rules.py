@@ -178,11 +178,16 @@ def test_the_issue_inputs_are_refused_with_nothing_saved_and_the_pages_stay_up(m
     """Issue 32's cases, on the embedded default with KVNOTES_AUTH=required and two users: every one
     a 4xx with no row added; the uploads through the sweep panel too (a JSONL surrogate, a CSV that
     is not UTF-8); then both users read /runs, the notebook page and its replay list (200)."""
-    from tests.api.test_security import _bearer, _users
+    from data.accounts import add_user, create_token
+    from data.db import get_sessionmaker
 
     client = make_client(KVNOTES_AUTH="required")
-    tokens = _users(("alice", "editor"), ("bob", "editor"))
-    alice, bob = _bearer(tokens["alice"]), _bearer(tokens["bob"])
+    with get_sessionmaker()() as session:
+        for name in ("alice", "bob"):
+            add_user(session, name, f"{name}-password", "editor")
+        alice, bob = ({"Authorization": f"Bearer {create_token(session, name)[1]}"}
+                      for name in ("alice", "bob"))
+        session.commit()
     r = client.post("/api/notebooks", json={"title": "policy", "text": DOC}, headers=alice)
     nb = r.json()["id"]
     start = DOC.index("active")
