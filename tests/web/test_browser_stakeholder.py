@@ -1,0 +1,80 @@
+"""What a stakeholder sees, in real Chromium (issue 33): a 9-strategy decision table whole at
+1280×800 (no sideways scroll in its box, the speed-up column on screen), its secondary columns one
+click away. Screenshots go to `test-artifacts/` (and the README's to docs/screenshots/)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.conftest import ServedApp, chromium
+from tests.web.conftest import ARTIFACTS, LONG_DOC
+
+sync_api = chromium()
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+expect = sync_api.expect
+
+EVERY = ("recompute", "prefix_reuse", "stale", "in_place", "erratum", "field_erratum", "selective", "hoist",
+         "auto")
+
+TABLE_BOX = """() => {
+  const wrap = document.querySelector('.decision-table').closest('.table-wrap');
+  const speed = [...document.querySelectorAll('.decision-table tbody td.speedup-cell')]
+      .map(td => td.getBoundingClientRect().right);
+  return {scroll: wrap.scrollWidth, client: wrap.clientWidth, right: wrap.getBoundingClientRect().right,
+          speedRight: Math.max(...speed), rows: speed.length, page: document.scrollingElement.scrollWidth,
+          width: innerWidth};
+}"""
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory):
+    """A long record run by every strategy, with the details and timings a real run stores."""
+    from app.services.notebooks import add_field
+    from data.models import Notebook, Question, RunResult
+    from tests.web.finished_run import finished_run
+
+    server = ServedApp(tmp_path_factory.mktemp("stakeholder"), "smollm2-135m")
+    ids: dict[str, int] = {}
+    with server.db() as s:
+        nb = Notebook(title="Long record, every strategy", model="smollm2-135m", document=LONG_DOC)
+        s.add(nb)
+        s.flush()
+        at = nb.document.index("active")
+        add_field(s, nb, at, at + 6, "suspended", "status")
+        nb.questions.append(Question(text="What is the status?", choices=["active", "suspended"]))
+        s.commit()
+        run = finished_run(s, nb, strategies=EVERY, notes_map=True)
+        rows = {r.strategy: r for r in s.query(RunResult).filter_by(run_id=run.id)}
+        rows["recompute"].ttft_ms = 6540.0
+        rows["prefix_reuse"].ttft_ms, rows["prefix_reuse"].speedup = 6570.0, 1.0
+        rows["prefix_reuse"].speedup_range = [0.9, 1.1]
+        rows["hoist"].speedup, rows["hoist"].speedup_range = 6.9, [4.1, 9.8]
+        rows["selective"].detail = "field + 15% of the downstream tokens (150 of 1,006), ranked at layer 1"
+        rows["auto"].detail = ("picked stale after probing stale, erratum, in_place, field_erratum: "
+                               "1,254 tokens computed in all")
+        rows["auto"].picked = "stale"
+        rows["field_erratum"].speedup, rows["field_erratum"].speedup_range = 12.4, [11.0, 14.1]
+        s.commit()
+        ids["run"], ids["notebook"] = run.id, nb.id
+    ARTIFACTS.mkdir(exist_ok=True)
+    yield server, ids
+    server.stop()
+
+
+def test_a_nine_strategy_decision_table_fits_1280_without_a_sideways_scroll(site, browser) -> None:
+    server, ids = site
+    page = browser.new_context(viewport={"width": 1280, "height": 800}, bypass_csp=True).new_page()
+    page.goto(f"{server.url}/runs/{ids['run']}")
+    box = page.evaluate(TABLE_BOX)
+    page.locator(".decision-table").scroll_into_view_if_needed()
+    page.screenshot(path=str(ARTIFACTS / "60-decision-table-1280.png"))
+    assert box["rows"] == 9
+    assert box["scroll"] <= box["client"], box  # the table whole in its box
+    assert box["speedRight"] <= box["right"] + 1 and box["page"] <= box["width"], box  # speed-up on screen
+    assert page.locator(".decision-table .speedup-note", has_text="noisy: 0.9–1.1×").count() == 1
+    # the secondary columns are one click away, and the table scrolls in its box only then
+    secondary = page.locator(".decision-table th.secondary", has_text="Answer F1")
+    expect(secondary).to_be_hidden()
+    page.get_by_label("All columns").check()
+    expect(secondary).to_be_visible()
+    page.context.close()
