@@ -277,6 +277,7 @@ class RunOut(BaseModel):
 class RunSummary(_Out):
     id: int
     notebook_id: int | None
+    sweep_id: int | None = None  # set on a sweep's edit (listed only with ?sweeps=true)
     status: str
     stage: str
     progress: float

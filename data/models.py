@@ -35,9 +35,11 @@ from sqlalchemy import (
     String,
     Text,
     UniqueConstraint,
+    select,
 )
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship, validates
+from sqlalchemy.sql import Select
 from sqlalchemy.types import TypeDecorator
 
 from data.contracts import (
@@ -334,6 +336,21 @@ class Run(Base):
     @property
     def model(self) -> str:
         return self.snapshot.model
+
+    @property
+    def is_sweep_edit(self) -> bool:
+        """One edit of a sweep (the sweep's, not something run on the notebook by hand)."""
+        return self.sweep_id is not None
+
+
+def notebook_runs(notebook_id: int | None, sweeps: bool = False) -> Select:
+    """SQL: a notebook's runs, newest first: its own (run on it by hand or by the API), and with
+    `sweeps` its sweeps' edits too. A sweep's edits are the sweep's: they never make the notebook's
+    history, its latest run or the run a new one is compared with, unless asked for."""
+    query = select(Run).where(Run.notebook_id == notebook_id)
+    if not sweeps:
+        query = query.where(Run.sweep_id.is_(None))
+    return query.order_by(Run.id.desc())
 
 
 class Sweep(Base):

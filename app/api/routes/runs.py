@@ -6,7 +6,6 @@ from __future__ import annotations
 from typing import Literal
 
 from fastapi import APIRouter, HTTPException, Query, status
-from sqlalchemy import select
 
 from app.api.deps import PrincipalDep, SessionDep, errors, get_or_404
 from app.schemas import AttentionOut, RunCreate, RunOut, RunSummary
@@ -14,7 +13,7 @@ from app.services.attention import NoAttention, attention_vector, results_with_a
 from app.services.run_view import run_out, run_view
 from app.services.runs import cancel_run as cancel_run_service
 from app.services.runs import question_for, rerun_snapshot, start_run
-from data.models import Notebook, Run
+from data.models import Notebook, Run, notebook_runs
 from data.queue import QueueUnavailable
 from data.watchdog import reap_for_reader
 from vocabulary import REFERENCE
@@ -47,11 +46,11 @@ def list_runs(
     notebook_id: int, session: SessionDep,
     limit: int = Query(default=100, ge=1, le=1000, description="at most this many, newest first"),
     offset: int = Query(default=0, ge=0, le=2**62, description="skip this many"),
+    sweeps: bool = Query(default=False, description="also the edits of the notebook's sweeps "
+                                                    "(each with its sweep_id); by default its own runs"),
 ) -> list[Run]:
     get_or_404(session, Notebook, notebook_id, "notebook")
-    query = (select(Run).where(Run.notebook_id == notebook_id).order_by(Run.id.desc())
-             .limit(limit).offset(offset))
-    return list(session.scalars(query))
+    return list(session.scalars(notebook_runs(notebook_id, sweeps).limit(limit).offset(offset)))
 
 
 @router.post("/runs/{run_id}/rerun", response_model=RunOut, status_code=status.HTTP_201_CREATED,

@@ -8,7 +8,7 @@ from typing import Any
 
 from fastapi import Request
 from fastapi.responses import Response
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from app.services.notebooks import load_for_page
@@ -19,15 +19,12 @@ from app.web.runs.verdict_view import headline
 from app.web.runs.view import decision_rows
 from app.web.templating import approx_tokens, render
 from data.contracts import TokenRecord
-from data.models import Notebook, Run, RunStatus, Skill
+from data.models import Notebook, Run, RunStatus, Skill, notebook_runs
 
 
 def latest_tokens(session: Session, notebook: Notebook) -> tuple[Run | None, list[TokenRecord]]:
     """The newest succeeded run of this notebook on this very document, and its fitting tokens."""
-    runs = session.scalars(
-        select(Run).where(Run.notebook_id == notebook.id, Run.status == RunStatus.SUCCEEDED)
-        .order_by(Run.id.desc()).limit(5)
-    )
+    runs = session.scalars(notebook_runs(notebook.id).where(Run.status == RunStatus.SUCCEEDED).limit(5))
     for run in runs:
         if run.snapshot.document == notebook.document:
             tokens = tokens_for_document(notebook.document, run.results)
@@ -51,7 +48,10 @@ def decision_summary(session: Session, run: Run | None) -> dict[str, Any] | None
 
 
 def notebook_context(session: Session, notebook: Notebook, history_number: int = 1,
-                     **extra: Any) -> dict[str, Any]:
+                     sweeps: bool = False, **extra: Any) -> dict[str, Any]:
+    """Everything the notebook page renders. The history lists the notebook's own runs; with
+    `sweeps` its sweeps' edits too (each marked as its sweep's). The latest run (the progress box,
+    the decision summary, "Latest run") is always the notebook's own."""
     load_for_page(notebook)
     token_run, tokens = latest_tokens(session, notebook)
     doc_token_count = sum(1 for t in tokens if t.segment == "document")
@@ -61,10 +61,15 @@ def notebook_context(session: Session, notebook: Notebook, history_number: int =
             .order_by(Skill.name)
         )
     )
-    runs = select(Run).where(Run.notebook_id == notebook.id).order_by(Run.id.desc())
-    history_page, history = paginate(session, runs, history_number, HISTORY_PER_PAGE,
-                                     f"/notebooks/{notebook.id}", param="history", fragment="history")
-    recent_runs = history if history_page.number == 1 else list(session.scalars(runs.limit(HISTORY_PER_PAGE)))
+    runs = notebook_runs(notebook.id)
+    listed = notebook_runs(notebook.id, sweeps=sweeps)
+    history_page, history = paginate(session, listed, history_number, HISTORY_PER_PAGE,
+                                     f"/notebooks/{notebook.id}", param="history", fragment="history",
+                                     keep=(("sweeps", "1"),) if sweeps else ())
+    recent_runs = (history if history_page.number == 1 and not sweeps
+                   else list(session.scalars(runs.limit(HISTORY_PER_PAGE))))
+    sweep_edits = session.scalar(select(func.count(Run.id)).where(
+        Run.notebook_id == notebook.id, Run.sweep_id.is_not(None))) or 0
     context: dict[str, Any] = {
         "notebook": notebook,
         "example": example_named(notebook.example),  # its description heads the page
@@ -73,6 +78,8 @@ def notebook_context(session: Session, notebook: Notebook, history_number: int =
         "recent_runs": recent_runs,  # the newest runs (the latest drives the progress box)
         "history": history,  # the runs on the history page asked for
         "history_page": history_page,
+        "history_sweeps": sweeps,  # whether the history lists the sweeps' edits
+        "sweep_edits": sweep_edits,  # how many there are (hidden unless asked for)
         "question": notebook.question,
         "has_tokens": bool(tokens),
         "token_run": token_run,

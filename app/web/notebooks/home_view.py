@@ -75,7 +75,8 @@ def last_run_outcomes(session: Session, notebook_ids: list[int]) -> dict[int, Ru
     results are read column by column (never the attention blobs or the snapshot)."""
     if not notebook_ids:
         return {}
-    newest = select(func.max(Run.id)).where(Run.notebook_id.in_(notebook_ids)).group_by(Run.notebook_id)
+    newest = (select(func.max(Run.id)).where(Run.notebook_id.in_(notebook_ids), Run.sweep_id.is_(None))
+              .group_by(Run.notebook_id))  # a sweep's edits are the sweep's
     runs = session.execute(
         select(Run.id, Run.notebook_id, Run.status, Run.created_at).where(Run.id.in_(newest))
     ).all()

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Annotated
 
-from fastapi import APIRouter, Form, HTTPException, Request
+from fastapi import APIRouter, Form, HTTPException, Query, Request
 from fastapi.responses import JSONResponse, Response
 from sqlalchemy.orm import Session
 
@@ -43,9 +43,11 @@ def _notebook(session: SessionDep, notebook_id: int) -> Notebook:
 
 @router.get("/notebooks/{notebook_id}")
 def notebook_page(request: Request, notebook_id: int, session: SessionDep,
-                  history: int = page_param()) -> Response:
+                  history: int = page_param(),
+                  sweeps: bool = Query(default=False, description="the history lists the sweeps' edits too"),
+                  ) -> Response:
     notebook = _notebook(session, notebook_id)
-    context = notebook_context(session, notebook, history)
+    context = notebook_context(session, notebook, history, sweeps=sweeps)
     context["run"] = context["recent_runs"][0] if context["recent_runs"] else None
     context["summary"] = decision_summary(session, context["run"])
     context["compact"] = True

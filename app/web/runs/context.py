@@ -152,8 +152,9 @@ def run_context(session: Session, run: Run) -> RunPage:
         top_spans=top_spans(notes_map) if notes_map else [],
         map_lead=lead_parts(run.snapshot, notes_map) if notes_map else [],
         map_remaining=remaining(notes_map) if notes_map else 0.0,
-        previous_run_id=session.scalar(select(func.max(Run.id)).where(
-            Run.notebook_id == run.notebook_id, Run.id < run.id)) if run.notebook_id else None,
+        previous_run_id=session.scalar(select(func.max(Run.id)).where(  # never a sweep's edit
+            Run.notebook_id == run.notebook_id, Run.id < run.id, Run.sweep_id.is_(None)))
+        if run.notebook_id else None,
     )
 
 

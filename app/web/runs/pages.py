@@ -30,7 +30,7 @@ from app.web.runs.regions_view import regions_panel
 from app.web.runs.render_cache import VIEW, cached
 from app.web.runs.top_lines import lines_by_default, top_lines
 from app.web.templating import render, templates
-from data.models import Run
+from data.models import Run, notebook_runs
 from data.watchdog import reap_for_reader
 from vocabulary import REFERENCE
 
@@ -79,8 +79,7 @@ def run_progress(request: Request, run_id: int, session: SessionDep, compact: st
     run = get_or_404(session, Run, run_id, "run")
     extra: dict = {"polled": True}
     if run.is_finished and compact and run.notebook_id:  # the notebook's runs table, refreshed once
-        query = select(Run).where(Run.notebook_id == run.notebook_id).order_by(Run.id.desc()).limit(10)
-        extra["notebook_runs"] = list(session.scalars(query))
+        extra["notebook_runs"] = list(session.scalars(notebook_runs(run.notebook_id).limit(10)))
         extra["summary"] = decision_summary(session, run)  # the decision summary, without a click
     extra["no_live_worker"] = waits_without_worker(session, run)  # asked here: templates never query
     response = render(request, "_run_progress.html", run=run, compact=bool(compact), **extra)
