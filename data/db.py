@@ -10,6 +10,10 @@ pool holds that many connections plus as many again for a request's own short se
 `POOL_TIMEOUT_S` is a 503, never a 500. `/api/health` has its own small pool
 (`get_health_sessionmaker`): it answers while every request connection is busy.
 
+Reading: JSON columns are read by `vocabulary.text_rules.loads`, so a row saved before the text
+rules held (a lone surrogate in a snapshot, a sweep's question, a replay's values) reads with U+FFFD
+in its place and renders with its id everywhere, instead of failing every page that shows it.
+
 Recovery: SQLite silently opens a database file it cannot write read-only, and such a connection stays
 read-only for its life; worse, while any connection of the process (even one dropped, but not yet
 garbage) holds the file read-only, the process shares that read-only WAL index with every new
@@ -44,6 +48,7 @@ from sqlalchemy.exc import DisconnectionError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
 from data.settings import get_settings
+from vocabulary import text_rules
 
 POOL_TIMEOUT_S = 5.0  # the limiter keeps requests within the pool: a longer wait is a fault (503)
 HEALTH_POOL_SIZE = 2
@@ -107,11 +112,12 @@ def make_engine(url: str, pool_size: int | None = None, pool_timeout: float = PO
     if url.startswith("sqlite"):
         pool = {} if ":memory:" in url or url in ("sqlite://", "sqlite:///") else {
             "pool_size": size, "max_overflow": size, "pool_timeout": pool_timeout}
-        engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30}, **pool)
+        engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30},
+                               json_deserializer=text_rules.loads, **pool)
         event.listen(engine, "connect", _sqlite_pragmas)
     else:
         engine = create_engine(url, pool_pre_ping=True, pool_size=size, max_overflow=size,
-                               pool_timeout=pool_timeout)
+                               pool_timeout=pool_timeout, json_deserializer=text_rules.loads)
     event.listen(engine, "handle_error", _discard_stale_connections)
     event.listen(engine, "connect", _stamp)
     event.listen(engine, "checkout", _refuse_stale)

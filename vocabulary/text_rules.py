@@ -8,12 +8,15 @@ defines them.
 marks alone (a lone combining accent, a variation selector), controls, and the letters that show
 nothing though Unicode calls them letters or symbols (the Hangul fillers, the blank Braille pattern).
 
-`unrenderable` says whether a stored value (a row written before these rules held) can still be
-sent out as UTF-8: pages and answers use it to show such a row as a placeholder instead of failing.
+A row written before these rules held may still hold a lone surrogate (only a JSON column can:
+SQLite's text refuses one). `loads` reads stored JSON with every lone surrogate shown as U+FFFD
+(`mend`), so such a row renders with its id on every page, answer and export instead of failing
+them all; `unrenderable` says where one sits.
 """
 
 from __future__ import annotations
 
+import json
 import re
 import sys
 import unicodedata
@@ -27,6 +30,7 @@ BLANK_LETTERS = frozenset({0x115F, 0x1160, 0x3164, 0xFFA0, 0x2800})
 SHOWS_NOTHING = frozenset({"Cf", "Mn", "Me", "Mc", "Cc", "Zl", "Zp", "Zs"})  # not unassigned (Cn): a
 # pattern listing every unassigned code point is too large for schema tools to honour
 _SURROGATE = re.compile("[\ud800-\udfff]")
+_ESCAPED_SURROGATE = re.compile(r"\\u[dD][89a-fA-F]")  # how JSON writes one: \ud800
 
 
 def invisible(ch: str) -> bool:
@@ -101,3 +105,26 @@ def unrenderable(value: Any) -> str | None:
                 return f"{i}.{where}".rstrip(".")
         return None
     return None
+
+
+PLACEHOLDER = "\ufffd"  # what a lone surrogate of a stored row is shown as: the replacement character
+
+
+def mend(value: Any) -> Any:
+    """`value` (JSON data: str, lists, dicts, numbers) with every lone surrogate, in strings and keys,
+    replaced by U+FFFD."""
+    if isinstance(value, str):
+        return _SURROGATE.sub(PLACEHOLDER, value)
+    if isinstance(value, dict):
+        return {mend(k): mend(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [mend(item) for item in value]
+    return value
+
+
+def loads(text: str | bytes) -> Any:
+    """`json.loads`, with lone surrogates (written as \\udXXX escapes) mended to U+FFFD: only JSON
+    that escapes a surrogate at all is walked (a pair, such as an emoji's, is kept)."""
+    value = json.loads(text)
+    raw = text if isinstance(text, str) else text.decode("utf-8", "replace")
+    return mend(value) if _ESCAPED_SURROGATE.search(raw) and unrenderable(value) is not None else value
