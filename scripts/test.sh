@@ -41,4 +41,4 @@ fi
 echo "test: ruff (lint and lines within 110 characters)" >&2
 .venv/bin/ruff check .
 
-exec .venv/bin/python -m pytest tests -v --timeout 1800 "$@"
+exec .venv/bin/python -m pytest tests -v --timeout 1800 --durations=15 "$@"
