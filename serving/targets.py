@@ -5,7 +5,8 @@
 - a host written as a number other than four decimal parts (`2130706433`, `127.1`, `0x7f.0.0.1`),
   which resolvers read as addresses nobody would recognise;
 - an unspecified (`0.0.0.0`, `::`), link-local (`169.254.0.0/16` — cloud metadata —, `fe80::/10`),
-  multicast or reserved address, by the host as written or by any address its name resolves to;
+  multicast or reserved address, or IPv6's loopback (`[::1]`, said so: a server on this machine is
+  reached at 127.0.0.1), by the host as written or by any address its name resolves to;
 - a port of a database or message broker (`SERVICE_PORTS`, and those the caller names in
   `refused`: the ports of the app's own database, broker and result backend).
 """
@@ -49,6 +50,9 @@ def _refused_address(address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> 
         return "an unspecified address (it means every interface)"
     if address.is_link_local:
         return "a link-local address (where cloud metadata services answer)"
+    if address.version == 6 and address.is_loopback:  # ::1 lies in ::/8, which Python calls reserved
+        return ("IPv6's loopback address; a server on this machine is reached at 127.0.0.1 "
+                "(http://127.0.0.1:PORT/v1)")
     if address.is_multicast or address.is_reserved:
         return "a multicast or reserved address"
     return None

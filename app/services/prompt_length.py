@@ -16,7 +16,8 @@ web and the worker):
 Where the web cannot see those files (a web container without the models volume, a tiny test model
 built in memory, a template that does not render here), it does not guess: the worker's own check
 (`worker.engine.trajectory.check`) fails the trajectory before its first turn, naming the turn and the
-length. Both count the same: the frame, the document with the fields' values of that turn, every
+length, and the Turns panel says so before Start (`unchecked_here`). Both count the same: the frame,
+the document with the fields' values of that turn, every
 turn's text so far, every erratum appended so far and the turn's question. The worker adds 8 tokens
 of margin; the web refuses only a prompt past the context without it, so it never refuses one the
 worker would run.
@@ -236,3 +237,13 @@ def check_fits(spec: TrajectorySpec) -> None:
     found = first_too_long(spec, model)
     if found is not None:
         raise Unprocessable(f"turns.{found.index}", found.message(spec.model))
+
+
+def unchecked_here(alias: str) -> str | None:
+    """Why a trajectory's prompt lengths on `alias` cannot be checked when it is started (the
+    sentence the Turns panel shows), or None when they are: the web reads the model's files."""
+    if model_text(alias) is not None:
+        return None
+    return (f"Prompt lengths are checked by the worker, not at once: {alias}'s tokenizer and config are "
+            "not on this web server, so a turn past the model's context fails the trajectory when the "
+            "worker starts it (within seconds, naming the turn and its length, before any turn runs).")

@@ -79,7 +79,8 @@ def test_a_row_holding_a_lone_surrogate_renders_with_its_id_everywhere(make_clie
             failed.append((path, 500, repr(exc)[:200]))
             continue
         text = r.content.decode("utf-8")  # valid UTF-8, whatever the row holds
-        if r.status_code != 200 or shows and "\ufffd" not in text:
+        leaked = "built-in method" in text or "bound method" in text  # `{{ errors.values }}` of a dict
+        if r.status_code != 200 or shows and "\ufffd" not in text or leaked:
             failed.append((path, r.status_code, text[:200]))
         if r.headers["content-type"].startswith("application/json"):
             json.loads(text)

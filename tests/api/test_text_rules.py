@@ -209,7 +209,29 @@ def test_the_issue_inputs_are_refused_with_nothing_saved_and_the_pages_stay_up(m
         r = client.post(f"/notebooks/{nb}/sweeps", data=form, files={"upload": (name, content)},
                         headers={**alice, "HX-Request": "true"})
         assert r.status_code == 422 and words in r.text, r.text
+        assert "built-in method" not in r.text  # `errors.values` printed a dict's method (issue 32 item 6)
     assert _rows() == before  # nothing saved, by any of them
+    fresh = client.get(f"/notebooks/{nb}/sweep", headers=alice)
+    assert fresh.status_code == 200 and "built-in method" not in fresh.text
+    assert 'role="alert"' not in fresh.text  # a fresh panel shows no error
     for who in (alice, bob):
         for path in ("/runs", f"/notebooks/{nb}", f"/api/notebooks/{nb}/replays"):
             assert client.get(path, headers=who).status_code == 200, path
+
+
+def test_the_turns_panel_says_when_prompt_lengths_cannot_be_checked_at_once(make_client, tmp_path) -> None:
+    """Issue 32 item 6: where the model's files are not on the web host, a trajectory past the
+    context is failed by the worker, not refused on Start; the Turns panel says so (and why) before
+    Start, and says nothing once the web can read the files (then it refuses at once)."""
+    from pathlib import Path
+
+    client = make_client()
+    nb = _notebook(client)["id"]
+    panel = client.get(f"/notebooks/{nb}/trajectory")
+    assert panel.status_code == 200 and 'id="trajectory-length-check"' in panel.text
+    assert "smollm2-135m&#39;s tokenizer and config are not on this web server" in panel.text
+    converted = Path(__file__).resolve().parents[2] / "var" / "test-data" / "models"
+    if not (converted / "smollm2-135m" / "tokenizer.json").is_file():
+        return  # the bundled model is not converted on this machine: the half above is the point
+    (tmp_path / "models").symlink_to(converted)
+    assert 'id="trajectory-length-check"' not in client.get(f"/notebooks/{nb}/trajectory").text

@@ -53,6 +53,8 @@ def _spec(**kw) -> ReplaySpec:
     ("http://2130706433:8000/v1", "four decimal numbers"),
     ("http://127.1:8000/v1", "four decimal numbers"),
     ("http://user:pw@127.0.0.1:8000/v1", "must not carry a user name or password"),
+    ("http://[::1]:8000/v1", "is IPv6's loopback address; a server on this machine is reached at 127.0.0.1"),
+    ("http://[::2]:8000/v1", "a multicast or reserved address"),
 ])
 def test_addresses_no_replay_may_reach_are_refused(make_client, url, says):
     client = make_client()

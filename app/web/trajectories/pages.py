@@ -18,6 +18,7 @@ from starlette.datastructures import UploadFile as StarletteUpload
 
 from app.api.deps import PrincipalDep, SessionDep, get_or_404
 from app.services.errors import RunLimitReached, Unprocessable
+from app.services.prompt_length import unchecked_here
 from app.services.trajectories import (
     TrajectoryCreate,
     TrajectoryView,
@@ -174,7 +175,7 @@ def _panel(request: Request, session, notebook: Notebook, errors: dict[str, str]
                   skills=_skill_names(session, notebook),
                   form=form or {"question": question.text if question else "",
                                 "choices": _choices_of(notebook), "strategies": list(default_keys())},
-                  keys=keys, max_turns=get_settings().max_turns)
+                  keys=keys, max_turns=get_settings().max_turns, unchecked=unchecked_here(notebook.model))
 
 
 def _form(data) -> dict:
