@@ -2,13 +2,18 @@
 each, and the sweep's statistics (`vocabulary.sweeps`) in the shape `GET /api/sweeps/{id}` gives.
 
     kvnotes sweep --document doc.txt --field "active" [--label status] \\
-        (--values suspended,banned,… | --values-file values.txt) --question "..." \\
-        [--choices yes,no] [--strategies recompute,erratum,…] [--threshold 0.95] [--json]
+        (--values suspended,banned,… | --values-file values.txt | --generate KIND --count N …) \\
+        --question "..." [--choices yes,no] [--extend-choices] [--strategies recompute,erratum,…] \\
+        [--threshold 0.95] [--stop-when-decided] [--json]
 
 It runs in this process, on the engine: the document is prefilled once (`document_prefills`: 1)
 and every edit starts from those notes. A value equal to the old one is skipped and counted. A
 values file holds one value a line (a .csv / .jsonl file: the column named by --label, or the
-only column).
+only column). `--generate` makes N values (`vocabulary.sweep_values`: timestamps, integers,
+decimals or dates from --from to --to, or lines sampled from --lines-file with --seed). A value
+the choices do not name (where they name the field's value) exits 2, unless --extend-choices adds
+it. With --stop-when-decided the sweep stops after the first edit at which its policy can no longer
+change (`stopped`: "decided"; else "exhausted").
 """
 
 from __future__ import annotations
@@ -17,15 +22,20 @@ import json
 from pathlib import Path
 
 from commands.accounts import CommandError
-from vocabulary import DEFAULT_STRATEGIES, REFERENCE, unknown_strategies, with_recompute
+from vocabulary import REFERENCE, unknown_strategies, with_recompute
+from vocabulary.confidence import INTERVAL_WORDS
+from vocabulary.sweep_values import KINDS, GenerateError, generate_values
 from vocabulary.sweeps import (
     DEFAULT_THRESHOLD,
     ORIGINAL,
+    SWEEP_STRATEGIES,
     EditRecord,
     Outcome,
+    standing_dict,
     strategy_dict,
     sweep_stats,
 )
+from vocabulary.verdicts import outside_choices
 
 
 class SweepUsageError(CommandError):
@@ -33,8 +43,12 @@ class SweepUsageError(CommandError):
 
 
 def _values(args) -> list[str]:
-    if (args.values is None) == (args.values_file is None):
+    if args.values is not None and args.values_file is not None:
         raise SweepUsageError("give the values one way: --values a,b,… or --values-file F")
+    if args.values is None and args.values_file is None:
+        if args.generate is None:
+            raise SweepUsageError("give the values: --values a,b,…, --values-file F or --generate KIND")
+        return _generated(args)
     if args.values is not None:
         values = [v.strip() for v in args.values.split(",")]
         where = "--values"
@@ -53,7 +67,39 @@ def _values(args) -> list[str]:
     for i, value in enumerate(values, start=1):
         if not value:
             raise SweepUsageError(f"{where}: value {i} is empty")
-    return values
+    return values + (_generated(args) if args.generate else [])
+
+
+def _generated(args) -> list[str]:
+    """--generate's values (at most KVNOTES_MAX_SWEEP_EDITS)."""
+    from data.settings import get_settings
+
+    if args.count is None:
+        raise SweepUsageError("--generate needs --count N")
+    lines = None
+    if args.lines_file is not None:
+        path = Path(args.lines_file)
+        if not path.is_file():
+            raise SweepUsageError(f"lines file not found: {path}")
+        lines = path.read_text(encoding="utf-8").splitlines()
+    try:
+        return generate_values(args.generate, args.count, args.start, args.end, places=args.places,
+                               lines=lines, seed=args.seed, fmt=args.format,
+                               limit=get_settings().max_sweep_edits)
+    except GenerateError as exc:
+        raise SweepUsageError(f"--generate {args.generate}: {exc}") from None
+
+
+def checked_choices(values: list[str], choices: tuple[str, ...], old: str, extend: bool) -> list[str]:
+    """The values to add to the choices (`--extend-choices`); without it, exit 2 naming the first
+    value the choices do not name (where they name the field's old value or another value)."""
+    missing = outside_choices(values, list(choices), [old, *values]) if choices else []
+    if missing and not extend:
+        i = values.index(missing[0]) + 1
+        raise SweepUsageError(f"value {i}, {missing[0]!r}, is not among the choices ({', '.join(choices)}): "
+                              "every answer is one of them, so the edit could not be scored; add it to "
+                              "--choices, or pass --extend-choices")
+    return missing
 
 
 def _column(text: str, suffix: str, label: str, where: str) -> list[str]:
@@ -74,10 +120,12 @@ def _column(text: str, suffix: str, label: str, where: str) -> list[str]:
 
 
 def run_sweep(eng, document: str, field: str, label: str, values: list[str], question,
-              strategies: list[str], threshold: float = DEFAULT_THRESHOLD, progress=None) -> dict:
+              strategies: list[str], threshold: float = DEFAULT_THRESHOLD, progress=None,
+              stop_when_decided: bool = False) -> dict:
     """The sweep's result as `kvnotes sweep --json` prints it (also what the example sweep and the
-    benchmark store): per-strategy statistics, the policy, the frontier, the worst cases and each
-    edit's decisions; the document prefilled once."""
+    benchmark store): per-strategy statistics and standing, the policy, the frontier, every
+    candidate's worst cases and each edit's decisions; the document prefilled once. With
+    `stop_when_decided`, it stops after the first edit at which the policy can no longer change."""
     from worker.engine import Field, RunRequest
 
     start = document.find(field)
@@ -87,6 +135,7 @@ def run_sweep(eng, document: str, field: str, label: str, values: list[str], que
     names = names if ORIGINAL in names else [*names, ORIGINAL]
     notes = eng.prefill(document)
     edits, skipped = [], 0
+    stopped = "exhausted"
     for value in values:
         if value == field:
             skipped += 1
@@ -102,22 +151,30 @@ def run_sweep(eng, document: str, field: str, label: str, values: list[str], que
                                 run_id=0, outcomes=outcomes))
         if progress:
             progress(len(edits), len(values))
+        if stop_when_decided and sweep_stats(edits, names, bool(question.choices), threshold).decided:
+            stopped = "decided"
+            break
     if not edits:
         raise SweepUsageError(f"every value ({skipped}) equals the field's old value: nothing to run")
     stats = sweep_stats(edits, names, bool(question.choices), threshold)
     p = stats.policy
+    standings = {st.name: st for st in p.standings}
     return {
-        "status": "succeeded", "model": eng.info.alias, "edits_total": len(edits),
-        "edits_done": len(edits),
+        "status": "succeeded", "model": eng.info.alias,
+        "edits_total": sum(v != field for v in values), "edits_done": len(edits),
+        "stop_when_decided": stop_when_decided, "stopped": stopped,
         "edits_skipped": skipped, "document_prefills": 1, "document_tokens": notes.n_tokens,
         "question": question.text, "choices": list(question.choices), "threshold": threshold,
-        "strategies": {name: strategy_dict(s) for name, s in stats.strategies.items()},
-        "policy": {"strategy": p.strategy, "threshold": p.threshold, "sentence": p.sentence},
+        "interval": INTERVAL_WORDS,
+        "strategies": {name: {**strategy_dict(s), **standing_dict(standings.get(name), threshold)}
+                       for name, s in stats.strategies.items()},
+        "policy": {"strategy": p.strategy, "threshold": p.threshold, "sentence": p.sentence,
+                   "decided": p.decided},
         "frontier": [{"label": f.label, "agreement": f.agreement, "ci95": list(f.ci95) if f.ci95 else None,
                       "cost_share": f.cost_share, "source": f.source} for f in stats.frontier],
-        "worst_strategy": stats.worst_strategy,
-        "worst_cases": [{"values": w.values, "answer": w.answer, "recompute": w.recompute,
-                         "original": w.original} for w in stats.worst],
+        "worst_cases": [{"strategy": w.strategy, "values": w.values, "answer": w.answer,
+                         "recompute": w.recompute, "original": w.original, "kept": w.kept}
+                        for w in stats.worst],
         "edits": [{"values": e.values, "decisions": {n: o.decision for n, o in e.outcomes.items()},
                    "edit_followed": {n: o.followed for n, o in e.outcomes.items()},
                    "tokens_computed": {n: o.tokens for n, o in e.outcomes.items()},
@@ -157,8 +214,13 @@ def cmd_sweep(args) -> None:
     document = _document(args.document)
     question = _question(args)
     values = _values(args)
+    extended = checked_choices(values, question.choices, args.field, args.extend_choices)
+    if extended:
+        from dataclasses import replace
+
+        question = replace(question, choices=(*question.choices, *extended))
     strategies = [s.strip() for s in args.strategies.split(",") if s.strip()] if args.strategies \
-        else list(DEFAULT_STRATEGIES)
+        else list(SWEEP_STRATEGIES)
     problem = unknown_strategies(strategies)
     if problem:
         raise SweepUsageError(problem)
@@ -168,12 +230,18 @@ def cmd_sweep(args) -> None:
         raise SweepUsageError(f"--field: {args.field!r} is not in the document")
     eng = _load(args)
     result = run_sweep(eng, document, args.field, args.label or "the value", values,
-                       question, strategies, args.threshold)
+                       question, strategies, args.threshold, stop_when_decided=args.stop_when_decided)
+    result["extended_choices"] = extended
     if args.json:
         print(json.dumps(result, indent=2))
         return
-    print(f"{result['model']}: {result['edits_done']} edits ({result['edits_skipped']} skipped), "
-          f"document prefilled {result['document_prefills']} time")
+    print(f"{result['model']}: {result['edits_done']} of {result['edits_total']} edits "
+          f"({result['edits_skipped']} skipped), document prefilled {result['document_prefills']} time")
+    if result["stopped"] == "decided":
+        print(f"stopped after {result['edits_done']} edits: the policy is decided (no later edit could "
+              "change it)")
+    if extended:
+        print(f"choices extended with {', '.join(extended)}")
     print(f"{'strategy':<14} {'agreement':>9} {'95% CI':>14} {'changed':>9} {'cost':>7}")
     for name, s in result["strategies"].items():
         ci = s["agreement_ci95"] or [0, 0]
@@ -181,6 +249,9 @@ def cmd_sweep(args) -> None:
         print(f"{name:<14} {s['agreed']:>4}/{s['determined']:<4} [{ci[0]:.2f}, {ci[1]:.2f}] "
               f"{changed['agreed']:>4}/{changed['edits']:<4} {s['cost_share'] or 0:>7.1%}")
     print(f"policy: {result['policy']['strategy']} — {result['policy']['sentence']}")
+    for s in result["strategies"].values():
+        if s.get("needed"):
+            print(f"  {s['needed_words']}")
 
 
 def add_command(sub) -> None:
@@ -194,11 +265,27 @@ def add_command(sub) -> None:
     p.add_argument("--label", default=None, help="the field's name (in errata and the output)")
     p.add_argument("--values", default=None, help="comma-separated new values, one edit each")
     p.add_argument("--values-file", default=None, help="one value a line (or a .csv / .jsonl column)")
+    p.add_argument("--generate", default=None, choices=KINDS,
+                   help="generate --count values: timestamps, integers, decimals or dates evenly spaced "
+                        "from --from to --to, or lines sampled from --lines-file")
+    p.add_argument("--count", type=int, default=None, help="how many values --generate makes")
+    p.add_argument("--from", dest="start", default=None, help="the range's start (ISO 8601 for times)")
+    p.add_argument("--to", dest="end", default=None, help="the range's end, included")
+    p.add_argument("--places", type=int, default=2, help="decimal places of --generate decimals")
+    p.add_argument("--lines-file", default=None, help="--generate lines: one value a line to sample")
+    p.add_argument("--seed", type=int, default=0, help="--generate lines: the sample's seed")
+    p.add_argument("--format", default=None, help="strftime format of generated timestamps / dates")
+    p.add_argument("--extend-choices", action="store_true",
+                   help="add values the choices do not name to the choices (else exit 2)")
+    p.add_argument("--stop-when-decided", action="store_true",
+                   help="stop as soon as the policy can no longer change (the intervals are confidence "
+                        "sequences, valid at every look)")
     p.add_argument("--strategies", default=None,
-                   help=f"comma-separated (default: {','.join(DEFAULT_STRATEGIES)}); {REFERENCE} and "
+                   help=f"comma-separated (default: {','.join(SWEEP_STRATEGIES)}); {REFERENCE} and "
                         f"{ORIGINAL} are always included")
     p.add_argument("--threshold", type=float, default=DEFAULT_THRESHOLD,
-                   help="the policy's threshold on the lower bound of changed-edit agreement")
+                   help="the policy's threshold on both lower bounds: agreement on every determined "
+                        "edit and on the changed edits")
     p.add_argument("--question", required=True)
     p.add_argument("--choices", default=None, help="comma-separated; without it the answer is generated")
     p.add_argument("--max-new-tokens", type=int, default=32)

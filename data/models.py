@@ -35,6 +35,7 @@ from sqlalchemy import (
     String,
     Text,
     UniqueConstraint,
+    false,
     select,
 )
 from sqlalchemy.engine import Dialect
@@ -374,6 +375,10 @@ class Sweep(Base):
     edits_done: Mapped[int] = mapped_column(Integer, default=0)
     edits_skipped: Mapped[int] = mapped_column(Integer, default=0)  # a value equal to the old one
     document_prefills: Mapped[int] = mapped_column(Integer, default=0)  # once per sweep and worker
+    # stop as soon as the policy cannot change (`vocabulary.sweeps.Policy.decided`): the rest cancelled
+    stop_when_decided: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    stopped: Mapped[str | None] = mapped_column(String(16))  # decided | exhausted | cancelled (null: running)
+    extended_choices: Mapped[list[str] | None] = mapped_column(JSON)  # values added to the choices
     error: Mapped[str | None] = mapped_column(Text)
     created_by: Mapped[str | None] = mapped_column(String(64), index=True)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)

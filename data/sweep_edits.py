@@ -31,7 +31,8 @@ from sqlalchemy import and_, delete, func, or_, select, update
 from sqlalchemy.orm import Session
 
 from data.models import MESSAGE_LOST, RUN_ACTIVE, WORKER_LOST, Run, RunResult, RunStatus, Sweep, new_task_id
-from data.queue import SWEEP_PRIORITY, QueueUnavailable, enqueue_run
+from data.queue import SWEEP_PRIORITY, QueueUnavailable, enqueue_run, revoke
+from data.sweep_records import edit_rows, stats_of
 
 log = logging.getLogger(__name__)
 
@@ -127,12 +128,13 @@ def retry_lost_edits(session: Session) -> Retried:
 
 def refresh_sweep(session: Session, sweep_id: int) -> None:
     """Write the sweep's progress (edits finished) and, once no edit is left to run or to retry,
-    its end: it finishes with what it has and says how many edits failed and why. A sweep whose
-    edit was queued again after it had ended is running again; a cancelled sweep stays cancelled.
-    Commits."""
+    its end: it finishes with what it has and says how many edits failed and why. A sweep that stops
+    when decided ends as soon as its policy cannot change (`stop_if_decided`). A sweep whose edit was
+    queued again after it had ended is running again; a cancelled sweep stays cancelled. Commits."""
     sweep = session.get(Sweep, sweep_id, with_for_update=True, populate_existing=True)
     if sweep is None:
         return
+    revoked = stop_if_decided(session, sweep)
     counts = dict(session.execute(select(Run.status, func.count(Run.id)).where(Run.sweep_id == sweep_id)
                                   .group_by(Run.status)).all())
     waiting = session.scalar(select(func.count(Run.id))
@@ -141,14 +143,55 @@ def refresh_sweep(session: Session, sweep_id: int) -> None:
     failed = counts.get(RunStatus.FAILED, 0) - waiting
     active = sum(counts.get(status, 0) for status in RUN_ACTIVE) + waiting
     sweep.edits_done = succeeded + failed
-    if sweep.status != RunStatus.CANCELLED:
+    if sweep.status != RunStatus.CANCELLED and sweep.stopped != STOPPED_DECIDED:
         if active == 0 and sweep.status in RUN_ACTIVE:
             sweep.status = RunStatus.SUCCEEDED if succeeded else RunStatus.FAILED
             sweep.finished_at = datetime.now(UTC)
+            sweep.stopped = STOPPED_EXHAUSTED
             sweep.error = ending(session, sweep_id, sweep.edits_total, succeeded, failed) if failed else None
         elif active:
-            sweep.status, sweep.finished_at, sweep.error = RunStatus.RUNNING, None, None
+            sweep.status, sweep.finished_at, sweep.error, sweep.stopped = RunStatus.RUNNING, None, None, None
     session.commit()
+    for task_id in revoked:
+        if task_id:
+            revoke(task_id)
+
+
+STOPPED_DECIDED, STOPPED_EXHAUSTED, STOPPED_CANCELLED = "decided", "exhausted", "cancelled"
+DECIDED_STAGE = "cancelled: the sweep's policy was decided"
+
+
+def cancel_edits(session: Session, sweep_id: int, stage: str = "cancelled") -> list[str | None]:
+    """Mark the sweep's unfinished edits cancelled (a running one stops at its next progress write;
+    a queued one's message finds it cancelled and is dropped); returns their task ids (one per edit
+    cancelled) to revoke once committed. Does not commit."""
+    now = datetime.now(UTC)
+    pending = session.execute(select(Run.id, Run.task_id).where(
+        Run.sweep_id == sweep_id, or_(Run.status.in_(RUN_ACTIVE), awaiting_retry()))).all()
+    if pending:
+        session.execute(update(Run).where(Run.id.in_([r.id for r in pending]))
+                        .values(status=RunStatus.CANCELLED, stage=stage, finished_at=now))
+    return [r.task_id for r in pending]
+
+
+def stop_if_decided(session: Session, sweep: Sweep) -> list[str]:
+    """For a sweep that stops when decided and still runs: if its policy (and each per-field one)
+    can no longer change, cancel its remaining edits and end it, `stopped` "decided". Returns the
+    task ids to revoke once committed (none when it goes on)."""
+    if not sweep.stop_when_decided or sweep.status not in RUN_ACTIVE:
+        return []
+    rows = edit_rows(session, sweep.id)
+    stats = stats_of(sweep, rows)
+    if not any(r.record for r in rows) or not stats.decided:
+        return []
+    done = sum(r.record is not None for r in rows)
+    revoked = cancel_edits(session, sweep.id, DECIDED_STAGE)
+    sweep.status, sweep.stopped, sweep.finished_at = RunStatus.SUCCEEDED, STOPPED_DECIDED, datetime.now(UTC)
+    sweep.error = None
+    log.info("sweep stopped: its policy is decided",
+             extra={"sweep_id": sweep.id, "edits_done": done, "policy": stats.policy.strategy,
+                    "cancelled": len(revoked)})
+    return revoked
 
 
 def ending(session: Session, sweep_id: int, total: int, succeeded: int, failed: int) -> str:

@@ -182,3 +182,13 @@ def edit_followed(answer: str, old: Sequence[str], new: Sequence[str], choices: 
     names_new = any(not _inside(span, old_spans) for span in new_spans)
     verdicts = {(True, False): "new", (False, True): "old", (True, True): "both"}
     return verdicts.get((names_new, names_old), "neither")
+
+
+def outside_choices(values: list[str], choices: list[str], field_values: list[str]) -> list[str]:
+    """The values no choice names, when the choices name the field's values (a choice is its old or
+    new value; yes/no choices name none and take any value): those answers could never agree. A
+    serving replay and a sweep refuse them, or extend the choices with them on request."""
+    said = {tuple(words(choice)) for choice in choices}
+    if not any(tuple(words(value)) in said for value in field_values):
+        return []
+    return list(dict.fromkeys(value for value in values if tuple(words(value)) not in said))

@@ -38,20 +38,11 @@ from serving import Bounds, ReplayError, preflight
 from serving.server import base_url
 from vocabulary.replay import ReplaySpec, TrajectoryReplaySpec
 from vocabulary.trajectories import SkillSpec
-from vocabulary.verdicts import words
+from vocabulary.verdicts import outside_choices
 
 ACTIVE = (RunStatus.QUEUED.value, RunStatus.RUNNING.value)
 CHECKS_AT_ONCE = 2  # replays checked against their servers at once per process; more get a 429 at once
 _checking = threading.BoundedSemaphore(CHECKS_AT_ONCE)
-
-
-def outside_choices(values: list[str], choices: list[str], field_values: list[str]) -> list[str]:
-    """The values no choice names, when the choices name the field's values (a choice is its old or
-    new value; yes/no choices name none and take any value): those answers could never agree."""
-    said = {tuple(words(choice)) for choice in choices}
-    if not any(tuple(words(value)) in said for value in field_values):
-        return []
-    return list(dict.fromkeys(value for value in values if tuple(words(value)) not in said))
 
 
 def replay_target(url: str, free: bool) -> str:

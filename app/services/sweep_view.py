@@ -2,8 +2,9 @@
 (`GET /api/sweeps/{id}`), the exports and the offline report all render this one value.
 
 The statistics are `vocabulary.sweeps`, computed from the stored run results of the finished
-edits each time (reading only the columns they need, never the attention), so a threshold moved on
-the page gives a new policy without running anything again.
+edits each time (`data.sweep_records`: only the columns they need, never the attention), so a
+threshold moved on the page gives a new policy without running anything again. Intervals are 95%
+confidence sequences (`vocabulary.confidence`), valid at every look.
 """
 
 from __future__ import annotations
@@ -14,27 +15,35 @@ from pydantic import BaseModel
 from sqlalchemy import func, or_, select
 from sqlalchemy.orm import Session
 
-from data.contracts import SweepEdit
-from data.models import RUN_ACTIVE, Run, RunResult, RunStatus, Sweep
-from data.sweep_edits import LOST_TWICE, REQUEUED_STAGE, SWEEP_ATTEMPTS, awaiting_retry, waits_for_retry
+from data.models import RUN_ACTIVE, Run, RunStatus, Sweep
+from data.sweep_edits import (
+    LOST_TWICE,
+    REQUEUED_STAGE,
+    STOPPED_CANCELLED,
+    SWEEP_ATTEMPTS,
+    awaiting_retry,
+    waits_for_retry,
+)
+from data.sweep_records import edit_rows, stats_of
+from vocabulary.confidence import INTERVAL_WORDS
 from vocabulary.strategies import REFERENCE
 from vocabulary.sweeps import (
     PAPER_MODEL,
     EditRecord,
-    Outcome,
     Share,
+    Standing,
     StrategyStats,
     WorstCase,
     changed,
     decision_key,
     share_dict,
+    standing_dict,
     strategy_dict,
-    sweep_stats,
 )
 
 
 class ShareOut(BaseModel):
-    """k of n, the share and its Wilson 95% interval (None when n is 0)."""
+    """k of n, the share and its 95% confidence sequence's interval (None when n is 0)."""
 
     value: float | None
     ci95: list[float] | None
@@ -47,8 +56,13 @@ class ShareOut(BaseModel):
 
 
 class StrategySweepOut(BaseModel):
-    """One strategy over the sweep: agreement with recompute (determined edits), on changed edits,
-    accuracy against `expected`, median KL, cost share, prefix-cache share and speed-up."""
+    """One strategy over the sweep: agreement with recompute (determined edits; `flips`: where
+    recompute kept the original decision and it did not), on changed edits, accuracy against
+    `expected`, median KL, cost share, prefix-cache share and speed-up; and, for a candidate of the
+    policy, where it stands against the threshold: `qualifies` (both lower bounds reach it),
+    `proven_below` (an upper bound under it), `held_back` (which bounds kept it under: "determined",
+    "changed"), `needed` (how many more changed edits, all agreeing, would lift both lower bounds
+    to the threshold; null when none can) and `standing`, all that in words."""
 
     agreement: float | None
     agreement_ci95: list[float] | None
@@ -63,10 +77,18 @@ class StrategySweepOut(BaseModel):
     speedup_median: float | None
     speedup_iqr: list[float] | None
     exact: bool
+    flips: int = 0
+    qualifies: bool | None = None
+    proven_below: bool | None = None
+    held_back: list[str] = []
+    needed: int | None = None
+    needed_words: str | None = None
+    standing: str | None = None
 
     @classmethod
-    def of(cls, s: StrategyStats) -> StrategySweepOut:
-        return cls.model_validate(strategy_dict(s))
+    def of(cls, s: StrategyStats, standing: Standing | None = None,
+           threshold: float = 0.0) -> StrategySweepOut:
+        return cls.model_validate({**strategy_dict(s), **standing_dict(standing, threshold)})
 
 
 class PolicyOut(BaseModel):
@@ -78,6 +100,10 @@ class PolicyOut(BaseModel):
 
 
 class PolicyView(PolicyOut):
+    """The overall policy; `decided`: it (and each per-field one) can no longer change, however the
+    remaining edits go (every candidate cheaper than it proven below the threshold)."""
+
+    decided: bool = False
     per_field: list[PolicyOut] = []
 
 
@@ -136,6 +162,12 @@ class SweepView(BaseModel):
     edits_retried: int  # queued again after their worker was lost (retried once at most)
     edits_skipped: int
     document_prefills: int
+    stop_when_decided: bool = False
+    # why it ended: "decided" (its policy could no longer change: the rest cancelled), "exhausted"
+    # (every edit ran) or "cancelled"; null while it runs
+    stopped: str | None = None
+    extended_choices: list[str] = []  # values outside the question's choices, added to them on request
+    interval: str = INTERVAL_WORDS
     error: str | None
     created_at: datetime
     finished_at: datetime | None
@@ -143,8 +175,9 @@ class SweepView(BaseModel):
     policy: PolicyView
     frontier: list[FrontierPointOut]
     paper_model: str = PAPER_MODEL
-    worst_strategy: str
-    worst_cases: list[WorstCase]  # vocabulary's dataclass: pydantic validates and dumps it as is
+    # every candidate's disagreements with recompute (at most 10 each, flips first), cheapest first;
+    # vocabulary's dataclass: pydantic validates and dumps it as is
+    worst_cases: list[WorstCase]
     edits: list[EditOut]
 
     @property
@@ -152,13 +185,18 @@ class SweepView(BaseModel):
         return f"{self.edits_done} of {self.edits_total} edits"
 
     @property
+    def ending(self) -> str:
+        """How it ended, in words ("" while it runs)."""
+        if self.stopped == "decided":
+            return (f"Stopped after {self.edits_done} of {self.edits_total} edits: the policy was decided "
+                    "(no later edit could change it), so the remaining edits were cancelled.")
+        if self.stopped == "exhausted" and self.stop_when_decided:
+            return f"Ran all {self.edits_total} edits: the policy was not decided before the last one."
+        return ""
+
+    @property
     def active(self) -> bool:
         return self.status in RUN_ACTIVE
-
-
-_COLUMNS = (RunResult.run_id, RunResult.strategy, RunResult.decision, RunResult.edit_followed,
-            RunResult.kl_to_recompute, RunResult.tokens_computed, RunResult.prefix_cache_share,
-            RunResult.ttft_ms, RunResult.speedup)
 
 
 def _results(record: EditRecord, choices: bool) -> dict[str, EditResultOut]:
@@ -200,53 +238,40 @@ def build_sweep_view(session: Session, sweep: Sweep, threshold: float | None = N
     """The one view of `sweep`, its policy at `threshold` (None: the sweep's own)."""
     threshold = sweep.threshold if threshold is None else threshold
     choices = bool(sweep.question.choices)
-    runs = session.execute(select(Run.id, Run.status, Run.error, Run.sweep_edit, Run.attempts, Run.stage)
-                           .where(Run.sweep_id == sweep.id).order_by(Run.id)).all()
-    done_ids = [r.id for r in runs if r.status == RunStatus.SUCCEEDED]
-    outcomes: dict[int, dict[str, Outcome]] = {rid: {} for rid in done_ids}
-    if done_ids:
-        for row in session.execute(select(*_COLUMNS).where(RunResult.run_id.in_(done_ids))):
-            outcomes[row.run_id][row.strategy] = Outcome(
-                decision=row.decision, followed=row.edit_followed, kl=row.kl_to_recompute,
-                tokens=row.tokens_computed, prefix_cache_share=row.prefix_cache_share, ttft_ms=row.ttft_ms,
-                speedup=row.speedup)
-    records: list[EditRecord] = []
-    edits: list[EditOut] = []
-    for r in runs:
-        edit: SweepEdit = r.sweep_edit or SweepEdit(position=len(edits), values={})
-        record = None
-        if r.id in outcomes:
-            record = EditRecord(position=edit.position, group=edit.group, values=dict(edit.values),
-                                expected=edit.expected, run_id=r.id, outcomes=outcomes[r.id])
-            records.append(record)
-        edits.append(EditOut(position=edit.position, run_id=r.id, status=r.status, error=r.error,
-                             field=edit.group, values=dict(edit.values), expected=edit.expected,
-                             changed=changed(record, choices) if record else None,
-                             results=_results(record, choices) if record else {},
-                             attempts=r.attempts or 0, retried=_retried(r)))
-    stats = sweep_stats(records, sweep.strategies, choices, threshold)
-    waiting = {r.id for r in runs if waits_for_retry(r.status, r.error, r.attempts)}  # to be queued again
-    failed = sum(r.status == RunStatus.FAILED and r.id not in waiting for r in runs)
-    retried = sum(_retried(r) is not None for r in runs)
+    rows = edit_rows(session, sweep.id)
+    edits = [EditOut(position=r.edit.position, run_id=r.run_id, status=r.status, error=r.error,
+                     field=r.edit.group, values=dict(r.edit.values), expected=r.edit.expected,
+                     changed=changed(r.record, choices) if r.record else None,
+                     results=_results(r.record, choices) if r.record else {},
+                     attempts=r.attempts, retried=_retried(r)) for r in rows]
+    stats = stats_of(sweep, rows, threshold)
+    waiting = {r.run_id for r in rows if waits_for_retry(r.status, r.error, r.attempts)}  # queued again
+    failed = sum(r.status == RunStatus.FAILED and r.run_id not in waiting for r in rows)
+    retried = sum(_retried(r) is not None for r in rows)
     p = stats.policy
+    standings = {st.name: st for st in p.standings}
+    status = sweep_status(session, sweep)
+    stopped = sweep.stopped or (STOPPED_CANCELLED if status == RunStatus.CANCELLED else
+                                None if status in RUN_ACTIVE else "exhausted")
     return SweepView(
-        id=sweep.id, notebook_id=sweep.notebook_id, model=sweep.model, status=sweep_status(session, sweep),
+        id=sweep.id, notebook_id=sweep.notebook_id, model=sweep.model, status=status,
         question=sweep.question.text, choices=list(sweep.question.choices),
         strategies_asked=list(sweep.strategies), threshold=threshold, edits_total=sweep.edits_total,
-        edits_done=sum(r.status in (RunStatus.SUCCEEDED, RunStatus.FAILED) for r in runs) - len(waiting),
+        edits_done=sum(r.status in (RunStatus.SUCCEEDED, RunStatus.FAILED) for r in rows) - len(waiting),
         edits_failed=failed, edits_retried=retried, edits_skipped=sweep.edits_skipped,
-        document_prefills=sweep.document_prefills,
+        document_prefills=sweep.document_prefills, stop_when_decided=bool(sweep.stop_when_decided),
+        stopped=stopped, extended_choices=list(sweep.extended_choices or []),
         error=sweep.error, created_at=sweep.created_at, finished_at=sweep.finished_at,
-        strategies={name: StrategySweepOut.of(s) for name, s in stats.strategies.items()},
+        strategies={name: StrategySweepOut.of(s, standings.get(name), threshold)
+                    for name, s in stats.strategies.items()},
         policy=PolicyView(strategy=p.strategy, threshold=p.threshold, sentence=p.sentence,
-                          cost_share=p.cost_share,
+                          cost_share=p.cost_share, decided=stats.decided,
                           per_field=[PolicyOut(strategy=q.strategy, threshold=q.threshold,
                                                sentence=q.sentence, field=q.group, cost_share=q.cost_share)
                                      for q in stats.policies]),
         frontier=[FrontierPointOut(label=f.label, agreement=f.agreement,
                                    ci95=list(f.ci95) if f.ci95 else None, cost_share=f.cost_share,
                                    source=f.source) for f in stats.frontier],
-        worst_strategy=stats.worst_strategy,
         worst_cases=list(stats.worst),
         edits=edits,
     )

@@ -32,6 +32,7 @@ from data.contracts import (
 from data.models import RUN_ACTIVE, Notebook, Run, RunStatus, Sweep, utcnow
 from data.queue import SWEEP_PRIORITY, QueueUnavailable, enqueue_run, revoke
 from data.settings import get_settings
+from data.sweep_edits import STOPPED_CANCELLED, cancel_edits
 
 log = logging.getLogger(__name__)
 
@@ -89,11 +90,15 @@ def start_sweep(session: Session, notebook: Notebook, body: SweepCreate,
     and its runs deleted again)."""
     check_served(notebook.model, "model")
     question = sweep_question(notebook, body)
-    planned: PlannedEdits = plan_edits(notebook, body)
+    planned: PlannedEdits = plan_edits(notebook, body, question.choices)
+    if planned.extended:  # values outside the choices, added to them on request
+        question = question.model_copy(update={"choices": [*question.choices, *planned.extended]})
     sweep = Sweep(notebook_id=notebook.id, model=notebook.model, question=question,
                   strategies=list(body.strategies), threshold=body.threshold, mode=planned.mode,
                   status=RunStatus.QUEUED, edits_total=len(planned.edits), edits_done=0,
-                  edits_skipped=planned.skipped, document_prefills=0, created_by=created_by)
+                  edits_skipped=planned.skipped, document_prefills=0, created_by=created_by,
+                  stop_when_decided=body.stop_when_decided,
+                  extended_choices=list(planned.extended) or None)
     session.add(sweep)
     try:
         session.flush()
@@ -135,19 +140,17 @@ def cancel_sweep(session: Session, sweep: Sweep) -> int:
     were cancelled. A finished sweep is left as it is (0)."""
     if sweep.status not in RUN_ACTIVE:
         return 0
-    now = utcnow()
-    pending = session.scalars(select(Run).where(Run.sweep_id == sweep.id, Run.status.in_(RUN_ACTIVE))).all()
-    for run in pending:
-        run.status, run.stage, run.finished_at = RunStatus.CANCELLED, "cancelled", now
+    task_ids = cancel_edits(session, sweep.id)
     finished = session.scalar(select(func.count(Run.id)).where(
         Run.sweep_id == sweep.id, Run.status.in_((RunStatus.SUCCEEDED, RunStatus.FAILED)))) or 0
-    sweep.status, sweep.finished_at, sweep.edits_done = RunStatus.CANCELLED, now, finished
+    sweep.status, sweep.finished_at, sweep.edits_done = RunStatus.CANCELLED, utcnow(), finished
+    sweep.stopped = STOPPED_CANCELLED
     sweep.error = f"cancelled after {finished} of {sweep.edits_total} edits; the finished ones are kept"
     session.commit()
-    for run in pending:
-        if run.task_id:
-            revoke(run.task_id)
-    return len(pending)
+    for task_id in task_ids:
+        if task_id:
+            revoke(task_id)
+    return len(task_ids)
 
 
 def adopt_policy(session: Session, sweep: Sweep, threshold: float | None = None,

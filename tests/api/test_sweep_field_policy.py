@@ -4,9 +4,9 @@ runs the strategy of the field it edits, the most conservative of them when it e
 the overall policy for a field the sweep did not vary, each stated in the run's snapshot and on its
 page; dropped, the per-field policies go too. The sweep is finished by writing its edits' results
 straight into the database (no worker): on the 3 status edits erratum decides as recompute does, on
-the 3 tier edits it keeps the old answer, so at threshold 0.15 status gets erratum (3 of 3, Wilson
-low 0.44), tier gets prefix_reuse (exact, 38 of 40 tokens) and the whole sweep erratum (3 of 6,
-Wilson low 0.19)."""
+the 3 tier edits it keeps the old answer, so at threshold 0.07 status gets erratum (3 of 3 on both
+bounds: lower bound 0.23), tier gets prefix_reuse (exact, 38 of 40 tokens) and the whole sweep
+erratum (3 of 6 on both: lower bound 0.077, the 95% confidence sequence)."""
 
 from __future__ import annotations
 
@@ -64,28 +64,29 @@ def test_a_per_field_policy_applies_the_edited_fields_strategy_until_dropped(mak
         assert r.status_code == 201, r.text
         field_ids[label] = r.json()["id"]
     sweep = _sweep(client, nb, {"status": ["banned", "closed", "gone"], "tier": ["silver", "bronze", "iron"]})
-    view = client.get(f"/api/sweeps/{sweep}?threshold=0.15").json()
+    view = client.get(f"/api/sweeps/{sweep}?threshold=0.07").json()
     assert view["edits_total"] == 6
     assert (view["policy"]["strategy"], view["policy"]["cost_share"]) == ("erratum", 0.6)
     assert view["strategies"]["erratum"]["changed"]["agreed"] == 3
-    assert view["strategies"]["erratum"]["changed"]["ci95"][0] == pytest.approx(0.1876, abs=1e-4)
+    assert view["strategies"]["erratum"]["changed"]["ci95"][0] == pytest.approx(0.0769, abs=1e-4)
     per_field = {p["field"]: p for p in view["policy"]["per_field"]}
     assert {k: (p["strategy"], p["cost_share"]) for k, p in per_field.items()} == \
         {"status": ("erratum", 0.6), "tier": ("prefix_reuse", 0.95)}
-    assert "Adopt the per-field policy" in client.get(f"/sweeps/{sweep}?threshold=0.15").text
+    assert "Adopt the per-field policy" in client.get(f"/sweeps/{sweep}?threshold=0.07").text
 
-    adopted = client.post(f"/api/sweeps/{sweep}/adopt?threshold=0.15&per_field=true")
+    adopted = client.post(f"/api/sweeps/{sweep}/adopt?threshold=0.07&per_field=true")
     assert adopted.status_code == 200, adopted.text
     notebook = client.get(f"/api/notebooks/{nb}").json()
     assert (notebook["policy_strategy"], notebook["policy_sweep_id"], notebook["policy_threshold"]) == \
-        ("erratum", sweep, 0.15)
+        ("erratum", sweep, 0.07)
     assert notebook["policy_fields"] == [
-        {"field": "status", "strategy": "erratum", "threshold": 0.15, "cost_share": 0.6,
-         "sentence": "Erratum: it followed recompute on 3 of 3 changed edits, lower bound 0.44 >= 0.15, "
-                     "at 60% of recompute's tokens"},
-        {"field": "tier", "strategy": "prefix_reuse", "threshold": 0.15, "cost_share": 0.95,
-         "sentence": "erratum followed recompute on 0 of 3 changed edits [0.00, 0.56]: below 0.15, so "
-                     "prefix_reuse, which is exact (it agreed on all 3 determined edits), at 95% of "
+        {"field": "status", "strategy": "erratum", "threshold": 0.07, "cost_share": 0.6,
+         "sentence": "Erratum agreed with recompute on 3 of 3 determined edits (lower bound 0.23) and 3 "
+                     "of 3 changed edits (lower bound 0.23), both >= 0.07, at 60% of recompute's tokens"},
+        {"field": "tier", "strategy": "prefix_reuse", "threshold": 0.07, "cost_share": 0.95,
+         "sentence": "erratum agreed with recompute on 0 of 3 determined edits (lower bound 0.00) and 0 "
+                     "of 3 changed edits (lower bound 0.00): held back by both bounds, below 0.07, so "
+                     "prefix_reuse is exact (it agreed on all 3 determined edits), at 95% of "
                      "recompute's tokens"},
     ]
     page = client.get(f"/notebooks/{nb}").text
@@ -136,12 +137,12 @@ def test_a_per_field_policy_applies_the_edited_fields_strategy_until_dropped(mak
     assert auto_run(status="banned") == (None, None)
 
     # the sweep page's per-field form adopts the same; adopting the overall policy forgets them
-    form = client.post(f"/sweeps/{sweep}/adopt", data={"threshold": "0.15", "per_field": "1"},
+    form = client.post(f"/sweeps/{sweep}/adopt", data={"threshold": "0.07", "per_field": "1"},
                        follow_redirects=False)
     assert form.status_code == 303
     assert [p["strategy"] for p in client.get(f"/api/notebooks/{nb}").json()["policy_fields"]] == \
         ["erratum", "prefix_reuse"]
-    assert client.post(f"/api/sweeps/{sweep}/adopt?threshold=0.15").status_code == 200
+    assert client.post(f"/api/sweeps/{sweep}/adopt?threshold=0.07").status_code == 200
     assert client.get(f"/api/notebooks/{nb}").json()["policy_fields"] is None
     assert auto_run(tier="silver") == ("erratum", None)
 

@@ -1,13 +1,15 @@
-"""A sweep's statistics (`vocabulary.sweeps`), pure and torch-free: the Wilson interval against
-known values, agreement and changed-edit agreement on choices and on free answers (undetermined
-edits counted apart), accuracy against `expected`, cost share, speed-up median and IQR, the policy
-and its sentence at two thresholds, a policy per field, and the worst cases."""
+"""A sweep's statistics (`vocabulary.sweeps`), pure and torch-free: the Wilson interval and the
+confidence sequence against known values, agreement and changed-edit agreement on choices and on
+free answers (undetermined edits counted apart), accuracy against `expected`, cost share, speed-up
+median and IQR, the policy (both lower bounds, every candidate) and its sentence at several
+thresholds, when it is decided, `needed`, a policy per field, and every candidate's worst cases."""
 
 from __future__ import annotations
 
 import pytest
 
-from vocabulary.sweeps import EditRecord, Outcome, sweep_stats, wilson
+from vocabulary.confidence import confidence_sequence, more_needed
+from vocabulary.sweeps import EditRecord, Outcome, needed_words, sweep_stats, wilson
 
 
 def _o(decision: str, tokens: int, ttft: float = 10.0, followed: str | None = None,
@@ -64,16 +66,24 @@ def test_agreement_changed_cost_and_speedup_on_choices():
     assert acc.n == 20 and acc.k == 19  # even positions carry `expected`; position 0 is a miss
     # no approximate strategy reaches 0.95 on 20 changed edits: prefix_reuse, exact, is the policy
     assert stats.policy.strategy == "prefix_reuse"
-    assert stats.policy.sentence.startswith(
-        "erratum followed recompute on 18 of 20 changed edits [0.70, 0.97]")
-    assert "below 0.95" in stats.policy.sentence
-    assert stats.worst_strategy == "prefix_reuse" and stats.worst == []  # it never disagreed
-    # without it the policy is recompute and the worst cases are the best approximate one's misses,
-    # answers side by side, with their runs
+    assert stats.policy.sentence == (
+        "erratum agreed with recompute on 38 of 40 determined edits (lower bound 0.76) and 18 of 20 "
+        "changed edits (lower bound 0.59): held back by both bounds, below 0.95, so prefix_reuse is "
+        "exact (it agreed on all 40 determined edits), at 60% of recompute's tokens")
+    # not decided: erratum (12% of prefix_reuse's cost) could still qualify, in_place is proven below
+    assert not stats.policy.decided
+    standing = {st.name: st for st in stats.policy.standings}
+    assert [st.name for st in stats.policy.standings] == ["stale", "in_place", "erratum", "prefix_reuse"]
+    assert (standing["in_place"].below, standing["erratum"].below, standing["stale"].needed) == \
+        (True, False, None)
+    assert standing["erratum"].needed == 234 and standing["prefix_reuse"].needed == 0
+    # without it the policy is recompute; the worst cases are every candidate's disagreements,
+    # cheapest first, at most 10 each, answers side by side with their runs
     stats = sweep_stats(edits, ["recompute", "stale", "erratum", "in_place"], True)
-    assert stats.policy.strategy == "recompute" and stats.worst_strategy == "erratum"
-    worst = [(w.run_id, w.answer, w.recompute) for w in stats.worst]
-    assert worst == [(100, "yes", "no"), (101, "yes", "no")]
+    assert stats.policy.strategy == "recompute"
+    worst = [(w.strategy, w.run_id, w.answer, w.recompute) for w in stats.worst]
+    assert [w[0] for w in worst] == ["stale"] * 10 + ["in_place"] * 10 + ["erratum"] * 2
+    assert worst[-2:] == [("erratum", 100, "yes", "no"), ("erratum", 101, "yes", "no")]
     labels = {p.label for p in stats.frontier}
     assert {"erratum", "in-place", "hoist-to-end"} <= labels
 
@@ -81,12 +91,17 @@ def test_agreement_changed_cost_and_speedup_on_choices():
 def test_policy_moves_with_the_threshold_without_prefix_reuse():
     edits = _choice_sweep(80, erratum_misses=0)
     strategies = ["recompute", "stale", "erratum", "in_place"]
-    high = sweep_stats(edits, strategies, True, threshold=0.99)
+    high = sweep_stats(edits, strategies, True, threshold=0.9)
     assert high.policy.strategy == "recompute"
-    assert high.policy.sentence == ("erratum followed recompute on 40 of 40 changed edits [0.91, 1.00]: "
-                                    "below 0.99, so recompute")
-    low = sweep_stats(edits, strategies, True, threshold=0.9)
-    assert low.policy.strategy == "erratum" and "lower bound 0.91 >= 0.90" in low.policy.sentence
+    assert high.policy.sentence == (
+        "erratum agreed with recompute on 80 of 80 determined edits (lower bound 0.91) and 40 of 40 "
+        "changed edits (lower bound 0.85): held back by its agreement on the changed edits, below 0.90, "
+        "so recompute")
+    low = sweep_stats(edits, strategies, True, threshold=0.8)
+    assert low.policy.strategy == "erratum" and low.policy.decided  # in_place and stale proven below
+    assert low.policy.sentence.endswith(
+        "so erratum agreed with recompute on 80 of 80 determined edits (lower bound 0.91) and 40 of 40 "
+        "changed edits (lower bound 0.85), both >= 0.80, at 2.0% of recompute's tokens")
 
 
 def test_free_answers_count_undetermined_and_policy_per_field():
@@ -124,7 +139,7 @@ def test_no_changed_edit_says_so():
     assert stats.policy.strategy == "prefix_reuse"
     assert stats.policy.sentence.startswith(
         "recompute's answer named neither the old nor a new value on all 4")
-    assert stats.policy.sentence.endswith("so prefix_reuse, which is exact (by construction), at 60% of "
+    assert stats.policy.sentence.endswith("so prefix_reuse is exact (by construction), at 60% of "
                                           "recompute's tokens")
 
 
@@ -153,3 +168,80 @@ def test_a_per_field_policy_applies_the_most_conservative_strategy_of_the_edited
     tier = apply_policy("recompute", fields, ["timestamp", "tier"])
     assert tier.strategy == "recompute" and "tier (no policy of its own: the overall recompute)" in tier.note
     assert apply_policy("in_place", fields, []).strategy == "in_place"
+
+
+def test_the_confidence_sequence_is_valid_at_every_look_and_wider_than_wilson():
+    # all agreeing: the lower end is (alpha / (n + 1)) ** (1 / n) exactly
+    for n in (1, 4, 40, 158):
+        assert confidence_sequence(n, n)[0] == pytest.approx((0.05 / (n + 1)) ** (1 / n), abs=1e-9)
+        assert confidence_sequence(0, n)[1] == pytest.approx(1 - (0.05 / (n + 1)) ** (1 / n), abs=1e-9)
+    assert confidence_sequence(157, 157)[0] < 0.95 <= confidence_sequence(158, 158)[0]
+    assert more_needed([(0, 0)], 0.95) == 158  # Wilson's fixed-n bound would say 73
+    lo, hi = confidence_sequence(4, 7)
+    assert (round(lo, 3), round(hi, 3)) == (0.128, 0.939)
+    for k in range(0, 21):
+        lo, hi = confidence_sequence(k, 20)
+        wlo, whi = wilson(k, 20)
+        assert lo <= wlo <= k / 20 <= whi <= hi
+    assert confidence_sequence(0, 0) is None
+    # needed: the smallest m with both lower bounds of (k+m)/(n+m) at the threshold
+    m = more_needed([(4, 7), (4, 4)], 0.95)
+    assert confidence_sequence(4 + m, 7 + m)[0] >= 0.95 > confidence_sequence(3 + m, 6 + m)[0]
+
+
+def _city(ref: str, tokens: int, decision: str | None = None) -> Outcome:
+    return _o(decision or ref, tokens)
+
+
+def test_the_shipment_log_case_a_strategy_that_flips_kept_decisions_is_never_the_policy():
+    """Issue 31: 7 edits, choices Oslo/Madrid. recompute moves to Madrid on 4 and keeps Oslo on 3;
+    in_place answers Madrid on all 7: 4 of 4 changed, but 4 of 7 determined. hoist agrees on all 7."""
+    edits = []
+    for i, value in enumerate(["Madrid", "Lisbon", "Rome", "Athens", "Paris", "Berlin", "Vienna"]):
+        ref = "Madrid" if i < 4 else "Oslo"
+        edits.append(EditRecord(i, "destination", {"destination": value}, None, 10 + i, {
+            "recompute": _o(ref, 1000), "stale": _o("Oslo", 0), "in_place": _o("Madrid", 6),
+            "hoist": _o(ref, 2), "prefix_reuse": _o(ref, 600)}))
+    names = ["recompute", "stale", "in_place", "hoist", "prefix_reuse"]
+    for threshold in (0.05, 0.1, 0.12, 0.5, 0.95):
+        stats = sweep_stats(edits, names, True, threshold)
+        assert stats.policy.strategy != "in_place", threshold
+    ip = sweep_stats(edits, names, True, 0.5).strategies["in_place"]
+    assert (ip.changed.k, ip.changed.n, ip.agreement.k, ip.agreement.n, ip.flips) == (4, 4, 4, 7, 3)
+    # at 0.2 in_place's changed edits clear it (lower bound 0.32) but every determined edit does not
+    # (0.13): it is held back by that bound, and hoist (7 of 7, 0.48; 4 of 4, 0.32) is the policy
+    stats = sweep_stats(edits, names, True, 0.2)
+    assert stats.policy.strategy == "hoist"
+    standing = {st.name: st for st in stats.policy.standings}
+    assert standing["in_place"].held_back == ("determined",)
+    assert "held back by its agreement on every determined edit; it moved off 3 decisions recompute " \
+           "kept" in standing["in_place"].sentence
+    # every candidate's disagreements are listed, in_place's three flips among them (kept: recompute
+    # kept its answer there)
+    flips = [(w.strategy, w.values["destination"], w.answer, w.recompute, w.kept) for w in stats.worst
+             if w.strategy == "in_place"]
+    assert flips == [("in_place", "Paris", "Madrid", "Oslo", True), ("in_place", "Berlin", "Madrid", "Oslo", True),
+                     ("in_place", "Vienna", "Madrid", "Oslo", True)]
+    assert {w.strategy for w in stats.worst} == {"stale", "in_place"}  # hoist, prefix_reuse never differ
+
+
+def test_decided_only_when_every_cheaper_candidate_is_proven_below_and_needed_in_words():
+    def sweep(n: int) -> list[EditRecord]:  # every edit changes recompute's decision
+        return [EditRecord(i, "", {}, None, i, {"recompute": _o("no", 100), "stale": _o("yes", 0),
+                                                "in_place": _o("yes" if i % 2 else "no", 1),
+                                                "erratum": _o("no", 10), "prefix_reuse": _o("no", 60)})
+                for i in range(n)]
+
+    names = ["recompute", "stale", "in_place", "erratum", "prefix_reuse"]
+    early = sweep_stats(sweep(4), names, True, 0.95).policy
+    assert early.strategy == "prefix_reuse" and not early.decided  # in_place could still qualify
+    # in_place at 10 of 20: upper bound under 0.95, proven below; erratum 20 of 20 is not yet 0.95
+    mid = sweep_stats(sweep(20), names, True, 0.95).policy
+    standing = {st.name: st for st in mid.standings}
+    assert standing["in_place"].below and not standing["erratum"].below and not mid.decided
+    assert standing["erratum"].needed == 138  # 20 + 138 = 158 all agreeing
+    assert needed_words("erratum", 138, 0.95) == \
+        "erratum would need at least 138 more changed edits, all agreeing, to reach 0.95"
+    assert needed_words("stale", None, 0.95).startswith("stale cannot reach 0.95")
+    done = sweep_stats(sweep(40), names, True, 0.8).policy  # erratum 40 of 40: 0.85; in_place under 0.73
+    assert done.strategy == "erratum" and done.decided

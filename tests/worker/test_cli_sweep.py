@@ -1,7 +1,10 @@
 """`kvnotes sweep`: many values of one field on a tiny model, in one process: the JSON has the API's
-shape (per-strategy agreement with a Wilson interval containing it, changed-edit agreement, cost
-share, frontier, policy), the document prefilled once, a value equal to the old one skipped and
-counted, prefix_reuse agreeing on every determined edit; bad input exits 2 with one line."""
+shape (per-strategy agreement with a 95% confidence-sequence interval containing it, changed-edit
+agreement, cost share, standing and `needed`, frontier, policy, `stopped`), the document prefilled
+once, a value equal to the old one skipped and counted, prefix_reuse agreeing on every determined
+edit; values generated; with --stop-when-decided it stops at the first edit where the policy is
+decided and says so; bad input (a value outside the choices, an empty or reversed range, more
+values than KVNOTES_MAX_SWEEP_EDITS, a threshold outside (0, 1)) exits 2 with one line."""
 
 from __future__ import annotations
 
@@ -47,8 +50,42 @@ def test_sweep_prints_the_api_shape(doc, tmp_path):
     (["--values", "active"], "every value (1) equals the field's old value"),
     (["--values", "a", "--values-file", "x.txt"], "give the values one way"),
     (["--values", "a", "--threshold", "1.5"], "--threshold must be between 0 and 1"),
+    (["--values", "a", "--threshold", "0"], "--threshold must be between 0 and 1"),
+    (["--values", "banned,closed", "--choices", "active,banned"],
+     "value 2, 'closed', is not among the choices (active, banned)"),
+    (["--generate", "integers", "--count", "3", "--from", "9", "--to", "1"],
+     "--generate integers: the range is reversed: start 9 is after end 1"),
+    (["--generate", "dates", "--count", "3", "--from", "2026-01-01", "--to", "2026-01-01"],
+     "the range is empty: start and end are both 2026-01-01"),
+    (["--generate", "integers", "--count", "5000", "--from", "1", "--to", "9000"],
+     "5000 values asked; a sweep takes at most"),
 ])
 def test_sweep_bad_input_exits_2(doc, extra, message):
     out = kvnotes("sweep", "--model", "tiny-llama", "--document", str(doc[0]), "--field", "active",
                   "--question", "q", *extra)
     assert out.returncode == 2 and message in out.stderr and "Traceback" not in out.stderr, out.stderr
+
+
+def test_sweep_generates_values_and_stops_when_decided(doc):
+    """Generated values 1, 3, 5, 7; with only prefix_reuse asked, the exact prefix_reuse qualifies
+    from the first edit and stale (the floor, which never follows a changed edit) is the only cheaper
+    candidate, below by construction: the policy is decided after one edit, and the sweep stops."""
+    out = kvnotes("sweep", "--model", "tiny-llama", "--document", str(doc[0]), "--field", "active",
+                  "--label", "status", "--generate", "integers", "--count", "4", "--from", "1", "--to", "7",
+                  "--question", "Status?", "--choices", "yes,no", "--strategies", "recompute,prefix_reuse",
+                  "--threshold", "0.3", "--stop-when-decided", "--json")
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    assert data["edits_total"] == 4 and data["stop_when_decided"] is True
+    assert (data["stopped"], data["edits_done"]) == ("decided", 1)
+    assert [e["values"] for e in data["edits"]] == [{"status": "1"}]
+    assert data["policy"] == {**data["policy"], "strategy": "prefix_reuse", "decided": True}
+    assert data["strategies"]["prefix_reuse"]["needed"] == 0
+    assert data["strategies"]["stale"]["needed"] is None
+    assert "confidence sequence" in data["interval"]
+    out = kvnotes("sweep", "--model", "tiny-llama", "--document", str(doc[0]), "--field", "active",
+                  "--label", "status", "--values", "banned,closed", "--question", "Status?",
+                  "--choices", "active,banned", "--extend-choices", "--strategies", "recompute",
+                  "--threshold", "0.3", "--stop-when-decided")
+    assert out.returncode == 0, out.stderr
+    assert "choices extended with closed" in out.stdout

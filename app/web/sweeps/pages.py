@@ -2,7 +2,8 @@
 moved without running anything again, the frontier drawn on the server, the table, the policy and
 the worst cases), its progress fragment, its exports (`export.json`: the one `SweepView`;
 `export.csv`: one row per edit and strategy; `report.html`: the offline report, self-contained),
-and the notebook's Sweep panel (values per field, or a CSV / JSONL upload)."""
+and the notebook's Sweep panel (values per field typed or generated, or a CSV / JSONL upload;
+values outside the choices refused or, ticked, added to them; stop when decided, ticked by default)."""
 
 from __future__ import annotations
 
@@ -17,15 +18,16 @@ from app.services.errors import RunLimitReached, Unprocessable
 from app.services.sweep_input import SweepCreate, rows_from_upload
 from app.services.sweep_view import SweepView, build_sweep_view
 from app.services.sweeps import adopt_policy, cancel_sweep, drop_policy, start_sweep
-from app.web.forms import parse_number, upload_text, validate
+from app.web.forms import parse_int, parse_number, upload_text, validate
 from app.web.sweeps.view import csv_text, frontier_svg
 from app.web.templating import render
 from data.models import RUN_ACTIVE, Notebook, Sweep
 from data.queue import QueueUnavailable
 from data.settings import get_settings
 from data.watchdog import reap_for_reader
-from vocabulary import DEFAULT_STRATEGIES, EDIT_INFO, REFERENCE
-from vocabulary.sweeps import DEFAULT_THRESHOLD
+from vocabulary import REFERENCE
+from vocabulary.sweep_values import KIND_HELP, KINDS
+from vocabulary.sweeps import DEFAULT_THRESHOLD, SWEEP_STRATEGIES
 
 router = APIRouter()
 Threshold = Annotated[float | None, Query(gt=0.0, lt=1.0)]
@@ -133,8 +135,9 @@ def _panel(request: Request, session, notebook: Notebook, errors: dict[str, str]
                   fields=[f for f in notebook.fields if f.label], sweeps=sweeps, errors=errors or {},
                   form=form or {"question": question.text if question else "",
                                 "choices": ", ".join(question.choices) if question else "",
-                                "strategies": list(DEFAULT_STRATEGIES), "threshold": "0.95"},
-                  strategies=[n for n, i in EDIT_INFO.items() if i.role != "composite"], active=RUN_ACTIVE,
+                                "strategies": list(SWEEP_STRATEGIES), "threshold": "0.95",
+                                "stop_when_decided": True, "extend_choices": False},
+                  strategies=list(SWEEP_STRATEGIES), active=RUN_ACTIVE, kinds=KIND_HELP,
                   max_edits=get_settings().max_sweep_edits)
 
 
@@ -151,22 +154,32 @@ async def sweep_start(request: Request, notebook_id: int, session: SessionDep, p
     notebook = get_or_404(session, Notebook, notebook_id, "notebook")
     data = await request.form()
     fields = [f for f in notebook.fields if f.label]
+    gen_keys = ("kind", "count", "start", "end", "places", "seed")
     form = {"question": str(data.get("question", "")), "choices": str(data.get("choices", "")),
             "strategies": [str(s) for s in data.getlist("strategies")],
             "threshold": str(data.get("threshold", "0.95")),
-            **{f"values_{i}": str(data.get(f"values_{i}", "")) for i in range(len(fields))}}
+            "stop_when_decided": data.get("stop_when_decided") == "1",
+            "extend_choices": data.get("extend_choices") == "1",
+            **{f"values_{i}": str(data.get(f"values_{i}", "")) for i in range(len(fields))},
+            **{f"gen_{k}_{i}": str(data.get(f"gen_{k}_{i}", ""))
+               for k in gen_keys for i in range(len(fields))}}
     try:
         body = {"question": form["question"], "strategies": form["strategies"] or [REFERENCE],
                 "threshold": parse_number(form["threshold"], "threshold", DEFAULT_THRESHOLD),
-                "choices": [c.strip() for c in form["choices"].split(",") if c.strip()]}
+                "choices": [c.strip() for c in form["choices"].split(",") if c.strip()],
+                "stop_when_decided": form["stop_when_decided"], "extend_choices": form["extend_choices"]}
         if upload is not None and upload.filename:
             body["edits"] = rows_from_upload(await upload_text(upload, "upload"), upload.filename)
         else:
             body["values"] = {f.label: [v.strip() for v in form[f"values_{i}"].splitlines() if v.strip()]
                               for i, f in enumerate(fields) if form[f"values_{i}"].strip()}
-            if not body["values"]:
+            generate = [await _generator(data, form, i, f.label) for i, f in enumerate(fields)
+                        if form[f"gen_kind_{i}"] in KINDS]
+            if generate:
+                body["generate"] = generate
+            if not body["values"] and not generate:
                 raise Unprocessable("values", "give values for at least one field, one per line, "
-                                              "or upload a CSV / JSONL file")
+                                              "generate them, or upload a CSV / JSONL file")
         sweep = start_sweep(session, notebook, validate(SweepCreate, body), principal.name)
     except Unprocessable as exc:
         return _panel(request, session, notebook, exc.errors, form, 422)
@@ -175,3 +188,23 @@ async def sweep_start(request: Request, notebook_id: int, session: SessionDep, p
     except RunLimitReached as exc:
         return _panel(request, session, notebook, {"form": str(exc)}, form, 429)
     return Response(status_code=204, headers={"HX-Redirect": f"/sweeps/{sweep.id}"})
+
+
+async def _generator(data, form: dict, i: int, label: str) -> dict:
+    """The panel's generator for field `i` as the API's `generate` item; lines come from the
+    field's uploaded list (one value a line)."""
+    where = f"generate.{label}"
+    count = parse_int(form[f"gen_count_{i}"], "count")
+    if count is None:
+        raise Unprocessable(where, f"say how many values to generate for {label!r}")
+    item = {"field": label, "kind": form[f"gen_kind_{i}"], "count": count,
+            "start": form[f"gen_start_{i}"] or None, "end": form[f"gen_end_{i}"] or None,
+            "places": parse_int(form[f"gen_places_{i}"], "places") or 2,
+            "seed": parse_int(form[f"gen_seed_{i}"], "seed") or 0}
+    upload = data.get(f"gen_lines_{i}")
+    if item["kind"] == "lines":
+        if upload is None or isinstance(upload, str) or not upload.filename:
+            raise Unprocessable(where, f"upload a list of values for {label!r}, one a line")
+        text = await upload_text(upload, where, f"{label!r}'s list: ")
+        item["lines"] = [line.strip() for line in text.splitlines() if line.strip()]
+    return item
