@@ -33,6 +33,7 @@ from app.api.routes import (
     sweeps,
     trajectories,
 )
+from app.gateway import routes as gateway_routes
 from app.security.guard import authorize
 from app.security.middleware import SecurityMiddleware
 from data.lifeline import die_with_parent
@@ -64,6 +65,9 @@ def create_app() -> FastAPI:
                    trajectories):
         api.include_router(module.router)
     app.include_router(api)
+    # the erratum gateway, behind the same accounts and tokens (`app.gateway`)
+    app.include_router(gateway_routes.router, prefix="/gateway/v1")
+    app.include_router(gateway_routes.metrics_router, prefix="/gateway")
     refusals.install(app)  # the rules the schema cannot state, 409 and 503, described
     handlers.install(app)
     app.add_middleware(CapacityLimit)  # inside the security checks: a refused request takes no slot

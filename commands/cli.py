@@ -15,6 +15,8 @@
                                   (many values of a field, the policy; see commands.sweep)
     kvnotes trajectory --document doc.txt --turns turns.jsonl [--field L=TEXT] [--strategies …] [--json]
                                   (turns appended and fields changed, each strategy carrying its cache)
+    kvnotes gateway --upstream URL [--policy erratum|field_erratum|hoist|pass-through] [--notebook ID]
+                                  (an OpenAI endpoint that sends field changes as errata; commands.gateway)
 
 Bad input exits with status 2 and one line on stderr, never a traceback.
 """
@@ -291,6 +293,9 @@ def build_parser() -> argparse.ArgumentParser:
     from commands.trajectory import add_command as add_trajectory_command
 
     add_trajectory_command(sub)
+    from commands.gateway import add_command as add_gateway_command
+
+    add_gateway_command(sub)
     return parser
 
 

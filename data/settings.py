@@ -60,6 +60,23 @@ class Settings(BaseSettings):
     replay_deadline_s: float = Field(default=900.0, gt=0, validation_alias="KVNOTES_REPLAY_DEADLINE")
     replay_request_s: float = Field(default=120.0, gt=0, validation_alias="KVNOTES_REPLAY_REQUEST_TIMEOUT")
 
+    # The erratum gateway (`kvnotes gateway`, and `/gateway/v1` in `kvnotes serve`; docs/gateway.md):
+    # the one upstream it forwards to ("" = the first KVNOTES_VLLM_URL) and its engine, the layout
+    # ("" = the notebook's adopted policy, else erratum), the template notebook, the limits, the
+    # share of rewritten requests checked, the agreement threshold ("0" = the policy's, else 0.9),
+    # the bound on each upstream answer, the largest body, and whether prompts may be logged.
+    gateway_upstream: str = Field(default="", validation_alias="KVNOTES_GATEWAY_UPSTREAM")
+    gateway_engine: str = Field(default="vllm", validation_alias="KVNOTES_GATEWAY_ENGINE")
+    gateway_policy: str = Field(default="", validation_alias="KVNOTES_GATEWAY_POLICY")
+    gateway_notebook: int | None = Field(default=None, validation_alias="KVNOTES_GATEWAY_NOTEBOOK")
+    gateway_max_fields: int = Field(default=4, ge=1, validation_alias="KVNOTES_GATEWAY_MAX_FIELDS")
+    gateway_check_rate: float = Field(default=0.05, ge=0, le=1, validation_alias="KVNOTES_GATEWAY_CHECK_RATE")
+    gateway_threshold: float = Field(default=0.0, ge=0, le=1, validation_alias="KVNOTES_GATEWAY_THRESHOLD")
+    gateway_timeout_s: float = Field(default=120.0, gt=0, validation_alias="KVNOTES_GATEWAY_TIMEOUT")
+    gateway_max_body: int = Field(default=4 << 20, gt=0, validation_alias="KVNOTES_GATEWAY_MAX_BODY")
+    gateway_keep_prompts: bool = Field(default=False, validation_alias="KVNOTES_GATEWAY_KEEP_PROMPTS")
+    gateway_seed: int | None = Field(default=None, validation_alias="KVNOTES_GATEWAY_SEED")
+
     # A run whose worker has sent no heartbeat for this long is marked failed (the watchdog).
     heartbeat_max_age_s: float = Field(default=120.0, validation_alias="KVNOTES_HEARTBEAT_MAX_AGE")
 

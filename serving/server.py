@@ -304,6 +304,10 @@ class Server:
     def _has_chat_template(self) -> bool:
         raise NotImplementedError
 
+    def models(self) -> dict:
+        """The engine's `/v1/models` answer, as it gave it (a JSON object)."""
+        return self._get_json("/v1/models")
+
     def constraint(self, choices: tuple[str, ...]) -> dict:
         """The request body's part that constrains the answer to one of `choices`."""
         raise NotImplementedError

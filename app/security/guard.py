@@ -39,7 +39,7 @@ def _is_public(path: str) -> bool:
 
 
 def _is_api(path: str) -> bool:
-    return path.startswith("/api/") or path == "/api"
+    return path.startswith(("/api/", "/gateway/v1/")) or path in ("/api", "/gateway/metrics")
 
 
 def _share_allows(principal: Principal, request: Request) -> bool:

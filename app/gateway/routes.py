@@ -1,0 +1,190 @@
+"""The erratum gateway's HTTP side: the OpenAI API (`/chat/completions`, `/completions`, `/models`,
+streamed and not) in front of the one configured upstream, and `/metrics` in Prometheus text.
+
+`router` is served at `/v1` by `kvnotes gateway` (`app.gateway.main`) and at `/gateway/v1` by
+`kvnotes serve` (`app.main`, behind its accounts and tokens). Every answer carries
+`x-kvnotes-gateway`: the layout a request was rewritten with, or `pass-through; reason=…`.
+
+Bad input and faults, in the OpenAI error shape (`{"error": {"message", "type", "param", "code"}}`):
+a body over the limit 413; not JSON, not valid Unicode (a lone surrogate included), or not an
+object with its prompt 400; the upstream down 502, past `--timeout` 504, an error status passed on
+with its own status. A client that goes away mid-stream closes the upstream connection, which
+cancels the request there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+from collections.abc import AsyncIterator
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+
+from app.services.gateway import current
+from serving import ReplayError
+from serving.gateway import CHAT, COMPLETIONS, Gateway, Prepared
+from serving.relay import Relay, UpstreamError
+
+HEADER = "x-kvnotes-gateway"
+router = APIRouter(tags=["gateway"])
+metrics_router = APIRouter(tags=["gateway"])
+
+
+class BadRequest(Exception):
+    def __init__(self, status: int, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.param = status, param
+
+
+def openai_error(status: int, message: str, param: str | None = None,
+                 headers: dict[str, str] | None = None) -> JSONResponse:
+    kind = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
+            413: "invalid_request_error", 422: "invalid_request_error"}.get(status, "upstream_error")
+    return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": status}},
+                        status_code=status, headers=headers)
+
+
+def _valid_text(value: object, where: str = "body") -> None:
+    """Refuse text that is not valid Unicode (a lone surrogate from a JSON escape) or holds NUL."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise BadRequest(400, f"{where} is not valid Unicode (a lone surrogate)", where) from None
+        if "\x00" in value:
+            raise BadRequest(400, f"{where} holds a NUL character", where)
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            _valid_text(key, where)
+            _valid_text(item, f"{where}.{key}" if where != "body" else str(key))
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            _valid_text(item, f"{where}[{i}]")
+
+
+async def _body(request: Request, limit: int) -> dict:
+    declared = request.headers.get("content-length")
+    if declared and declared.isdigit() and int(declared) > limit:
+        raise BadRequest(413, f"the request body is {int(declared)} bytes, over the gateway's limit "
+                              f"of {limit}")
+    data = bytearray()
+    async for chunk in request.stream():
+        data += chunk
+        if len(data) > limit:
+            raise BadRequest(413, f"the request body is over the gateway's limit of {limit} bytes")
+    try:
+        body = json.loads(bytes(data))
+    except UnicodeDecodeError:
+        raise BadRequest(400, "the request body is not valid UTF-8") from None
+    except ValueError as exc:
+        raise BadRequest(400, f"the request body is not valid JSON ({exc})") from None
+    if not isinstance(body, dict):
+        raise BadRequest(400, "the request body must be a JSON object")
+    _valid_text(body)
+    return body
+
+
+def _client(request: Request) -> str:
+    """Whose bases a request uses: the signed-in principal, else a hash of its API key, else its
+    address."""
+    principal = getattr(request.state, "principal", None)
+    if principal is not None:
+        return f"user:{principal.name}"
+    auth = request.headers.get("authorization", "")
+    if auth:
+        return "key:" + hashlib.sha256(auth.encode()).hexdigest()[:16]
+    return f"addr:{request.client.host if request.client else '-'}"
+
+
+def _gateway() -> Gateway:
+    gateway, setup = current()
+    if gateway is None:
+        raise BadRequest(503, f"the gateway is not set up: {setup.problem}")
+    return gateway
+
+
+async def _forward(request: Request, route: str) -> Response:
+    try:
+        gateway = _gateway()
+        from data.settings import get_settings
+
+        body = await _body(request, get_settings().gateway_max_body)
+        for name in ("messages",) if route == CHAT else ("prompt",):
+            if name not in body:
+                raise BadRequest(400, f"'{name}' is a required property", name)
+    except BadRequest as exc:
+        return openai_error(exc.status, str(exc), exc.param)
+    prepared = gateway.prepare(_client(request), route, body)
+    headers = {HEADER: prepared.plan.header}
+    relay = gateway.open(prepared)
+    try:
+        await relay.__aenter__()
+    except UpstreamError as exc:
+        return openai_error(exc.status, str(exc), headers=headers)
+    if relay.status != 200 or not relay.stream:
+        try:
+            data = await relay.read()
+        except UpstreamError as exc:
+            return openai_error(exc.status, str(exc), headers=headers)
+        finally:
+            await relay.aclose()
+        gateway.finish(prepared, relay)
+        if relay.status != 200:
+            return _upstream_error(relay.status, data, headers)
+        return Response(data, status_code=200, media_type=relay.content_type, headers=headers)
+    return StreamingResponse(_stream(gateway, prepared, relay), media_type="text/event-stream",
+                             headers=headers)
+
+
+def _upstream_error(status: int, data: bytes, headers: dict[str, str]) -> JSONResponse:
+    """The upstream's error status, with its OpenAI-shaped message when it gave one."""
+    try:
+        message = json.loads(data)["error"]["message"]
+    except (ValueError, KeyError, TypeError):
+        message = ""
+    text = f"the serving engine answered HTTP {status}" + (f": {str(message)[:500]}" if message else "")
+    return openai_error(status, text, headers=headers)
+
+
+async def _stream(gateway: Gateway, prepared: Prepared, relay: Relay) -> AsyncIterator[bytes]:
+    """The upstream's events as they come; closing (the client gone: cancelled) closes the upstream."""
+    try:
+        async for piece in relay.chunks():
+            yield piece
+        gateway.finish(prepared, relay)
+    except UpstreamError as exc:
+        error = {"error": {"message": str(exc), "type": "upstream_error", "param": None, "code": exc.status}}
+        yield f"data: {json.dumps(error)}\n\n".encode()
+    finally:
+        await asyncio.shield(relay.aclose())
+
+
+@router.post("/chat/completions")
+async def chat_completions(request: Request) -> Response:
+    return await _forward(request, CHAT)
+
+
+@router.post("/completions")
+async def completions(request: Request) -> Response:
+    return await _forward(request, COMPLETIONS)
+
+
+@router.get("/models")
+async def models() -> Response:
+    try:
+        gateway = _gateway()
+        answer = await asyncio.to_thread(gateway.backend.models)
+    except BadRequest as exc:
+        return openai_error(exc.status, str(exc))
+    except ReplayError as exc:
+        return openai_error(502, str(exc))
+    return JSONResponse(answer, headers={HEADER: "pass-through; reason=models"})
+
+
+@metrics_router.get("/metrics", response_class=PlainTextResponse)
+async def metrics() -> PlainTextResponse:
+    gateway, _ = current()
+    text = gateway.stats.prometheus() if gateway is not None else ""
+    return PlainTextResponse(text, media_type="text/plain; version=0.0.4")

@@ -1,0 +1,109 @@
+"""The erratum gateway of this process, built once from the settings (`data.settings`, which
+`kvnotes gateway`'s options set): the upstream's backend, the template and policy of the notebook
+named by `KVNOTES_GATEWAY_NOTEBOOK`, the rewriter. The routes (`app.gateway.routes`) and the Gateway
+page (`app.web.gateway`) read the same one; its bases and counts live in this process's memory.
+
+The policy: `--policy` when given; else the notebook's adopted sweep policy (its threshold too);
+else `erratum`. A strategy with no gateway layout (`recompute`, `prefix_reuse`, `in_place`, any
+other) passes every request through, saying so.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+from sqlalchemy import select
+
+from data.db import get_sessionmaker
+from data.models import Notebook
+from data.settings import get_settings
+from serving import ReplayError, connect
+from serving.gateway import LAYOUTS, PASS_THROUGH, Gateway, Rewriter, Settings, Slot, Template
+
+DEFAULT_THRESHOLD = 0.9
+_made: dict[str, Gateway | GatewaySetup] = {}
+_lock = threading.Lock()
+
+
+@dataclass(frozen=True)
+class GatewaySetup:
+    """How this process's gateway was set up, for the page: the upstream, the layout and why, the
+    template notebook (id and title) and its field labels, the threshold, the check rate."""
+
+    upstream: str
+    layout: str
+    policy_note: str
+    notebook_id: int | None
+    notebook_title: str
+    labels: tuple[str, ...]
+    threshold: float
+    check_rate: float
+    problem: str = ""
+
+
+def _policy(explicit: str, notebook: Notebook | None) -> tuple[str, str, float | None]:
+    """(layout, why, threshold from the notebook or None)."""
+    threshold = notebook.policy_threshold if notebook is not None else None
+    if explicit:
+        name, why = explicit, f"--policy {explicit}"
+    elif notebook is not None and notebook.policy_strategy:
+        name, why = notebook.policy_strategy, f"notebook {notebook.id}'s adopted sweep policy"
+    else:
+        name, why = LAYOUTS[0], "the default"
+    if name in LAYOUTS:
+        return name, f"{name} ({why})", threshold
+    return PASS_THROUGH, f"policy {name} passes through ({why})", threshold
+
+
+def _template(notebook: Notebook) -> Template:
+    slots = [Slot(f.label or f"field {i + 1}", f.start, f.end) for i, f in enumerate(notebook.fields)]
+    return Template(notebook.document, slots)
+
+
+def build() -> tuple[Gateway, GatewaySetup]:
+    """The gateway from the settings (a `ReplayError` naming what is wrong)."""
+    settings = get_settings()
+    upstream = settings.gateway_upstream or next(iter(settings.vllm_urls), "")
+    if not upstream:
+        raise ReplayError("no upstream: give --upstream URL (or set KVNOTES_VLLM_URL)", "upstream")
+    notebook = None
+    if settings.gateway_notebook is not None:
+        with get_sessionmaker()() as session:
+            notebook = session.scalar(select(Notebook).where(Notebook.id == settings.gateway_notebook))
+            if notebook is None:
+                raise ReplayError(f"notebook {settings.gateway_notebook} does not exist", "notebook")
+            template = _template(notebook)
+            title, labels = notebook.title, template.labels
+            layout, note, threshold = _policy(settings.gateway_policy, notebook)
+    else:
+        template, title, labels = None, "", ()
+        layout, note, threshold = _policy(settings.gateway_policy, None)
+    threshold = settings.gateway_threshold or threshold or DEFAULT_THRESHOLD
+    rules = Settings(layout=layout, policy_reason=note if layout == PASS_THROUGH else "",
+                     max_fields=settings.gateway_max_fields, check_rate=settings.gateway_check_rate,
+                     threshold=threshold, seed=settings.gateway_seed)
+    backend = connect(upstream, engine=settings.gateway_engine, timeout_s=settings.gateway_timeout_s)
+    gateway = Gateway(backend, Rewriter(rules, template), settings.gateway_timeout_s,
+                      settings.gateway_keep_prompts)
+    setup = GatewaySetup(backend.url, layout, note, settings.gateway_notebook, title, labels, threshold,
+                         settings.gateway_check_rate)
+    return gateway, setup
+
+
+def current() -> tuple[Gateway | None, GatewaySetup]:
+    """This process's gateway (built on first use) and its setup; None and the problem when it
+    cannot be built (no upstream, a notebook that does not exist)."""
+    with _lock:
+        if "gateway" not in _made:
+            try:
+                _made["gateway"], _made["setup"] = build()
+            except ReplayError as exc:
+                return None, GatewaySetup("", "", "", None, "", (), 0.0, 0.0, problem=str(exc))
+        return _made["gateway"], _made["setup"]  # type: ignore[return-value]
+
+
+def reset() -> None:
+    """Forget this process's gateway (tests; the next request builds it from the settings again)."""
+    with _lock:
+        _made.clear()

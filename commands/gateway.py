@@ -1,0 +1,125 @@
+"""`kvnotes gateway`: the erratum gateway alone, an OpenAI-compatible endpoint in front of the user's
+vLLM (or SGLang) server that turns field changes into errata so its prefix cache keeps hitting
+(docs/gateway.md; the rewrite is `serving.gateway`, the HTTP side `app.gateway`).
+
+    kvnotes gateway --upstream http://127.0.0.1:8100/v1 [--port 8300] [--policy erratum]
+                    [--notebook ID] [--check-rate 0.05] [--max-fields 4] [--timeout 120]
+
+The options become the gateway's settings (`KVNOTES_GATEWAY_*`, `data.settings`), which the web app
+read too when it mounts the gateway at `/gateway/v1`; the app is served by its import string.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from serving.gateway.rewrite import LAYOUTS, PASS_THROUGH
+
+APP = "app.gateway.main:app"
+POLICIES = (*LAYOUTS, PASS_THROUGH)
+
+
+class GatewayUsage(Exception):
+    pass
+
+
+def _share(value: str) -> float:
+    number = float(value)
+    if not 0 <= number <= 1:
+        raise argparse.ArgumentTypeError(f"must be between 0 and 1, not {number:g}")
+    return number
+
+
+def _positive(value: str) -> float:
+    number = float(value)
+    if number <= 0:
+        raise argparse.ArgumentTypeError(f"must be above 0, not {number:g}")
+    return number
+
+
+def settings_env(args) -> dict[str, str]:
+    """The environment that carries the options to the app (checked first: `GatewayUsage`)."""
+    from serving.server import ReplayError, base_url
+
+    upstream = args.upstream or ""
+    if not upstream:
+        from data.settings import get_settings
+
+        upstream = next(iter(get_settings().vllm_urls), "")
+    if not upstream:
+        raise GatewayUsage("give --upstream URL (or set KVNOTES_VLLM_URL)")
+    try:
+        base_url(upstream)
+    except ReplayError as exc:
+        raise GatewayUsage(f"--upstream: {exc}") from None
+    env = {"KVNOTES_GATEWAY_UPSTREAM": upstream, "KVNOTES_GATEWAY_ENGINE": args.engine,
+           "KVNOTES_GATEWAY_CHECK_RATE": str(args.check_rate),
+           "KVNOTES_GATEWAY_MAX_FIELDS": str(args.max_fields),
+           "KVNOTES_GATEWAY_TIMEOUT": str(args.timeout), "KVNOTES_GATEWAY_MAX_BODY": str(args.max_body),
+           "KVNOTES_GATEWAY_KEEP_PROMPTS": "1" if args.keep_prompts else "0"}
+    if args.policy:
+        env["KVNOTES_GATEWAY_POLICY"] = args.policy
+    if args.threshold is not None:
+        env["KVNOTES_GATEWAY_THRESHOLD"] = str(args.threshold)
+    if args.notebook is not None:
+        env["KVNOTES_GATEWAY_NOTEBOOK"] = str(args.notebook)
+    return env
+
+
+def cmd_gateway(args) -> None:
+    import uvicorn
+
+    from commands.accounts import CommandError
+    from commands.web import LOG_CONFIG
+
+    try:
+        env = settings_env(args)
+    except GatewayUsage as exc:
+        raise CommandError(str(exc)) from None
+    os.environ.update(env)
+    from data.settings import get_settings
+
+    get_settings.cache_clear()
+    if args.notebook is not None:
+        _check_notebook(args.notebook)
+    upstream = env["KVNOTES_GATEWAY_UPSTREAM"]
+    print(f"kvnotes gateway: http://{args.host}:{args.port}/v1 -> {upstream}", flush=True)
+    uvicorn.run(APP, host=args.host, port=args.port, log_config=LOG_CONFIG, log_level="info",
+                timeout_graceful_shutdown=5)
+
+
+def _check_notebook(notebook_id: int) -> None:
+    from sqlalchemy import select
+
+    from commands.accounts import CommandError
+    from data.db import get_sessionmaker
+    from data.models import Notebook
+
+    with get_sessionmaker()() as session:
+        if session.scalar(select(Notebook.id).where(Notebook.id == notebook_id)) is None:
+            raise CommandError(f"--notebook: notebook {notebook_id} does not exist")
+
+
+def add_command(sub) -> None:
+    """Register `kvnotes gateway` on the launcher's subparsers."""
+    p = sub.add_parser("gateway", help="an OpenAI-compatible endpoint in front of vLLM that sends field "
+                                       "changes as errata, so the prefix cache keeps hitting")
+    p.add_argument("--upstream", default="", help="the serving engine, e.g. http://127.0.0.1:8100/v1 "
+                                                  "(default: KVNOTES_VLLM_URL); the only place requests go")
+    p.add_argument("--engine", default="vllm", choices=("vllm", "sglang"), help="the upstream's engine")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8300)
+    p.add_argument("--policy", default="", choices=("",) + POLICIES,
+                   help="the layout (default: the notebook's adopted sweep policy, else erratum)")
+    p.add_argument("--notebook", type=int, default=None,
+                   help="template mode: this notebook's document, its fields as slots named by their labels")
+    p.add_argument("--check-rate", type=_share, default=0.05,
+                   help="share of rewritten requests also sent unchanged and compared (default 0.05)")
+    p.add_argument("--threshold", type=_share, default=None,
+                   help="agreement a base must keep (default: the notebook policy's, else 0.9)")
+    p.add_argument("--max-fields", type=int, default=4, help="changed spans at most, else pass-through")
+    p.add_argument("--timeout", type=_positive, default=120.0, help="seconds an upstream answer may take")
+    p.add_argument("--max-body", type=int, default=4 << 20, help="largest request body in bytes (413 above)")
+    p.add_argument("--keep-prompts", action="store_true", help="log the prompts sent (never, by default)")
+    p.set_defaults(func=cmd_gateway)

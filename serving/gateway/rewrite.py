@@ -1,0 +1,290 @@
+"""The erratum gateway's rewrite: a request that equals a remembered base except for short changed
+spans is sent as the base plus an erratum, so the serving engine's prefix cache keeps hitting.
+
+**Bases.** Per client (a bounded LRU of clients, each a bounded LRU of bases), the first version of
+each long prompt forwarded is its base: the texts of its context messages (`serving.gateway.prompts`)
+as first seen. A later message of the same conversation (a new turn) extends the base with its own
+first version. A request is matched to the client's base with the same model, route and roles whose
+texts it is closest to; none close enough (similarity under `NEW_BASE_BELOW`) makes it a new base,
+sent unchanged.
+
+**Changes.** By template (`--notebook`: the notebook's document, its fields as slots, named by their
+labels) or by a token diff (`serving.gateway.changes`). At most `max_fields` spans, covering at most
+`max_share` of the context, else the request passes through; the last message is never read.
+
+**Layouts**, one wording (`vocabulary.render_erratum`), as the replays lay them out:
+- `erratum`: every context message as in the base, and the erratum for each value not yet told
+  appended to the last context message of the request where the change was first seen; later
+  turns keep every erratum where it was (the trajectory replay's layout), so they hit too;
+- `field_erratum`: the same errata after the current text (the field refreshed where it stands);
+- `hoist`: each changed line moved to the end of its message, holding the current value
+  (`vocabulary.hoist`); the lines moved stay moved for every later request of the base.
+
+**Safety.** A base whose sampled agreement's Wilson lower bound has fallen below the threshold after
+a disagreement (`Rewriter.checked`) passes through from then on. Prompts live only in these bases, in
+memory.
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import itertools
+import random
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+from serving.gateway.changes import Change, Template, diff_changes
+from serving.gateway.prompts import Prompt
+from serving.gateway.stats import Stats
+from vocabulary import render_erratum
+from vocabulary.hoist import hoist
+
+LAYOUTS = ("erratum", "field_erratum", "hoist")  # the policies that have a gateway layout
+ERRATUM, FIELD_ERRATUM, HOIST = LAYOUTS
+PASS_THROUGH = "pass-through"
+NEW_BASE_BELOW = 0.8  # a request less similar than this to every base starts a new one
+MIN_CONTEXT_CHARS = 1000  # a shorter context is not worth a base
+
+
+@dataclass(frozen=True)
+class Settings:
+    """How the gateway rewrites: `layout` (one of LAYOUTS, or PASS_THROUGH with `policy_reason`),
+    the limits, the share of rewritten requests checked, the agreement threshold, the LRU sizes."""
+
+    layout: str = ERRATUM
+    policy_reason: str = ""
+    max_fields: int = 4
+    max_share: float = 0.05
+    check_rate: float = 0.05
+    threshold: float = 0.9
+    clients: int = 256
+    bases_per_client: int = 16
+    min_context_chars: int = MIN_CONTEXT_CHARS
+    seed: int | None = None
+
+
+@dataclass(frozen=True)
+class Span:
+    """A span of a base's text with the value it now holds (what `vocabulary.hoist` reads)."""
+
+    start: int
+    end: int
+    new_value: str
+
+
+@dataclass
+class Base:
+    """One remembered prompt (see the module docstring)."""
+
+    base_id: str
+    model: str
+    route: str
+    roles: list[str]
+    texts: list[str]
+    errata: dict[int, str] = field(default_factory=dict)
+    told: dict[tuple[int, int, int], str] = field(default_factory=dict)
+    labels: dict[tuple[int, int, int], str] = field(default_factory=dict)
+    moved: dict[int, dict[tuple[int, int], str]] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What to send: `context` (None: the request unchanged), the reason it passes through ("" when
+    rewritten), the base, and whether this request is also sent unchanged as a check."""
+
+    context: list[str] | None
+    reason: str
+    base_id: str | None = None
+    check: bool = False
+    labels: tuple[str, ...] = ()
+
+    @property
+    def header(self) -> str:
+        """The `x-kvnotes-gateway` header's value."""
+        return self.layout_name if self.context is not None else f"{PASS_THROUGH}; reason={self.reason}"
+
+    layout_name: str = ""
+
+
+class Rewriter:
+    """The bases of every client and the rewrite of one request (`plan`); thread-safe."""
+
+    def __init__(self, settings: Settings, template: Template | None = None,
+                 stats: Stats | None = None) -> None:
+        self.settings = settings
+        self.template = template
+        self.stats = stats or Stats()
+        self._clients: OrderedDict[str, OrderedDict[str, Base]] = OrderedDict()
+        self._lock = threading.Lock()
+        self._ids = itertools.count(1)
+        self._random = random.Random(settings.seed)
+
+    # --- bases ---------------------------------------------------------------------------------------
+
+    def _bases(self, client: str) -> OrderedDict[str, Base]:
+        with self._lock:
+            bases = self._clients.pop(client, None) or OrderedDict()
+            self._clients[client] = bases
+            while len(self._clients) > self.settings.clients:
+                self._clients.popitem(last=False)
+            return bases
+
+    def _match(self, client: str, prompt: Prompt) -> Base | None:
+        bases = self._bases(client)
+        with self._lock:
+            candidates = [b for b in bases.values() if b.model == prompt.model and b.route == prompt.route
+                          and b.roles[:len(prompt.roles)] == list(prompt.roles[:len(b.roles)])]
+        best, score = None, 0.0
+        for base in candidates:
+            n = min(len(base.texts), len(prompt.context))
+            ratio = min(difflib.SequenceMatcher(None, base.texts[i], prompt.context[i], autojunk=False)
+                        .quick_ratio() for i in range(n))
+            if ratio > score:
+                best, score = base, ratio
+        if best is not None and score >= NEW_BASE_BELOW:
+            with self._lock:
+                bases.move_to_end(best.base_id)
+            return best
+        return None
+
+    def _new_base(self, client: str, prompt: Prompt) -> Base:
+        digest = hashlib.sha256(f"{client}\0{next(self._ids)}".encode()).hexdigest()[:10]
+        base = Base(digest, prompt.model, prompt.route, list(prompt.roles), list(prompt.context))
+        bases = self._bases(client)
+        with self._lock:
+            bases[base.base_id] = base
+            while len(bases) > self.settings.bases_per_client:
+                bases.popitem(last=False)
+        self.stats.base(base.base_id)
+        return base
+
+    # --- one request ---------------------------------------------------------------------------------
+
+    def plan(self, client: str, prompt: Prompt | None, why_not: str = "") -> Plan:
+        """What to send for `prompt` from `client` (None: not readable, for `why_not`)."""
+        if prompt is None:
+            return self._passed(None, why_not)
+        if prompt.size < self.settings.min_context_chars:
+            return self._passed(None, f"context under {self.settings.min_context_chars} characters")
+        base = self._match(client, prompt)
+        if base is None:
+            base = self._new_base(client, prompt)
+            if self.settings.layout == PASS_THROUGH:
+                return self._passed(base.base_id, self.settings.policy_reason)
+            return self._first(base, prompt)
+        if self.settings.layout == PASS_THROUGH:
+            return self._passed(base.base_id, self.settings.policy_reason)
+        switched = self.stats.base(base.base_id).switched
+        if switched:
+            return self._passed(base.base_id, switched)
+        with base.lock:
+            return self._rewrite(base, prompt)
+
+    def _passed(self, base_id: str | None, reason: str) -> Plan:
+        self.stats.request(base_id, reason)
+        return Plan(None, reason, base_id)
+
+    def _first(self, base: Base, prompt: Prompt) -> Plan:
+        """A new base: sent unchanged, except that a template's lines are hoisted from the start."""
+        if self.settings.layout == HOIST and self.template is not None:
+            with base.lock:
+                return self._rewrite(base, prompt)
+        return self._passed(base.base_id, "new base")
+
+    def _changes(self, base: Base, prompt: Prompt) -> list[Change] | None:
+        out: list[Change] = []
+        for i, text in enumerate(prompt.context):
+            if i >= len(base.texts):
+                base.texts.append(text)  # a new turn: its first version joins the base
+                continue
+            if self.template is not None:
+                found = self.template.changes(i, base.texts[i], text)
+                if found is None and base.texts[i] != text:
+                    return None
+                out += found or []
+            elif base.texts[i] != text:
+                out += diff_changes(i, base.texts[i], text)
+        return out
+
+    def _rewrite(self, base: Base, prompt: Prompt) -> Plan:
+        changes = self._changes(base, prompt)
+        if changes is None:
+            return self._passed(base.base_id, "the notebook's document is not in the prompt")
+        if any(i >= len(prompt.context) for i in base.errata):
+            return self._passed(base.base_id, "an earlier erratum's turn is not in this conversation")
+        limit = self._over_limits(changes, prompt)
+        if limit:
+            return self._passed(base.base_id, limit)
+        layout = self.settings.layout
+        if layout == HOIST:
+            context = self._hoisted(base, prompt, changes)
+        else:
+            context = self._with_errata(base, prompt, changes, refreshed=layout == FIELD_ERRATUM)
+        labels = tuple(dict.fromkeys(c.label for c in changes))
+        self.stats.base(base.base_id).labels.update(labels)
+        self.stats.request(base.base_id, "")
+        check = self._random.random() < self.settings.check_rate
+        return Plan(context, "", base.base_id, check, labels, layout)
+
+    def _over_limits(self, changes: list[Change], prompt: Prompt) -> str:
+        if len(changes) > self.settings.max_fields:
+            return f"{len(changes)} changed spans, over --max-fields {self.settings.max_fields}"
+        changed = sum(max(c.end - c.start, c.base_end - c.base_start) for c in changes)
+        if changed > self.settings.max_share * max(1, prompt.size):
+            return (f"changes cover {changed / max(1, prompt.size):.1%} of the prompt, over "
+                    f"{self.settings.max_share:.0%}")
+        return ""
+
+    def _with_errata(self, base: Base, prompt: Prompt, changes: list[Change], refreshed: bool) -> list[str]:
+        current = {(c.message, c.base_start, c.base_end): c for c in changes}
+        new_errata = ""
+        for key, change in current.items():
+            told = base.told.get(key, change.old)
+            if change.new != told:
+                new_errata += render_erratum(change.label, told, change.new)
+                base.told[key], base.labels[key] = change.new, change.label
+        for key, told in list(base.told.items()):  # a value changed back to the base's
+            if key not in current and key[0] < len(prompt.context):
+                original = base.texts[key[0]][key[1]:key[2]]
+                if told != original:
+                    new_errata += render_erratum(base.labels.get(key, "the value"), told, original)
+                    base.told[key] = original
+        if new_errata:
+            at = len(prompt.context) - 1
+            base.errata[at] = base.errata.get(at, "") + new_errata
+        texts = prompt.context if refreshed else base.texts[:len(prompt.context)]
+        return [text + base.errata.get(i, "") for i, text in enumerate(texts)]
+
+    def _hoisted(self, base: Base, prompt: Prompt, changes: list[Change]) -> list[str]:
+        for c in changes:
+            base.moved.setdefault(c.message, {})[(c.base_start, c.base_end)] = c.new
+        if self.template is not None:  # every slot moves, from the first request on
+            for i, text in enumerate(base.texts[:len(prompt.context)]):
+                found = self.template.values(text)
+                for span in (found[0] if found else []):
+                    base.moved.setdefault(i, {}).setdefault(span, text[span[0]:span[1]])
+        out = []
+        for i, text in enumerate(base.texts[:len(prompt.context)]):
+            spans = base.moved.get(i)
+            if not spans:
+                out.append(prompt.context[i] if i < len(prompt.context) else text)
+                continue
+            now = {(c.base_start, c.base_end): c.new for c in changes if c.message == i}
+            fields = [Span(a, b, now.get((a, b), text[a:b])) for a, b in spans]
+            out.append(hoist(text, fields).text)
+        return out
+
+    def checked(self, base_id: str, agreed: bool) -> str:
+        """Count one sampled check; the reason the base now passes through ("" while it does not)."""
+        stats = self.stats.base(base_id)
+        with self.stats.lock:
+            stats.checks += 1
+            stats.agreed += int(agreed)
+            low = stats.interval[0] if stats.interval else 1.0
+            if not stats.switched and stats.agreed < stats.checks and low < self.settings.threshold:
+                stats.switched = (f"sampled agreement {stats.agreed}/{stats.checks}, lower bound {low:.2f} "
+                                  f"under {self.settings.threshold:g}")
+            return stats.switched

@@ -1,0 +1,104 @@
+"""The gateway's rewrite on its own (`serving.gateway`): what a request is sent as, per layout, mode
+and limit, with multi-turn conversations keeping their errata where they were told."""
+
+from __future__ import annotations
+
+from serving.gateway import CHAT, COMPLETIONS, Rewriter, Settings, Slot, Template, read_prompt
+from serving.gateway.changes import diff_changes
+from vocabulary import render_erratum
+from vocabulary.hoist import hoist
+
+BODY = "record_id: SR-20417\ndestination: {}\nstatus: {}\n\n" + "\n".join(
+    f"2026-03-01 08:{i:02d} The carrier confirmed step {i}." for i in range(40))
+
+
+def chat(*contents: str) -> dict:
+    roles = ["system"] + ["user", "assistant"] * len(contents)
+    return {"model": "m", "messages": [{"role": r, "content": c} for r, c in zip(roles, contents)]}
+
+
+def plan(rewriter: Rewriter, body: dict, route: str = CHAT):
+    prompt, why = read_prompt(route, body)
+    return rewriter.plan("client", prompt, why), prompt
+
+
+def test_errata_stay_where_they_were_told_across_turns():
+    rewriter = Rewriter(Settings(check_rate=0))
+    first, _ = plan(rewriter, chat(BODY.format("Oslo", "open"), "Where to?"))
+    assert (first.context, first.reason) == (None, "new base")
+    second, _ = plan(rewriter, chat(BODY.format("Rome", "open"), "Where to?"))
+    told = render_erratum("destination", "Oslo", "Rome")
+    assert second.context == [BODY.format("Oslo", "open") + told] and second.header == "erratum"
+    # the next turn: the conversation grew; the erratum stays on the system message, the new change
+    # is told after the last context message (the assistant's answer), and the last message is as sent
+    third, _ = plan(rewriter, chat(BODY.format("Rome", "held"), "Where to?", "To Rome.", "Status?"))
+    assert third.context == [BODY.format("Oslo", "open") + told, "Where to?",
+                             "To Rome." + render_erratum("status", "open", "held")]
+    # a change back to the base's value is told too
+    fourth, _ = plan(rewriter, chat(BODY.format("Oslo", "held"), "Where to?", "To Rome.", "Status?"))
+    assert fourth.context[2].endswith(render_erratum("destination", "Rome", "Oslo"))
+    assert fourth.context[0] == third.context[0]  # the prefix the engine cached is untouched
+
+
+def test_limits_and_what_is_never_read():
+    rewriter = Rewriter(Settings(max_fields=1, check_rate=0))
+    plan(rewriter, chat(BODY.format("Oslo", "open"), "Where to?"))
+    two, _ = plan(rewriter, chat(BODY.format("Rome", "held"), "Where to?"))
+    assert two.reason == "2 changed spans, over --max-fields 1"
+    rewriter = Rewriter(Settings(check_rate=0))
+    plan(rewriter, chat(BODY.format("Oslo", "open"), "Where to?"))
+    big = BODY.format("Oslo", "open").replace("step 1.", "step one, " * 20)  # 200 of ~2,000 characters
+    wide, _ = plan(rewriter, chat(big, "Where to?"))
+    assert wide.context is None
+    assert wide.reason.startswith("changes cover ") and wide.reason.endswith("over 5%")
+    last, _ = plan(rewriter, chat(BODY.format("Oslo", "open"), "Where to? destination: Rome"))
+    assert last.context == [BODY.format("Oslo", "open")]  # the last message is never read: no change
+    short, _ = plan(rewriter, chat("destination: Oslo", "Where to?"))
+    assert short.reason == "context under 1000 characters"
+
+
+def test_completions_keep_their_last_paragraph():
+    rewriter = Rewriter(Settings(check_rate=0))
+    ask = "\n\nQuestion: where to?\nAnswer:"
+    plan(rewriter, {"model": "m", "prompt": BODY.format("Oslo", "open") + ask}, COMPLETIONS)
+    second, prompt = plan(rewriter, {"model": "m", "prompt": BODY.format("Rome", "open") + ask}, COMPLETIONS)
+    assert prompt.last == ask
+    assert second.context == [BODY.format("Oslo", "open") + render_erratum("destination", "Oslo", "Rome")]
+
+
+def test_field_erratum_and_hoist_layouts_as_the_replay_lays_them_out():
+    refreshed = Rewriter(Settings(layout="field_erratum", check_rate=0))
+    plan(refreshed, chat(BODY.format("Oslo", "open"), "?"))
+    sent, _ = plan(refreshed, chat(BODY.format("Rome", "open"), "?"))
+    assert sent.context == [BODY.format("Rome", "open") + render_erratum("destination", "Oslo", "Rome")]
+    hoisted = Rewriter(Settings(layout="hoist", check_rate=0))
+    plan(hoisted, chat(BODY.format("Oslo", "open"), "?"))
+    sent, _ = plan(hoisted, chat(BODY.format("Rome", "open"), "?"))
+    base = BODY.format("Oslo", "open")
+    at = base.index("Oslo")
+    expected = hoist(base, [type("F", (), {"start": at, "end": at + 4, "new_value": "Rome"})()]).text
+    assert sent.context == [expected] and sent.context[0].endswith("destination: Rome\n")
+    again, _ = plan(hoisted, chat(BODY.format("Lisbon", "open"), "?"))
+    assert again.context[0][:expected.rindex("destination")] == expected[:expected.rindex("destination")]
+
+
+def test_template_mode_names_fields_by_their_labels():
+    document = BODY.format("Oslo", "open")
+    at = document.index("Oslo")
+    template = Template(document, [Slot("the shipment's destination", at, at + 4)])
+    rewriter = Rewriter(Settings(check_rate=0), template)
+    plan(rewriter, chat("Preamble.\n" + document, "?"))
+    sent, _ = plan(rewriter, chat("Preamble.\n" + BODY.format("Rome", "open"), "?"))
+    told = render_erratum("the shipment's destination", "Oslo", "Rome")
+    assert sent.context == ["Preamble.\n" + document + told]
+    assert sent.labels == ("the shipment's destination",)
+    other, _ = plan(rewriter, chat("Preamble.\n" + BODY.format("Oslo", "held"), "?"))
+    assert other.reason == "the notebook's document is not in the prompt"
+
+
+def test_a_diff_outside_a_key_line_quotes_the_line():
+    base = "alpha beta\nthe train leaves at 08:07 today\nomega"
+    text = "alpha beta\nthe train leaves at 09:12 today\nomega"
+    (change,) = diff_changes(0, base, text)
+    assert (change.label, change.old, change.new) == ("the line", '"the train leaves at 08:07 today"',
+                                                      '"the train leaves at 09:12 today"')
