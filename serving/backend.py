@@ -26,12 +26,13 @@ told). Every failure is a `ReplayError` (`serving.server`), never a traceback.
 
 from __future__ import annotations
 
+import asyncio
 import re
 import threading
 from collections.abc import Iterable
 from typing import Protocol, runtime_checkable
 
-from serving.relay import Relay, relay
+from serving.relay import Relay, new_client, relay
 from serving.server import Completion, Counters, ReplayError, Server, ServerInfo, _messages
 
 _VLLM_COUNTER = re.compile(r"^vllm:prefix_cache_(queries|hits)_total\{[^}]*\}\s+([0-9.eE+-]+)\s*$",
@@ -108,8 +109,13 @@ class EngineBackend(Server):
         return found or None
 
     def relay(self, path: str, body: dict, timeout_s: float) -> Relay:
-        """A client's own request to this engine, forwarded as it is (`serving.relay`)."""
-        return relay(self.url, path, body, timeout_s)
+        """A client's own request to this engine, forwarded as it is (`serving.relay`), on a
+        connection pool kept per event loop."""
+        loop = asyncio.get_running_loop()
+        pools = self.__dict__.setdefault("_pools", {})
+        if id(loop) not in pools:
+            pools[id(loop)] = new_client(timeout_s)
+        return relay(self.url, path, body, timeout_s, pools[id(loop)])
 
 
 class VllmBackend(EngineBackend):

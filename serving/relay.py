@@ -51,8 +51,10 @@ class Outcome:
 class Relay:
     """One forwarded request (see the module docstring)."""
 
-    def __init__(self, url: str, path: str, body: dict, timeout_s: float) -> None:
+    def __init__(self, url: str, path: str, body: dict, timeout_s: float,
+                 client: httpx.AsyncClient | None = None) -> None:
         self.url, self.path, self.timeout_s = url.rstrip("/"), path, timeout_s
+        self._shared = client
         self.stream = bool(body.get("stream"))
         self.hide_usage = False
         if self.stream:
@@ -75,12 +77,13 @@ class Relay:
         return left
 
     async def __aenter__(self) -> Relay:
-        self._client = httpx.AsyncClient(trust_env=False, follow_redirects=False,
-                                         timeout=httpx.Timeout(self.timeout_s))
+        client = self._shared or new_client(self.timeout_s)
+        self._client = None if self._shared else client
         self._sent = time.perf_counter()
-        request = self._client.build_request("POST", self.url + self.path, json=self.body)
+        request = client.build_request("POST", self.url + self.path, json=self.body,
+                                       timeout=httpx.Timeout(self.timeout_s))
         try:
-            self._response = await asyncio.wait_for(self._client.send(request, stream=True), self._left())
+            self._response = await asyncio.wait_for(client.send(request, stream=True), self._left())
         except (TimeoutError, httpx.TimeoutException):
             await self.aclose()
             raise UpstreamError(504, f"the serving engine at {self.url} did not answer within "
@@ -191,6 +194,13 @@ class Relay:
         return not (self.hide_usage and not choices and chunk.get("usage"))
 
 
-def relay(url: str, path: str, body: dict, timeout_s: float) -> Relay:
-    """`Relay(url, path, body, timeout_s)`: use it with `async with`."""
-    return Relay(url, path, body, timeout_s)
+def new_client(timeout_s: float) -> httpx.AsyncClient:
+    """A connection pool to the engine (one per event loop: making one costs tens of milliseconds)."""
+    return httpx.AsyncClient(trust_env=False, follow_redirects=False, timeout=httpx.Timeout(timeout_s),
+                             limits=httpx.Limits(max_connections=None, max_keepalive_connections=64))
+
+
+def relay(url: str, path: str, body: dict, timeout_s: float,
+          client: httpx.AsyncClient | None = None) -> Relay:
+    """`Relay(url, path, body, timeout_s, client)`: use it with `async with`."""
+    return Relay(url, path, body, timeout_s, client)

@@ -126,21 +126,60 @@ def _merged(opcodes: list, new: list[tuple[str, int]]) -> list[tuple[int, int, i
 
 
 def diff_changes(message: int, base: str, text: str) -> list[Change]:
-    """The changed spans of `text` against `base` by a token diff (see the module docstring)."""
-    old, new = _tokens(base), _tokens(text)
+    """The changed spans of `text` against `base` by a token diff (see the module docstring). The
+    common head and tail are set aside first (cut at a line start and a line end), so the diff reads
+    only the lines between the first change and the last."""
+    head = common_head(base, text)
+    tail = common_tail(base, text, head)
+    found = _diff(base[head:len(base) - tail], text[head:len(text) - tail], base, text, head)
+    return [Change(message, c.start + head, c.end + head, c.base_start + head, c.base_end + head, c.label,
+                   c.old, c.new) for c in found]
+
+
+def _shared(equal, limit: int) -> int:
+    """The largest n <= limit with equal(n) true (equal is monotone: true up to some n), by binary
+    search over slice comparisons (C speed, not a Python loop per character)."""
+    low, high = 0, limit
+    while low < high:
+        mid = (low + high + 1) // 2
+        if equal(mid):
+            low = mid
+        else:
+            high = mid - 1
+    return low
+
+
+def common_head(a: str, b: str) -> int:
+    """Where the two texts' common head ends, cut back to a line start."""
+    n = _shared(lambda k: a[:k] == b[:k], min(len(a), len(b)))
+    return a.rfind("\n", 0, n) + 1
+
+
+def common_tail(a: str, b: str, head: int) -> int:
+    """How long the two texts' common tail is (not reaching into `head`), cut forward to a line end."""
+    n = _shared(lambda k: k == 0 or a[-k:] == b[-k:], min(len(a), len(b)) - head)
+    cut = a.find("\n", len(a) - n)
+    return 0 if cut < 0 else len(a) - cut
+
+
+def _diff(base_part: str, text_part: str, base: str, text: str, head: int) -> list[Change]:
+    """The changes of `text_part` against `base_part` (both starting at `head` in their texts),
+    spans relative to the parts; names read from the whole texts."""
+    old, new = _tokens(base_part), _tokens(text_part)
     matcher = difflib.SequenceMatcher(None, [t for t, _ in old], [t for t, _ in new], autojunk=False)
     out = []
     for i1, i2, j1, j2 in _merged(matcher.get_opcodes(), new):
-        bs = old[i1][1] if i1 < len(old) else len(base)
+        bs = old[i1][1] if i1 < len(old) else len(base_part)
         be = old[i2 - 1][1] + len(old[i2 - 1][0]) if i2 > i1 else bs
-        s = new[j1][1] if j1 < len(new) else len(text)
+        s = new[j1][1] if j1 < len(new) else len(text_part)
         e = new[j2 - 1][1] + len(new[j2 - 1][0]) if j2 > j1 else s
-        key = key_of(text, s) if "\n" not in text[s:e] + base[bs:be] else None
-        if key is not None and key == key_of(base, bs):
-            out.append(Change(message, s, e, bs, be, key, base[bs:be], text[s:e]))
+        old_value, new_value = base_part[bs:be], text_part[s:e]
+        key = key_of(text, s + head) if "\n" not in old_value + new_value else None
+        if key is not None and key == key_of(base, bs + head):
+            out.append(Change(0, s, e, bs, be, key, old_value, new_value))
             continue
-        la, lb = _line(base, bs, be)
-        na, nb = _line(text, s, e)
-        out.append(Change(message, s, e, bs, be, "the line", f'"{base[la:lb].strip()}"',
+        la, lb = _line(base, bs + head, be + head)
+        na, nb = _line(text, s + head, e + head)
+        out.append(Change(0, s, e, bs, be, "the line", f'"{base[la:lb].strip()}"',
                           f'"{text[na:nb].strip()}"'))
     return out

@@ -13,9 +13,11 @@ labels) or by a token diff (`serving.gateway.changes`). At most `max_fields` spa
 `max_share` of the context, else the request passes through; the last message is never read.
 
 **Layouts**, one wording (`vocabulary.render_erratum`), as the replays lay them out:
-- `erratum`: every context message as in the base, and the erratum for each value not yet told
-  appended to the last context message of the request where the change was first seen; later
-  turns keep every erratum where it was (the trajectory replay's layout), so they hit too;
+- `erratum`: every context message as in the base, and after the last context message an erratum
+  for each value that differs from what was told before this turn: the same request asked again
+  with another value is the base plus one erratum (the edit replay's `erratum` variant); once the
+  conversation moves on to a later turn, that turn's errata stay where they were and later errata
+  come after them (the trajectory replay's layout), so every later turn hits too;
 - `field_erratum`: the same errata after the current text (the field refreshed where it stands);
 - `hoist`: each changed line moved to the end of its message, holding the current value
   (`vocabulary.hoist`); the lines moved stay moved for every later request of the base.
@@ -35,7 +37,7 @@ import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
-from serving.gateway.changes import Change, Template, diff_changes
+from serving.gateway.changes import Change, Template, common_head, common_tail, diff_changes
 from serving.gateway.prompts import Prompt
 from serving.gateway.stats import Stats
 from vocabulary import render_erratum
@@ -86,6 +88,9 @@ class Base:
     errata: dict[int, str] = field(default_factory=dict)
     told: dict[tuple[int, int, int], str] = field(default_factory=dict)
     labels: dict[tuple[int, int, int], str] = field(default_factory=dict)
+    # the errata of the latest request's turn: (message, text, values told); kept once a later turn
+    # arrives, replaced while the same turn is asked again with other values
+    pending: tuple[int, str, dict[tuple[int, int, int], str]] | None = None
     moved: dict[int, dict[tuple[int, int], str]] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
@@ -107,6 +112,19 @@ class Plan:
         return self.layout_name if self.context is not None else f"{PASS_THROUGH}; reason={self.reason}"
 
     layout_name: str = ""
+
+
+def _similarity(a: str, b: str) -> float:
+    """How alike two texts are, from 0 to 1: the share their common head and tail cover (cheap, and
+    enough for a field change), else difflib's character-count bound."""
+    if a == b:
+        return 1.0
+    head = common_head(a, b)
+    tail = common_tail(a, b, head)
+    share = (head + tail) / max(len(a), len(b), 1)
+    if share >= NEW_BASE_BELOW:
+        return share
+    return difflib.SequenceMatcher(None, a, b, autojunk=False).quick_ratio()
 
 
 class Rewriter:
@@ -140,8 +158,7 @@ class Rewriter:
         best, score = None, 0.0
         for base in candidates:
             n = min(len(base.texts), len(prompt.context))
-            ratio = min(difflib.SequenceMatcher(None, base.texts[i], prompt.context[i], autojunk=False)
-                        .quick_ratio() for i in range(n))
+            ratio = min(_similarity(base.texts[i], prompt.context[i]) for i in range(n))
             if ratio > score:
                 best, score = base, ratio
         if best is not None and score >= NEW_BASE_BELOW:
@@ -239,24 +256,31 @@ class Rewriter:
         return ""
 
     def _with_errata(self, base: Base, prompt: Prompt, changes: list[Change], refreshed: bool) -> list[str]:
+        """The base's texts (or the current ones, `refreshed`) with the errata: those of earlier turns
+        where they were told, and this turn's, from what those told to the values now."""
+        at = len(prompt.context) - 1
+        if base.pending is not None and base.pending[0] < at:  # the conversation moved on: keep it
+            index, text, told = base.pending
+            base.errata[index] = base.errata.get(index, "") + text
+            base.told.update(told)
+        base.pending = None
         current = {(c.message, c.base_start, c.base_end): c for c in changes}
-        new_errata = ""
+        now, told_now = "", {}
         for key, change in current.items():
             told = base.told.get(key, change.old)
             if change.new != told:
-                new_errata += render_erratum(change.label, told, change.new)
-                base.told[key], base.labels[key] = change.new, change.label
-        for key, told in list(base.told.items()):  # a value changed back to the base's
-            if key not in current and key[0] < len(prompt.context):
+                now += render_erratum(change.label, told, change.new)
+                told_now[key], base.labels[key] = change.new, change.label
+        for key, told in base.told.items():  # a value changed back to the base's
+            if key not in current and key[0] <= at:
                 original = base.texts[key[0]][key[1]:key[2]]
                 if told != original:
-                    new_errata += render_erratum(base.labels.get(key, "the value"), told, original)
-                    base.told[key] = original
-        if new_errata:
-            at = len(prompt.context) - 1
-            base.errata[at] = base.errata.get(at, "") + new_errata
+                    now += render_erratum(base.labels.get(key, "the value"), told, original)
+                    told_now[key] = original
+        if now:
+            base.pending = (at, now, told_now)
         texts = prompt.context if refreshed else base.texts[:len(prompt.context)]
-        return [text + base.errata.get(i, "") for i, text in enumerate(texts)]
+        return [text + base.errata.get(i, "") + (now if i == at else "") for i, text in enumerate(texts)]
 
     def _hoisted(self, base: Base, prompt: Prompt, changes: list[Change]) -> list[str]:
         for c in changes:
