@@ -46,12 +46,34 @@ PAPER = "98.5% against 1.0% hit rate, p90 TTFT 85.8 ms against 22.5 s (262×), t
 
 def start_gateway(upstream: str, data: Path) -> tuple[subprocess.Popen, str]:
     port = _free_port()
-    env = {**os.environ, "PYTHONPATH": str(REPO), "KVNOTES_DATA": str(data),
-           "DATABASE_URL": f"sqlite:///{data}/kvnotes.db"}
-    proc = subprocess.Popen([sys.executable, "-m", "commands.cli", "gateway", "--upstream", upstream,
-                             "--port", str(port), "--policy", "erratum", "--check-rate", "0",
-                             "--timeout", "600"], env=env, cwd=REPO, stdout=(data / "gateway.log").open("w"),
-                            stderr=subprocess.STDOUT)
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(REPO),
+        "KVNOTES_DATA": str(data),
+        "DATABASE_URL": f"sqlite:///{data}/kvnotes.db",
+    }
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "commands.cli",
+            "gateway",
+            "--upstream",
+            upstream,
+            "--port",
+            str(port),
+            "--policy",
+            "erratum",
+            "--check-rate",
+            "0",
+            "--timeout",
+            "600",
+        ],
+        env=env,
+        cwd=REPO,
+        stdout=(data / "gateway.log").open("w"),
+        stderr=subprocess.STDOUT,
+    )
     url = f"http://127.0.0.1:{port}"
     for _ in range(300):
         try:
@@ -75,8 +97,13 @@ def one(client: openai.OpenAI, model: str, system: str, max_tokens: int) -> dict
     """One streamed request: TTFT, end, header, usage, whether the stream ended with [DONE]."""
     sent = time.perf_counter()
     raw = client.chat.completions.with_raw_response.create(
-        model=model, max_tokens=max_tokens, temperature=0, stream=True, stream_options={"include_usage": True},
-        messages=[{"role": "system", "content": system}, {"role": "user", "content": QUESTION}])
+        model=model,
+        max_tokens=max_tokens,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+        messages=[{"role": "system", "content": system}, {"role": "user", "content": QUESTION}],
+    )
     first, text, usage = None, "", None
     for chunk in raw.parse():
         if chunk.choices and first is None:
@@ -85,9 +112,14 @@ def one(client: openai.OpenAI, model: str, system: str, max_tokens: int) -> dict
         usage = chunk.usage or usage
     done = time.perf_counter()
     cached = (usage.prompt_tokens_details.cached_tokens or 0) if usage and usage.prompt_tokens_details else 0
-    return {"ttft_ms": ((first or done) - sent) * 1000, "latency_ms": (done - sent) * 1000, "text": text,
-            "header": raw.headers.get("x-kvnotes-gateway", ""), "prompt": usage.prompt_tokens if usage else 0,
-            "cached": cached}
+    return {
+        "ttft_ms": ((first or done) - sent) * 1000,
+        "latency_ms": (done - sent) * 1000,
+        "text": text,
+        "header": raw.headers.get("x-kvnotes-gateway", ""),
+        "prompt": usage.prompt_tokens if usage else 0,
+        "cached": cached,
+    }
 
 
 def run_arm(client, backend, model: str, prompts: list[str], times: list[float], max_tokens: int) -> dict:
@@ -106,9 +138,14 @@ def run_arm(client, backend, model: str, prompts: list[str], times: list[float],
     elapsed = time.perf_counter() - start
     after = backend.counters()
     ttfts = [r["ttft_ms"] for r in results]
-    return {"requests": len(prompts), "hit_rate": (after.hits - before.hits) / max(1.0, after.queries - before.queries),
-            "p50": percentile(ttfts, 50), "p90": percentile(ttfts, 90), "rps": len(prompts) / elapsed,
-            "headers": [r["header"] for r in results]}
+    return {
+        "requests": len(prompts),
+        "hit_rate": (after.hits - before.hits) / max(1.0, after.queries - before.queries),
+        "p50": percentile(ttfts, 50),
+        "p90": percentile(ttfts, 90),
+        "rps": len(prompts) / elapsed,
+        "headers": [r["header"] for r in results],
+    }
 
 
 def overhead(straight, gated, model: str, system: str, rounds: int) -> dict:
@@ -119,15 +156,23 @@ def overhead(straight, gated, model: str, system: str, rounds: int) -> dict:
     for _ in range(rounds):
         a.append(one(straight, model, system, 1)["latency_ms"])
         b.append(one(gated, model, system, 1)["latency_ms"])
-    return {"straight_ms": statistics.median(a), "gateway_ms": statistics.median(b),
-            "added_ms": statistics.median(y - x for x, y in zip(a, b)), "rounds": rounds}
+    return {
+        "straight_ms": statistics.median(a),
+        "gateway_ms": statistics.median(b),
+        "added_ms": statistics.median(y - x for x, y in zip(a, b)),
+        "rounds": rounds,
+    }
 
 
 def done_when(straight, gated, backend, model: str, record: str, url: str) -> dict:
     """10 requests in turn, the destination changing every time: vLLM's hit rate over the last 9; and
     how a raw stream through the gateway ends."""
-    body = {"model": model, "stream": True, "max_tokens": 4, "messages": [
-        {"role": "system", "content": record}, {"role": "user", "content": QUESTION}]}
+    body = {
+        "model": model,
+        "stream": True,
+        "max_tokens": 4,
+        "messages": [{"role": "system", "content": record}, {"role": "user", "content": QUESTION}],
+    }
     raw = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=900).text.rstrip()
     out: dict = {"last_line": raw.splitlines()[-1] if raw else ""}
     for name, client in (("straight", straight), ("gateway", gated)):
@@ -136,14 +181,19 @@ def done_when(straight, gated, backend, model: str, record: str, url: str) -> di
         before = backend.counters()
         rows += [one(client, model, record.replace("Oslo", CITIES[i]), 8) for i in range(1, 10)]
         after = backend.counters()
-        out[name] = {"hit_rate": (after.hits - before.hits) / max(1.0, after.queries - before.queries),
-                     "median_ttft_ms": statistics.median(r["ttft_ms"] for r in rows),
-                     "headers": [r["header"] for r in rows], "answers": [r["text"] for r in rows]}
+        out[name] = {
+            "hit_rate": (after.hits - before.hits) / max(1.0, after.queries - before.queries),
+            "median_ttft_ms": statistics.median(r["ttft_ms"] for r in rows),
+            "headers": [r["header"] for r in rows],
+            "answers": [r["text"] for r in rows],
+        }
     return out
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--upstream", default="http://127.0.0.1:8100/v1")
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--tokens", type=int, default=2700)
@@ -164,10 +214,12 @@ def main() -> None:
             gated = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0, timeout=900)
             arms = []
             rates = [float(r) for r in args.rates.split(",") if r] + [0.0]
-            for rate in ([] if args.skip_arms else rates):
+            for rate in [] if args.skip_arms else rates:
                 times = arrivals(args.requests, rate, seed=1) if rate else [0.0] * args.requests
-                prompts = [record.replace("status: in transit", f"status: {STATUSES[i % len(STATUSES)]} "
-                                                                 f"(check {i})") for i in range(args.requests)]
+                prompts = [
+                    record.replace("status: in transit", f"status: {STATUSES[i % len(STATUSES)]} (check {i})")
+                    for i in range(args.requests)
+                ]
                 for name, client in (("straight", straight), ("gateway", gated)):
                     arms.append((rate, name, run_arm(client, backend, args.model, prompts, times, 16)))
                     print(rate, name, {k: v for k, v in arms[-1][2].items() if k != "headers"}, flush=True)
@@ -183,34 +235,56 @@ def main() -> None:
 
 
 def report(args, tokens: int, arms: list, cost: dict, check: dict, metrics: str) -> str:
-    rewrites = next((line.split()[-1] for line in metrics.splitlines()
-                     if line.startswith("kvnotes_gateway_rewrites_total ")), "0")
+    rewrites = next(
+        (
+            line.split()[-1]
+            for line in metrics.splitlines()
+            if line.startswith("kvnotes_gateway_rewrites_total ")
+        ),
+        "0",
+    )
     s, g = check["straight"], check["gateway"]
-    lines = [f"Measured {time.strftime('%Y-%m-%d')} on {platform.machine()} ({os.cpu_count()} cores, load average "
-             f"{os.getloadavg()[0]:.1f}), vLLM CPU build, smollm2-135m, a {tokens}-token system message.", ""]
+    lines = [
+        f"Measured {time.strftime('%Y-%m-%d')} on {platform.machine()} ({os.cpu_count()} cores, load average "
+        f"{os.getloadavg()[0]:.1f}), vLLM CPU build, smollm2-135m, a {tokens}-token system message.",
+        "",
+    ]
     if arms:
-        lines += ["| arrivals | arm | requests | vLLM hit rate | TTFT p50 | TTFT p90 | req/s |", "|---|---|---|---|---|---|---|"]
+        lines += [
+            "| arrivals | arm | requests | vLLM hit rate | TTFT p50 | TTFT p90 | req/s |",
+            "|---|---|---|---|---|---|---|",
+        ]
         for rate, name, r in arms:
             where = f"Poisson {rate:g}/s" if rate else "saturation (all at once)"
-            lines.append(f"| {where} | {name} | {r['requests']} | {r['hit_rate']:.1%} | {r['p50'] / 1000:.2f} s | "
-                         f"{r['p90'] / 1000:.2f} s | {r['rps']:.3f} |")
-        lines += ["", f"The paper (96 requests per arm, Poisson 2–16 req/s, an 8B model on a GPU): {PAPER}.", ""]
+            lines.append(
+                f"| {where} | {name} | {r['requests']} | {r['hit_rate']:.1%} | {r['p50'] / 1000:.2f} s | "
+                f"{r['p90'] / 1000:.2f} s | {r['rps']:.3f} |"
+            )
+        lines += [
+            "",
+            f"The paper (96 requests per arm, Poisson 2–16 req/s, an 8B model on a GPU): {PAPER}.",
+            "",
+        ]
     else:
         lines += ["The Poisson arms were not run in this measurement (`--skip-arms`).", ""]
-    lines += [f"Gateway overhead with a warm cache (the same prompt, {cost['rounds']} rounds alternately): "
-              f"median {cost['straight_ms']:.0f} ms straight, {cost['gateway_ms']:.0f} ms through the gateway, "
-              f"{cost['added_ms']:.0f} ms added per request (median of the paired differences).", "",
-              "Done-when (10 requests in turn, the destination changing every time; vLLM's counters over the "
-              "last 9):", "",
-              f"- hit rate: {g['hit_rate']:.1%} through the gateway (≥ 80%: {_met(g['hit_rate'] >= 0.8)}), "
-              f"{s['hit_rate']:.1%} straight (≤ 20%: {_met(s['hit_rate'] <= 0.2)});",
-              f"- median TTFT: {g['median_ttft_ms'] / 1000:.2f} s through the gateway against "
-              f"{s['median_ttft_ms'] / 1000:.2f} s straight (at most half: "
-              f"{_met(g['median_ttft_ms'] <= s['median_ttft_ms'] / 2)});",
-              f"- headers: {', '.join(dict.fromkeys(g['headers']))};",
-              f"- a raw stream through the gateway ended with `{check['last_line']}`;",
-              f"- the gateway's /metrics counted {rewrites} rewrites in all;",
-              f"- answers through the gateway: {'; '.join(repr(a) for a in g['answers'][1:4])} …"]
+    lines += [
+        f"Gateway overhead with a warm cache (the same prompt, {cost['rounds']} rounds alternately): "
+        f"median {cost['straight_ms']:.0f} ms straight, {cost['gateway_ms']:.0f} ms through the gateway, "
+        f"{cost['added_ms']:.0f} ms added per request (median of the paired differences).",
+        "",
+        "Done-when (10 requests in turn, the destination changing every time; vLLM's counters over the "
+        "last 9):",
+        "",
+        f"- hit rate: {g['hit_rate']:.1%} through the gateway (≥ 80%: {_met(g['hit_rate'] >= 0.8)}), "
+        f"{s['hit_rate']:.1%} straight (≤ 20%: {_met(s['hit_rate'] <= 0.2)});",
+        f"- median TTFT: {g['median_ttft_ms'] / 1000:.2f} s through the gateway against "
+        f"{s['median_ttft_ms'] / 1000:.2f} s straight (at most half: "
+        f"{_met(g['median_ttft_ms'] <= s['median_ttft_ms'] / 2)});",
+        f"- headers: {', '.join(dict.fromkeys(g['headers']))};",
+        f"- a raw stream through the gateway ended with `{check['last_line']}`;",
+        f"- the gateway's /metrics counted {rewrites} rewrites in all;",
+        f"- answers through the gateway: {'; '.join(repr(a) for a in g['answers'][1:4])} …",
+    ]
     return "\n".join(lines)
 
 
