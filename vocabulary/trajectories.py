@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from vocabulary.hoist import hoist
-from vocabulary.strategies import EDIT_INFO, REFERENCE, StrategyInfo
+from vocabulary.strategies import EDIT_INFO, FLOOR, REFERENCE, StrategyInfo
 from vocabulary.sweeps import wilson
 
 ONE_PER_FIELD = "one_per_field"  # the variant that keeps one erratum per field
@@ -221,11 +221,23 @@ class TurnRecord:
 
 
 def summaries(turns: Sequence[TurnRecord]) -> dict[str, Summary]:
-    """Each strategy's summary over `turns`, against the reference's."""
+    """Each strategy's summary over `turns`, against the reference's, with its agreement on the
+    turns that changed recompute's decision (`decisive_turns`)."""
     keys = list(turns[0].results) if turns else []
     points = {k: [TurnPoint(r.agrees, r.kl_to_recompute, r.cumulative_ttft_ms, r.cumulative_tokens)
                   for r in (t.results[k] for t in turns)] for k in keys}
-    return {k: summarize(points[k], points.get(REFERENCE, [])) for k in keys}
+    decisive = decisive_turns(turns)
+    return {k: summarize(points[k], points.get(REFERENCE, []), decisive) for k in keys}
+
+
+def decisive_turns(turns: Sequence[TurnRecord]) -> list[bool] | None:
+    """Per turn: whether its changes so far changed recompute's decision, as a sweep counts its
+    changed edits: recompute's decision there differs from the floor's (stale keeps the document's
+    own values under the same turns). A turn with no change of decision (no edit, or a value set
+    back) is trivial: every strategy that ignores the edits agrees on it. None without the floor."""
+    if not turns or any(FLOOR not in t.results for t in turns):
+        return None
+    return [not t.results[FLOOR].agrees for t in turns]
 
 
 @dataclass(frozen=True)
@@ -250,28 +262,47 @@ class Summary:
     cumulative_speedup: float | None  # recompute's cumulative TTFT over this one's
     cumulative_tokens: int
     max_kl: float
+    # on the turns that changed recompute's decision (None: the trajectory did not run the floor)
+    changed_turns: int | None = None
+    changed_agreed: int | None = None
+    changed_ci95: tuple[float, float] | None = None
 
 
-def summarize(points: Sequence[TurnPoint], reference: Sequence[TurnPoint]) -> Summary:
-    """The summary of one strategy's turns against the reference's turns."""
+def summarize(points: Sequence[TurnPoint], reference: Sequence[TurnPoint],
+              decisive: Sequence[bool] | None = None) -> Summary:
+    """The summary of one strategy's turns against the reference's turns; with `decisive` (per
+    turn, whether it changed recompute's decision) its agreement on those turns too."""
     n = len(points)
     agreed = sum(p.agrees for p in points)
     cum = points[-1].cumulative_ttft_ms if points else 0.0
     ref_cum = reference[-1].cumulative_ttft_ms if reference else 0.0
+    moved = [p for p, d in zip(points, decisive, strict=False) if d] if decisive is not None else None
+    moved_agreed = sum(p.agrees for p in moved) if moved is not None else None
     return Summary(
         turns=n, agreed=agreed, agreement=agreed / n if n else 0.0, agreement_ci95=wilson(agreed, n),
         cumulative_ttft_ms=cum, cumulative_speedup=ref_cum / cum if cum > 0 and ref_cum > 0 else None,
         cumulative_tokens=points[-1].cumulative_tokens if points else 0,
         max_kl=max((p.kl_to_recompute for p in points), default=0.0),
+        changed_turns=len(moved) if moved is not None else None, changed_agreed=moved_agreed,
+        changed_ci95=wilson(moved_agreed, len(moved)) if moved else None,
     )
 
 
 def verdict(key: str, s: Summary) -> str:
-    """One sentence: 'over 28 turns field_erratum agreed on 27 and drifted at most KL 0.02, for
-    9.1x less cumulative TTFT'."""
+    """One sentence: 'on the 4 turns that changed recompute's decision field_erratum agreed on 4 (27
+    of 28 turns in all) and drifted at most KL 0.02, for 9.1x less cumulative TTFT' (without the
+    floor in the trajectory: 'over 28 turns field_erratum agreed on 27 and …')."""
     cost = ""
     if s.cumulative_speedup is not None:
         cost = (f", for {s.cumulative_speedup:.1f}x less cumulative TTFT" if s.cumulative_speedup >= 1
                 else f", for {1 / s.cumulative_speedup:.1f}x more cumulative TTFT")
-    return (f"over {s.turns} turns {key} agreed on {s.agreed} and drifted at most "
-            f"KL {s.max_kl:.2g}{cost}")
+    if s.changed_turns:
+        agreed = (f"on the {s.changed_turns} turn{'' if s.changed_turns == 1 else 's'} that changed "
+                  f"recompute's decision {key} agreed on {s.changed_agreed} ({s.agreed} of {s.turns} "
+                  "turns in all)")
+    elif s.changed_turns == 0:
+        agreed = (f"no turn changed recompute's decision: {key} agreed on {s.agreed} of {s.turns} turns, "
+                  "none of them telling")
+    else:
+        agreed = f"over {s.turns} turns {key} agreed on {s.agreed}"
+    return f"{agreed} and drifted at most KL {s.max_kl:.2g}{cost}"

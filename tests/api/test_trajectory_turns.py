@@ -64,11 +64,14 @@ def test_the_turns_editor_adds_moves_deletes_imports_and_shows_jsonl(make_client
     nb = _with_field(client)
     panel = client.get(f"/notebooks/{nb}/trajectory")
     assert panel.status_code == 200 and len(_appends(panel.text)) == 1  # one empty turn to start
-    assert 'name="turns.0.fields.status"' in panel.text and "(now “active”)" in panel.text
+    assert 'name="turns.0.fields.status"' in panel.text and "(before this turn “active”)" in panel.text
     edit = f"/notebooks/{nb}/trajectory/turns"
     rows = [{"append": "A"}, {"append": "B", "fields.status": "suspended"}]
     added = client.post(edit, data={**_form(rows), "op": "add"}, headers=HX)
     assert added.status_code == 200 and _appends(added.text) == ["A", "B", ""]
+    # each turn's field label reads the value as that turn starts: turn 2 set it, turn 3 reads it
+    assert added.text.count("(before this turn “active”)") == 2
+    assert added.text.count("(before this turn “suspended”)") == 1
     assert re.search(r'name="turns\.2\.append"[^>]*autofocus', added.text)  # the new turn has the focus
     rows.append({"append": "C", "question": "Is the plan business?", "choices": "yes, no"})
     moved = client.post(edit, data={**_form(rows), "op": "up:2"}, headers=HX)

@@ -81,7 +81,13 @@ def test_every_strategy_carries_its_cache_and_prefix_reuse_is_exact(family):
     assert summary["recompute"].cumulative_speedup == pytest.approx(1.0)
     lo, hi = summary[PREFIX_REUSE].agreement_ci95
     assert 0.5 < lo < 1.0 and hi == 1.0
-    assert report.verdicts()[PREFIX_REUSE].startswith(f"over 6 turns {PREFIX_REUSE} agreed on 6")
+    reuse = summary[PREFIX_REUSE]  # stale ran: agreement is also read on the turns that changed the decision
+    moved = [not t.results["stale"].agrees for t in report.turns]
+    assert (reuse.changed_turns, reuse.changed_agreed) == (sum(moved), sum(moved))  # exact on each
+    assert summary["stale"].changed_agreed == 0  # stale disagrees on every turn that counts, by definition
+    words = report.verdicts()[PREFIX_REUSE]
+    assert (f"{PREFIX_REUSE} agreed on {sum(moved)} (6 of 6 turns in all)" in words if any(moved)
+            else words.startswith(f"no turn changed recompute's decision: {PREFIX_REUSE} agreed on 6 of 6"))
 
 
 def test_in_place_edits_the_document_piece_of_its_cache():

@@ -136,3 +136,32 @@ def test_after_adopt_the_page_lands_on_the_confirmation_and_auto_names_the_polic
     auto = page.locator(".strategy-checks label", has=page.locator('input[value="auto"]'))
     expect(auto.locator(".auto-policy")).to_have_text("follows the adopted policy: erratum, at its cost")
     page.context.close()
+
+
+PLOT_TEXT = """() => [...document.querySelectorAll('svg.trajectory-plot')].map(svg => {
+  const box = svg.getBoundingClientRect();
+  const texts = [...svg.querySelectorAll('text')].map(t => t.getBoundingClientRect());
+  const legend = [...svg.querySelectorAll('.plot-legend')].map(t => t.getBoundingClientRect().height);
+  return {left: box.left, right: box.right, minLeft: Math.min(...texts.map(r => r.left)),
+          maxRight: Math.max(...texts.map(r => r.right)), legend: legend.length ? Math.min(...legend) : null};
+})"""
+
+
+def test_the_trajectory_plots_read_in_seconds_with_numbered_turns_and_legible_legends(site, browser) -> None:
+    from tests.web.finished_trajectory import finished_trajectory
+
+    server, _ = site
+    with server.db() as s:
+        tid = finished_trajectory(s)
+    page = browser.new_context(viewport={"width": 1280, "height": 800}, bypass_csp=True).new_page()
+    page.goto(f"{server.url}/trajectories/{tid}")
+    plots = page.evaluate(PLOT_TEXT)
+    page.locator(".trajectory-plots").scroll_into_view_if_needed()
+    page.screenshot(path=str(ARTIFACTS / "62-trajectory-plots-1280.png"))
+    assert len(plots) == 3
+    for plot in plots:  # no text drawn outside its drawing (the y axis's values are not clipped)
+        assert plot["minLeft"] >= plot["left"] - 0.5 and plot["maxRight"] <= plot["right"] + 0.5, plot
+    assert all(p["legend"] >= 11 for p in plots[:2]), plots  # legend text at least 11 px tall on screen
+    expect(page.locator("svg.trajectory-plot >> nth=1")).to_contain_text("40 s")
+    expect(page.locator(".turn-tick")).to_have_count(8)  # turns 1..4 on the drift and cumulative plots
+    page.context.close()

@@ -31,8 +31,16 @@ from app.web.forms import upload_text
 from app.web.runs.export_pages import report_assets, unlinked
 from app.web.runs.render_cache import cached
 from app.web.templating import render, templates
-from app.web.trajectories.turns_form import Edited, TurnRow, apply, jsonl_of, row_of, rows_from_form
-from app.web.trajectories.view import csv_text, cumulative_svg, drift_svg, timeline_svg
+from app.web.trajectories.turns_form import (
+    Edited,
+    TurnRow,
+    apply,
+    jsonl_of,
+    row_of,
+    rows_from_form,
+    values_as_of,
+)
+from app.web.trajectories.view import csv_text, cumulative_svg, drift_svg, set_back, timeline_svg
 from data.models import RUN_ACTIVE, Notebook, Skill
 from data.queue import QueueUnavailable
 from data.settings import get_settings
@@ -62,7 +70,8 @@ def _active(view: TrajectoryView) -> bool:
 def trajectory_page(request: Request, trajectory_id: int, session: SessionDep) -> Response:
     view = _view(session, trajectory_id)
     return render(request, "trajectory.html", trajectory=view, active=_active(view), drift=drift_svg(view),
-                  cumulative=cumulative_svg(view), timeline=timeline_svg(view), nav="runs")
+                  cumulative=cumulative_svg(view), timeline=timeline_svg(view), reverted=set_back(view),
+                  nav="runs")
 
 
 @router.get("/trajectories/{trajectory_id}/progress")
@@ -122,7 +131,8 @@ def _report(session, row: Trajectory, download: str) -> Response:
     page = templates.get_template("trajectory_report.html").render(
         trajectory=view, css=css, drift=_svg_inline(drift_svg(view)),
         cumulative=_svg_inline(cumulative_svg(view)), timeline=_svg_inline(timeline_svg(view)),
-        generated=datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"), REFERENCE=REFERENCE)
+        reverted=set_back(view), generated=datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        REFERENCE=REFERENCE)
     policy = ("default-src 'none'; style-src 'unsafe-inline'; img-src data:; base-uri 'none'; "
               "form-action 'none'; frame-ancestors 'none'")
     headers = {"Content-Security-Policy": policy}
@@ -168,7 +178,7 @@ def _panel(request: Request, session, notebook: Notebook, errors: dict[str, str]
               if key.startswith("turns.") and key[6:].isdigit() and int(key[6:]) < len(edited.rows)}
     top = [message for key, message in errors.items() if key.startswith("turns") and key not in beside]
     return render(request, "_trajectory_panel.html", status_code=status_code, notebook=notebook,
-                  labels=labels, now={f.label: f.old_value for f in notebook.fields if f.label},
+                  labels=labels, as_of=values_as_of(edited.rows, _document_values(notebook)),
                   trajectories=rows, errors=errors, beside=beside, top=top, turn_rows=edited.rows,
                   focus=edited.focus, notice=edited.notice,
                   jsonl=jsonl_of(edited.rows) if edited.show_jsonl else None,
@@ -176,6 +186,11 @@ def _panel(request: Request, session, notebook: Notebook, errors: dict[str, str]
                   form=form or {"question": question.text if question else "",
                                 "choices": _choices_of(notebook), "strategies": list(default_keys())},
                   keys=keys, max_turns=get_settings().max_turns, unchecked=unchecked_here(notebook.model))
+
+
+def _document_values(notebook: Notebook) -> dict[str, str]:
+    """The notebook's labelled fields' values in its document (label -> value)."""
+    return {f.label: f.old_value for f in notebook.fields if f.label}
 
 
 def _form(data) -> dict:

@@ -175,3 +175,13 @@ def apply(op: str, rows: list[TurnRow], labels: Sequence[str], imported: str = "
             verb = "up"
         return Edited(rows, focus=f"{verb}:{j}")
     raise Unprocessable("form", f"unknown action {op!r}")
+
+
+def values_as_of(rows: Sequence[TurnRow], document: dict[str, str]) -> list[dict[str, str]]:
+    """Each row's field values as it starts: the document's (`document`, label -> value), then
+    every earlier row's non-empty values applied in order (a turn's label reads what the turn changes)."""
+    values, out = dict(document), []
+    for row in rows:
+        out.append(dict(values))
+        values.update({label: value for label, value in row.fields.items() if value})
+    return out
