@@ -26,6 +26,7 @@ from app.services.gateway import current
 from serving import ReplayError
 from serving.gateway import CHAT, COMPLETIONS, Gateway, Prepared
 from serving.relay import Relay, UpstreamError
+from vocabulary.text_rules import text_problem
 
 HEADER = "x-kvnotes-gateway"
 router = APIRouter(tags=["gateway"])
@@ -47,14 +48,12 @@ def openai_error(status: int, message: str, param: str | None = None,
 
 
 def _valid_text(value: object, where: str = "body") -> None:
-    """Refuse text that is not valid Unicode (a lone surrogate from a JSON escape) or holds NUL."""
+    """Refuse text the one set of text rules refuses (`vocabulary.text_rules`: not valid Unicode, such
+    as a lone surrogate from a JSON escape, or a NUL); blank text is the client's own business."""
     if isinstance(value, str):
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError:
-            raise BadRequest(400, f"{where} is not valid Unicode (a lone surrogate)", where) from None
-        if "\x00" in value:
-            raise BadRequest(400, f"{where} holds a NUL character", where)
+        problem = text_problem(value, blank=True)
+        if problem:
+            raise BadRequest(400, f"{where} {problem}", where)
     elif isinstance(value, dict):
         for key, item in value.items():
             _valid_text(key, where)

@@ -192,9 +192,10 @@ def test_faults_come_back_as_openai_errors(tmp_path):
         surrogate = httpx.post(f"{gateway.url}/v1/chat/completions", content=lone,
                                headers={"content-type": "application/json"})
         assert surrogate.status_code == 400
-        assert surrogate.json()["error"] == {"message": "messages[0].content is not valid Unicode (a lone "
-                                                        "surrogate)", "type": "invalid_request_error",
-                                             "param": "messages[0].content", "code": 400}
+        assert surrogate.json()["error"] == {
+            "message": "messages[0].content is not valid Unicode: a lone surrogate U+D800 at character 1 "
+                       "(send text as UTF-8)", "type": "invalid_request_error",
+            "param": "messages[0].content", "code": 400}
         no_messages = httpx.post(f"{gateway.url}/v1/chat/completions", json={"model": "m"})
         assert no_messages.status_code == 400 and no_messages.json()["error"]["param"] == "messages"
         assert failing.completions and not slow.gone.is_set()

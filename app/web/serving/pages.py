@@ -59,6 +59,7 @@ def _panel(request: Request, session: Session, notebook: Notebook, replay: Repla
                 "rate": "1", "concurrency": "4", "variants": list(VARIANTS), "extend_choices": False}
     return render(request, "_serving.html", status, notebook=notebook, errors=errors or {},
                   values={**defaults, **(values or {})}, VARIANTS=VARIANTS, VARIANT_HELP=VARIANT_HELP,
+                  gateway_template=settings.gateway_notebook == notebook.id,
                   **panel_context(replay, run_estimates(session, notebook.id)))
 
 

@@ -1,0 +1,81 @@
+"""The gateway mounted at `/gateway/v1` under the web app, behind its accounts and tokens, in template
+mode: a notebook's document with its field as a slot, named by the field's label in the erratum; the
+Gateway page lists the base, and the template's notebook links to it. The upstream is a real HTTP
+peer speaking vLLM's API (`tests.serving.engines`)."""
+
+from __future__ import annotations
+
+import httpx
+import openai
+import pytest
+
+from tests.conftest import ServedApp
+from tests.serving.conftest import DOCUMENT, QUESTION
+from tests.serving.engines import Engine
+from vocabulary import render_erratum
+
+LABEL = "port of discharge"
+
+
+@pytest.fixture
+def engine():
+    served = Engine("vllm")
+    yield served
+    served.close()
+
+
+def _token(app: ServedApp) -> str:
+    from data.accounts import add_user, create_token
+
+    with app.db() as session:
+        add_user(session, "ops", "ops-password-long", "editor")
+        token = create_token(session, "ops")[1]
+        session.commit()
+    return token
+
+
+def test_template_mode_under_serve_behind_tokens(tmp_path, engine):
+    with ServedApp(tmp_path, "tiny-llama", KVNOTES_AUTH="required",
+                   KVNOTES_GATEWAY_UPSTREAM=f"{engine.url}/v1", KVNOTES_GATEWAY_NOTEBOOK="1",
+                   KVNOTES_GATEWAY_CHECK_RATE="0") as app:
+        token = _token(app)
+        web = httpx.Client(base_url=app.url, headers={"Authorization": f"Bearer {token}"})
+        start = DOCUMENT.index("Oslo")
+        created = web.post("/api/notebooks", json={"title": "shipment", "model": "tiny-llama",
+                                                   "text": DOCUMENT})
+        assert created.status_code == 201 and created.json()["id"] == 1, created.text
+        field = web.post("/api/notebooks/1/fields", json={"start": start, "end": start + 4,
+                                                           "new_value": "Madrid", "label": LABEL})
+        assert field.status_code == 201, field.text
+
+        anonymous = httpx.post(f"{app.url}/gateway/v1/chat/completions", json={"model": "m", "messages": []})
+        assert anonymous.status_code == 401  # the same accounts and tokens as the API
+        client = openai.OpenAI(base_url=f"{app.url}/gateway/v1", api_key=token, max_retries=0)
+
+        def ask(city: str):
+            return client.chat.completions.with_raw_response.create(
+                model="smollm2-135m", max_tokens=8, temperature=0, messages=[
+                    {"role": "system",
+                     "content": "You answer from the record.\n" + DOCUMENT.replace("Oslo", city)},
+                    {"role": "user", "content": QUESTION}])
+
+        assert ask("Oslo").headers["x-kvnotes-gateway"] == "pass-through; reason=new base"
+        rewritten = ask("Rome")
+        assert rewritten.headers["x-kvnotes-gateway"] == "erratum"
+        sent = engine.completions[-1]["messages"][0]["content"]
+        assert sent == "You answer from the record.\n" + DOCUMENT + render_erratum(LABEL, "Oslo", "Rome")
+        other = DOCUMENT.replace("Oslo", "Lisbon").replace("NordFreight", "SeaLine")  # outside the slot
+        outside = client.chat.completions.with_raw_response.create(
+            model="smollm2-135m", max_tokens=8, messages=[{"role": "system", "content": other},
+                                                           {"role": "user", "content": QUESTION}])
+        assert outside.headers["x-kvnotes-gateway"] == ("pass-through; reason=the notebook's document is "
+                                                        "not in the prompt")
+        page = web.get("/gateway")
+        assert page.status_code == 200
+        assert LABEL in page.text and "/notebooks/1" in page.text and "erratum" in page.text
+        bases = web.get("/gateway/bases").text
+        assert 'hx-trigger="every 2s"' in bases
+        assert "<td>3</td><td>1</td><td>2</td>" in bases  # requests, rewrites, pass-throughs
+        assert 'href="/gateway"' in web.get("/notebooks/1/serving").text
+        metrics = web.get("/gateway/metrics").text
+        assert "kvnotes_gateway_rewrites_total 1" in metrics
