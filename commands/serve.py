@@ -2,10 +2,13 @@
 (a worker alone).
 
 `serve` migrates the database, checks it may start (below), closes its own database connections,
-starts the worker under a `WorkerSupervisor` (restarted with backoff when it dies; it dies with
-`serve`), then supervises the web app's processes (`commands.web`: a process that dies is replaced
-at once); Ctrl-C or SIGTERM stops the web processes, then the worker (a warm shutdown, SIGKILL after
-`WORKER_STOP_S`). `--no-worker` serves the web app alone (workers run elsewhere, as in compose.yaml).
+starts the model's worker and the replays' worker (a small thread pool serving the replays' own
+queue: replays never hold the model's worker) under `WorkerSupervisor`s (restarted with backoff when
+they die; they die with `serve`) and the one reaper of lost jobs (`commands.supervisor.Reaper`,
+every 15 s), then supervises the web app's processes (`commands.web`: a process that dies is replaced
+at once); Ctrl-C or SIGTERM stops the web processes, then the workers (a warm shutdown, SIGKILL
+after `WORKER_STOP_S`). `--no-worker` serves the web app alone (workers run elsewhere, as in
+compose.yaml: `kvnotes worker` and `kvnotes worker --replays`).
 `--web-workers N` (default: the machine's core count) runs N web processes on one
 socket; each has its own database pool and request limiter (`KVNOTES_DB_POOL_SIZE` requests at once,
 `app.api.capacity`) and its own heavy-render slots, so a crowd gets N times one process's capacity;
@@ -25,10 +28,17 @@ import os
 import signal
 import sys
 
-from commands.supervisor import WORKER_STOP_S, WorkerSupervisor, stop_worker, worker_command
+from commands.supervisor import (
+    WORKER_STOP_S,
+    Reaper,
+    WorkerSupervisor,
+    replay_worker_command,
+    stop_worker,
+    worker_command,
+)
 
-__all__ = ["WORKER_STOP_S", "add_commands", "cmd_serve", "cmd_worker", "startup_problem", "stop_worker",
-           "worker_command"]
+__all__ = ["WORKER_STOP_S", "add_commands", "cmd_serve", "cmd_worker", "replay_worker_command",
+           "startup_problem", "stop_worker", "worker_command"]
 
 log = logging.getLogger("kvnotes.serve")
 
@@ -102,8 +112,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
     release_connections()  # this process only supervises: it holds no SQLite file from here on
     configure_logging(logging.INFO)
     supervisor = None if args.no_worker else WorkerSupervisor(models, args.name, env=dict(os.environ))
-    if supervisor is not None:
-        supervisor.start()
+    replays = None if args.no_worker else WorkerSupervisor(models, env=dict(os.environ), replays=True)
+    for started in (supervisor, replays):
+        if started is not None:
+            started.start()
+    reaper = Reaper()  # the one reaper, also when the workers run elsewhere (`--no-worker`)
+    reaper.start()
     processes = args.web_workers or os.cpu_count() or 1
     print(f"kvnotes: open http://{args.host}:{args.port}/  ({processes} web processes, "
           f"{'no worker' if supervisor is None else f'worker {supervisor.name}'}, "
@@ -118,13 +132,18 @@ def cmd_serve(args: argparse.Namespace) -> int:
     try:
         serve_web(args.host, args.port, processes)
     finally:
-        if supervisor is not None:
-            log.info("stopping the worker (code %s)", supervisor.stop())
+        reaper.stop()
+        for started in (replays, supervisor):
+            if started is not None:
+                log.info("stopping the worker %s (code %s)", started.name, started.stop())
     return 0
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
-    """Become a Celery worker for the given models' queues (never returns)."""
+    """Become a Celery worker for the given models' queues, or with `--replays` the replays' worker
+    (never returns)."""
+    if args.replays:
+        os.execv(sys.executable, replay_worker_command(args.name, args.loglevel))
     cmd = worker_command(_models(args.model), args.name, args.loglevel)
     if args.model:
         os.environ["KVNOTES_DEFAULT_MODEL"] = _models(args.model)[0]
@@ -161,5 +180,8 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--model", default=None, help="model(s) to serve, comma-separated (default: settings)")
     p.add_argument("--concurrency", type=int, default=1, help="kept at 1: one model, one task at a time")
     p.add_argument("--name", default=None, help="worker node name (default kvnotes-<model>-<random>@<host>)")
+    p.add_argument("--replays", action="store_true",
+                   help="serve the replays' queue instead (HTTP calls, KVNOTES_REPLAY_THREADS at once, "
+                        "no model)")
     p.add_argument("--loglevel", default="INFO")
     p.set_defaults(func=cmd_worker)

@@ -30,6 +30,9 @@ TASK_COMPILE_SKILL = "kvnotes.compile_skill"
 TASK_REPLAY = "kvnotes.replay"
 TASK_TRAJECTORY = "kvnotes.trajectory"
 TASK_NAMES = (TASK_RUN, TASK_COMPILE_SKILL, TASK_REPLAY, TASK_TRAJECTORY)
+# replays are I/O (HTTP calls to the user's server), not model work: their own queue, served by a
+# small thread pool (`kvnotes serve` starts it: `commands.supervisor`), never by a model's worker
+REPLAY_QUEUE = "replays"
 
 
 BROKER_DOWN = (
@@ -57,7 +60,8 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "result_backend": settings.result_backend,
         "task_default_queue": queue_for(settings.default_model),
         # Fallback routes; enqueue_* name the model's queue explicitly.
-        "task_routes": {name: {"queue": queue_for(settings.default_model)} for name in TASK_NAMES},
+        "task_routes": {**{name: {"queue": queue_for(settings.default_model)} for name in TASK_NAMES},
+                        TASK_REPLAY: {"queue": REPLAY_QUEUE}},
         "task_serializer": "json",
         "accept_content": ["json"],
         "result_serializer": "json",
@@ -138,10 +142,10 @@ def enqueue_compile(skill: Skill) -> str:
     return _send(TASK_COMPILE_SKILL, {"skill_id": skill.id}, queue_for(skill.model))
 
 
-def enqueue_replay(replay_id: int, task_id: str, model: str) -> str:
-    """Send `kvnotes.replay(replay_id=...)` under the replay's token to the queue of a worker of
-    `model` (the notebook's: a replay needs no model of its own, only a worker to drive the server)."""
-    return _send(TASK_REPLAY, {"replay_id": replay_id}, queue_for(model), task_id)
+def enqueue_replay(replay_id: int, task_id: str) -> str:
+    """Send `kvnotes.replay(replay_id=...)` under the replay's token to the replays' own queue
+    (`REPLAY_QUEUE`: a replay needs no model, only a thread to drive the user's server)."""
+    return _send(TASK_REPLAY, {"replay_id": replay_id}, REPLAY_QUEUE, task_id)
 
 
 def enqueue_trajectory(trajectory_id: int, task_id: str, model: str) -> str:

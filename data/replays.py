@@ -55,6 +55,9 @@ class Replay(Base):
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    # the worker that holds it and its last heartbeat (`data.jobs`: the one reaper reads them)
+    worker: Mapped[str | None] = mapped_column(String(200))
+    heartbeat_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     result: Mapped[AnyResult | None] = mapped_column(Typed(AnyResult | None))
 
     @validates("snapshot")

@@ -59,6 +59,8 @@ class Settings(BaseSettings):
     # A replay's bounds: in all, and for each answer of its server (seconds).
     replay_deadline_s: float = Field(default=900.0, gt=0, validation_alias="KVNOTES_REPLAY_DEADLINE")
     replay_request_s: float = Field(default=120.0, gt=0, validation_alias="KVNOTES_REPLAY_REQUEST_TIMEOUT")
+    # replays served at once by a replays worker (threads: a replay is HTTP calls, not model work)
+    replay_threads: int = Field(default=4, ge=1, le=64, validation_alias="KVNOTES_REPLAY_THREADS")
 
     # The erratum gateway (`kvnotes gateway`, and `/gateway/v1` in `kvnotes serve`; docs/gateway.md):
     # the one upstream it forwards to ("" = the first KVNOTES_VLLM_URL) and its engine, the layout

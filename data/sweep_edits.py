@@ -16,9 +16,9 @@ Nothing waits for the broker to deliver a lost message again (the embedded SQLAl
 does). `refresh_sweep` writes the sweep's progress ("k of N edits") and, once no edit is left to run
 or to retry, its end: with failures, "k of N edits; 1 failed: lost twice …" naming the reason.
 
-Workers (their watchdog beat, and at start), `kvnotes serve` (when its worker dies) and web readers
-(`data.watchdog.reap_for_reader`) call `retry_lost_edits` after the watchdog's writes are committed:
-a message must never be sent before the row that holds its token.
+The one reaper (`data.watchdog.reap`: the workers' beat and `kvnotes serve`, never a web read) calls
+`retry_lost_edits` after its writes are committed: a message must never be sent before the row that
+holds its token.
 """
 
 from __future__ import annotations

@@ -54,6 +54,9 @@ class Trajectory(Base):
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    # the worker that holds it and its last heartbeat (`data.jobs`: the one reaper reads them)
+    worker: Mapped[str | None] = mapped_column(String(200))
+    heartbeat_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
 
     @validates("spec")
     def _typed_spec(self, _key: str, value: Any) -> TrajectorySpec:

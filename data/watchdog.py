@@ -1,102 +1,156 @@
-"""The watchdog: a run left `running` by a worker that died is marked `failed`, never left silent.
+"""The one reaper: a job (run, trajectory, replay: `data.jobs.KINDS`) whose worker died, went silent
+or lost its message is marked `failed` with the reason, never left `queued` or `running` in silence.
 
-A live worker refreshes `runs.heartbeat_at` every few seconds while it works on a run. A run whose
-heartbeat (or, before the first one, its start) is older than `max_age` belongs to a worker that is
-gone. The web side calls `reap_stale_runs` when it reads runs; a worker calls it with `worker=` its
-own hostname at start, where every run still `running` under its name is from its previous life.
-With the worker registry (`data.workers`) it does not wait for the heartbeat age: a run held by a
-worker that stopped or stopped beating is failed at once, and a run still `queued` while a live
-worker of its model has sat idle for `QUEUED_GRACE_S` lost its message (a worker took it and died
-before starting it) and is failed too, as is a run queued for a model that this installation does
-not serve (`KVNOTES_MODELS`) and no live worker holds: it would wait forever. `watch` does all of
-this; workers call it every few seconds. A sweep's edit failed here is queued again once
-(`data.sweep_edits.retry_lost_edits`, called once these writes are committed).
+A live worker refreshes the job's `heartbeat_at` every few seconds while it works on it. A job whose
+heartbeat (before the first one, its start; before that, its creation) is older than `max_age`
+belongs to a worker that is gone. With the worker registry (`data.workers`) it does not wait for
+the heartbeat age: a job held by a worker that stopped or stopped beating is failed at once, and a
+job still `queued` while a live worker of its queue has sat idle for `QUEUED_GRACE_S` lost its
+message (a worker took it and died before starting it, or a storage fault used it up) and is failed
+too, as is a run queued for a model that this installation does not serve (`KVNOTES_MODELS`) and no
+live worker holds: it would wait forever. A trajectory or replay still queued past the task time
+limit (+ 60 s) never had a worker take it, and is failed saying so.
 
-Pure database work on the caller's session (the caller commits); no torch, no worker tasks.
+`reap` does all of this and commits; the workers' beat (`worker.presence`) and `kvnotes serve`
+(`commands.supervisor`) call it every few seconds, never a web read. A worker starting, or a
+supervisor whose worker died, fails the jobs held under that worker's name (`reap_worker`). A
+sweep's edit failed here is queued again once (`data.sweep_edits.retry_lost_edits`, called once
+these writes are committed).
+
+The rules work on the caller's session (the caller commits); `reap` and `reap_worker` commit.
 """
 
 from __future__ import annotations
 
+import logging
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
-from sqlalchemy import func, or_, select
-from sqlalchemy.exc import DBAPIError
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from data.jobs import KINDS, REPLAYS, RUNS, TRAJECTORIES, JobKind, finish
 from data.models import MESSAGE_LOST, WORKER_LOST, Run, RunStatus, as_utc  # the reasons it writes
 from data.queue import queue_for
 from data.settings import get_settings
 from data.sweep_edits import retry_lost_edits
 from data.workers import dead_worker_names, live_workers
 
+log = logging.getLogger(__name__)
 QUEUED_GRACE_S = 30.0  # a live idle worker takes a waiting message within a second or two
+DEADLINE_KINDS = (TRAJECTORIES, REPLAYS)  # a run queued for long waits for a worker (health says so)
 
 
-def reap_stale_runs(session: Session, now: datetime, max_age: float, worker: str | None = None) -> list[int]:
-    """Mark lost runs failed with `WORKER_LOST`; return their ids.
+@dataclass
+class Reaped:
+    """The ids of the jobs failed, by kind name."""
 
-    Args:
-        session: an open session; the caller commits.
-        now: the current time (timezone-aware UTC).
-        max_age: seconds without a heartbeat after which a running run counts as lost.
-        worker: when given, every run `running` under this worker name is lost regardless of age
-            (a worker starting up calls this: it runs nothing yet).
-    """
-    now = as_utc(now) or datetime.now(UTC)
-    query = select(Run).where(Run.status == RunStatus.RUNNING)
+    ids: dict[str, list[int]] = field(default_factory=dict)
+
+    def add(self, kind: JobKind, ids: list[int]) -> Reaped:
+        if ids:
+            self.ids.setdefault(kind.name, []).extend(ids)
+        return self
+
+    def merge(self, other: Reaped) -> Reaped:
+        for name, ids in other.ids.items():
+            self.ids.setdefault(name, []).extend(ids)
+        return self
+
+    @property
+    def runs(self) -> list[int]:
+        return self.ids.get(RUNS.name, [])
+
+    def __bool__(self) -> bool:
+        return any(self.ids.values())
+
+
+def _last_sign(row: Any) -> datetime | None:
+    return as_utc(row.heartbeat_at) or as_utc(row.started_at) or as_utc(row.created_at)
+
+
+def reap_stale(session: Session, kind: JobKind, now: datetime, max_age: float,
+               worker: str | None = None) -> list[int]:
+    """Fail the kind's jobs `running` without a heartbeat for `max_age` s (or, with `worker`, every
+    job running under that worker, whatever its age: a worker starting up runs nothing yet)."""
+    table = kind.table
+    query = select(table).where(table.status == RunStatus.RUNNING.value)
     if worker is not None:
-        query = query.where(Run.worker == worker)
+        query = query.where(table.worker == worker)
     else:
-        cutoff = now - timedelta(seconds=max_age)
-        query = query.where(
-            or_(
-                Run.heartbeat_at < cutoff,
-                (Run.heartbeat_at.is_(None)) & or_(Run.started_at.is_(None), Run.started_at < cutoff),
-            )
-        )
+        last = func.coalesce(table.heartbeat_at, table.started_at, table.created_at)
+        query = query.where(last < now - timedelta(seconds=max_age))
     reaped: list[int] = []
-    for run in session.scalars(query.with_for_update()):
-        last = as_utc(run.heartbeat_at) or as_utc(run.started_at)
+    for row in session.scalars(query.with_for_update()):
+        last = _last_sign(row)
         if worker is None and last is not None and (now - last).total_seconds() < max_age:
             continue  # the SQL comparison on naive SQLite values said stale; trust the aware one
-        _fail(run, now, WORKER_LOST)
-        reaped.append(run.id)
+        finish(row, RunStatus.FAILED, WORKER_LOST, now=now)
+        reaped.append(row.id)
     session.flush()
     return reaped
 
 
-def _fail(run: Run, now: datetime, message: str) -> None:
-    run.status, run.error, run.stage, run.finished_at = RunStatus.FAILED, message, "failed", now
+def reap_stale_runs(session: Session, now: datetime, max_age: float, worker: str | None = None) -> list[int]:
+    """`reap_stale` for runs: the ids of the runs failed with `WORKER_LOST`."""
+    return reap_stale(session, RUNS, as_utc(now) or datetime.now(UTC), max_age, worker)
 
 
-def reap_runs_of_dead_workers(session: Session, now: datetime) -> list[int]:
-    """Runs `running` under a worker the registry knows to be stopped or silent: failed now."""
+def reap_of_dead_workers(session: Session, kind: JobKind, now: datetime) -> list[int]:
+    """The kind's jobs `running` under a worker the registry knows to be stopped or silent."""
     dead = dead_worker_names(session, now)
     if not dead:
         return []
-    reaped = []
-    for run in session.scalars(select(Run).where(Run.status == RunStatus.RUNNING, Run.worker.in_(dead))):
-        _fail(run, now, WORKER_LOST)
-        reaped.append(run.id)
+    table, reaped = kind.table, []
+    for row in session.scalars(select(table).where(table.status == RunStatus.RUNNING.value,
+                                                   table.worker.in_(dead))):
+        finish(row, RunStatus.FAILED, WORKER_LOST, now=now)
+        reaped.append(row.id)
+    session.flush()
+    return reaped
+
+
+def reap_runs_of_dead_workers(session: Session, now: datetime) -> list[int]:
+    return reap_of_dead_workers(session, RUNS, now)
+
+
+def reap_lost(session: Session, kind: JobKind, now: datetime, grace_s: float = QUEUED_GRACE_S) -> list[int]:
+    """The kind's jobs still `queued` after `grace_s` although a live worker of their queue has
+    been idle for `grace_s`: their message is gone."""
+    idle_queues = {q for w in live_workers(session, now) if w.idle_for(now) > grace_s for q in w.queues}
+    if not idle_queues:
+        return []
+    cutoff = now - timedelta(seconds=grace_s)
+    table, reaped = kind.table, []
+    # a queued job's heartbeat is when it was queued again (a sweep's edit after its worker was lost)
+    queued_at = func.coalesce(table.heartbeat_at, table.created_at)
+    waiting = select(table).where(table.status == RunStatus.QUEUED.value, queued_at < cutoff)
+    for row in session.scalars(waiting):
+        created = as_utc(row.heartbeat_at) or as_utc(row.created_at)
+        if created is not None and created < cutoff and kind.queue_of(row) in idle_queues:
+            finish(row, RunStatus.FAILED, MESSAGE_LOST, now=now)
+            reaped.append(row.id)
     session.flush()
     return reaped
 
 
 def reap_lost_messages(session: Session, now: datetime, grace_s: float = QUEUED_GRACE_S) -> list[int]:
-    """Runs still `queued` after `grace_s` although a live worker of their model has been idle for
-    `grace_s`: their message is gone (taken by a worker that died before starting them)."""
-    idle_queues = {q for w in live_workers(session, now) if w.idle_for(now) > grace_s for q in w.queues}
-    if not idle_queues:
-        return []
-    cutoff = now - timedelta(seconds=grace_s)
-    reaped = []
-    # a queued run's heartbeat is when it was queued again (a sweep's edit after its worker was lost)
-    queued_at = func.coalesce(Run.heartbeat_at, Run.created_at)
-    for run in session.scalars(select(Run).where(Run.status == RunStatus.QUEUED, queued_at < cutoff)):
-        created = as_utc(run.heartbeat_at) or as_utc(run.created_at)
-        if created is not None and created < cutoff and queue_for(run.model) in idle_queues:
-            _fail(run, now, MESSAGE_LOST)
-            reaped.append(run.id)
+    return reap_lost(session, RUNS, now, grace_s)
+
+
+def reap_past_deadline(session: Session, kind: JobKind, now: datetime) -> list[int]:
+    """The kind's jobs still queued past the task time limit + 60 s: no worker ever took them."""
+    limit_s = get_settings().task_time_limit_s + 60
+    table, reaped = kind.table, []
+    rows = session.scalars(select(table).where(table.status == RunStatus.QUEUED.value,
+                                               table.created_at < now - timedelta(seconds=limit_s)))
+    for row in rows:
+        if (now - as_utc(row.created_at)).total_seconds() < limit_s:
+            continue
+        finish(row, RunStatus.FAILED, f"the {kind.name} did not finish within {limit_s} s "
+               "(KVNOTES_TASK_TIME_LIMIT + 60 s): no worker took its message; start it again", now=now)
+        reaped.append(row.id)
     session.flush()
     return reaped
 
@@ -119,7 +173,7 @@ def reap_unserved(session: Session, now: datetime) -> list[int]:
     reaped = []
     for run in session.scalars(select(Run).where(Run.status == RunStatus.QUEUED)):
         if run.model in unserved:
-            _fail(run, now, unserved_message(run.model))
+            finish(run, RunStatus.FAILED, unserved_message(run.model), now=now)
             reaped.append(run.id)
     session.flush()
     return reaped
@@ -130,21 +184,38 @@ def unserved_message(model: str) -> str:
     return f"no worker serves the model {model} here (KVNOTES_MODELS: {served}); run it on a served model"
 
 
-def watch(session: Session, now: datetime | None = None) -> list[int]:
-    """Every rule above, on the caller's session (the caller commits); the ids of runs failed."""
-    now = now or datetime.now(UTC)
-    return (reap_stale_runs(session, now, get_settings().heartbeat_max_age_s)
-            + reap_runs_of_dead_workers(session, now) + reap_lost_messages(session, now)
-            + reap_unserved(session, now))
+def watch(session: Session, now: datetime | None = None) -> Reaped:
+    """Every rule above, for every kind, on the caller's session (the caller commits)."""
+    now = as_utc(now) or datetime.now(UTC)
+    max_age = get_settings().heartbeat_max_age_s
+    reaped = Reaped()
+    for kind in KINDS:
+        reaped.add(kind, reap_stale(session, kind, now, max_age) + reap_of_dead_workers(session, kind, now)
+                   + reap_lost(session, kind, now))
+    for kind in DEADLINE_KINDS:
+        reaped.add(kind, reap_past_deadline(session, kind, now))
+    return reaped.add(RUNS, reap_unserved(session, now))
 
 
-def reap_for_reader(session: Session) -> None:
-    """What a web reader of runs calls first: lost runs become `failed` before anyone looks, and a
-    sweep's edits among them are queued again once (`data.sweep_edits`). A database that cannot be
-    written (read-only, full) must not stop anyone reading: skipped then."""
-    try:
-        if watch(session):
-            session.commit()
-        retry_lost_edits(session)
-    except DBAPIError:
-        session.rollback()
+def reap(session: Session, now: datetime | None = None) -> Reaped:
+    """THE reaper: every rule, committed, then a sweep's lost edits queued again once. What the
+    workers' beat and `kvnotes serve` run every few seconds."""
+    reaped = watch(session, now)
+    session.commit()
+    retry_lost_edits(session)  # after the commit: a message is never sent before its row
+    if reaped:
+        log.warning("reaper: jobs marked failed (their worker or message was lost)",
+                    extra={"reaped": reaped.ids})
+    return reaped
+
+
+def reap_worker(session: Session, worker: str, now: datetime | None = None) -> Reaped:
+    """Fail every job `running` under `worker` (it starts afresh, or it died), commit, and queue a
+    sweep's edits among them again once."""
+    now = as_utc(now) or datetime.now(UTC)
+    reaped = Reaped()
+    for kind in KINDS:
+        reaped.add(kind, reap_stale(session, kind, now, 0.0, worker=worker))
+    session.commit()
+    retry_lost_edits(session)
+    return reaped

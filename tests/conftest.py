@@ -197,14 +197,15 @@ def kvnotes_cli(*args: str, env: dict[str, str], stdin: str | None = None,
 
 class ServedApp:
     """THE served app of the tests: uvicorn serving `app.main:app` on a free port over a migrated
-    kvnotes under `data`, and, with `worker=True`, a real Celery worker for `model`.
+    kvnotes under `data`, and, with `worker=True`, a real Celery worker for `model` (with
+    `replays=True`, the replays' own worker too).
 
     `overrides` are more variables (`KVNOTES_AUTH="required"`, limits). Use it as a context manager,
     or call `stop()`. `url`, `port`, `env` (for subprocesses such as `kvnotes_cli`), `db()` (a
     SQLAlchemy session on its database) and `log` (the server's output file)."""
 
     def __init__(self, data: Path, model: str = "smollm2-135m", worker: bool = False,
-                 **overrides: str) -> None:
+                 replays: bool = False, **overrides: str) -> None:
         self.env = {**os.environ, **kvnotes_env(data, KVNOTES_DEFAULT_MODEL=model,
                                                 KVNOTES_MODELS=f"{model},smollm2-135m", **overrides),
                     "PYTHONPATH": str(REPO)}
@@ -222,6 +223,12 @@ class ServedApp:
             from commands.serve import worker_command
 
             self.procs.append(subprocess.Popen(worker_command([model], f"test-{self.port}@%h"),
+                                               env=self.env, cwd=REPO, stdout=self._out,
+                                               stderr=subprocess.STDOUT))
+        if replays:  # the replays' own worker: a few threads on the replays' queue, no model
+            from commands.serve import replay_worker_command
+
+            self.procs.append(subprocess.Popen(replay_worker_command(f"test-replays-{self.port}@%h"),
                                                env=self.env, cwd=REPO, stdout=self._out,
                                                stderr=subprocess.STDOUT))
         deadline = time.time() + 30

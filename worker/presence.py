@@ -5,14 +5,15 @@ started it.
   process when that parent dies (`data.lifeline`), and exit at once if it is already gone:
   a killed `serve` leaves no orphan worker.
 - When ready (`start`, `starting` while it loads or converts its model, then `ready`): register
-  under the node name, then beat every `BEAT_S` seconds from a thread, and run the watchdog every
-  `WATCH_EVERY_S` (so lost runs are failed even when nobody reads them, and a sweep's lost edits
-  are queued again once: `data.sweep_edits`). Health counts the worker only once it is ready, and
-  names what it still does before ("starting: converting smollm2-135m").
+  under the node name, then beat every `BEAT_S` seconds from a thread, and run the one reaper
+  (`data.watchdog.reap`) every `WATCH_EVERY_S`, so lost jobs of every kind are failed (no read
+  does it), and a sweep's lost edits are queued again once (`data.sweep_edits`). Health counts the
+  worker only once it is ready, and names what it still does before ("starting: converting smollm2-135m").
 - A worker whose registration could not be written (a read-only database) or whose row was marked
   stopped while the database could not hear it registers again at its next beat, as it is then
   (starting or ready): a storage fault never leaves a live worker out of the registry.
-- Around each task: busy / idle, which the watchdog needs to tell a waiting message from a lost one.
+- Around each task: busy / idle (idle once no task runs: a replays worker runs several in threads),
+  which the reaper needs to tell a waiting message from a lost one.
 - On a clean shutdown: marked stopped, so health and the watchdog know at once.
 
 Every database write here is best effort: a database that cannot be written must not stop the
@@ -33,8 +34,7 @@ from data import workers
 from data.db import get_sessionmaker
 from data.lifeline import die_with_parent
 from data.settings import get_settings
-from data.sweep_edits import retry_lost_edits
-from data.watchdog import watch
+from data.watchdog import reap
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +43,8 @@ WATCH_EVERY_S = 15.0
 
 _state: dict[str, Any] = {"name": None, "queues": [], "starting": "starting",
                           "task": None, "stop": threading.Event()}
+_in_flight: dict[str, int] = {}  # task id -> its run id (0: not a run); several in a replays worker
+_tasks_lock = threading.Lock()
 
 
 def _write(what: str, action) -> bool:
@@ -115,30 +117,32 @@ def _beat_loop(name: str) -> None:
         since_watch += BEAT_S
         if since_watch >= WATCH_EVERY_S:
             since_watch = 0.0
-            _write("run the watchdog", _watch)
-            _write("retry lost sweep edits", retry_lost_edits)  # after the watchdog's commit
+            _write("run the reaper", _reap)
 
 
-def _watch(session) -> None:
-    failed = watch(session)
+def _reap(session) -> None:
+    reap(session)  # the one reaper: every kind of job (commits; a sweep's lost edits queued again)
     workers.forget_old(session)
-    if failed:
-        log.warning("watchdog: runs marked failed (their worker or message was lost)",
-                    extra={"run_ids": failed})
 
 
 @task_prerun.connect
-def _on_task_start(task: Any = None, kwargs: dict | None = None, **_: Any) -> None:
-    if _state["name"]:
-        run_id = int((kwargs or {}).get("run_id", 0) or 0)
+def _on_task_start(task_id: str | None = None, kwargs: dict | None = None, **_: Any) -> None:
+    run_id = int((kwargs or {}).get("run_id", 0) or 0)
+    with _tasks_lock:
+        _in_flight[task_id or ""] = run_id
         _state["task"] = run_id
+    if _state["name"]:
         _write("mark busy", lambda s: workers.set_running(s, _state["name"], run_id))
 
 
 @task_postrun.connect
-def _on_task_end(**_: Any) -> None:
-    _state["task"] = None
-    ready()
+def _on_task_end(task_id: str | None = None, **_: Any) -> None:
+    """Idle once no task runs (a replays worker runs several at once, in threads)."""
+    with _tasks_lock:
+        _in_flight.pop(task_id or "", None)
+        _state["task"] = next(iter(_in_flight.values()), None)
+    if _state["task"] is None:
+        ready()
 
 
 @worker_shutdown.connect

@@ -11,27 +11,27 @@ while the engine works.
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from datetime import UTC, datetime
 from typing import Any
 
 from celery.exceptions import SoftTimeLimitExceeded
-from sqlalchemy import delete, update
+from sqlalchemy import delete
 from sqlalchemy.orm import Session
 
 from data.contracts import MechanismRecord, NotesMap, RunSnapshot
 from data.db import get_sessionmaker
 from data.models import Run, RunResult, RunStatus, as_utc
 from data.settings import get_settings
-from data.sweep_edits import SWEEP_ATTEMPTS, lost_twice, retry_lost_edits
-from data.watchdog import MESSAGE_LOST, WORKER_LOST, reap_stale_runs
+from data.sweep_edits import SWEEP_ATTEMPTS, lost_twice
+from data.watchdog import MESSAGE_LOST, WORKER_LOST, reap_worker
 from data.workers import dead_worker_names
+from worker import jobs
 from worker.sweep_rows import refresh as refresh_sweep
 
 log = logging.getLogger(__name__)
 
-HEARTBEAT_S = 10.0  # a live run's heartbeat period; the watchdog's max age is many of these
+HEARTBEAT_S = jobs.HEARTBEAT_S
 PROGRESS_EVERY_S = 0.25  # at most this often a progress write (stage changes always write)
 ROW_WAIT_S = 10.0  # how long to wait for a row the web process has not committed yet
 LOST = (WORKER_LOST, MESSAGE_LOST)  # failed by the watchdog: a message that turns up restarts the run
@@ -72,16 +72,14 @@ def wait_for(model: type, row_id: int) -> bool:
 
 
 def reap_own_runs(hostname: str) -> list[int]:
-    """At worker start: runs still `running` under this worker's name are from its previous life
-    (a sweep's edits among them are queued again once: `data.sweep_edits`)."""
+    """At worker start: jobs still `running` under this worker's name are from its previous life
+    (a sweep's edits among them are queued again once: `data.sweep_edits`); the runs' ids."""
     with session() as s:
-        reaped = reap_stale_runs(s, now(), get_settings().heartbeat_max_age_s, worker=hostname)
-        s.commit()
-        retry_lost_edits(s)
+        reaped = reap_worker(s, hostname)
     if reaped:
-        log.warning("runs marked failed (lost in a previous life of this worker)",
-                    extra={"worker": hostname, "run_ids": reaped})
-    return reaped
+        log.warning("jobs marked failed (lost in a previous life of this worker)",
+                    extra={"worker": hostname, "reaped": reaped.ids})
+    return reaped.runs
 
 
 def claim(run_id: int, hostname: str, task_id: str) -> RunSnapshot | None:
@@ -143,50 +141,34 @@ def claim(run_id: int, hostname: str, task_id: str) -> RunSnapshot | None:
 
 
 def _write_if_ours(run_id: int, hostname: str, **values: Any) -> bool:
-    """Update the row if it is still ours and running; False when it is not any more."""
-    with session() as s:
-        result = s.execute(
-            update(Run)
-            .where(Run.id == run_id, Run.status == RunStatus.RUNNING, Run.worker == hostname)
-            .values(heartbeat_at=now(), **values)
-        )
-        s.commit()
-        return result.rowcount == 1
+    """Update the row if it is still ours and running (through a storage fault: `worker.jobs`);
+    False when it is not any more."""
+    return jobs.write(Run, run_id, hostname, **values)
 
 
 class RunReporter:
-    """Writes stage/progress/heartbeat to a running run's row and notices cancellation. A heartbeat
-    thread writes every `HEARTBEAT_S`, so a long silent stage is not mistaken for a dead worker."""
+    """Writes stage/progress to a running run's row and notices cancellation; its heartbeat
+    (`worker.jobs.Heartbeat`) writes every `HEARTBEAT_S`, so a long silent stage is not mistaken
+    for a dead worker."""
 
     def __init__(self, run_id: int, hostname: str) -> None:
         self.run_id, self.hostname = run_id, hostname
         self.stage = "starting"
         self._last_write = 0.0
         self._started = time.monotonic()
-        self._stopped = threading.Event()
-        self._lost = threading.Event()
-        self._beat = threading.Thread(target=self._heartbeat_loop, daemon=True, name=f"heartbeat-{run_id}")
+        self._beat = jobs.Heartbeat(Run, run_id, hostname)
 
     def __enter__(self) -> RunReporter:
-        self._beat.start()
+        self._beat.__enter__()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._stopped.set()
-        self._beat.join(timeout=HEARTBEAT_S)
-
-    def _heartbeat_loop(self) -> None:
-        while not self._stopped.wait(HEARTBEAT_S):
-            try:
-                if not _write_if_ours(self.run_id, self.hostname):
-                    self._lost.set()
-            except Exception:  # a busy database must not kill the run; the next beat retries
-                log.exception("heartbeat failed", extra={"run_id": self.run_id})
+        self._beat.__exit__(*exc)
 
     def progress(self, stage: str, fraction: float) -> None:
         """The engine's progress callback: write (throttled), and stop if the run was cancelled or
         ran past the time limit (the solo pool does not enforce Celery's time limits itself)."""
-        if self._lost.is_set():
+        if self._beat.stop.is_set():
             raise Stop
         if time.monotonic() - self._started > get_settings().task_time_limit_s:
             raise SoftTimeLimitExceeded()
@@ -201,8 +183,7 @@ class RunReporter:
 
 def fail(run_id: int, hostname: str, message: str) -> bool:
     """Mark the run failed with `message`, only if it is still ours and running."""
-    return _write_if_ours(run_id, hostname, status=RunStatus.FAILED, stage="failed", error=message,
-                          finished_at=now())
+    return jobs.finish(Run, run_id, hostname, RunStatus.FAILED, stage="failed", error=message)
 
 
 def succeed(run_id: int, hostname: str, rows: list[RunResult], timings: dict[str, float],

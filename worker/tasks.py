@@ -15,20 +15,17 @@ from typing import Any
 
 from celery.signals import worker_ready
 from sqlalchemy import update
-from sqlalchemy.exc import DBAPIError
 
 from data.models import RunStatus, Skill
 from data.queue import queue_for
 from data.settings import get_settings
-from worker import presence, run_rows, sweep_rows
+from worker import jobs, presence, run_rows, sweep_rows
 from worker.celery_app import app
 from worker.engine import EngineError
 from worker.mapping import mechanism_record, notes_map_record, result_rows, run_request
 from worker.runtime import describe_failure, get_engine, loading_stage
 
 log = logging.getLogger(__name__)
-CLAIM_RETRIES = 12  # about 10 minutes of a database that cannot be written, then the watchdog's turn
-CLAIM_RETRY_MAX_S = 60
 OWNER_RETRY_S = 10  # the registry knows a silent worker is dead after KVNOTES_WORKER_STALE_S
 OWNER_RETRIES = 15  # past the heartbeat age (120 s), after which the owner counts as dead anyway
 
@@ -39,15 +36,9 @@ def run(self, run_id: int) -> dict[str, Any]:
     message runs only the run that holds its token (the task id); any other message is dropped at
     once (its run was deleted, or never saved)."""
     hostname = self.request.hostname or "unknown"
-    try:
-        snapshot = run_rows.claim(run_id, hostname, self.request.id)
-    except DBAPIError as exc:
-        # The database cannot be written (read-only, full): the run stays queued and this message
-        # is sent again later, instead of being used up with the run left `queued` for good.
-        delay = min(CLAIM_RETRY_MAX_S, 5 * 2**self.request.retries)
-        log.warning("run: cannot claim it; trying again",
-                    extra={"run_id": run_id, "reason": type(exc).__name__, "retry_in_s": delay})
-        raise self.retry(countdown=delay, max_retries=CLAIM_RETRIES, exc=exc) from exc
+    try:  # through a storage fault (read-only, full): the run stays queued, the message is not used up
+        snapshot = jobs.claim_or_retry(self, lambda: run_rows.claim(run_id, hostname, self.request.id), "run",
+                                       run_id=run_id)
     except run_rows.OwnerMaybeAlive as exc:  # a redelivered message: ask again once the owner is known
         log.info("run owner may be alive; asking again",
                  extra={"run_id": run_id, "reason": str(exc), "retry_in_s": OWNER_RETRY_S})

@@ -1,10 +1,12 @@
 """The Celery task `kvnotes.trajectory`: a trajectory the web app saved as a `trajectories` row.
 
-It claims the queued row that holds its message's token (the broker carries only the id), loads the
-model, and runs every turn (`worker.engine.trajectory`), each strategy carrying its own cache; after
-each turn the turn's results and `turns_done` are written, so progress is per turn and a cancelled
-or failed trajectory keeps the turns it read. Before each turn the row is read: once it is no longer
-running (cancelled, or deleted with its notebook) the trajectory stops there. A refusal of the engine
+It claims the queued row that holds its message's token (the broker carries only the id; the claim,
+the writes and the heartbeat are the one job lifecycle's: `worker.jobs`, through storage faults),
+loads the model, and runs every turn (`worker.engine.trajectory`), each strategy carrying its own
+cache; after each turn the turn's results and `turns_done` are written, so progress is per turn and
+a cancelled or failed trajectory keeps the turns it read. Its row is watched while it runs: once it
+is no longer running (cancelled, reaped, or deleted with its notebook) the trajectory stops before
+its next turn. A refusal of the engine
 (a prompt past the model's context at some turn, named with its length) fails the row with that
 sentence before any turn runs. The skills the turns place are read from the KV store where their
 rows keep compiled notes for the same text (`worker.mapping.stored_skill_notes`), else compiled
@@ -17,12 +19,10 @@ import logging
 import time
 from typing import Any
 
-from sqlalchemy import select, update
-
 from data.models import RunStatus
 from data.trajectories import Trajectory
-from vocabulary.trajectories import TrajectorySpec, TurnRecord
-from worker import run_rows
+from vocabulary.trajectories import TurnRecord
+from worker import jobs
 from worker.celery_app import app
 from worker.engine import EngineError
 from worker.engine.trajectory import request_of, trajectory
@@ -30,67 +30,50 @@ from worker.mapping import stored_skill_notes
 from worker.runtime import describe_failure, get_engine
 
 log = logging.getLogger(__name__)
+WATCH_S = 1.0  # how often a running trajectory's row is read for a cancel (between turns)
 
 
-def _write(trajectory_id: int, **values: Any) -> bool:
-    """Update the row while it is still running; False when it was not (cancelled or deleted)."""
-    with run_rows.session() as s:
-        changed = s.execute(update(Trajectory).where(Trajectory.id == trajectory_id,
-                                                     Trajectory.status == RunStatus.RUNNING.value)
-                            .values(**values)).rowcount
-        s.commit()
-    return bool(changed)
-
-
-def _claim(trajectory_id: int, task_id: str | None) -> TrajectorySpec | None:
-    """Mark the queued trajectory that holds this message's token running; None when there is none."""
-    with run_rows.session() as s:
-        row = s.get(Trajectory, trajectory_id)
-        if row is None or row.status != RunStatus.QUEUED.value or (task_id and row.task_id != task_id):
-            return None
-        row.status, row.stage, row.started_at = RunStatus.RUNNING.value, "loading model", run_rows.now()
-        spec = row.spec
-        s.commit()
-    return spec
-
-
-def _running(trajectory_id: int) -> bool:
-    with run_rows.session() as s:
-        status = s.scalar(select(Trajectory.status).where(Trajectory.id == trajectory_id))
-    return status == RunStatus.RUNNING.value
+def _write(trajectory_id: int, hostname: str, **values: Any) -> bool:
+    """Update the row while it is still running under this worker; False when it is not."""
+    return jobs.write(Trajectory, trajectory_id, hostname, **values)
 
 
 @app.task(name="kvnotes.trajectory", bind=True)
 def trajectory_task(self, trajectory_id: int) -> dict[str, Any]:
     """Run the trajectory `trajectory_id`, writing each turn as it is read."""
-    spec = _claim(trajectory_id, self.request.id)
-    if spec is None:
+    hostname = self.request.hostname or "unknown"
+    row = jobs.claim_or_retry(self, lambda: jobs.claim(Trajectory, trajectory_id, self.request.id, hostname,
+                                                       "loading model"), "trajectory", job_id=trajectory_id)
+    if row is None:
         return {"trajectory_id": trajectory_id, "status": "skipped"}
+    spec = row.spec
     t0 = time.perf_counter()
     turns: list[TurnRecord] = []
     total = len(spec.turns)
     device, stage = "?", "loading model"
+    beat = jobs.Heartbeat(Trajectory, trajectory_id, hostname, watch_s=WATCH_S)
 
     def progress(index: int, turn: TurnRecord) -> None:
         turns.append(turn)
-        _write(trajectory_id, turns=list(turns), turns_done=len(turns), progress=len(turns) / total,
-               stage=f"turn {len(turns)} of {total}")
+        if not _write(trajectory_id, hostname, turns=list(turns), turns_done=len(turns),
+                      progress=len(turns) / total, stage=f"turn {len(turns)} of {total}"):
+            beat.stop.set()  # cancelled (or reaped): no next turn
 
     try:
-        eng = get_engine(spec.model)
-        device, stage = str(eng.device), "prefill"
-        _write(trajectory_id, stage="prefill")
-        stored = {s.name: stored_skill_notes(eng, s.skill_id, s.text) for s in spec.skills}
-        request = request_of(spec, {name: notes for name, notes in stored.items() if notes is not None})
-        trajectory(eng, request, progress=progress, cancelled=lambda: not _running(trajectory_id))
+        with beat:
+            eng = get_engine(spec.model)
+            device, stage = str(eng.device), "prefill"
+            _write(trajectory_id, hostname, stage="prefill")
+            stored = {s.name: stored_skill_notes(eng, s.skill_id, s.text) for s in spec.skills}
+            request = request_of(spec, {name: notes for name, notes in stored.items() if notes is not None})
+            trajectory(eng, request, progress=progress, cancelled=beat.stop.is_set)
     except Exception as exc:
         if not isinstance(exc, EngineError):
             log.exception("trajectory failed", extra={"trajectory_id": trajectory_id, "stage": stage})
         message = describe_failure(exc, device, stage)
-        _write(trajectory_id, status=RunStatus.FAILED.value, error=message, finished_at=run_rows.now())
+        jobs.finish(Trajectory, trajectory_id, hostname, RunStatus.FAILED, error=message)
         return {"trajectory_id": trajectory_id, "status": "failed", "error": message}
-    if not _write(trajectory_id, status=RunStatus.SUCCEEDED.value, stage="done", progress=1.0,
-                  finished_at=run_rows.now()):
+    if not jobs.finish(Trajectory, trajectory_id, hostname, RunStatus.SUCCEEDED, stage="done", progress=1.0):
         log.info("trajectory stopped", extra={"trajectory_id": trajectory_id, "turns": len(turns)})
         return {"trajectory_id": trajectory_id, "status": "cancelled"}
     log.info("trajectory succeeded", extra={"trajectory_id": trajectory_id,

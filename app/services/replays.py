@@ -5,13 +5,15 @@ Checked on the request, within seconds: the server is one the operator configure
 (`KVNOTES_VLLM_URL`; any server only for the operator at the keyboard of the embedded default, and
 never a database's or broker's port, a link-local or unspecified address: `replay_target`), the
 notebook has a field and a question, the values are among the question's choices (or the choices
-are extended with them, on request), the load is sensible, the caps of runs hold for replays too
-(`check_replay_caps`), and the server answers and serves the model (`serving.preflight`: 5 s at
-most, `CHECKS_AT_ONCE` per process, so servers that do not answer cannot hold the app's request
-slots). The prompts' lengths are checked by the worker before its first request. A failed check is
-a 422 naming the problem (a 429 for a cap), and nothing is saved; the replay row is committed
-before its message is sent (deleted again if the broker refuses it). The worker's `kvnotes.replay`
-does the rest.
+are extended with them, on request), the load is sensible, the caps hold (`app.services.jobs`: a
+user's runs, trajectories and replays count together), and the server answers and serves the model
+(`serving.preflight`: 5 s at most, `CHECKS_AT_ONCE` per process, so servers that do not answer
+cannot hold the app's request slots). The prompts' lengths are checked by the worker before its
+first request. A failed check is a 422 naming the problem (a 429 for a cap), and nothing is saved;
+the replay row is committed before its message is sent (deleted again if the broker refuses it).
+Its message goes to the replays' own queue (`data.queue.REPLAY_QUEUE`), served by a small thread
+pool, never by a model's worker: a replay is HTTP calls, and never delays a run. The task
+`kvnotes.replay` does the rest.
 
 A trajectory is replayed the same way (`start_trajectory_replay`): its document, fields, turns and
 question as stored, one request per turn and variant; the same server checks, caps and queue, and a
@@ -23,14 +25,15 @@ from __future__ import annotations
 import re
 import threading
 
-from sqlalchemy import func, select, text
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from app.schemas import ReplayCreate, TrajectoryReplayCreate
 from app.services.errors import RunLimitReached, Unprocessable
+from app.services.jobs import cancel, check_caps, enqueue_or_unsave
 from data.accounts import LOCAL_USER, count_users
-from data.models import Notebook, RunStatus, as_utc, utcnow
-from data.queue import QueueUnavailable, enqueue_replay, revoke
+from data.models import Notebook, RunStatus
+from data.queue import enqueue_replay
 from data.replays import AnySpec, Replay
 from data.settings import get_settings
 from data.trajectories import Trajectory
@@ -40,7 +43,6 @@ from vocabulary.replay import ReplaySpec, TrajectoryReplaySpec
 from vocabulary.trajectories import SkillSpec
 from vocabulary.verdicts import outside_choices
 
-ACTIVE = (RunStatus.QUEUED.value, RunStatus.RUNNING.value)
 CHECKS_AT_ONCE = 2  # replays checked against their servers at once per process; more get a 429 at once
 _checking = threading.BoundedSemaphore(CHECKS_AT_ONCE)
 
@@ -115,7 +117,7 @@ def start_replay(session: Session, notebook: Notebook, body: ReplayCreate,
     """Check, save and enqueue a replay. Raises `Unprocessable` (nothing saved), `RunLimitReached`
     (the caps, or too many replays being checked at once: 429) or `QueueUnavailable` (the row
     deleted again). `free`: the asker may name any server (`at_the_keyboard`)."""
-    return _saved(session, notebook.id, notebook.model, snapshot_for(notebook, body, free), created_by)
+    return _saved(session, notebook.id, snapshot_for(notebook, body, free), created_by)
 
 
 def trajectory_snapshot(row: Trajectory, body: TrajectoryReplayCreate,
@@ -138,16 +140,14 @@ def trajectory_snapshot(row: Trajectory, body: TrajectoryReplayCreate,
 
 def start_trajectory_replay(session: Session, row: Trajectory, body: TrajectoryReplayCreate,
                             created_by: str = LOCAL_USER, free: bool = False) -> Replay:
-    """Check, save and enqueue a replay of the trajectory `row` (as `start_replay`), on the queue of
-    its model."""
-    return _saved(session, row.notebook_id, row.model, trajectory_snapshot(row, body, free), created_by)
+    """Check, save and enqueue a replay of the trajectory `row` (as `start_replay`)."""
+    return _saved(session, row.notebook_id, trajectory_snapshot(row, body, free), created_by)
 
 
-def _saved(session: Session, notebook_id: int | None, model: str, snapshot: AnySpec,
-           created_by: str) -> Replay:
+def _saved(session: Session, notebook_id: int | None, snapshot: AnySpec, created_by: str) -> Replay:
     """The caps, the server's preflight, the row committed, then its message sent (the row deleted
     again when the broker refuses it)."""
-    check_replay_caps(session, created_by)
+    check_caps(session, created_by, counting_itself=False)  # cheap: before the server is checked
     if not _checking.acquire(blocking=False):
         raise RunLimitReached(f"{CHECKS_AT_ONCE} replays are being checked against their servers right "
                               "now; try again in a few seconds")
@@ -162,40 +162,9 @@ def _saved(session: Session, notebook_id: int | None, model: str, snapshot: AnyS
     snapshot = snapshot.replace(model=info.model)
     replay = Replay(notebook_id=notebook_id, snapshot=snapshot, status=RunStatus.QUEUED.value, stage="queued",
                     progress=0.0, created_by=created_by)
-    session.add(replay)
-    session.flush()
-    check_replay_caps(session, created_by, counting_itself=True)
-    session.commit()
-    try:
-        enqueue_replay(replay.id, replay.task_id, model)
-    except QueueUnavailable:
-        session.delete(replay)
-        session.commit()
-        raise
+    enqueue_or_unsave(session, [replay], lambda: enqueue_replay(replay.id, replay.task_id),
+                      check=lambda: check_caps(session, created_by))
     return replay
-
-
-def check_replay_caps(session: Session, created_by: str, counting_itself: bool = False) -> None:
-    """Refuse a replay past the runs' caps (`RunLimitReached`, 429): `KVNOTES_MAX_ACTIVE_RUNS_PER_USER`
-    queued + running replays of one user, `KVNOTES_MAX_ACTIVE_RUNS` in all. Checked before the
-    server is (cheap), and again after the new row is flushed, counting itself (two requests at once
-    cannot both slip under a cap: the flush holds SQLite's write lock, PostgreSQL an advisory lock)."""
-    if counting_itself and session.get_bind().dialect.name == "postgresql":
-        session.execute(text("SELECT pg_advisory_xact_lock(7061505)"))  # "kvnotes replays"
-    settings = get_settings()
-    extra = 0 if counting_itself else 1
-    active = select(func.count(Replay.id)).where(Replay.status.in_(ACTIVE))
-    mine = (session.scalar(active.where(Replay.created_by == created_by)) or 0) + extra
-    if mine > settings.max_active_runs_per_user:
-        raise RunLimitReached(
-            f"{created_by} has {mine - 1} replays queued or running; the limit is "
-            f"{settings.max_active_runs_per_user} per user (KVNOTES_MAX_ACTIVE_RUNS_PER_USER): "
-            "wait for one to finish, or cancel one")
-    everyone = (session.scalar(active) or 0) + extra
-    if everyone > settings.max_active_runs:
-        raise RunLimitReached(
-            f"{everyone - 1} replays are queued or running; the limit is {settings.max_active_runs} in "
-            "all (KVNOTES_MAX_ACTIVE_RUNS): wait for some to finish")
 
 
 def _trajectory_of():
@@ -210,36 +179,16 @@ def replays_of(session: Session, notebook_id: int, limit: int = 20, edits_only: 
     if edits_only:
         query = query.where(_trajectory_of().is_(None))
     query = query.order_by(Replay.id.desc()).limit(limit)
-    return [settled(session, replay) for replay in session.scalars(query)]
+    return list(session.scalars(query))
 
 
 def replays_of_trajectory(session: Session, trajectory_id: int, limit: int = 20) -> list[Replay]:
     """The trajectory's replays, newest first (one that can no longer finish is failed first)."""
     query = (select(Replay).where(_trajectory_of() == trajectory_id).order_by(Replay.id.desc()).limit(limit))
-    return [settled(session, replay) for replay in session.scalars(query)]
-
-
-def settled(session: Session, replay: Replay) -> Replay:
-    """The replay, failed with the reason when it is still queued or running past the worker's time
-    limit (`KVNOTES_TASK_TIME_LIMIT`): its worker died or its message was lost, and it never ends
-    in silence."""
-    limit_s = get_settings().task_time_limit_s + 60
-    if replay.is_finished or (utcnow() - as_utc(replay.created_at)).total_seconds() < limit_s:
-        return replay
-    replay.status, replay.finished_at = RunStatus.FAILED.value, utcnow()
-    replay.error = (f"the replay did not finish within {limit_s} s (KVNOTES_TASK_TIME_LIMIT + 60 s): its "
-                    "worker stopped or its message was lost; start it again")
-    session.commit()
-    return replay
+    return list(session.scalars(query))
 
 
 def cancel_replay(session: Session, replay: Replay) -> bool:
     """Mark an unfinished replay cancelled and revoke its message; False (nothing changed) when it
     already finished. The worker stops at its next finished request and keeps no result."""
-    if replay.is_finished:
-        return False
-    replay.status, replay.stage, replay.finished_at = RunStatus.CANCELLED.value, "cancelled", utcnow()
-    session.commit()
-    if replay.task_id:
-        revoke(replay.task_id)
-    return True
+    return cancel(session, replay)

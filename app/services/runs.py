@@ -7,18 +7,18 @@ from __future__ import annotations
 
 import logging
 
-from sqlalchemy import func, inspect, select, text
+from sqlalchemy import inspect
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
 from app.schemas import RunCreate
-from app.services.errors import RunLimitReached, Unprocessable
+from app.services.errors import Unprocessable
+from app.services.jobs import cancel, check_caps, enqueue_or_unsave
 from app.services.notebooks import check_served, new_question
 from data.accounts import LOCAL_USER
 from data.contracts import RunSnapshot, SnapshotField, SnapshotPlacement, SnapshotQuestion
-from data.models import RUN_ACTIVE, Notebook, Question, Run, RunStatus, utcnow
-from data.queue import QueueUnavailable, enqueue_run, revoke
-from data.settings import get_settings
+from data.models import RUN_ACTIVE, Notebook, Question, Run, RunStatus
+from data.queue import enqueue_run
 from data.workers import models_without_worker
 from vocabulary import by_role
 from vocabulary.sweep_policy import apply_policy
@@ -70,33 +70,11 @@ def adopted_policy(notebook: Notebook) -> dict[str, str | None]:
     return {"policy": applied.strategy, "policy_note": applied.note}
 
 
-def check_run_caps(session: Session, created_by: str) -> None:
-    """Refuse a run past the caps: `KVNOTES_MAX_ACTIVE_RUNS_PER_USER` queued + running runs of one
-    user, `KVNOTES_MAX_ACTIVE_RUNS` in all. Called after the new row is flushed (so it counts
-    itself): on SQLite the flush holds the write lock, on PostgreSQL an advisory lock serializes
-    run creation, so two requests at once cannot both slip under a cap."""
-    if session.get_bind().dialect.name == "postgresql":
-        session.execute(text("SELECT pg_advisory_xact_lock(7061504)"))  # "kvnotes runs"
-    settings = get_settings()
-    # a sweep's edits have their own cap (queued sweeps per user) and queue behind runs: not counted
-    active = select(func.count(Run.id)).where(Run.status.in_(ACTIVE), Run.sweep_id.is_(None))
-    mine = session.scalar(active.where(Run.created_by == created_by)) or 0
-    if mine > settings.max_active_runs_per_user:
-        raise RunLimitReached(
-            f"{created_by} has {mine - 1} runs queued or running; the limit is "
-            f"{settings.max_active_runs_per_user} per user (KVNOTES_MAX_ACTIVE_RUNS_PER_USER): "
-            "wait for one to finish")
-    everyone = session.scalar(active) or 0
-    if everyone > settings.max_active_runs:
-        raise RunLimitReached(
-            f"{everyone - 1} runs are queued or running; the limit is {settings.max_active_runs} in all "
-            "(KVNOTES_MAX_ACTIVE_RUNS): wait for some to finish")
-
-
 def start_run(session: Session, notebook: Notebook, question: Question, strategies: list[str],
               attribution: bool = False, created_by: str = LOCAL_USER, mechanism: bool = False) -> Run:
-    """Create and commit the run row, then send its message. Raises `RunLimitReached` (rolled back)
-    or `QueueUnavailable` (the run and a question new with it deleted again: nothing is saved)."""
+    """Create and commit the run row, then send its message (`app.services.jobs`). Raises
+    `RunLimitReached` (rolled back) or `QueueUnavailable` (the run and a question new with it
+    deleted again: nothing is saved)."""
     new_question = question if inspect(question).transient or inspect(question).pending else None
     snapshot = build_snapshot(notebook, question, strategies, attribution, mechanism)  # (may flush it)
     return _enqueue(session, notebook.id, snapshot, created_by, new_question)
@@ -113,44 +91,11 @@ def rerun_snapshot(session: Session, run: Run, created_by: str = LOCAL_USER) -> 
 def _enqueue(session: Session, notebook_id: int | None, snapshot: RunSnapshot, created_by: str,
              new_question: Question | None = None) -> Run:
     check_served(snapshot.model, "model")
-    run = Run(
-        notebook_id=notebook_id,
-        kind="edit",
-        snapshot=snapshot,
-        strategies=list(snapshot.strategies),
-        status=RunStatus.QUEUED,
-        stage="queued",
-        progress=0.0,
-        timings={},
-        created_by=created_by,
-    )
-    session.add(run)
-    session.flush()
-    try:
-        check_run_caps(session, created_by)
-        session.commit()  # the row (and its token) first: a worker never sees a message before its run
-    except Exception:
-        session.rollback()
-        raise
-    try:
-        enqueue_run(run)
-    except QueueUnavailable:
-        _unsave(session, run, new_question)
-        raise
+    run = Run(notebook_id=notebook_id, kind="edit", snapshot=snapshot, strategies=list(snapshot.strategies),
+              status=RunStatus.QUEUED, stage="queued", progress=0.0, timings={}, created_by=created_by)
+    enqueue_or_unsave(session, [run], lambda: enqueue_run(run), check=lambda: check_caps(session, created_by),
+                      made_with=[new_question] if new_question is not None else [])
     return run
-
-
-def _unsave(session: Session, run: Run, question: Question | None) -> None:
-    """The broker refused the message: delete the run (and the question asked with it) again."""
-    try:
-        session.delete(run)
-        if question is not None:
-            session.delete(question)
-        session.commit()
-    except SQLAlchemyError as exc:  # the row stays `queued` without a message: the watchdog fails it
-        session.rollback()
-        log.error("run could not be queued nor deleted",
-                  extra={"run_id": run.id, "reason": type(exc).__name__})
 
 
 def question_for(notebook: Notebook, body: RunCreate) -> Question:
@@ -170,13 +115,7 @@ def question_for(notebook: Notebook, body: RunCreate) -> Question:
 def cancel_run(session: Session, run: Run) -> bool:
     """Mark an unfinished run cancelled (the worker checks between stages) and revoke its task;
     False (and nothing changed) when it already finished."""
-    if run.is_finished:
-        return False
-    run.status, run.stage, run.finished_at = RunStatus.CANCELLED, "cancelled", utcnow()
-    session.commit()
-    if run.task_id:
-        revoke(run.task_id)
-    return True
+    return cancel(session, run)
 
 
 def waits_without_worker(session: Session, run: Run) -> bool:

@@ -12,14 +12,15 @@ from __future__ import annotations
 
 import logging
 
-from sqlalchemy import delete, func, select, text
-from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy import func, select, text
 from sqlalchemy.orm import Session
 
 from app.services.errors import RunLimitReached, Unprocessable
+from app.services.jobs import enqueue_or_unsave
 from app.services.notebooks import check_served
 from app.services.sweep_input import PlannedEdits, SweepCreate, plan_edits
 from app.services.sweep_view import build_sweep_view
+from app.services.unit import action, saving
 from data.accounts import LOCAL_USER
 from data.contracts import (
     FieldPolicy,
@@ -30,7 +31,7 @@ from data.contracts import (
     SweepEdit,
 )
 from data.models import RUN_ACTIVE, Notebook, Run, RunStatus, Sweep, utcnow
-from data.queue import SWEEP_PRIORITY, QueueUnavailable, enqueue_run, revoke
+from data.queue import SWEEP_PRIORITY, enqueue_run, revoke
 from data.settings import get_settings
 from data.sweep_edits import STOPPED_CANCELLED, cancel_edits
 
@@ -99,40 +100,23 @@ def start_sweep(session: Session, notebook: Notebook, body: SweepCreate,
                   edits_skipped=planned.skipped, document_prefills=0, created_by=created_by,
                   stop_when_decided=body.stop_when_decided,
                   extended_choices=list(planned.extended) or None)
-    session.add(sweep)
-    try:
-        session.flush()
+    runs: list[Run] = []
+
+    def edits() -> None:  # once the sweep is flushed (its id) and counted against its cap
         check_sweep_caps(session, created_by)
-        runs = [Run(notebook_id=notebook.id, kind="edit",
-                    snapshot=edit_snapshot(notebook, question, sweep.strategies, edit, sweep.id),
-                    strategies=list(sweep.strategies), status=RunStatus.QUEUED, stage="queued",
-                    progress=0.0, timings={}, created_by=created_by, sweep_id=sweep.id, sweep_edit=edit)
-                for edit in planned.edits]
+        runs.extend(Run(notebook_id=notebook.id, kind="edit",
+                        snapshot=edit_snapshot(notebook, question, sweep.strategies, edit, sweep.id),
+                        strategies=list(sweep.strategies), status=RunStatus.QUEUED, stage="queued",
+                        progress=0.0, timings={}, created_by=created_by, sweep_id=sweep.id, sweep_edit=edit)
+                    for edit in planned.edits)
         session.add_all(runs)
-        session.commit()  # every row (and its token) first: a worker never sees a message before its run
-    except Exception:
-        session.rollback()
-        raise
-    try:
+
+    def send() -> None:
         for run in runs:
             enqueue_run(run, priority=SWEEP_PRIORITY)
-    except QueueUnavailable:
-        _unsave(session, sweep)
-        raise
+
+    enqueue_or_unsave(session, [sweep], send, check=edits, made_with=runs)
     return sweep
-
-
-def _unsave(session: Session, sweep: Sweep) -> None:
-    """The broker refused a message: delete the sweep and its runs (messages already sent find no
-    run and are dropped)."""
-    try:
-        session.execute(delete(Run).where(Run.sweep_id == sweep.id))
-        session.delete(sweep)
-        session.commit()
-    except SQLAlchemyError as exc:
-        session.rollback()
-        log.error("sweep could not be queued nor deleted",
-                  extra={"sweep_id": sweep.id, "reason": type(exc).__name__})
 
 
 def cancel_sweep(session: Session, sweep: Sweep) -> int:
@@ -140,19 +124,20 @@ def cancel_sweep(session: Session, sweep: Sweep) -> int:
     were cancelled. A finished sweep is left as it is (0)."""
     if sweep.status not in RUN_ACTIVE:
         return 0
-    task_ids = cancel_edits(session, sweep.id)
-    finished = session.scalar(select(func.count(Run.id)).where(
-        Run.sweep_id == sweep.id, Run.status.in_((RunStatus.SUCCEEDED, RunStatus.FAILED)))) or 0
-    sweep.status, sweep.finished_at, sweep.edits_done = RunStatus.CANCELLED, utcnow(), finished
-    sweep.stopped = STOPPED_CANCELLED
-    sweep.error = f"cancelled after {finished} of {sweep.edits_total} edits; the finished ones are kept"
-    session.commit()
-    for task_id in task_ids:
-        if task_id:
-            revoke(task_id)
-    return len(task_ids)
+    with saving(session):
+        tokens = cancel_edits(session, sweep.id)
+        finished = session.scalar(select(func.count(Run.id)).where(
+            Run.sweep_id == sweep.id, Run.status.in_((RunStatus.SUCCEEDED, RunStatus.FAILED)))) or 0
+        sweep.status, sweep.finished_at, sweep.edits_done = RunStatus.CANCELLED, utcnow(), finished
+        sweep.stopped = STOPPED_CANCELLED
+        sweep.error = f"cancelled after {finished} of {sweep.edits_total} edits; the finished ones are kept"
+    for token in tokens:
+        if token:
+            revoke(token)
+    return len(tokens)
 
 
+@action
 def adopt_policy(session: Session, sweep: Sweep, threshold: float | None = None,
                  per_field: bool = False) -> Notebook:
     """Store the finished sweep's policy at `threshold` (None: the sweep's own) on its notebook:
@@ -182,14 +167,13 @@ def adopt_policy(session: Session, sweep: Sweep, threshold: float | None = None,
     notebook.policy_fields = [
         FieldPolicy(field=p.field, strategy=p.strategy, threshold=p.threshold, sentence=p.sentence,
                     cost_share=p.cost_share) for p in view.policy.per_field] if per_field else None
-    session.commit()
     return notebook
 
 
+@action
 def drop_policy(session: Session, notebook: Notebook) -> Notebook:
     """Forget the notebook's adopted policy: `auto` is the oracle pick again."""
     notebook.policy_strategy = notebook.policy_sweep_id = None
     notebook.policy_threshold = notebook.policy_sentence = None
     notebook.policy_fields = None
-    session.commit()
     return notebook

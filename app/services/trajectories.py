@@ -20,7 +20,7 @@ with the same sentence, before any turn runs. The row is committed before its me
 from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
-from sqlalchemy import func, select
+from sqlalchemy import select
 from sqlalchemy.orm import Session, object_session
 
 from app.schema_types import (
@@ -33,12 +33,13 @@ from app.schema_types import (
     Value,
     by_label,
 )
-from app.services.errors import RunLimitReached, Unprocessable
+from app.services.errors import Unprocessable
+from app.services.jobs import cancel, check_caps, enqueue_or_unsave
 from app.services.notebooks import check_served
 from app.services.prompt_length import check_fits
 from data.accounts import LOCAL_USER
-from data.models import Notebook, RunStatus, Skill, as_utc, utcnow
-from data.queue import QueueUnavailable, enqueue_trajectory, revoke
+from data.models import Notebook, RunStatus, Skill
+from data.queue import enqueue_trajectory
 from data.settings import get_settings
 from data.trajectories import Trajectory
 from vocabulary.trajectories import (
@@ -57,7 +58,6 @@ from vocabulary.trajectories import (
     with_reference,
 )
 
-ACTIVE = (RunStatus.QUEUED.value, RunStatus.RUNNING.value)
 # what one request body may hold: any body the schema accepts stays under the server's request limit
 # (`max_request_bytes`, 3 MiB by default); KVNOTES_MAX_TURNS (64 by default) is checked after
 MAX_TURNS_IN_A_BODY = 256
@@ -166,68 +166,26 @@ def plan(notebook: Notebook, body: TrajectoryCreate) -> TrajectorySpec:
         skills=tuple(skills.values()), policy=notebook.policy_strategy if wants_auto else None)
 
 
-def check_caps(session: Session, created_by: str) -> None:
-    """The runs' per-user cap holds for trajectories too (`KVNOTES_MAX_ACTIVE_RUNS_PER_USER`; 429),
-    counted after the new row is flushed."""
-    limit = get_settings().max_active_runs_per_user
-    mine = session.scalar(select(func.count(Trajectory.id)).where(
-        Trajectory.status.in_(ACTIVE), Trajectory.created_by == created_by)) or 0
-    if mine > limit:
-        raise RunLimitReached(f"{created_by} has {mine - 1} trajectories queued or running; the limit is "
-                              f"{limit} per user (KVNOTES_MAX_ACTIVE_RUNS_PER_USER): wait for one to finish "
-                              "or cancel it")
-
-
 def start_trajectory(session: Session, notebook: Notebook, body: TrajectoryCreate,
                      created_by: str = LOCAL_USER) -> Trajectory:
-    """Check, save and enqueue a trajectory. Raises `Unprocessable` (nothing saved), `RunLimitReached`
-    (rolled back) or `QueueUnavailable` (the row deleted again)."""
+    """Check, save and enqueue a trajectory (`app.services.jobs`: its caps count runs and replays
+    too). Raises `Unprocessable` (nothing saved), `RunLimitReached` (rolled back) or
+    `QueueUnavailable` (the row deleted again)."""
     check_served(notebook.model, "model")
     spec = plan(notebook, body)
     check_fits(spec)  # a turn past the model's context, where the web can read the model's files
     row = Trajectory(notebook_id=notebook.id, model=notebook.model, spec=spec, status=RunStatus.QUEUED.value,
                      stage="queued", progress=0.0, turns_total=len(spec.turns), turns_done=0, turns=[],
                      created_by=created_by)
-    session.add(row)
-    try:
-        session.flush()
-        check_caps(session, created_by)
-        session.commit()
-    except Exception:
-        session.rollback()
-        raise
-    try:
-        enqueue_trajectory(row.id, row.task_id, row.model)
-    except QueueUnavailable:
-        session.delete(row)
-        session.commit()
-        raise
-    return row
-
-
-def settled(session: Session, row: Trajectory) -> Trajectory:
-    """The trajectory, failed with the reason when it is still queued or running past the worker's
-    time limit (its worker died or its message was lost): it never ends in silence."""
-    limit_s = get_settings().task_time_limit_s + 60
-    if row.is_finished or (utcnow() - as_utc(row.created_at)).total_seconds() < limit_s:
-        return row
-    row.status, row.finished_at = RunStatus.FAILED.value, utcnow()
-    row.error = (f"the trajectory did not finish within {limit_s} s (KVNOTES_TASK_TIME_LIMIT + 60 s): its "
-                 f"worker stopped or its message was lost after {row.turns_done} turns; start it again")
-    session.commit()
+    enqueue_or_unsave(session, [row], lambda: enqueue_trajectory(row.id, row.task_id, row.model),
+                      check=lambda: check_caps(session, created_by))
     return row
 
 
 def cancel_trajectory(session: Session, row: Trajectory) -> bool:
     """Cancel an unfinished trajectory (the turns read are kept); False when it already finished."""
-    if row.is_finished:
-        return False
-    row.status, row.stage, row.finished_at = RunStatus.CANCELLED.value, "cancelled", utcnow()
-    row.error = f"cancelled after {row.turns_done} of {row.turns_total} turns; the turns read are kept"
-    session.commit()
-    if row.task_id:
-        revoke(row.task_id)
-    return True
+    return cancel(session, row, f"cancelled after {row.turns_done} of {row.turns_total} turns; the turns "
+                                "read are kept")
 
 
 class TrajectoryView(BaseModel):
@@ -254,8 +212,7 @@ class TrajectoryView(BaseModel):
 
 
 def trajectory_view(session: Session, row: Trajectory) -> TrajectoryView:
-    """The one view of `row` (failed first if it can no longer finish)."""
-    row = settled(session, row)
+    """The one view of `row`."""
     turns = list(row.turns or [])
     summary = summaries(turns)
     return TrajectoryView(

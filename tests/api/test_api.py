@@ -310,9 +310,10 @@ def test_openapi_schema_is_complete(make_client) -> None:
     assert "StrategyResultOut" in schema["components"]["schemas"]
 
 
-def test_reading_a_run_whose_worker_went_silent_marks_it_failed(make_client) -> None:
-    """The watchdog runs on the web side too: a run `running` with a heartbeat older than the limit
-    reads back `failed` with a message a person can act on, never `running` forever."""
+def test_the_reaper_fails_a_run_whose_worker_went_silent_and_reading_writes_nothing(make_client) -> None:
+    """A run `running` with a heartbeat older than the limit reads back `running` (a read never
+    writes), and `failed` with a message a person can act on once the reaper has run (the workers'
+    beat and `kvnotes serve` run it), never `running` forever."""
     from datetime import timedelta
 
     from data.db import get_sessionmaker
@@ -328,6 +329,11 @@ def test_reading_a_run_whose_worker_went_silent_marks_it_failed(make_client) -> 
             run.status, run.worker = "running", "kvnotes-gone@host"
             run.started_at = run.heartbeat_at = utcnow() - timedelta(seconds=age_s)
         session.commit()
+    assert client.get(f"/api/runs/{lost['id']}").json()["status"] == "running"  # no read reaps
+    from data.watchdog import reap
+
+    with get_sessionmaker()() as session:
+        assert reap(session).runs == [lost["id"]]
     assert client.get(f"/api/runs/{fresh['id']}").json()["status"] == "running"
     body = client.get(f"/api/runs/{lost['id']}").json()
     assert body["status"] == "failed" and body["error"] == "worker lost while running; re-run it"

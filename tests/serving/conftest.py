@@ -198,9 +198,10 @@ class DyingServer:
 
 @pytest.fixture
 def served(tmp_path, vllm_url) -> Iterator[ServedApp]:
-    """The web app and a real Celery worker (tiny-llama: a replay loads no model of its own) whose
-    default vLLM server is the session's."""
-    with ServedApp(tmp_path, "tiny-llama", worker=True, KVNOTES_VLLM_URL=f"{vllm_url}/v1") as app:
+    """The web app, a real Celery worker (tiny-llama) and the replays' own worker (a replay loads
+    no model), whose default vLLM server is the session's."""
+    with ServedApp(tmp_path, "tiny-llama", worker=True, replays=True,
+                   KVNOTES_VLLM_URL=f"{vllm_url}/v1") as app:
         yield app
 
 

@@ -40,25 +40,36 @@ def test_a_replay_needs_a_server_a_field_and_a_question(make_client):
     assert client.get(f"/api/notebooks/{nid}/replays").json() == []
 
 
-def test_a_replay_past_the_time_limit_reads_as_failed(make_client):
+def test_a_replay_silent_past_the_heartbeat_age_or_queued_past_the_time_limit_is_reaped(make_client):
+    """The one reaper (never a read) fails a running replay whose heartbeat is older than
+    `KVNOTES_HEARTBEAT_MAX_AGE` and a queued one never taken within the time limit + 60 s."""
     client = make_client(KVNOTES_TASK_TIME_LIMIT="60")
     nid = _notebook(client)
     from data.db import get_sessionmaker
 
     snapshot = ReplaySpec(url="http://127.0.0.1:9", document=DOC, start=21, end=25, label="destination",
                           values=("Rome",), question="Where?")
+    from data.watchdog import reap
+
     with get_sessionmaker()() as s:
         running = {"notebook_id": nid, "snapshot": snapshot, "status": "running", "stage": "in_place: 1/3",
                    "progress": 0.3}
-        old = Replay(**running, created_at=utcnow() - timedelta(seconds=121))
-        fresh = Replay(**running)
-        s.add_all([old, fresh])
+        silent = Replay(**running, heartbeat_at=utcnow() - timedelta(seconds=121))
+        fresh = Replay(**running, heartbeat_at=utcnow())
+        queued = Replay(notebook_id=nid, snapshot=snapshot, status="queued", stage="queued",
+                        created_at=utcnow() - timedelta(seconds=121))
+        s.add_all([silent, fresh, queued])
         s.commit()
-        old_id, fresh_id = old.id, fresh.id
-    read = client.get(f"/api/replays/{old_id}").json()
-    assert read["status"] == "failed" and "did not finish within 120 s" in read["error"]
+        silent_id, fresh_id, queued_id = silent.id, fresh.id, queued.id
+    assert client.get(f"/api/replays/{silent_id}").json()["status"] == "running"  # a read writes nothing
+    with get_sessionmaker()() as s:
+        assert sorted(reap(s).ids["replay"]) == [silent_id, queued_id]
+    read = client.get(f"/api/replays/{silent_id}").json()
+    assert read["status"] == "failed" and read["error"] == "worker lost while running; re-run it"
     assert client.get(f"/api/replays/{fresh_id}").json()["status"] == "running"
-    assert "did not finish within 120 s" in client.get(f"/replays/{old_id}").text
+    read = client.get(f"/api/replays/{queued_id}").json()
+    assert read["status"] == "failed" and "did not finish within 120 s" in read["error"]
+    assert "did not finish within 120 s" in client.get(f"/replays/{queued_id}").text
 
 
 def test_a_queued_or_running_replay_can_be_cancelled_once(make_client):

@@ -15,6 +15,8 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -63,7 +65,9 @@ def _health(url: str) -> tuple[int, dict] | str:
         return type(exc).__name__
 
 
-def test_three_database_files_immutable_for_15_s_heal_within_30_s_unrestarted(tmp_path: Path) -> None:
+@contextmanager
+def _serve(tmp_path: Path) -> Iterator[tuple[str, subprocess.Popen, Path]]:
+    """A real `kvnotes serve` of tiny-llama over `tmp_path`, healthy: its URL, process and log."""
     _immutable_flag_binds(tmp_path)
     env = {**os.environ, **kvnotes_env(tmp_path, KVNOTES_DEFAULT_MODEL=MODEL, KVNOTES_MODELS=MODEL,
                                        KVNOTES_DEVICE="cpu"), "PYTHONPATH": str(REPO)}
@@ -73,23 +77,42 @@ def test_three_database_files_immutable_for_15_s_heal_within_30_s_unrestarted(tm
     log = log_path.open("wb")
     serve = subprocess.Popen([sys.executable, "-m", "commands.cli", "serve", "--port", str(port),
                               "--model", MODEL], env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
-    files = [tmp_path / name for name in FILES]
     try:
         deadline = time.monotonic() + 120
         while isinstance(h := _health(url), str) or h[0] != 200:
             assert serve.poll() is None and time.monotonic() < deadline, (h, log_path.read_text()[-3000:])
             time.sleep(0.5)
+        yield url, serve, log_path
+    finally:
+        _chattr("-i", *(tmp_path / name for name in FILES))
+        serve.terminate()
+        try:
+            serve.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            serve.kill()
+        log.close()
+
+
+def _immutable_for(files: list[Path], seconds: float, url: str) -> list[tuple[int, dict] | str]:
+    """The files immutable for `seconds`; health as it answered meanwhile, once a second."""
+    assert _chattr("+i", *files).returncode == 0
+    during: list[tuple[int, dict] | str] = []
+    t_fault = time.monotonic()
+    while time.monotonic() - t_fault < seconds:
+        during.append(_health(url))
+        time.sleep(1)
+    assert _chattr("-i", *files).returncode == 0
+    return during
+
+
+def test_three_database_files_immutable_for_15_s_heal_within_30_s_unrestarted(tmp_path: Path) -> None:
+    files = [tmp_path / name for name in FILES]
+    with _serve(tmp_path) as (url, serve, log_path):
         client = httpx.Client(base_url=url, timeout=30)
         assert client.post("/api/notebooks", json={"title": "before", "text": DOC}).status_code == 201
         assert all(f.exists() for f in files), [f.name for f in files if not f.exists()]
 
-        assert _chattr("+i", *files).returncode == 0
-        during: list[tuple[int, dict] | str] = []
-        t_fault = time.monotonic()
-        while time.monotonic() - t_fault < 15:
-            during.append(_health(url))
-            time.sleep(1)
-        assert _chattr("-i", *files).returncode == 0
+        during = _immutable_for(files, 15, url)
         t_back = time.monotonic()
 
         answered = [h for h in during if not isinstance(h, str)]
@@ -131,11 +154,43 @@ def test_three_database_files_immutable_for_15_s_heal_within_30_s_unrestarted(tm
         assert status == "succeeded", client.get(f"/api/runs/{run['id']}").json()
         titles = [n["title"] for n in client.get("/api/notebooks").json()]
         assert "before" in titles and "after" in titles  # nothing saved before the fault was lost
-    finally:
-        _chattr("-i", *files)
-        serve.terminate()
-        try:
-            serve.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            serve.kill()
-        log.close()
+
+
+def test_a_trajectory_posted_just_before_15_s_of_read_only_storage_is_not_queued_90_s_after(
+        tmp_path: Path) -> None:
+    """Issue 32: the trajectory task's claim hit the read-only database, the message was used up and
+    the row stayed `queued` for an hour. Now its claim retries through the fault (`worker.jobs`),
+    and a message lost with a worker that died (SIGBUS) is failed by the one reaper, saying so."""
+    files = [tmp_path / name for name in FILES]
+    with _serve(tmp_path) as (url, _serve_process, log_path):
+        client = httpx.Client(base_url=url, timeout=30)
+        nb = client.post("/api/notebooks", json={"title": "t", "model": MODEL, "text": DOC}).json()["id"]
+        field = {"start": DOC.index("active"), "end": DOC.index("active") + 6, "new_value": "banned",
+                 "label": "status"}
+        assert client.post(f"/api/notebooks/{nb}/fields", json=field).status_code == 201
+        body = {"turns": [{"append": " Alice logged in."}, {"fields": {"status": "active"}}],
+                "strategies": ["recompute", "stale"], "question": "Can Alice log in?",
+                "choices": ["yes", "no"]}
+        posted = client.post(f"/api/notebooks/{nb}/trajectories", json=body)
+        assert posted.status_code == 201, posted.text
+        tid = posted.json()["id"]
+        _immutable_for(files, 15, url)
+        t_back = time.monotonic()
+        seen: list[tuple[float, str]] = []
+        while time.monotonic() - t_back < 90:
+            try:
+                status = client.get(f"/api/trajectories/{tid}").json()["status"]
+                if not seen or seen[-1][1] != status:
+                    seen.append((round(time.monotonic() - t_back, 1), status))
+                if status not in ("queued", "running"):
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(1)
+        final = client.get(f"/api/trajectories/{tid}").json()
+        text = log_path.read_text()
+        print(f"\ntrajectory after chattr -i (s, status): {seen}; ended {final['status']}: {final['error']}; "
+              f"processes replaced: {text.count('exited (code -7)') + text.count('] died')}")
+        assert final["status"] != "queued", (seen, text[-3000:])
+        if final["status"] == "failed":  # only a lost worker or message, and it says so
+            assert "lost" in final["error"], final["error"]

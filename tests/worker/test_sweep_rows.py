@@ -106,7 +106,7 @@ def test_the_watchdogs_lost_edit_is_queued_again_once_then_failed_for_good(isola
     from data.db import get_sessionmaker
     from data.migrate import upgrade_to_head
     from data.sweep_edits import retry_lost_edits
-    from data.watchdog import reap_for_reader
+    from data.watchdog import reap
     from worker import run_rows
 
     upgrade_to_head()
@@ -126,7 +126,7 @@ def test_the_watchdogs_lost_edit_is_queued_again_once_then_failed_for_good(isola
 
     first_token = lose(lost)
     with maker() as s:
-        reap_for_reader(s)  # what a web reader does first: the watchdog, then the retry
+        reap(s)  # the one reaper (the workers' beat, `kvnotes serve`): the rules, then the retry
     with maker() as s:
         run = s.get(Run, lost)
         assert (run.status, run.stage, run.error, run.attempts) == \
@@ -145,7 +145,7 @@ def test_the_watchdogs_lost_edit_is_queued_again_once_then_failed_for_good(isola
         run = s.get(Run, lost)
         run.started_at = run.heartbeat_at = long_ago
         s.commit()
-        reap_for_reader(s)
+        reap(s)
     with maker() as s:
         run, sweep = s.get(Run, lost), s.get(Sweep, sweep_id)
         assert (run.status, run.attempts) == (RunStatus.FAILED, 2)

@@ -14,7 +14,6 @@ from app.services.replays import (
     cancel_replay,
     replays_of,
     replays_of_trajectory,
-    settled,
     start_replay,
     start_trajectory_replay,
 )
@@ -76,13 +75,13 @@ def list_trajectory_replays(trajectory_id: int, session: SessionDep,
 
 @router.get("/replays/{replay_id}", response_model=ReplayOut, responses=errors(404))
 def read_replay(replay_id: int, session: SessionDep) -> ReplayOut:
-    return ReplayOut.of(settled(session, get_or_404(session, Replay, replay_id, "replay")))
+    return ReplayOut.of(get_or_404(session, Replay, replay_id, "replay"))
 
 
 @router.post("/replays/{replay_id}/cancel", response_model=ReplayOut, responses=errors(404, 409))
 def cancel(replay_id: int, session: SessionDep) -> ReplayOut:
     """Stop a queued or running replay: the worker sends no more requests and keeps no result."""
-    replay = settled(session, get_or_404(session, Replay, replay_id, "replay"))
+    replay = get_or_404(session, Replay, replay_id, "replay")
     if not cancel_replay(session, replay):
         raise HTTPException(status_code=409, detail=f"replay {replay_id} already {replay.status}")
     return ReplayOut.of(replay)

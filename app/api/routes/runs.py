@@ -15,7 +15,6 @@ from app.services.runs import cancel_run as cancel_run_service
 from app.services.runs import question_for, rerun_snapshot, start_run
 from data.models import Notebook, Run, notebook_runs
 from data.queue import QueueUnavailable
-from data.watchdog import reap_for_reader
 from vocabulary import REFERENCE
 
 router = APIRouter(tags=["runs"])
@@ -69,7 +68,6 @@ def rerun(run_id: int, session: SessionDep, principal: PrincipalDep) -> RunOut:
 @router.get("/runs/{run_id}", response_model=RunOut, responses=errors(404))
 def read_run(run_id: int, session: SessionDep) -> RunOut:
     """The run, its results and the decision's attention by region (`attention_regions`)."""
-    reap_for_reader(session)
     return run_view(session, get_or_404(session, Run, run_id, "run"))
 
 

@@ -18,7 +18,6 @@ from app.services.sweep_view import SweepView, build_sweep_view
 from app.services.sweeps import adopt_policy, cancel_sweep, drop_policy, start_sweep
 from data.models import Notebook, Sweep
 from data.queue import QueueUnavailable
-from data.watchdog import reap_for_reader
 
 router = APIRouter(tags=["sweeps"])
 Threshold = Query(default=None, gt=0.0, lt=1.0,
@@ -52,7 +51,6 @@ def list_sweeps(notebook_id: int, session: SessionDep) -> list[int]:
 
 @router.get("/sweeps/{sweep_id}", response_model=SweepView, responses=errors(404))
 def read_sweep(sweep_id: int, session: SessionDep, threshold: float | None = Threshold) -> SweepView:
-    reap_for_reader(session)
     return build_sweep_view(session, get_or_404(session, Sweep, sweep_id, "sweep"), threshold)
 
 
@@ -74,7 +72,6 @@ def adopt(sweep_id: int, session: SessionDep, threshold: float | None = Threshol
     `per_field=true` (a sweep that edited its fields separately), each field's own policy too: a
     run's `auto` runs the strategy of the field it edits, the most conservative of them when it
     edits several (`policy_note` in its snapshot says which)."""
-    reap_for_reader(session)
     notebook = adopt_policy(session, get_or_404(session, Sweep, sweep_id, "sweep"), threshold, per_field)
     return notebook_view(notebook)
 

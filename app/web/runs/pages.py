@@ -31,7 +31,6 @@ from app.web.runs.render_cache import VIEW, cached
 from app.web.runs.top_lines import lines_by_default, top_lines
 from app.web.templating import render, templates
 from data.models import Run, notebook_runs
-from data.watchdog import reap_for_reader
 from vocabulary import REFERENCE
 
 router = APIRouter()
@@ -75,7 +74,6 @@ def run_progress(request: Request, run_id: int, session: SessionDep, compact: st
     it does not, and a finished run on its own page is answered with 286 (htmx: stop polling)
     plus HX-Refresh so the page shows the results. On the run page each answer also swaps the
     header's status badge (one state); on the notebook a succeeded run brings its decision summary."""
-    reap_for_reader(session)
     run = get_or_404(session, Run, run_id, "run")
     extra: dict = {"polled": True}
     if run.is_finished and compact and run.notebook_id:  # the notebook's runs table, refreshed once

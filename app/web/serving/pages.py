@@ -33,7 +33,6 @@ from app.services.replays import (
     cancel_replay,
     replays_of,
     replays_of_trajectory,
-    settled,
     start_replay,
     start_trajectory_replay,
 )
@@ -110,19 +109,19 @@ def _box(request: Request, session: Session, replay: Replay, status: int = 200) 
 
 @router.get("/replays/{replay_id}/panel")
 def replay_box(request: Request, replay_id: int, session: SessionDep) -> Response:
-    return _box(request, session, settled(session, get_or_404(session, Replay, replay_id, "replay")))
+    return _box(request, session, get_or_404(session, Replay, replay_id, "replay"))
 
 
 @router.post("/replays/{replay_id}/cancel")
 def replay_cancel(request: Request, replay_id: int, session: SessionDep) -> Response:
-    replay = settled(session, get_or_404(session, Replay, replay_id, "replay"))
+    replay = get_or_404(session, Replay, replay_id, "replay")
     cancel_replay(session, replay)
     return _box(request, session, replay)
 
 
 @router.get("/replays/{replay_id}")
 def replay_page(request: Request, replay_id: int, session: SessionDep) -> Response:
-    replay = settled(session, get_or_404(session, Replay, replay_id, "replay"))
+    replay = get_or_404(session, Replay, replay_id, "replay")
     notebook = session.get(Notebook, replay.notebook_id) if replay.notebook_id else None
     return render(request, "replay.html", notebook=notebook, nav="notebooks", **_context(session, replay))
 

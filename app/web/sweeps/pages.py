@@ -24,7 +24,6 @@ from app.web.templating import render
 from data.models import RUN_ACTIVE, Notebook, Sweep
 from data.queue import QueueUnavailable
 from data.settings import get_settings
-from data.watchdog import reap_for_reader
 from vocabulary import REFERENCE
 from vocabulary.sweep_values import KIND_HELP, KINDS
 from vocabulary.sweeps import DEFAULT_THRESHOLD, SWEEP_STRATEGIES
@@ -34,7 +33,6 @@ Threshold = Annotated[float | None, Query(gt=0.0, lt=1.0)]
 
 
 def _view(session, sweep_id: int, threshold: float | None = None) -> SweepView:
-    reap_for_reader(session)
     return build_sweep_view(session, get_or_404(session, Sweep, sweep_id, "sweep"), threshold)
 
 

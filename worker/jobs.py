@@ -1,0 +1,169 @@
+"""The worker's side of the one job lifecycle (`data.jobs`), shared by every task that runs a job
+(`kvnotes.run`, `kvnotes.trajectory`, `kvnotes.replay`): the claim, progress writes, the
+heartbeat, and riding out a storage fault.
+
+- **Storage faults.** A database that cannot be written for a while (read-only, full, locked)
+  must not use up a message nor leave a job `queued` or `running` for good. Every write here goes
+  through `through_faults`: tried again with a growing pause for `patience_s`. A claim that still
+  cannot be written asks the broker to deliver its message again later (`claim_or_retry`), as runs
+  always did; a broker that cannot take that either (the embedded one lives on the same disk) leaves
+  the row queued for the reaper, which fails it as "message lost" once a worker sits idle.
+- **The claim** (`claim`): the queued row that holds this message's token becomes `running` under
+  this worker, with its first heartbeat; any other message (its row deleted, never saved, or
+  holding another token) is dropped at once. Runs add their own rules on top
+  (`worker.run_rows.claim`: a run a dead worker left is restarted).
+- **Writes** (`write`): conditional on the row still being `running` under this worker, and each
+  one refreshes the heartbeat; False when the row was cancelled or reaped, so the task stops.
+- **Heartbeat** (`Heartbeat`): a thread that looks at the row every `watch_s` and writes its
+  heartbeat every `HEARTBEAT_S`, so a long silent stage is not mistaken for a dead worker, and that
+  sets `stop` once the row is no longer running (a cancel stops a replay's streams within seconds).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any, TypeVar
+
+from sqlalchemy import select, update
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.orm import Session
+
+from data.db import get_sessionmaker
+from data.models import RunStatus
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+HEARTBEAT_S = 10.0  # a live job's heartbeat period; the reaper's max age is many of these
+CLAIM_PATIENCE_S = 90.0  # a claim tried again in process this long through a storage fault ...
+CLAIM_RETRIES = 12  # ... then the broker delivers its message again, up to this many times
+CLAIM_RETRY_MAX_S = 60
+WRITE_PATIENCE_S = 30.0  # a progress write: a job is not failed for a short fault
+FINAL_PATIENCE_S = 120.0  # a job's outcome: kept trying longer, it is what the user waits for
+PAUSE_MAX_S = 8.0
+RUNNING = RunStatus.RUNNING.value
+
+
+def session() -> Session:
+    return get_sessionmaker()()
+
+
+def now() -> datetime:
+    return datetime.now(UTC)
+
+
+def through_faults(fn: Callable[[], T], patience_s: float, what: str, **context: Any) -> T:
+    """`fn()`, tried again through a storage fault (`DBAPIError`: read-only, full, locked) with a
+    pause of 0.5 s doubling to `PAUSE_MAX_S`, for `patience_s` in all; then the error is raised."""
+    deadline, pause = time.monotonic() + patience_s, 0.5
+    while True:
+        try:
+            return fn()
+        except DBAPIError as exc:
+            if time.monotonic() + pause > deadline:
+                raise
+            log.warning("storage fault: trying again", extra={"doing": what, "reason": type(exc).__name__,
+                                                              "retry_in_s": pause, **context})
+            time.sleep(pause)
+            pause = min(pause * 2, PAUSE_MAX_S)
+
+
+def claim_or_retry(task: Any, claim_fn: Callable[[], T], what: str, **context: Any) -> T:
+    """The task's claim, through a storage fault: tried again in process for `CLAIM_PATIENCE_S`,
+    then by the broker (`task.retry`, 5 s doubling to `CLAIM_RETRY_MAX_S`, `CLAIM_RETRIES` times)."""
+    try:
+        return through_faults(claim_fn, CLAIM_PATIENCE_S, f"claim {what}", **context)
+    except DBAPIError as exc:
+        delay = min(CLAIM_RETRY_MAX_S, 5 * 2**task.request.retries)
+        log.warning("cannot claim the job; the broker delivers its message again later",
+                    extra={"job": what, "reason": type(exc).__name__, "retry_in_s": delay, **context})
+        raise task.retry(countdown=delay, max_retries=CLAIM_RETRIES, exc=exc) from exc
+
+
+def claim(table: type, job_id: int, task_id: str | None, hostname: str, stage: str) -> Any | None:
+    """Mark the queued row of `table` that holds this message's token `running` under `hostname`;
+    the row (detached: its columns as claimed), or None when there is none to run."""
+    with session() as s:
+        row = s.get(table, job_id, with_for_update=True)
+        if row is None or row.status != RunStatus.QUEUED.value or (task_id and row.task_id != task_id):
+            log.info("message dropped: its job is gone, taken or holds another token",
+                     extra={"job": table.__tablename__, "job_id": job_id, "task_id": task_id})
+            return None
+        started = now()
+        row.status, row.stage, row.worker = RUNNING, stage, hostname
+        row.started_at = row.heartbeat_at = started
+        s.commit()
+        s.refresh(row)
+        s.expunge(row)
+        return row
+
+
+def write(table: type, job_id: int, hostname: str | None, patience_s: float = WRITE_PATIENCE_S,
+          **values: Any) -> bool:
+    """Update a running row of `table` (under `hostname`, when given), refreshing its heartbeat,
+    through a storage fault for `patience_s`; False when it is no longer running (or ours)."""
+
+    def once() -> bool:
+        with session() as s:
+            query = update(table).where(table.id == job_id, table.status == RUNNING)
+            if hostname is not None:
+                query = query.where(table.worker == hostname)
+            changed = s.execute(query.values(heartbeat_at=now(), **values)).rowcount
+            s.commit()
+        return changed == 1
+
+    return through_faults(once, patience_s, f"write {table.__tablename__}", job_id=job_id)
+
+
+def finish(table: type, job_id: int, hostname: str | None, status: RunStatus, **values: Any) -> bool:
+    """Write a running job's outcome (`status`, `finished_at`, and `values`), kept trying through a
+    storage fault for `FINAL_PATIENCE_S`; False when it was no longer running (cancelled, reaped)."""
+    return write(table, job_id, hostname, FINAL_PATIENCE_S, status=status.value, finished_at=now(), **values)
+
+
+class Heartbeat:
+    """While a job runs: look at its row every `watch_s`, write its heartbeat every `HEARTBEAT_S`,
+    and set `stop` once it is no longer running under this worker (cancelled, reaped, deleted)."""
+
+    def __init__(self, table: type, job_id: int, hostname: str | None, watch_s: float = HEARTBEAT_S) -> None:
+        self.table, self.job_id, self.hostname, self.watch_s = table, job_id, hostname, watch_s
+        self.stop = threading.Event()
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True,
+                                        name=f"{table.__tablename__}-{job_id}-heartbeat")
+
+    def _ours(self) -> bool:
+        table = self.table
+        with session() as s:
+            row = s.execute(select(table.status, table.worker).where(table.id == self.job_id)).first()
+        return row is not None and row.status == RUNNING and self.hostname in (None, row.worker)
+
+    def _run(self) -> None:
+        last_beat = time.monotonic()
+        while not self._done.wait(self.watch_s):
+            try:
+                if time.monotonic() - last_beat >= HEARTBEAT_S:
+                    ours = write(self.table, self.job_id, self.hostname, patience_s=0.0)
+                    last_beat = time.monotonic()
+                else:
+                    ours = self._ours()
+            except Exception as exc:  # a busy or read-only database must not stop the job: next time
+                log.info("heartbeat: cannot reach its row", extra={"job": self.table.__tablename__,
+                                                                   "job_id": self.job_id,
+                                                                   "reason": type(exc).__name__})
+                continue
+            if not ours:
+                self.stop.set()
+                return
+
+    def __enter__(self) -> Heartbeat:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._done.set()
+        self._thread.join(timeout=self.watch_s + 1)
