@@ -67,14 +67,16 @@ def _alive(pid: int) -> bool:
         return f.read().split(") ")[-1][0] != "Z"
 
 
-def _worker_row(env: dict[str, str]) -> tuple[str, int] | None:
-    """(name, pid) of the live worker the registry knows, or None."""
+def _worker_row(env: dict[str, str], replays: bool = False) -> tuple[str, int] | None:
+    """(name, pid) of the live model worker the registry knows (with `replays`, of the replays'
+    worker: serve supervises both), or None."""
     import sqlite3
 
     db = Path(env["KVNOTES_DATA"]) / "kvnotes.db"
+    which = "LIKE" if replays else "NOT LIKE"
     with sqlite3.connect(db) as c:
-        row = c.execute("SELECT name, pid FROM workers WHERE stopped_at IS NULL "
-                        "ORDER BY started_at DESC").fetchone()
+        row = c.execute(f"SELECT name, pid FROM workers WHERE stopped_at IS NULL AND queues {which} "
+                        "'%\"replays\"%' ORDER BY started_at DESC").fetchone()
     return (row[0], row[1]) if row else None
 
 
@@ -139,6 +141,7 @@ def test_a_killed_worker_is_replaced_and_a_killed_serve_leaves_no_worker(tmp_pat
                              env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
     try:
         _wait("a healthy start", lambda: (_get_or_none(base + "/api/health") or (0,))[0] == 200, 90)
+        _, replays_pid = _wait("the replays' worker", lambda: _worker_row(env, replays=True), 60)
         name, pid = _worker_row(env)
         os.kill(pid, signal.SIGKILL)
         t_kill = time.monotonic()
@@ -167,6 +170,7 @@ def test_a_killed_worker_is_replaced_and_a_killed_serve_leaves_no_worker(tmp_pat
         serve.send_signal(signal.SIGKILL)
         serve.wait()
         _wait("the worker to die with serve", lambda: not _alive(new_pid), 10, every=0.1)
+        _wait("the replays' worker to die with serve", lambda: not _alive(replays_pid), 10, every=0.1)
         _restarted_health_does_not_trust_the_killed_worker(env)
     finally:
         if serve.poll() is None:
