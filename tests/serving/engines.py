@@ -14,15 +14,27 @@ the key's line as first written (a model that ignores errata), `reads="last"` th
 (the line, or an erratum "key has changed from A to B"). `fault` makes it fail: "500" answers every
 completion with HTTP 500, "slow" waits `delay_s` before answering, "trickle" streams one event every
 `delay_s` forever (`gone` is set when the client went away).
+
+`Gateway` runs `kvnotes gateway` as a real process in front of either (or of a real vLLM server).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
+import socket
+import subprocess
+import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import httpx
+import openai
+
+from tests.conftest import REPO, free_port, kvnotes_env
 
 
 class Engine:
@@ -187,3 +199,52 @@ class Engine:
         except OSError:
             self.gone.set()
         h.close_connection = True
+
+
+class Gateway:
+    """`kvnotes gateway` on a free port in front of `upstream`, stopped by `stop()`."""
+
+    def __init__(self, data: Path, upstream: str, *options: str) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        env = {**os.environ, **kvnotes_env(data), "PYTHONPATH": str(REPO)}
+        data.mkdir(parents=True, exist_ok=True)
+        self.log = data / "gateway.log"
+        self.proc = subprocess.Popen([sys.executable, "-m", "commands.cli", "gateway", "--upstream", upstream,
+                                      "--port", str(self.port), *options], env=env, cwd=REPO,
+                                     stdout=self.log.open("w"), stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and self.proc.poll() is None:
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
+                return
+            except OSError:
+                time.sleep(0.1)
+        self.stop()
+        raise RuntimeError(f"the gateway did not start: {self.log.read_text()}")
+
+    def client(self, **kw) -> openai.OpenAI:
+        return openai.OpenAI(base_url=f"{self.url}/v1", api_key="sk-test", max_retries=0, **kw)
+
+    def metric(self, name: str, **labels: str) -> float:
+        text = httpx.get(f"{self.url}/metrics").text
+        inner = ",".join(f'{k}="{v}"' for k, v in labels.items())
+        series = name + ("{" + inner + "}" if inner else "")
+        found = re.search(rf"^{re.escape(series)} (\S+)$", text, re.M)
+        return float(found.group(1)) if found else 0.0
+
+    def eventually(self, name: str, value: float, **labels: str) -> bool:
+        """Whether the series reaches `value` within 30 s (a stream is counted once its end passed)."""
+        deadline = time.monotonic() + 30
+        while self.metric(name, **labels) != value:
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.05)
+        return True
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()

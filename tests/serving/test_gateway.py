@@ -7,20 +7,14 @@ bad Unicode; a client that goes away mid-stream). The real vLLM server's side is
 
 from __future__ import annotations
 
-import os
 import re
-import socket
-import subprocess
-import sys
-import time
-from pathlib import Path
 
 import httpx
 import openai
 import pytest
 
-from tests.conftest import REPO, free_port, kvnotes_env
-from tests.serving.engines import Engine
+from tests.conftest import free_port
+from tests.serving.engines import Engine, Gateway
 from vocabulary import render_erratum
 
 # an agent's system prompt: its destination near the top, then ~1,500 characters that never change
@@ -28,55 +22,6 @@ LOG = "\n".join(f"2026-03-01 08:{i:02d} The carrier confirmed step {i} of the bo
 SYSTEM = "You are the shipping agent.\nrecord_id: SR-20417\ndestination: {}\ncarrier: NordFreight\n\n" + LOG
 ASK = "What is the destination of this shipment?"
 CITIES = ["Oslo", "Madrid", "Rome", "Lisbon", "Paris"]
-
-
-class Gateway:
-    """`kvnotes gateway` on a free port in front of `upstream`, stopped by `stop()`."""
-
-    def __init__(self, data: Path, upstream: str, *options: str) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        env = {**os.environ, **kvnotes_env(data), "PYTHONPATH": str(REPO)}
-        data.mkdir(parents=True, exist_ok=True)
-        self.log = data / "gateway.log"
-        self.proc = subprocess.Popen([sys.executable, "-m", "commands.cli", "gateway", "--upstream", upstream,
-                                      "--port", str(self.port), *options], env=env, cwd=REPO,
-                                     stdout=self.log.open("w"), stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and self.proc.poll() is None:
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
-                return
-            except OSError:
-                time.sleep(0.1)
-        self.stop()
-        raise RuntimeError(f"the gateway did not start: {self.log.read_text()}")
-
-    def client(self, **kw) -> openai.OpenAI:
-        return openai.OpenAI(base_url=f"{self.url}/v1", api_key="sk-test", max_retries=0, **kw)
-
-    def metric(self, name: str, **labels: str) -> float:
-        text = httpx.get(f"{self.url}/metrics").text
-        inner = ",".join(f'{k}="{v}"' for k, v in labels.items())
-        series = name + ("{" + inner + "}" if inner else "")
-        found = re.search(rf"^{re.escape(series)} (\S+)$", text, re.M)
-        return float(found.group(1)) if found else 0.0
-
-    def eventually(self, name: str, value: float, **labels: str) -> bool:
-        """Whether the series reaches `value` within 30 s (a stream is counted once its end passed)."""
-        deadline = time.monotonic() + 30
-        while self.metric(name, **labels) != value:
-            if time.monotonic() > deadline:
-                return False
-            time.sleep(0.05)
-        return True
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
 
 
 @pytest.fixture
