@@ -210,6 +210,9 @@ def test_the_issue_inputs_are_refused_with_nothing_saved_and_the_pages_stay_up(m
                         headers={**alice, "HX-Request": "true"})
         assert r.status_code == 422 and words in r.text, r.text
         assert "built-in method" not in r.text  # `errors.values` printed a dict's method (issue 32 item 6)
+    r = client.post("/login", data={"name": "al\x00ice", "password": "alice-password"},
+                    follow_redirects=False)
+    assert r.status_code == 422 and "name: cannot contain a NUL character" in r.text  # no attempt saved
     assert _rows() == before  # nothing saved, by any of them
     fresh = client.get(f"/notebooks/{nb}/sweep", headers=alice)
     assert fresh.status_code == 200 and "built-in method" not in fresh.text

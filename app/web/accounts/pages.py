@@ -24,6 +24,7 @@ from data import sign_in
 from data.accounts import AccountError, HashingBusy, ShareLink, resolve_share
 from data.models import Run
 from data.settings import get_settings
+from vocabulary.text_rules import text_problem
 
 router = APIRouter()
 
@@ -58,6 +59,9 @@ def _login_form(request: Request, status: int, message: str, name: str, next_pat
 def login(request: Request, session: SessionDep, name: Annotated[str, Form()] = "",
           password: Annotated[str, Form()] = "", next: Annotated[str, Form()] = "/") -> Response:
     name = name.strip()
+    problem = text_problem(name, 64)  # the text rules: a name that breaks them names no account
+    if problem:
+        return _login_form(request, 422, f"name: {problem}", name, next)
     try:
         signed = actions.sign_in_user(session, name, password, _client(request),
                                       get_settings().session_max_age_s)
