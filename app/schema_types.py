@@ -163,7 +163,7 @@ def _served(name: str) -> str:
 ModelName = Annotated[str, StringConstraints(min_length=1, max_length=200), AfterValidator(_served),
                       Documented(lambda: {"enum": get_settings().models})]
 DocumentText = _text("max_document_chars", AfterValidator(unix_newlines))
-Label = _text("max_label_chars", blank=True)
+Label = _text("max_label_chars", empty=True)  # "" = no label; a label that shows nothing is refused
 Value = _text("max_value_chars")
 ErratumText = _text("max_erratum_chars", AfterValidator(unix_newlines))
 SkillText = _text("max_skill_chars", AfterValidator(unix_newlines))
