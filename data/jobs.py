@@ -33,7 +33,16 @@ from sqlalchemy import ColumnElement, func, select, true
 from sqlalchemy.orm import Session
 
 from data.models import RUN_ACTIVE, Base, Run, RunStatus, utcnow
-from data.queue import REPLAY_QUEUE, TASK_REPLAY, TASK_RUN, TASK_TRAJECTORY, queue_for
+from data.queue import (
+    REPLAY_QUEUE,
+    TASK_REPLAY,
+    TASK_RUN,
+    TASK_TRAJECTORY,
+    enqueue_replay,
+    enqueue_run,
+    enqueue_trajectory,
+    queue_for,
+)
 from data.replays import Replay
 from data.trajectories import Trajectory
 
@@ -49,6 +58,7 @@ class JobKind:
     table: type[Base]
     task: str
     queue_of: Callable[[Any], str]
+    send: Callable[[Any], str]  # the row's message, under its token (`data.queue`)
     counted: Callable[[], ColumnElement[bool]] = true
 
     def active(self) -> Any:
@@ -56,9 +66,12 @@ class JobKind:
         return select(func.count(self.table.id)).where(self.table.status.in_(ACTIVE), self.counted())
 
 
-RUNS = JobKind("run", Run, TASK_RUN, lambda row: queue_for(row.model), lambda: Run.sweep_id.is_(None))
-TRAJECTORIES = JobKind("trajectory", Trajectory, TASK_TRAJECTORY, lambda row: queue_for(row.model))
-REPLAYS = JobKind("replay", Replay, TASK_REPLAY, lambda _row: REPLAY_QUEUE)
+RUNS = JobKind("run", Run, TASK_RUN, lambda row: queue_for(row.model), enqueue_run,
+               lambda: Run.sweep_id.is_(None))
+TRAJECTORIES = JobKind("trajectory", Trajectory, TASK_TRAJECTORY, lambda row: queue_for(row.model),
+                       lambda row: enqueue_trajectory(row.id, row.task_id, row.model))
+REPLAYS = JobKind("replay", Replay, TASK_REPLAY, lambda _row: REPLAY_QUEUE,
+                  lambda row: enqueue_replay(row.id, row.task_id))
 KINDS = (RUNS, TRAJECTORIES, REPLAYS)
 
 

@@ -6,10 +6,12 @@ heartbeat (before the first one, its start; before that, its creation) is older 
 belongs to a worker that is gone. With the worker registry (`data.workers`) it does not wait for
 the heartbeat age: a job held by a worker that stopped or stopped beating is failed at once, and a
 job still `queued` while a live worker of its queue has sat idle for `QUEUED_GRACE_S` lost its
-message (a worker took it and died before starting it, or a storage fault used it up) and is failed
-too, as is a run queued for a model that this installation does not serve (`KVNOTES_MODELS`) and no
-live worker holds: it would wait forever. A trajectory or replay still queued past the task time
-limit (+ 60 s) never had a worker take it, and is failed saying so.
+message (a worker took it and died before starting it, or a storage fault used it up): nothing of it
+ran, so `reap` sends its message again once under a fresh token (lost again, it fails; a sweep's edit
+fails and is retried by `data.sweep_edits`). A run queued for a model that this installation does not
+serve (`KVNOTES_MODELS`) and no live worker holds is failed: it would wait forever. A trajectory or
+replay still queued past the task time limit (+ 60 s) never had a worker take it, and is failed
+saying so.
 
 `reap` does all of this and commits; the workers' beat (`worker.presence`) and `kvnotes serve`
 (`commands.supervisor`) call it every few seconds, never a web read. A worker starting, or a
@@ -31,31 +33,30 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from data.jobs import KINDS, REPLAYS, RUNS, TRAJECTORIES, JobKind, finish
-from data.models import MESSAGE_LOST, WORKER_LOST, Run, RunStatus, as_utc  # the reasons it writes
-from data.queue import queue_for
+from data.models import MESSAGE_LOST, WORKER_LOST, Run, RunStatus, as_utc, new_task_id  # the reasons
+from data.queue import QueueUnavailable, queue_for
 from data.settings import get_settings
 from data.sweep_edits import retry_lost_edits
 from data.workers import dead_worker_names, live_workers
 
 log = logging.getLogger(__name__)
 QUEUED_GRACE_S = 30.0  # a live idle worker takes a waiting message within a second or two
+RESENT_STAGE = "queued again: its message was lost"
+LOST_AGAIN = "its queue message was lost twice before it started (sent again once); re-run it"
 DEADLINE_KINDS = (TRAJECTORIES, REPLAYS)  # a run queued for long waits for a worker (health says so)
 
 
 @dataclass
 class Reaped:
-    """The ids of the jobs failed, by kind name."""
+    """The ids of the jobs failed, by kind name, and the jobs whose lost message is to be sent again
+    (kind, id, fresh token) once these writes are committed."""
 
     ids: dict[str, list[int]] = field(default_factory=dict)
+    resend: list[tuple[JobKind, int, str]] = field(default_factory=list)
 
     def add(self, kind: JobKind, ids: list[int]) -> Reaped:
         if ids:
             self.ids.setdefault(kind.name, []).extend(ids)
-        return self
-
-    def merge(self, other: Reaped) -> Reaped:
-        for name, ids in other.ids.items():
-            self.ids.setdefault(name, []).extend(ids)
         return self
 
     @property
@@ -115,9 +116,13 @@ def reap_runs_of_dead_workers(session: Session, now: datetime) -> list[int]:
     return reap_of_dead_workers(session, RUNS, now)
 
 
-def reap_lost(session: Session, kind: JobKind, now: datetime, grace_s: float = QUEUED_GRACE_S) -> list[int]:
+def reap_lost(session: Session, kind: JobKind, now: datetime, grace_s: float = QUEUED_GRACE_S,
+              resend: list[tuple[JobKind, int, str]] | None = None) -> list[int]:
     """The kind's jobs still `queued` after `grace_s` although a live worker of their queue has
-    been idle for `grace_s`: their message is gone."""
+    been idle for `grace_s`: their message is gone. Nothing of such a job ran, so with `resend` it
+    stays queued under a fresh token, added to `resend` for its message to be sent again once
+    (lost again, it fails); without, and for a sweep's edit (`data.sweep_edits` retries those), it
+    fails with `MESSAGE_LOST`. The ids of the jobs failed."""
     idle_queues = {q for w in live_workers(session, now) if w.idle_for(now) > grace_s for q in w.queues}
     if not idle_queues:
         return []
@@ -128,9 +133,14 @@ def reap_lost(session: Session, kind: JobKind, now: datetime, grace_s: float = Q
     waiting = select(table).where(table.status == RunStatus.QUEUED.value, queued_at < cutoff)
     for row in session.scalars(waiting):
         created = as_utc(row.heartbeat_at) or as_utc(row.created_at)
-        if created is not None and created < cutoff and kind.queue_of(row) in idle_queues:
-            finish(row, RunStatus.FAILED, MESSAGE_LOST, now=now)
-            reaped.append(row.id)
+        if created is None or created >= cutoff or kind.queue_of(row) not in idle_queues:
+            continue
+        if resend is not None and row.stage != RESENT_STAGE and getattr(row, "sweep_id", None) is None:
+            row.task_id, row.stage, row.heartbeat_at = new_task_id(), RESENT_STAGE, now
+            resend.append((kind, row.id, row.task_id))
+            continue
+        finish(row, RunStatus.FAILED, LOST_AGAIN if row.stage == RESENT_STAGE else MESSAGE_LOST, now=now)
+        reaped.append(row.id)
     session.flush()
     return reaped
 
@@ -191,7 +201,7 @@ def watch(session: Session, now: datetime | None = None) -> Reaped:
     reaped = Reaped()
     for kind in KINDS:
         reaped.add(kind, reap_stale(session, kind, now, max_age) + reap_of_dead_workers(session, kind, now)
-                   + reap_lost(session, kind, now))
+                   + reap_lost(session, kind, now, resend=reaped.resend))
     for kind in DEADLINE_KINDS:
         reaped.add(kind, reap_past_deadline(session, kind, now))
     return reaped.add(RUNS, reap_unserved(session, now))
@@ -202,11 +212,28 @@ def reap(session: Session, now: datetime | None = None) -> Reaped:
     workers' beat and `kvnotes serve` run every few seconds."""
     reaped = watch(session, now)
     session.commit()
-    retry_lost_edits(session)  # after the commit: a message is never sent before its row
+    _send_again(session, reaped)  # after the commit: a message is never sent before its row
+    retry_lost_edits(session)
     if reaped:
         log.warning("reaper: jobs marked failed (their worker or message was lost)",
                     extra={"reaped": reaped.ids})
     return reaped
+
+
+def _send_again(session: Session, reaped: Reaped) -> None:
+    """Send the lost messages of `reaped.resend` again under their fresh tokens; a job whose message
+    the broker refuses fails with `MESSAGE_LOST` instead."""
+    for kind, job_id, token in reaped.resend:
+        row = session.get(kind.table, job_id, populate_existing=True)  # as committed
+        if row is None or row.task_id != token or row.status != RunStatus.QUEUED.value:
+            continue  # deleted, cancelled or taken meanwhile
+        try:
+            kind.send(row)
+            log.warning("reaper: a lost message sent again", extra={"job": kind.name, "job_id": job_id})
+        except QueueUnavailable:
+            finish(row, RunStatus.FAILED, MESSAGE_LOST)
+            reaped.add(kind, [job_id])
+            session.commit()
 
 
 def reap_worker(session: Session, worker: str, now: datetime | None = None) -> Reaped:

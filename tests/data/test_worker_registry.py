@@ -130,3 +130,42 @@ def test_a_beat_without_a_live_row_says_so(session: Session) -> None:
     assert workers.beat(session, "kvnotes-b@h") is True
     workers.mark_stopped(session, "kvnotes-b@h")
     assert workers.beat(session, "kvnotes-b@h") is False
+
+
+def test_the_reaper_sends_a_lost_message_again_once_then_fails_the_job(session: Session,
+                                                                        tmp_path: Path) -> None:
+    """A queued job (a run, a trajectory) whose message went with a worker never started: the one
+    reaper sends it again once under a fresh token (one new message on its model's queue), and
+    fails it with the reason when that message is lost too."""
+    from data.trajectories import Trajectory
+    from data.watchdog import LOST_AGAIN, RESENT_STAGE, reap
+    from tests.api.conftest import _broker_messages
+    from vocabulary.trajectories import FieldSpec, TrajectorySpec, TurnSpec
+
+    now = datetime.now(UTC)
+    run_id = _run(session, "queued", None, QUEUED_GRACE_S + 60, now)
+    spec = TrajectorySpec(model=MODEL, document="status: active", fields=(FieldSpec("status", 8, 14),),
+                          turns=(TurnSpec(append=" more"),), question="Active?", choices=("yes", "no"),
+                          strategies=("recompute",))
+    trajectory = Trajectory(model=MODEL, spec=spec, status="queued", stage="queued", turns_total=1,
+                            created_at=now - timedelta(seconds=QUEUED_GRACE_S + 60))
+    session.add(trajectory)
+    session.commit()
+    tokens = {session.get(Run, run_id).task_id, trajectory.task_id}
+    _worker(session, "idle@h", beat_s_ago=1, idle_s=QUEUED_GRACE_S + 30, now=now)
+    reaped = reap(session, now)
+    assert not reaped and [(k.name, i) for k, i, _ in reaped.resend] == [("run", run_id),
+                                                                        ("trajectory", trajectory.id)]
+    session.expire_all()
+    run, trajectory = session.get(Run, run_id), session.get(Trajectory, trajectory.id)
+    assert (run.status, run.stage, trajectory.status, trajectory.stage) == ("queued", RESENT_STAGE) * 2
+    assert not {run.task_id, trajectory.task_id} & tokens  # fresh tokens: the lost messages are refused
+    sent = {m["id"] for _, m in _broker_messages(tmp_path)}
+    assert {run.task_id, trajectory.task_id} <= sent and len(sent) == 2
+    later = now + timedelta(seconds=QUEUED_GRACE_S + 1)  # lost again
+    _worker(session, "idle2@h", beat_s_ago=0, idle_s=QUEUED_GRACE_S + 5, now=later)
+    reaped = reap(session, later)
+    assert reaped.ids == {"run": [run_id], "trajectory": [trajectory.id]} and not reaped.resend
+    session.expire_all()
+    assert session.get(Run, run_id).error == session.get(Trajectory, trajectory.id).error == LOST_AGAIN
+    assert len(_broker_messages(tmp_path)) == 2  # none sent a third time
