@@ -8,6 +8,7 @@ after which no edit can change the policy, cancels the rest and says so, with `n
 
 from __future__ import annotations
 
+import pytest
 from sqlalchemy import func, select
 
 from tests.api.conftest import _notebook
@@ -224,3 +225,43 @@ def test_a_sweep_that_stops_when_decided_cancels_the_rest_and_says_so(make_clien
                         json=_body(choices=[], values={"destination": values[:3]},
                                    stop_when_decided=True)).json()
     assert client.post(f"/api/sweeps/{other['id']}/cancel").json()["stopped"] == "cancelled"
+
+
+@pytest.mark.slow
+def test_a_sweep_on_a_real_worker_stops_as_soon_as_its_policy_is_decided(make_client,
+                                                                         engines_without_store) -> None:
+    """End to end on the tiny llama, each edit run by the real `kvnotes.run` task in this process:
+    with prefix_reuse (exact: it qualifies from its first edit) and stale (the floor, below by
+    construction) as the only candidates, the policy is decided after the first edit; the sweep stops
+    there (`stopped` "decided", 1 of 4 edits done), its 3 other edits are cancelled, and their
+    messages, delivered after all, are dropped without running."""
+    from data.db import get_sessionmaker
+    from data.models import Run
+    from worker.tasks import run as run_task
+
+    client = make_client(KVNOTES_MODELS="smollm2-135m,tiny-llama")
+    text = "Account record. status: active. Only active accounts may log in."
+    nb = client.post("/api/notebooks",
+                     json={"title": "decide", "model": "tiny-llama", "text": text}).json()["id"]
+    start = text.index("active")
+    assert client.post(f"/api/notebooks/{nb}/fields", json={"start": start, "end": start + 6,
+                                                            "new_value": "banned", "label": "status"}
+                       ).status_code == 201
+    r = client.post(f"/api/notebooks/{nb}/sweeps", json={
+        "question": "Can this account log in?", "choices": ["yes", "no"], "threshold": 0.9,
+        "strategies": ["recompute", "prefix_reuse"], "stop_when_decided": True,
+        "values": {"status": ["banned", "closed", "frozen", "locked"]}})
+    assert r.status_code == 201, r.text
+    sweep = r.json()
+    with get_sessionmaker()() as s:
+        tokens = [(e["run_id"], s.get(Run, e["run_id"]).task_id) for e in sweep["edits"]]
+    outcomes = [run_task.apply(args=(run_id,), task_id=token).get()["status"] for run_id, token in tokens]
+    assert outcomes == ["succeeded", "skipped", "skipped", "skipped"]
+    view = client.get(f"/api/sweeps/{sweep['id']}").json()
+    assert (view["status"], view["stopped"], view["edits_done"], view["edits_total"]) == \
+        ("succeeded", "decided", 1, 4)
+    assert view["policy"]["strategy"] == "prefix_reuse" and view["policy"]["decided"]
+    assert [e["status"] for e in view["edits"]] == ["succeeded", "cancelled", "cancelled", "cancelled"]
+    assert view["strategies"]["prefix_reuse"]["needed"] == 0
+    page = client.get(f"/sweeps/{sweep['id']}").text
+    assert "Stopped after 1 of 4 edits: the policy was decided" in page
