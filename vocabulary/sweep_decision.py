@@ -83,8 +83,7 @@ def standing(s: StrategyStats, threshold: float) -> Standing:
                  if s.flips else "")
         proven = (f"; proven below {threshold:.2f} (upper bound "
                   f"{min(s.agreement.upper, s.changed.upper):.2f})" if below else "")
-        sentence = (f"{s.name} agreed with recompute on {_bounds(s)}: held back by {why}{flips}{proven}; "
-                    f"it {needed_words(s.name, needed, threshold).removeprefix(s.name + ' ')}")
+        sentence = f"{s.name} agreed with recompute on {_bounds(s)}: held back by {why}{flips}{proven}"
     return Standing(s.name, s.cost_share, not held, below, held, needed, sentence)
 
 

@@ -1,9 +1,10 @@
 """Sweeps: start one over many edits of a notebook's fields (422 naming the row and column of bad
 input, 429 past the sweep cap, 503 when the broker cannot take it: nothing saved), read it (the
-one `SweepView`: per-strategy agreement with Wilson intervals, the frontier, the policy at a
-threshold given here or the sweep's own) and cancel it (finished edits are kept). A finished sweep's
-policy can be adopted by its notebook (later runs' `auto` runs only the strategy it names; per
-field, the strategy of the field a run edits) and dropped again."""
+one `SweepView`: per-strategy agreement with 95% confidence sequences, each candidate's standing
+and `needed`, the frontier, the policy at a threshold given here or the sweep's own) and cancel it
+(finished edits are kept). A finished sweep's policy can be adopted by its notebook (later runs'
+`auto` runs only the strategy it names; per field, the strategy of the field a run edits) and
+dropped again."""
 
 from __future__ import annotations
 
@@ -21,8 +22,9 @@ from data.queue import QueueUnavailable
 
 router = APIRouter(tags=["sweeps"])
 Threshold = Query(default=None, gt=0.0, lt=1.0,
-                  description="the policy's threshold on the lower bound of changed-edit agreement "
-                              "(default: the sweep's own); nothing is run again")
+                  description="the policy's threshold on both lower bounds, agreement on every "
+                              "determined edit and on the changed edits (default: the sweep's own); "
+                              "nothing is run again")
 PerField = Query(default=False,
                  description="also adopt each field's own policy (a sweep that edited its fields "
                              "separately): a run's auto then runs the strategy of the field(s) it edits")
