@@ -213,6 +213,7 @@ class MechanismRecord(_Frozen):
     knockout: list[KnockoutRow] = []
     downstream: int = 0
     selective_k: list[KCurve] = []
+    selective_skipped: str = ""  # why the selective@K sweep did not run (in_place already agrees)
     logit_lens: dict[str, list[float]] = {}
     costs: dict[str, float] = {}
     notes: list[str] = []

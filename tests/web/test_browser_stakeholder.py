@@ -26,6 +26,26 @@ TABLE_BOX = """() => {
 }"""
 
 
+def _mechanism():
+    """A mechanism record as the worker stores one: a knockout row, a selective@K curve, a 30-layer lens."""
+    from data.contracts import KCurve, KnockoutRow, KPoint, MechanismRecord, MechControl, MechReading
+
+    reading = MechReading(decision="suspended", p_answer=0.4, kl=0.0123)
+    control = MechControl(size=8, draws=5, p_answer=0.7, p_answer_spread=0.01, kl=0.01, kl_spread=0.0,
+                          agreement=0.8)
+    rows = [KnockoutRow(strategy="recompute", region="downstream_top10", layers="all", size=8,
+                        control=control, reading=MechReading(decision="active", p_answer=0.2, kl=0.9),
+                        agrees=False)]
+    points = [KPoint(k=k, reading=reading, agrees=k >= 4) for k in (0, 1, 2, 4, 8, 11)]
+    lens = [min(1.0, (i / 29) ** 3) for i in range(30)]
+    return MechanismRecord(answer="sus", decision="suspended", shown="stale",
+                           unmasked={"recompute": MechReading(decision="suspended", p_answer=0.4, kl=0.0)},
+                           knockout=rows, downstream=11,
+                           selective_k=[KCurve(ranking="attention", points=points, k_star=4)],
+                           logit_lens={"recompute": lens, "stale": [p / 2 for p in lens]},
+                           costs={"knockout": 0.4, "selective_k": 10.5, "logit_lens": 0.1})
+
+
 @pytest.fixture(scope="module")
 def site(tmp_path_factory):
     """A long record run by every strategy, with the details and timings a real run stores."""
@@ -54,6 +74,7 @@ def site(tmp_path_factory):
                                "1,254 tokens computed in all")
         rows["auto"].picked = "stale"
         rows["field_erratum"].speedup, rows["field_erratum"].speedup_range = 12.4, [11.0, 14.1]
+        run.mechanism = _mechanism()
         s.commit()
         ids["run"], ids["notebook"] = run.id, nb.id
     ARTIFACTS.mkdir(exist_ok=True)
@@ -164,4 +185,27 @@ def test_the_trajectory_plots_read_in_seconds_with_numbered_turns_and_legible_le
     assert all(p["legend"] >= 11 for p in plots[:2]), plots  # legend text at least 11 px tall on screen
     expect(page.locator("svg.trajectory-plot >> nth=1")).to_contain_text("40 s")
     expect(page.locator(".turn-tick")).to_have_count(8)  # turns 1..4 on the drift and cumulative plots
+    page.context.close()
+
+
+MECHANISM_BOXES = """() => {
+  const svg = document.querySelector('#mechanism .k-curve').getBoundingClientRect();
+  const label = document.querySelector('#mechanism .k-ylabel').getBoundingClientRect();
+  const ticks = [...document.querySelectorAll('#mechanism .lens-tick')].filter(t => t.textContent.trim())
+      .map(t => t.getBoundingClientRect().height);
+  return {svgLeft: svg.left, labelLeft: label.left, ticks: ticks.length, tickHeight: Math.min(...ticks)};
+}"""
+
+
+def test_the_mechanism_views_have_a_layer_axis_a_colour_key_and_unclipped_labels(site, browser) -> None:
+    server, ids = site
+    page = browser.new_context(viewport={"width": 1280, "height": 800}, bypass_csp=True).new_page()
+    page.goto(f"{server.url}/runs/{ids['run']}#mechanism")
+    boxes = page.evaluate(MECHANISM_BOXES)
+    page.locator("#mechanism .lens").scroll_into_view_if_needed()
+    page.screenshot(path=str(ARTIFACTS / "63-mechanism-lens-1280.png"))
+    assert boxes["labelLeft"] >= boxes["svgLeft"] - 0.5, boxes  # the KL axis label inside its drawing
+    assert boxes["ticks"] >= 5 and boxes["tickHeight"] > 8, boxes  # layers 1 … 30 numbered under the lens
+    expect(page.locator("#mechanism .lens-key")).to_contain_text("p of the answer token")
+    expect(page.locator("#mechanism .knockout .badge")).to_have_text("changed its decision")
     page.context.close()

@@ -4,6 +4,8 @@ line in the view, never an error page."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from data.contracts import KCurve, KnockoutRow, KPoint, MechanismRecord, MechControl, MechReading
@@ -39,6 +41,7 @@ def test_the_form_asks_for_the_mechanism(client) -> None:
     nb = new_notebook(client)
     form = client.get(f"/notebooks/{nb}").text
     assert 'name="mechanism"' in form and "Mechanism: why the decision moved" in form
+    assert "(about 11 recomputes, ~2× the run's time; about 1 when in_place already agrees)" in form
     asked = {"question": "q?", "strategies": ["recompute"], "mechanism": "1"}
     client.post(f"/notebooks/{nb}/runs", data=asked, headers=HX)
     assert session().query(Run).one().snapshot.mechanism is True
@@ -63,7 +66,8 @@ def test_the_panel_draws_what_was_stored_and_says_what_was_not(client) -> None:
     assert report.count('class="lens-strip"') == 2
     slide = client.get(f"/runs/{run.id}/present/4").text
     assert "<strong>K* = 4</strong> of 11" in slide and slide.count('class="lens-strip"') == 2
-    assert "knocking out downstream, top 8 positions (all layers, recompute) moves it to active" in slide
+    assert ("knocking out downstream, top 8 positions (all layers) changes recompute's decision to "
+            "active") in slide
     # a run without a decision token: one line, no error page
     s.get(Run, run.id).mechanism = MechanismRecord(
         answer="", decision="", shown=None,
@@ -72,3 +76,42 @@ def test_the_panel_draws_what_was_stored_and_says_what_was_not(client) -> None:
     page = client.get(f"/runs/{run.id}")
     assert page.status_code == 200 and "there is no decision to explain" in page.text
     assert 'class="knockout-row' not in page.text
+
+
+def test_knockout_marks_a_change_of_the_strategy_s_own_decision_and_the_views_say_what_they_read(client):
+    """erratum already said "active" unmasked: a row that still says "active" is not "moved" (it only
+    differs from recompute's); the row that changes erratum's own answer is marked, and masking the
+    top 10% changing it while the top 25% does not is said in words. The skipped selective@K sweep,
+    the lens's layer axis, its colour key and whole-vocabulary p are on the page."""
+    _nb, _notebook, run = page_run(client)
+    control = MechControl(size=8, draws=5, p_answer=0.7, p_answer_spread=0.01, kl=0.01, kl_spread=0.0,
+                          agreement=0.8)
+
+    def row(region: str, decision: str) -> KnockoutRow:
+        return KnockoutRow(strategy="erratum", region=region, layers="all", size=8, control=control,
+                           reading=MechReading(decision=decision, p_answer=0.2, kl=0.5),
+                           agrees=decision == "suspended")
+
+    unmasked = {"recompute": MechReading(decision="suspended", p_answer=0.03, kl=0.0),
+                "erratum": MechReading(decision="active", p_answer=0.01, kl=0.4)}
+    record = MechanismRecord(
+        answer="sus", decision="suspended", shown="erratum", unmasked=unmasked,
+        knockout=[row("field", "active"), row("downstream_top10", "suspended"),
+                  row("downstream_top25", "active")],
+        downstream=40, selective_skipped="in_place (the field alone, K = 0) already gives recompute's "
+        "decision ('suspended'), so K* = 0 under every ranking: the sweep was skipped",
+        logit_lens={"recompute": [0.0] * 11 + [0.026], "erratum": [0.0] * 12}, costs={"knockout": 0.3})
+    s = session()
+    s.get(Run, run.id).mechanism = record
+    s.commit()
+    html = client.get(f"/runs/{run.id}").text
+    assert html.count("changed its decision</span>") == 1  # top 10%: active -> suspended, erratum's own
+    assert html.count("(not recompute's)") == 2  # the field and top 25% rows keep erratum's "active"
+    assert ("Masking the top 10% of the downstream notes (all layers) changes erratum&#39;s decision, but "
+            "masking the top 25% does not") in html
+    assert "Skipped: in_place (the field alone, K = 0) already gives recompute" in html
+    assert 'class="k-curve"' not in html
+    assert "p (whole vocabulary)" in html and "over the whole vocabulary" in html
+    ticks = re.findall(r'<span class="lens-tick">(\d*)</span>', html)
+    assert len(ticks) == 12 and [t for t in ticks if t] == ["1", "2", "4", "6", "8", "10", "12"]
+    assert html.count('class="lens-key-cell"') == 6

@@ -55,6 +55,31 @@ class MechanismPanel:
     costs: list[tuple[str, float]]
     total_cost: float
     region_labels: dict[str, str]
+    # by strategy, one per knockout row: masking changed the strategy's OWN unmasked decision
+    changed: dict[str, list[bool]] = field(default_factory=dict)
+    knockout_notes: dict[str, list[str]] = field(default_factory=dict)  # by strategy, in words
+    lens_ticks: list[int] = field(default_factory=list)  # the layers numbered under the lens strips
+    lens_scale: list[dict] = field(default_factory=list)  # p, colour: the lens's colour key
+
+
+def own_changes(record: MechanismRecord, rows: list[KnockoutRow]) -> list[bool]:
+    """Per row: whether masking changed the strategy's own decision (its unmasked one), not whether it
+    differs from recompute's (a strategy that already decided otherwise is not "moved" by a mask)."""
+    own = record.unmasked.get(rows[0].strategy) if rows else None
+    return [row.reading is not None and own is not None and row.reading.decision != own.decision
+            for row in rows]
+
+
+def top_share_notes(strategy: str, rows: list[KnockoutRow], changed: list[bool]) -> list[str]:
+    """"Masking the top 10% … changes the decision but the top 25% does not", per layer set."""
+    by = {(row.region, row.layers): c for row, c in zip(rows, changed) if row.reading is not None}
+    notes = []
+    for layers in dict.fromkeys(row.layers for row in rows):
+        if by.get(("downstream_top10", layers)) and by.get(("downstream_top25", layers)) is False:
+            notes.append(f"Masking the top 10% of the downstream notes ({layers} layers) changes "
+                         f"{strategy}'s decision, but masking the top 25% does not: the effect is not "
+                         "monotone in how much is masked, so read it beside the random controls.")
+    return notes
 
 
 def mechanism_panel(record: MechanismRecord | None) -> MechanismPanel | None:
@@ -64,9 +89,24 @@ def mechanism_panel(record: MechanismRecord | None) -> MechanismPanel | None:
     for row in record.knockout:
         by_strategy.setdefault(row.strategy, []).append(row)
     costs = [(COST_LABELS.get(k, k), v) for k, v in record.costs.items()]
-    return MechanismPanel(record, by_strategy, [_plot(c) for c in record.selective_k],
-                          [_strip(name, ps) for name, ps in record.logit_lens.items() if ps], costs,
-                          sum(record.costs.values()), REGION_LABELS)
+    changed = {name: own_changes(record, rows) for name, rows in by_strategy.items()}
+    notes = {name: top_share_notes(name, rows, changed[name]) for name, rows in by_strategy.items()}
+    strips = [_strip(name, ps) for name, ps in record.logit_lens.items() if ps]
+    layers = len(strips[0].cells) if strips else 0
+    return MechanismPanel(record, by_strategy, [_plot(c) for c in record.selective_k], strips, costs,
+                          sum(record.costs.values()), REGION_LABELS, changed, notes, _layer_ticks(layers),
+                          [{"p": p, "colour": _ramp(p)} for p in LENS_KEY])
+
+
+LENS_KEY = (0.0, 0.01, 0.05, 0.25, 0.5, 1.0)  # the lens's colour key (square-root scale)
+
+
+def _layer_ticks(layers: int, most: int = 8) -> list[int]:
+    """The layers numbered under the lens (1-based): every k-th, the first and the last."""
+    if not layers:
+        return []
+    step = max(1, -(-layers // most))
+    return sorted({1, *range(step, layers + 1, step), layers})
 
 
 def _plot(curve: KCurve) -> CurvePlot:

@@ -25,7 +25,7 @@ from worker.engine.edit import Editor
 from worker.engine.mechanism.knockout import knockout, regions_of
 from worker.engine.mechanism.lens import lens
 from worker.engine.mechanism.masked import Probe, prompt_logits
-from worker.engine.mechanism.selective_k import sweep
+from worker.engine.mechanism.selective_k import sweep, unmasked_reading
 from worker.engine.mechanism.types import Mechanism
 from worker.engine.notes import KV
 from worker.engine.selective import movement
@@ -91,12 +91,20 @@ def explain(engine: LoadedModel, editor: Editor, chosen: dict[str, Outcome],
         in_place = measured.surgery if measured is not None else in_place_surgery(editor)
         start = changed[0]
         downstream = [j for b in editor.blocks if b.reuse and b.j1 >= start for j in range(b.j1, b.j2)]
-        rankings, cost = _rankings(model, in_place.layers, editor.new_ids, start, downstream,
-                                   attention[REFERENCE], attribution, generator)
-        curves, run = sweep(model, probe, in_place.layers, editor.new_ids, suffix_ids, changed, downstream,
-                            rankings, lambda f: step("mechanism: selective@K", f))
-        out.downstream, out.selective_k = len(downstream), curves
-        out.costs["selective_k"] = (run + cost) / total
+        base, run = unmasked_reading(model, probe, in_place.layers, list(suffix_ids))
+        out.downstream = len(downstream)
+        if base.decision == probe.decision(reference):  # K* = 0 under every ranking: nothing to find
+            out.selective_skipped = (f"in_place (the field alone, K = 0) already gives recompute's decision "
+                                     f"({base.decision!r}), so K* = 0 under every ranking: the sweep was "
+                                     "skipped")
+            out.costs["selective_k"] = run / total
+        else:
+            rankings, cost = _rankings(model, in_place.layers, editor.new_ids, start, downstream,
+                                       attention[REFERENCE], attribution, generator)
+            curves, swept = sweep(model, probe, in_place.layers, editor.new_ids, suffix_ids, changed,
+                                  downstream, rankings, lambda f: step("mechanism: selective@K", f))
+            out.selective_k = curves
+            out.costs["selective_k"] = (run + swept + cost) / total
 
     rows = 0
     for i, (name, outcome) in enumerate(chosen.items()):

@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 
 from worker.engine.mechanism.masked import BATCH, Probe, batch_logits, expand, layer_masks, windowed, windows
-from worker.engine.mechanism.types import Curve, KPoint
+from worker.engine.mechanism.types import Curve, KPoint, Reading
 from worker.engine.notes import KV, cache_from_layers
 
 
@@ -111,3 +111,9 @@ def sweep(model, probe: Probe, layers: list[KV], ids: list[int], prompt: list[in
         points = [KPoint(k, readings[s], readings[s].decision == reference) for k, s in zip(ks, wanted[name])]
         curves.append(Curve(name, points, k_star(points)))
     return curves, rows
+
+
+def unmasked_reading(model, probe: Probe, layers: list[KV], prompt: list[int]) -> tuple[Reading, int]:
+    """K = 0 without a sweep: the in_place notes `layers` as they are, read at the decision; and the
+    token rows run (the prompt's)."""
+    return probe.read(batch_logits(model, expand(layers, 1), prompt)[0]), len(prompt)

@@ -82,6 +82,7 @@ class Mechanism:
     knockout: list[KnockoutRow] = field(default_factory=list)
     downstream: int = 0  # downstream tokens selective@K chooses from
     selective_k: list[Curve] = field(default_factory=list)
+    selective_skipped: str = ""  # why the selective@K sweep did not run (in_place already agrees)
     logit_lens: dict[str, list[float]] = field(default_factory=dict)
     costs: dict[str, float] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
