@@ -4,7 +4,7 @@ each, and the sweep's statistics (`vocabulary.sweeps`) in the shape `GET /api/sw
     kvnotes sweep --document doc.txt --field "active" [--label status] \\
         (--values suspended,banned,… | --values-file values.txt | --generate KIND --count N …) \\
         --question "..." [--choices yes,no] [--extend-choices] [--strategies recompute,erratum,…] \\
-        [--threshold 0.95] [--stop-when-decided] [--json]
+        [--threshold 0.95] [--stop-when-decided] [--timed-edits 3] [--json]
 
 It runs in this process, on the engine: the document is prefilled once (`document_prefills`: 1)
 and every edit starts from those notes. A value equal to the old one is skipped and counted. A
@@ -13,7 +13,10 @@ only column). `--generate` makes N values (`vocabulary.sweep_values`: timestamps
 decimals or dates from --from to --to, or lines sampled from --lines-file with --seed). A value
 the choices do not name (where they name the field's value) exits 2, unless --extend-choices adds
 it. With --stop-when-decided the sweep stops after the first edit at which its policy can no longer
-change (`stopped`: "decided"; else "exhausted").
+change (`stopped`: "decided"; else "exhausted"). The first `--timed-edits` edits (default 3) are
+timed in paired rounds (the speed-ups come from them, and each checks the decision-only reference
+against a true recompute); the others decide only, untimed, the reference computed exactly from
+the field on.
 """
 
 from __future__ import annotations
@@ -36,6 +39,8 @@ from vocabulary.sweeps import (
     sweep_stats,
 )
 from vocabulary.verdicts import outside_choices
+
+DEFAULT_TIMED_EDITS = 3  # the API's default too (`app.services.sweep_input.SweepCreate.timed_edits`)
 
 
 class SweepUsageError(CommandError):
@@ -121,11 +126,12 @@ def _column(text: str, suffix: str, label: str, where: str) -> list[str]:
 
 def run_sweep(eng, document: str, field: str, label: str, values: list[str], question,
               strategies: list[str], threshold: float = DEFAULT_THRESHOLD, progress=None,
-              stop_when_decided: bool = False) -> dict:
+              stop_when_decided: bool = False, timed_edits: int = DEFAULT_TIMED_EDITS) -> dict:
     """The sweep's result as `kvnotes sweep --json` prints it (also what the example sweep and the
     benchmark store): per-strategy statistics and standing, the policy, the frontier, every
     candidate's worst cases and each edit's decisions; the document prefilled once. With
-    `stop_when_decided`, it stops after the first edit at which the policy can no longer change."""
+    `stop_when_decided`, it stops after the first edit at which the policy can no longer change. The
+    first `timed_edits` edits are timed in paired rounds, the rest decide only."""
     from worker.engine import Field, RunRequest
 
     start = document.find(field)
@@ -134,15 +140,19 @@ def run_sweep(eng, document: str, field: str, label: str, values: list[str], que
     names = with_recompute(strategies)
     names = names if ORIGINAL in names else [*names, ORIGINAL]
     notes = eng.prefill(document)
-    edits, skipped = [], 0
+    edits, skipped, checks = [], 0, []
     stopped = "exhausted"
     for value in values:
         if value == field:
             skipped += 1
             continue
+        timed = len(edits) < timed_edits
         request = RunRequest(document=document, question=question, strategies=tuple(names),
-                             fields=(Field(start, start + len(field), value, label),))
+                             fields=(Field(start, start + len(field), value, label),),
+                             timing=timed, check_reference=timed)
         report = eng.run(request, notes=notes)
+        if report.exact_reference_kl is not None:
+            checks.append(report.exact_reference_kl)
         outcomes = {name: Outcome(decision=r.decision, followed=r.edit_followed, kl=r.kl_to_recompute,
                                   tokens=r.tokens_computed, prefix_cache_share=r.prefix_cache_share,
                                   ttft_ms=r.ttft_ms, speedup=r.speedup)
@@ -163,6 +173,8 @@ def run_sweep(eng, document: str, field: str, label: str, values: list[str], que
         "status": "succeeded", "model": eng.info.alias,
         "edits_total": sum(v != field for v in values), "edits_done": len(edits),
         "stop_when_decided": stop_when_decided, "stopped": stopped,
+        "timed_edits": timed_edits, "edits_timed": min(timed_edits, len(edits)),
+        "exact_reference_kl": max(checks) if checks else None,
         "edits_skipped": skipped, "document_prefills": 1, "document_tokens": notes.n_tokens,
         "question": question.text, "choices": list(question.choices), "threshold": threshold,
         "interval": INTERVAL_WORDS,
@@ -224,13 +236,16 @@ def cmd_sweep(args) -> None:
     problem = unknown_strategies(strategies)
     if problem:
         raise SweepUsageError(problem)
+    if args.timed_edits < 0:
+        raise SweepUsageError(f"--timed-edits must be 0 or more, got {args.timed_edits}")
     if not 0 < args.threshold < 1:
         raise SweepUsageError(f"--threshold must be between 0 and 1, got {args.threshold}")
     if args.field not in document:
         raise SweepUsageError(f"--field: {args.field!r} is not in the document")
     eng = _load(args)
     result = run_sweep(eng, document, args.field, args.label or "the value", values,
-                       question, strategies, args.threshold, stop_when_decided=args.stop_when_decided)
+                       question, strategies, args.threshold, stop_when_decided=args.stop_when_decided,
+                       timed_edits=args.timed_edits)
     result["extended_choices"] = extended
     if args.json:
         print(json.dumps(result, indent=2))
@@ -286,6 +301,9 @@ def add_command(sub) -> None:
     p.add_argument("--threshold", type=float, default=DEFAULT_THRESHOLD,
                    help="the policy's threshold on both lower bounds: agreement on every determined "
                         "edit and on the changed edits")
+    p.add_argument("--timed-edits", type=int, default=DEFAULT_TIMED_EDITS, metavar="K",
+                   help="time the first K edits in paired rounds (the speed-ups come from them); the rest "
+                        "decide only, untimed (default %(default)s)")
     p.add_argument("--question", required=True)
     p.add_argument("--choices", default=None, help="comma-separated; without it the answer is generated")
     p.add_argument("--max-new-tokens", type=int, default=32)

@@ -73,6 +73,9 @@ class RunSnapshot(_Frozen):
     policy: str | None = None
     # why that strategy: which field(s) the run edits and whose policy applied (per-field policies)
     policy_note: str | None = None
+    # time the strategies in paired rounds; False: a sweep's edit past its timed sample decides only
+    # (every strategy once, untimed, the reference computed exactly from the field on)
+    timed: bool = True
 
 
 class FieldPolicy(_Frozen):

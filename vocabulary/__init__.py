@@ -87,8 +87,8 @@ METRICS = (
     Metric("decision", str,
            "what the model decided: the most probable choice, or the first line of its answer"),
     Metric("choice_probs", dict[str, float],
-           "probability of each choice, the mean over every cyclic order of the choices (empty for a free "
-           "answer)"),
+           "probability of each choice, the mean over a balanced set of at most 8 orders of the choices "
+           "(empty for a free answer)"),
     Metric("kl_to_recompute", float,
            "KL divergence of the first answer token's distribution from recompute's (0 = identical)"),
     Metric("top1_agrees", bool, "the most likely first answer token is the same as recompute's"),
@@ -131,5 +131,8 @@ METRICS = (
     Metric("order_bias", str | None,
            "the position (first, last, …) whose choice the answer follows in more orders of the choices "
            "than it follows the document: read KL instead; None when the answer follows the document"),
+    Metric("measure_ms", float,
+           "reading the choices over their other orders (the decision's debiasing), after the first "
+           "token and apart from it: time to first token is one readout in the listed order"),
 )
 METRIC_NAMES = tuple(metric.name for metric in METRICS)

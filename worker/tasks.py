@@ -58,11 +58,16 @@ def run(self, run_id: int) -> dict[str, Any]:
             if snapshot.sweep_id is not None:  # a sweep's edit: its document's notes are the sweep's
                 reporter.progress("prefill", 0.01)
                 notes = sweep_rows.sweep_notes(eng, snapshot)
-                request = replace(request, attention=False)  # statistics only: no attention maps
+                # statistics only: no attention maps; timed in paired rounds only on the sweep's timed
+                # sample, which also checks the decision-only reference against the true recompute
+                request = replace(request, attention=False, timing=snapshot.timed,
+                                  check_reference=snapshot.timed)
             report = eng.run(request, notes=notes, progress=reporter.progress)
             t_engine = time.perf_counter()
         timings = {"load_ms": round((t_load - t0) * 1000, 1),
-                   "engine_ms": round((t_engine - t_load) * 1000, 1)}
+                   "engine_ms": round((t_engine - t_load) * 1000, 1), "timed": float(report.timed)}
+        if report.exact_reference_kl is not None:
+            timings["exact_reference_kl"] = report.exact_reference_kl
         notes_map = notes_map_record(report.attribution)
         if run_rows.succeed(run_id, hostname, result_rows(run_id, report), timings, notes_map,
                             dtype=report.dtype, device=report.device,

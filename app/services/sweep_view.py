@@ -179,6 +179,28 @@ class SweepView(BaseModel):
     # vocabulary's dataclass: pydantic validates and dumps it as is
     worst_cases: list[WorstCase]
     edits: list[EditOut]
+    # the finished edits timed in paired rounds (the speed-ups come from them); the rest decided only,
+    # their reference computed exactly from the field on
+    edits_timed: int = 0
+    # the largest KL of that exact-from-the-field reference against the true recompute, checked on
+    # the timed edits (None: no timed edit checked it)
+    exact_reference_kl: float | None = None
+
+    @property
+    def timing_note(self) -> str:
+        """What the speed-ups come from and how the untimed edits' reference was computed."""
+        done = sum(e.status == RunStatus.SUCCEEDED for e in self.edits)
+        if not done:
+            return ""
+        timed = (f"Speed-ups come from the {self.edits_timed} edit{'' if self.edits_timed == 1 else 's'} "
+                 "timed in paired rounds" if self.edits_timed else "No edit was timed: no speed-up")
+        if self.edits_timed >= done:
+            return timed + "."
+        kl = self.exact_reference_kl
+        check = "" if kl is None else \
+            f" (checked on the timed edits against a true recompute: KL at most {kl:.1e})"
+        return (f"{timed}; the other {done - self.edits_timed} decided only, untimed, with the reference "
+                f"computed exactly from the field on: the notes before the field are the same cache{check}.")
 
     @property
     def progress(self) -> str:
@@ -274,4 +296,15 @@ def build_sweep_view(session: Session, sweep: Sweep, threshold: float | None = N
                                    source=f.source) for f in stats.frontier],
         worst_cases=list(stats.worst),
         edits=edits,
+        **_timing(session, sweep.id),
     )
+
+
+def _timing(session: Session, sweep_id: int) -> dict:
+    """How many finished edits were timed (a run stored before issue 31 counts as timed), and the
+    largest KL of the decision-only reference against the true recompute on them (`runs.timings`)."""
+    done = [t or {} for t in session.scalars(select(Run.timings).where(
+        Run.sweep_id == sweep_id, Run.status == RunStatus.SUCCEEDED))]
+    kls = [t["exact_reference_kl"] for t in done if "exact_reference_kl" in t]
+    return {"edits_timed": sum(bool(t.get("timed", 1.0)) for t in done),
+            "exact_reference_kl": max(kls) if kls else None}

@@ -41,7 +41,7 @@ def test_a_sweep_queues_one_run_per_edit_and_skips_the_old_value(make_client, tm
     client = make_client()
     nb = _with_field(client)
     values = ["banned", "suspended", "active", "closed"]  # "active" is the old value
-    r = client.post(f"/api/notebooks/{nb}/sweeps", json=_body(values={"status": values}))
+    r = client.post(f"/api/notebooks/{nb}/sweeps", json=_body(values={"status": values}, timed_edits=2))
     assert r.status_code == 201, r.text
     sweep = r.json()
     assert (sweep["status"], sweep["edits_total"], sweep["edits_done"], sweep["edits_skipped"]) == \
@@ -56,6 +56,10 @@ def test_a_sweep_queues_one_run_per_edit_and_skips_the_old_value(make_client, tm
     assert [(f["label"], f["old"], f["new"]) for f in run["snapshot"]["fields"]] == \
         [("status", "active", "suspended")]
     assert run["snapshot"]["sweep_id"] == sweep["id"]
+    # timed_edits 2: the worker times the first 2 edits in paired rounds, the third decides only
+    assert [client.get(f"/api/runs/{e['run_id']}").json()["snapshot"]["timed"] for e in sweep["edits"]] == \
+        [True, True, False]
+    assert sweep["edits_timed"] == 0 and sweep["exact_reference_kl"] is None  # nothing finished yet
     assert client.get(f"/api/notebooks/{nb}/sweeps").json() == [sweep["id"]]
     page = client.get(f"/sweeps/{sweep['id']}")
     assert page.status_code == 200 and "0 of 3 edits" in page.text and "<svg" in page.text
@@ -84,6 +88,7 @@ def test_bad_input_names_row_and_column_and_saves_nothing(make_client) -> None:
          "row 2, column 'status': the value is empty"),
         ({"values": {"status": ["a", "b", "c", "d"]}}, "values", "4 edits; a sweep takes at most 3"),
         ({"values": {"status": ["active"]}}, "values", "every edit (1) equals the field's old value"),
+        ({"values": {"status": ["banned"]}, "timed_edits": -1}, "timed_edits", "greater than or equal to 0"),
     ]
     for extra, where, message in cases:
         r = client.post(f"/api/notebooks/{nb}/sweeps", json=_body(**extra))

@@ -1,17 +1,20 @@
 """Choices scored over their orders (`worker.engine.orders`): every cyclic order of the choices in
 one forward gives what asking each order alone gives, a reversed list of two choices reads the same
 debiased distribution (both of its orders are scored), and a question whose answer follows a
-position more than the document is flagged."""
+position more than the document is flagged. Many choices are read in at most 8 balanced orders,
+and the first token is one readout in the listed order, the other orders read after it."""
 
 from __future__ import annotations
 
+import time
 from dataclasses import replace
 
 import pytest
+import torch
 
 from worker.engine import Field, Question, RunRequest, load
 from worker.engine.notes import cache_from_layers
-from worker.engine.orders import cyclic_orders, over_orders, position_word, reading_orders
+from worker.engine.orders import MAX_ORDERS, cyclic_orders, over_orders, position_word, reading_orders
 from worker.engine.readout import decide, orders_suffixes
 from worker.engine.strategies.measure import Bench
 
@@ -111,3 +114,40 @@ def test_a_bench_scores_the_frame_s_choice_questions_over_their_orders_only():
     assert bench(Question("Which letter?", ("a",))).orders == []  # one choice, one order
     assert bench(replace(QUESTION, cot=True)).orders == []  # the reasoning is one generation
     assert bench(QUESTION, "\n\nQuestion: my own words\nAnswer:").orders == []  # a custom suffix
+
+
+def test_many_choices_are_read_in_8_balanced_orders_at_a_cost_linear_in_the_choices():
+    thirteen = tuple(f"c{i}" for i in range(13))
+    orders = reading_orders(thirteen)
+    assert len(orders) == MAX_ORDERS == 8 and len(set(orders)) == 8 and orders[0] == thirteen
+    for choice in thirteen:  # every choice read first as often as it is read last
+        assert sum(o[0] == choice for o in orders) == sum(o[-1] == choice for o in orders)
+    assert all(sorted(o) == sorted(thirteen) for o in orders)
+    eng = load("tiny-llama")
+    for n in (5, 9, 13):
+        question = Question("Which?", thirteen[:n])
+        one = len(eng.encode(eng.frame.suffix(question)))
+        others = orders_suffixes(eng.tokenizer, eng.frame, question)
+        # 7 other orders whatever the number of choices, each as long as the listed question (give
+        # or take a token where a permuted list tokenizes differently): linear in n, where all 2n
+        # orders cost 2n - 1 questions of length ~n
+        assert len(others) == 7 and abs(sum(map(len, others)) - 7 * one) <= 7
+
+
+@pytest.mark.parametrize("alias", ["tiny-llama", "tiny-gemma3"])
+def test_the_first_token_is_one_readout_in_the_listed_order_and_the_orders_come_after(alias):
+    eng = load(alias)
+    notes = eng.prefill(DOC)
+    suffix = eng.encode(eng.frame.suffix(QUESTION))
+    orders = orders_suffixes(eng.tokenizer, eng.frame, QUESTION)
+    listed = decide(eng.model, eng.tokenizer, eng.frame, cache_from_layers(notes.layers, eng.model), suffix,
+                    QUESTION)
+    t0 = time.perf_counter()
+    both = decide(eng.model, eng.tokenizer, eng.frame, cache_from_layers(notes.layers, eng.model), suffix,
+                  QUESTION, orders=orders)
+    done = time.perf_counter()
+    assert torch.allclose(both.logits, listed.logits, atol=1e-5)  # the first token is the listed order's
+    assert listed.measure_ms == 0.0 and both.measure_ms > 0
+    # the orders are read after the first token, and their time is what follows it
+    assert t0 < both.first_token_at and both.first_token_at + both.measure_ms / 1000 <= done + 1e-6
+    assert set(both.choice_probs) == set(QUESTION.choices) and len(both.choice_spread) == 3

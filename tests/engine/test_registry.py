@@ -13,6 +13,8 @@ from worker.engine import Field, Question, RunRequest, load
 from worker.engine.run import _plan
 from worker.engine.strategies import COMPOSITIONS, EDITS
 from worker.engine.strategies.measure import (
+    CHEAP_TIMING_MS,
+    MAX_ROUNDS,
     PAIRED_ROUNDS,
     ROUND_BUDGET_MS,
     ROUND_SAMPLES,
@@ -21,6 +23,7 @@ from worker.engine.strategies.measure import (
     measure,
     paired_speedups,
     result_of,
+    rounds_due,
 )
 
 DOC = "Account record.\nstatus: active\nowner: Ada Lovelace\nOnly active accounts may log in.\n"
@@ -61,6 +64,15 @@ def test_a_strategy_is_timed_in_3_rounds_and_within_a_round_until_100_ms_or_3_ti
     assert due_again([Sample(350.0, 40.0), Sample(None, 40.0)])
 
 
+def test_rounds_go_on_past_3_only_while_the_timing_is_cheap():
+    assert (MAX_ROUNDS, CHEAP_TIMING_MS) == (9, 1500.0)
+    cheap = {"recompute": [Sample(20.0, 20.0)] * 3, "stale": [Sample(5.0, 5.0)] * 3}  # 75 ms in all
+    slow = {"recompute": [Sample(450.0, 450.0)] * 3, "stale": [Sample(100.0, 100.0)] * 3}  # 1.65 s
+    assert all(rounds_due(r, slow) for r in range(PAIRED_ROUNDS)) and not rounds_due(PAIRED_ROUNDS, slow)
+    assert rounds_due(PAIRED_ROUNDS, cheap) and rounds_due(MAX_ROUNDS - 1, cheap)
+    assert not rounds_due(MAX_ROUNDS, cheap)
+
+
 def test_fast_strategies_are_timed_again_round_robin_and_keep_their_first_notes():
     eng = load("tiny-llama")
     start = DOC.index("active")
@@ -76,9 +88,11 @@ def test_fast_strategies_are_timed_again_round_robin_and_keep_their_first_notes(
     outcomes = measure(bench, case, runners)
     n = {name: len(out.samples) for name, out in outcomes.items()}
     assert all(calls.count(name) == n[name] for name in runners)  # every timing ran the surgery again
+    rounds = len(outcomes["recompute"].round_ttft())  # tiny-llama times fast: more rounds than 3
+    assert PAIRED_ROUNDS <= rounds <= MAX_ROUNDS
     for out in outcomes.values():  # every strategy, recompute included, in every round
-        assert sorted(out.round_ttft()) == list(range(PAIRED_ROUNDS))
-        for r in range(PAIRED_ROUNDS):
+        assert sorted(out.round_ttft()) == list(range(rounds))
+        for r in range(rounds):
             mine = [s for s in out.samples if s.round == r]
             assert len(mine) == ROUND_SAMPLES or sum(s.ttft_ms for s in mine) >= ROUND_BUDGET_MS
     # a repeat stops at the first token: only the first timing decoded
@@ -96,7 +110,7 @@ def test_fast_strategies_are_timed_again_round_robin_and_keep_their_first_notes(
     ref = outcomes["recompute"]
     for out in outcomes.values():
         paired = paired_speedups(out, ref)
-        assert paired == [ref.round_ttft()[r] / out.round_ttft()[r] for r in range(PAIRED_ROUNDS)]
+        assert paired == [ref.round_ttft()[r] / out.round_ttft()[r] for r in range(rounds)]
         result = result_of(out, ref)
         theirs, mine = ref.round_ttft().values(), out.round_ttft().values()
         assert result.speedup_range == [round(min(theirs) / max(mine), 4), round(max(theirs) / min(mine), 4)]

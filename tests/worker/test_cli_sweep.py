@@ -20,10 +20,14 @@ VALUES = "banned,active,closed,frozen,pending,locked"
 def test_sweep_prints_the_api_shape(doc, tmp_path):
     out = kvnotes("sweep", "--model", "tiny-llama", "--document", str(doc[0]), "--field", "active",
                   "--label", "status", "--values", VALUES, "--question", "Can the user log in?",
-                  "--choices", "yes,no", "--strategies", "recompute,prefix_reuse,erratum", "--json")
+                  "--choices", "yes,no", "--strategies", "recompute,prefix_reuse,erratum",
+                  "--timed-edits", "2", "--json")
     assert out.returncode == 0, out.stderr
     data = json.loads(out.stdout)
     assert (data["edits_done"], data["edits_skipped"], data["document_prefills"]) == (5, 1, 1)
+    # the first 2 edits timed (each checks the decision-only reference), the other 3 decisions only
+    assert (data["timed_edits"], data["edits_timed"]) == (2, 2) and data["exact_reference_kl"] <= 1e-6
+    assert [all(t > 0 for t in e["ttft_ms"].values()) for e in data["edits"]] == [True] * 2 + [False] * 3
     assert list(data["strategies"]) == ["recompute", "prefix_reuse", "erratum", "stale"]
     for name, s in data["strategies"].items():
         assert s["determined"] == 5 and s["undetermined"] == 0, name
@@ -59,6 +63,7 @@ def test_sweep_prints_the_api_shape(doc, tmp_path):
      "the range is empty: start and end are both 2026-01-01"),
     (["--generate", "integers", "--count", "5000", "--from", "1", "--to", "9000"],
      "5000 values asked; a sweep takes at most"),
+    (["--values", "a", "--timed-edits", "-1"], "--timed-edits must be 0 or more"),
 ])
 def test_sweep_bad_input_exits_2(doc, extra, message):
     out = kvnotes("sweep", "--model", "tiny-llama", "--document", str(doc[0]), "--field", "active",

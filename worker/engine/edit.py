@@ -34,7 +34,8 @@ from dataclasses import dataclass, field, replace
 from difflib import SequenceMatcher
 
 from vocabulary import ERRATUM
-from worker.engine.forward import Deferred, cut, fill, join_all
+from vocabulary.prefix import common_prefix
+from worker.engine.forward import Deferred, cut, extend, fill, join_all
 from worker.engine.notes import KV, Notes
 from worker.engine.rope import RopeLayout, shift_keys
 from worker.engine.selective import has_sliding_window
@@ -107,11 +108,22 @@ class Editor:
         self.model, self.rope, self.old = model, rope, old
         self.new_ids, self.new_segments, self.new_offsets = new_ids, new_segments, new_offsets
         self.blocks = diff_blocks(old.token_ids, new_ids)
+        self._from_change: Surgery | None = None
 
     def surgery(self, layers: list[KV], computed: int, detail: str = "") -> Surgery:
         """`layers` as the notes of the new tokens."""
         return Surgery(layers, list(self.new_ids), list(self.new_segments), list(self.new_offsets),
                        computed, detail)
+
+    def from_first_change(self) -> Surgery:
+        """The exact notes of the new tokens: the old notes up to the first change kept (the same
+        cache: equal tokens at equal positions), every token from there on computed again. Computed
+        once per editor; `tokens_computed` is what it ran (prefix_reuse's cost)."""
+        if self._from_change is None:
+            p = min(common_prefix(self.old.token_ids, self.new_ids), len(self.new_ids))
+            layers = extend(self.model, cut(self.old.layers, 0, p), self.new_ids[p:])
+            self._from_change = self.surgery(layers, len(self.new_ids) - p)
+        return self._from_change
 
     def reused(self, b: Block) -> list[KV]:
         """An equal block's old K/V, keys re-rotated to its new positions."""

@@ -1,15 +1,24 @@
 """Choices scored over their orders, so that a decision measures the notes and not the list.
 
 A small model asked "Answer with one of: Tromso, Valencia." tends to pick the choice listed first,
-whatever the document says. So a choice question is asked in EVERY cyclic order of its choices
-(each choice in each position once), and of the reversed list too (`reading_orders`), and each
-choice's probability is averaged over the orders: the debiased distribution. Both directions make
-it exactly the same whichever way the list is written (with one direction, reversing three choices
-on smollm2-135m's shipment log moved a probability by 0.061; two choices have one pair of orders).
+whatever the document says. So a choice question is asked in a balanced set of orders of its
+choices (`reading_orders`), and each choice's probability is averaged over the orders: the debiased
+distribution. Up to four choices that is EVERY cyclic order of the list and of the reversed list
+(each choice in each position once per direction: 2, 6, 8 orders), which makes it exactly the same
+whichever way the list is written (with one direction, reversing three choices on smollm2-135m's
+shipment log moved a probability by 0.061). From five choices on it is `MAX_ORDERS` (8) orders: four
+cyclic shifts spread evenly over the list and the reversal of each, so every choice that is read
+first in one order is read last in its reversal (first and last equally often), and the cost stays
+linear in the number of choices (all 2N orders cost quadratic: 26 orders and ~2,300 question tokens
+for 13 choices).
 The document's notes are shared by every order; only the question's tokens and the choices are
 computed per order, all orders side by side in ONE forward (a tree mask: each
 order's question sees the notes and whatever the strategy appends, each choice its own order's
 question and its own earlier tokens, with restarted positions).
+
+Reading over the orders is measurement, not the strategy's time to first token: a strategy's
+readout is one question in the listed order (`worker.engine.readout.decide`), and the other orders
+are read after it, timed apart (`Readout.measure_ms`).
 
 Beside each probability goes its spread over the orders ([min, max]), and the question is flagged
 (`order_bias`, e.g. "first") when the answer follows a position more often than it follows the
@@ -36,13 +45,25 @@ def cyclic_orders(choices: Sequence[str]) -> list[tuple[str, ...]]:
     return [items[k:] + items[:k] for k in range(len(items))]
 
 
+MAX_ORDERS = 8  # a choice question is read in at most this many orders (linear cost in the choices)
+
+
 def reading_orders(choices: Sequence[str]) -> list[tuple[str, ...]]:
-    """The orders a choice question is asked in: every cyclic order of `choices`, then every cyclic
-    order of the reversed list not already among them (the listed order first). Two choices: 2
-    orders; three: all 6; n: 2n."""
-    orders = cyclic_orders(choices)
-    orders += [o for o in cyclic_orders(tuple(reversed(tuple(choices)))) if o not in orders]
-    return orders
+    """The orders a choice question is asked in, the listed order first. Up to `MAX_ORDERS // 2`
+    choices: every cyclic order of `choices`, then every cyclic order of the reversed list not
+    already among them (two choices: 2 orders; three: all 6; four: 8). More choices: `MAX_ORDERS // 2`
+    cyclic shifts spread evenly over the list, then the reversal of each (each choice read first in
+    one order is read last in its reversal), `MAX_ORDERS` orders in all."""
+    items = tuple(choices)
+    n = len(items)
+    if 2 * n <= MAX_ORDERS:
+        orders = cyclic_orders(items)
+        orders += [o for o in cyclic_orders(tuple(reversed(items))) if o not in orders]
+        return orders
+    half = MAX_ORDERS // 2
+    shifts = sorted({round(i * n / half) % n for i in range(half)})
+    forward = [items[k:] + items[:k] for k in shifts]
+    return forward + [tuple(reversed(o)) for o in forward]
 
 
 def position_word(position: int, n: int) -> str:

@@ -8,11 +8,14 @@ document), or after the start token for a base model. The question then closes t
     \n\nQuestion … <end of user turn><assistant header>   ← the suffix, computed by every strategy
 
 With `choices`, the decision is the choice whose WHOLE token sequence is most probable (summed
-log-probabilities), averaged over every cyclic order of the choices (both directions) when the
-caller gives the question's tokens in those orders (`worker.engine.orders`: the debiased
-distribution, its spread over the orders and whether the answer follows a position); without, a
-greedy generation. With chain of thought, the model first writes its reasoning greedily, then the
-choices are scored after an answer cue, in the listed order only (the reasoning is one generation).
+log-probabilities). The strategy's readout, what its time to first token measures, is ONE question in
+the order the choices are listed. When the caller gives the question's tokens in the other orders
+(`worker.engine.orders.reading_orders`, a balanced set of at most 8), the choices are then read over
+those orders too, after the first token and timed apart (`Readout.measure_ms`): the decision is
+the debiased distribution's, with its spread over the orders and whether the answer follows a
+position. Without choices, a greedy generation. With chain of thought, the model first writes its
+reasoning greedily, then the choices are scored after an answer cue, in the listed order only (the
+reasoning is one generation).
 """
 
 from __future__ import annotations
@@ -69,10 +72,12 @@ class Readout:
     logits: float32 [vocab] at the decision position.
     answer_ids: the tokens the model answered with after the prompt (the chosen choice's tokens, or
         what it generated, reasoning included), to score other notes on the same answer.
-    first_token_at: `time.perf_counter()` when the first answer token's logits were ready (TTFT).
+    first_token_at: `time.perf_counter()` when the first answer token's logits were ready (TTFT): one
+        readout, the choices in their listed order.
     choice_probs: over every order scored (the debiased distribution); choice_spread: each one's
         [min, max] over those orders; order_bias: the position the answer follows more than the
-        document ("first", "last", …), None when it follows the document.
+        document ("first", "last", …), None when it follows the document; measure_ms: what reading
+        the other orders took, after the first token (not part of any strategy's time).
     """
 
     logits: torch.Tensor
@@ -84,6 +89,7 @@ class Readout:
     deferred_kv: list[KV] | None = None
     choice_spread: dict[str, list[float]] = field(default_factory=dict)
     order_bias: str | None = None
+    measure_ms: float = 0.0  # reading the choices over their other orders, after the first token
 
 
 def _stop_ids(tokenizer) -> set[int]:
@@ -215,9 +221,9 @@ def _choice_ids(tokenizer, frame: Frame, choices) -> list[list[int]]:
 
 
 def orders_suffixes(tokenizer, frame: Frame, question: Question) -> list[list[int]]:
-    """The question's tokens in every order of its choices it is read in (`reading_orders`: every
-    cyclic order, both directions) but the listed one (whose tokens
-    the caller has): what `decide(orders=...)` scores the choices over. Empty with chain of thought
+    """The question's tokens in every order of its choices it is read in (`reading_orders`: a
+    balanced set of at most 8) but the listed one (whose tokens the caller has): what
+    `decide(orders=...)` scores the choices over after the first token. Empty with chain of thought
     (the reasoning is one generation) or fewer than two choices."""
     if question.cot or len(question.choices) < 2:
         return []
@@ -256,38 +262,38 @@ def _per_order(choices: Sequence[str], scores: Sequence[Sequence[float]]) -> lis
                      .tolist())) for s in scores]
 
 
-def _orders_readout(model, tokenizer, frame: Frame, base: list[KV], pending: list[int], suffix_ids: list[int],
-                    orders: Sequence[list[int]], question: Question, deferred: Deferred | None) -> Readout:
-    """Every cyclic order of the choices in ONE forward (`worker.engine.orders.orders_forward`): the
-    deferred rows and `pending` once, then each order's question and the choices after it."""
+def _other_orders(model, tokenizer, frame: Frame, base: list[KV], pending: list[int],
+                  orders: Sequence[list[int]], question: Question) -> list[dict[str, float]]:
+    """Each other order's distribution over the choices after the completed notes `base` (and the
+    `pending` tokens a strategy appends, computed again here): every order in ONE forward
+    (`worker.engine.orders.orders_forward`), or one after the other on a model with sliding-window
+    layers (one custom mask cannot carry its windows)."""
     encoded = _choice_ids(tokenizer, frame, question.choices)
-    heads, scores, cache = orders_forward(model, base, list(pending), [list(suffix_ids), *orders], encoded,
-                                          deferred)
-    first_token_at = time.perf_counter()
-    reading = over_orders(reading_orders(question.choices), _per_order(question.choices, scores))
-    return _chosen(reading, heads[0], encoded, question, first_token_at, _deferred_kv(cache, deferred))
-
-
-def _orders_one_by_one(model, tokenizer, frame: Frame, cache, pending: list[int], suffix_ids: list[int],
-                       orders: Sequence[list[int]], question: Question, first_token_only: bool) -> Readout:
-    """Every cyclic order of the choices, one after the other (models with sliding-window layers,
-    which one custom mask cannot carry): each order's question after a fresh view of the notes,
-    then its choices scored as `_score_choices` does."""
-    base = layers_of(cache)
-    heads, caches = [], []
-    for suffix in [suffix_ids, *orders]:
+    rotations = reading_orders(question.choices)[1:]
+    if not has_sliding_window(model):
+        _, scores, _ = orders_forward(model, base, list(pending), [list(o) for o in orders], encoded)
+        return _per_order(question.choices, scores)
+    per_order = []
+    for suffix, rotation in zip(orders, rotations):
         mine = cache_from_layers(base, model)
-        heads.append(_forward(model, list(pending) + list(suffix), mine))
-        caches.append(mine)
-    first_token_at = time.perf_counter()
-    if first_token_only:
-        return Readout(logits=heads[0], decision="", choice_probs={}, text="", answer_ids=[],
-                       first_token_at=first_token_at)
-    rotations = reading_orders(question.choices)
-    per_order = [_score_choices(model, tokenizer, frame, h, c, list(rotation))
-                 for h, c, rotation in zip(heads, caches, rotations)]
+        head = _forward(model, list(pending) + list(suffix), mine)
+        probs = _score_choices(model, tokenizer, frame, head, mine, list(rotation))
+        per_order.append({c: probs[c] for c in question.choices})
+    return per_order
+
+
+def _over_orders(model, tokenizer, frame: Frame, base: list[KV], pending: list[int],
+                 orders: Sequence[list[int]], question: Question, listed: Readout) -> Readout:
+    """`listed` (the readout in the listed order) with its decision read over every order: the
+    other orders after the completed notes `base`, timed apart (`measure_ms`)."""
+    t0 = time.perf_counter()
+    others = _other_orders(model, tokenizer, frame, base, pending, orders, question)
+    per_order = [listed.choice_probs, *others]
+    reading = over_orders(reading_orders(question.choices), per_order)
     encoded = _choice_ids(tokenizer, frame, question.choices)
-    return _chosen(over_orders(rotations, per_order), heads[0], encoded, question, first_token_at, None)
+    out = _chosen(reading, listed.logits, encoded, question, listed.first_token_at, listed.deferred_kv)
+    out.measure_ms = (time.perf_counter() - t0) * 1000
+    return out
 
 
 def _prompt_forward(model, base: list[KV], prompt: list[int],
@@ -314,8 +320,9 @@ def decide(model, tokenizer, frame: Frame, cache, suffix_ids: list[int], questio
     question, so neither costs an extra pass over the weights. With `deferred`, the readout's
     `deferred_kv` completes the notes (`fill`). `first_token_only` stops at the first answer token's
     logits (a timing repeat: no decision, no generation). `orders`: the question's tokens in every
-    other order of its choices (`orders_suffixes`), to score the choices over their orders
-    (ignored with chain of thought or without choices)."""
+    other order of its choices (`orders_suffixes`), to score the choices over their orders after
+    the first token, timed apart (`Readout.measure_ms`; ignored with chain of thought, without
+    choices, or for a timing repeat)."""
     prompt = list(pending) + list(suffix_ids)
     if deferred is not None and has_sliding_window(model):
         raise ValueError("a sliding-window model cannot defer tokens to the readout "
@@ -323,12 +330,11 @@ def decide(model, tokenizer, frame: Frame, cache, suffix_ids: list[int], questio
     if orders and len(orders) != len(reading_orders(question.choices)) - 1:
         raise ValueError(f"{len(question.choices)} choices are read in "
                          f"{len(reading_orders(question.choices))} orders, not {len(orders) + 1}")
-    if question.choices and not question.cot and orders:
-        if has_sliding_window(model):
-            return _orders_one_by_one(model, tokenizer, frame, cache, list(pending), list(suffix_ids), orders,
-                                      question, first_token_only)
-        return _orders_readout(model, tokenizer, frame, layers_of(cache), list(pending), list(suffix_ids),
-                               orders, question, deferred)
+    if question.choices and not question.cot and orders and not first_token_only:
+        base = layers_of(cache)
+        listed = decide(model, tokenizer, frame, cache, suffix_ids, question, pending, deferred)
+        completed = fill(base, deferred, listed.deferred_kv) if deferred is not None else base
+        return _over_orders(model, tokenizer, frame, completed, list(pending), orders, question, listed)
     if question.choices and not question.cot and not has_sliding_window(model):
         return _one_pass_readout(model, tokenizer, frame, layers_of(cache), prompt, question, deferred)
     fresh = None

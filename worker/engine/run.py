@@ -26,12 +26,14 @@ from vocabulary import (
 from vocabulary.verdicts import edit_followed
 from worker.engine.attention import attention_of
 from worker.engine.attribution import notes_map
+from worker.engine.compare import fidelity
 from worker.engine.compose import Placement, token_boundary
 from worker.engine.devices import describe_device, dtype_name
 from worker.engine.edit import Editor, Surgery
 from worker.engine.mechanism import explain
-from worker.engine.notes import Notes
+from worker.engine.notes import Notes, cache_from_layers
 from worker.engine.offsets import Insertions, apply_fields, new_to_document
+from worker.engine.readout import decide
 from worker.engine.strategies import EDITS, Strategy
 from worker.engine.strategies.edit import EditCase
 from worker.engine.strategies.edits.in_place import InPlace, in_place
@@ -75,6 +77,12 @@ class RunRequest:
     attribution: bool = False  # also map which notes carry the decision (`worker.engine.attribution`)
     mechanism: bool = False  # also knockout, selective@K and the logit lens (`worker.engine.mechanism`)
     policy: str | None = None  # the strategy the notebook adopted from a sweep: `auto` applies it
+    # False: decisions only (a sweep's edit past its timed sample): every strategy once, untimed, the
+    # reference computed exactly from the field on (`worker.engine.strategies.measure`)
+    timing: bool = True
+    # in a timed run: also compute the reference the decision-only way and give its KL to the true
+    # recompute (`Report.exact_reference_kl`): a sweep checks its shortcut on its timed sample
+    check_reference: bool = False
 
 
 def run(engine: LoadedModel, request: RunRequest, notes: Notes | None = None,
@@ -94,14 +102,17 @@ def run(engine: LoadedModel, request: RunRequest, notes: Notes | None = None,
     if length_changes and any(s.info.moves_keys for s in strategies.values()):
         engine.require_portable()
 
-    outcomes = measure(bench, case, runners)
+    outcomes = measure(bench, case, runners, timing=request.timing)
     report_progress("compare", 0.7)
     score(bench, case, runners, outcomes, REFERENCE)
     ref = outcomes[REFERENCE]
     followed = _followed(request)
     chosen = {name: s.outcome(outcomes) for name, s in strategies.items()}
     report = Report(model=engine.info.alias, document_tokens=len(old.token_ids),
-                    dtype=dtype_name(engine.model.dtype), device=describe_device(engine.model))
+                    dtype=dtype_name(engine.model.dtype), device=describe_device(engine.model),
+                    timed=request.timing)
+    if request.timing and request.check_reference:
+        report.exact_reference_kl = _exact_reference_kl(engine, editor, bench, ref)
     for name, out in chosen.items():
         report.strategies[name] = result_of(out, ref, followed)
 
@@ -122,6 +133,16 @@ def run(engine: LoadedModel, request: RunRequest, notes: Notes | None = None,
                                               out.readout.answer_ids, bench.suffix_ids)
     report_progress("done", 1.0)
     return report
+
+
+def _exact_reference_kl(engine: LoadedModel, editor: Editor, bench: Bench, ref: Outcome) -> float:
+    """KL of the first answer token after the reference computed exactly from the first change on
+    (what a decision-only run uses) from the true recompute's `ref`: 0 up to float rounding."""
+    exact = editor.from_first_change()
+    readout = decide(engine.model, engine.tokenizer, engine.frame,
+                     cache_from_layers(exact.layers, engine.model), bench.suffix_ids, bench.question,
+                     first_token_only=True)
+    return max(fidelity(ref.readout.logits, readout.logits).kl_to_recompute, 0.0)
 
 
 def _followed(request: RunRequest) -> Callable[[str], str | None]:

@@ -71,6 +71,7 @@ class StrategyResult:
     speedup_range: list[float] = field(default_factory=list)  # [min, max] over the paired rounds
     choice_spread: dict[str, list[float]] = field(default_factory=dict)  # [min, max] over the orders
     order_bias: str | None = None  # the position the answer follows more than the document, e.g. "first"
+    measure_ms: float = 0.0  # reading the choices over their other orders, after the first token
 
 
 @dataclass
@@ -156,6 +157,9 @@ class Report:
     attention: dict[str, Attention] = field(default_factory=dict)
     attribution: Attribution | None = None
     mechanism: Mechanism | None = None  # knockout, selective@K, logit lens (`worker.engine.mechanism`)
+    timed: bool = True  # False: decisions only, nothing timed (a sweep's edit past its timed sample)
+    # KL of the reference computed exactly from the field on against the true recompute (asked for)
+    exact_reference_kl: float | None = None
 
     def to_dict(self) -> dict:
         out = {
@@ -163,8 +167,11 @@ class Report:
             "dtype": self.dtype,
             "device": self.device,
             "document_tokens": self.document_tokens,
+            "timed": self.timed,
             "strategies": {name: asdict(r) for name, r in self.strategies.items()},
         }
+        if self.exact_reference_kl is not None:
+            out["exact_reference_kl"] = self.exact_reference_kl
         if self.attribution is not None:
             out["attribution"] = self.attribution.to_dict()
         if self.mechanism is not None:

@@ -12,6 +12,8 @@ A strategy's life in one run (`worker.engine.strategies.measure`):
     needs()           the strategies whose notes it is made of (itself; a composite: its parts)
     prepare(case)     work a deployment does once, outside the timings (e.g. hoist's layout)
     surgery(case)     its notes for the new text: timed, run again for the timing repeats
+    decision_surgery(case)  its notes when nothing is timed (a sweep's decision-only edit): the
+                      same notes by default; the reference computes them exactly from the field on
     cached_ids(case)  what an exact-prefix serving cache holds before the edit (its prefix share)
     outcome(outcomes) its measured outcome (a composite builds it from its parts')
 """
@@ -61,6 +63,11 @@ class Strategy(Generic[CaseT]):
 
     def surgery(self, case: CaseT) -> Surgery:
         raise NotImplementedError(f"{self.name} has no notes of its own")
+
+    def decision_surgery(self, case: CaseT) -> Surgery:
+        """Its notes in a run that times nothing (`measure(..., timing=False)`): its surgery, unless
+        the same notes can be had for less (the reference, exactly from the first change on)."""
+        return self.surgery(case)
 
     def cached_ids(self, case: CaseT) -> list[int]:
         """The tokens an exact-prefix serving cache holds before the change."""

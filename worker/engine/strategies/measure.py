@@ -20,6 +20,23 @@ runs' ranges then overlap unless every round of one run was faster on one side a
 other than every round of the other run; "too short to time" is read from it (across 1×, or wider
 than a factor of 2).
 
+**More rounds where the timing is cheap.** Two identical runs' speed-ups once differed by a ratio
+of 0.71 to 1.23 with three rounds. After `PAIRED_ROUNDS`, rounds keep coming, up to `MAX_ROUNDS`,
+while everything timed so far (every strategy's first tokens, recompute's included) adds up to less
+than `CHEAP_TIMING_MS`: a run whose recompute takes seconds keeps its three rounds, one whose
+timings are short (a small model, a GPU) gets up to nine, and its median moves less between runs.
+
+**Decisions only.** A sweep edit after its timed sample (`measure(..., timing=False)`) runs each
+strategy once, untimed: its surgery (`Strategy.decision_surgery`) and its readout, no warm-up and no
+rounds. Its timing metrics are then 0 and its speed-up None (the sweep's speed-up comes from its
+timed edits). The reference is computed exactly from the first change on (the notes before it are
+the same cache), and strategies whose notes are the same (prefix_reuse and that reference) share
+one readout.
+
+The first token is ONE readout, the choices in their listed order; reading them over the other
+orders (the decision's debiasing, `worker.engine.orders`) comes after it and is kept apart
+(`measure_ms`), out of both the first token and the latency.
+
 A repeat re-runs the surgery and the readout up to the first answer token only (a free answer's
 generation would spend the time on decoding, which is not what the speed-up compares) and keeps
 nothing but that time: the notes, the decision and every other metric are the first run's. `ttft_ms`
@@ -47,6 +64,8 @@ if TYPE_CHECKING:
     from worker.engine.loaded import LoadedModel
 
 PAIRED_ROUNDS = 3  # every strategy, recompute included, is timed in this many rounds (the first pass is one)
+MAX_ROUNDS = 9  # ... and in up to this many while the timing is cheap:
+CHEAP_TIMING_MS = 1500.0  # every first token timed so far adds up to less than this
 ROUND_BUDGET_MS = 100.0  # within a round, a strategy is timed again until its timings add up to this ...
 ROUND_SAMPLES = 3  # ... or it was timed this many times in the round
 
@@ -73,6 +92,7 @@ class Outcome:
     answer_nll: float | None = None  # of recompute's answer under these notes
     prefix_cache_share: float = 0.0
     picked: str | None = None
+    timed: bool = True  # False for a decision-only run: its samples are no timings
 
     @property
     def latency_ms(self) -> float:
@@ -139,11 +159,15 @@ class Bench:
             object.__setattr__(self, "orders", orders_suffixes(engine.tokenizer, engine.frame, question))
 
 
-def measure(bench: Bench, case: object, runners: dict[str, Strategy]) -> dict[str, Outcome]:
-    """Prepare, time and repeat every runner in `PAIRED_ROUNDS` rounds; its outcome (the first
-    run's notes and readout, every timing with its round)."""
+def measure(bench: Bench, case: object, runners: dict[str, Strategy],
+            timing: bool = True) -> dict[str, Outcome]:
+    """Prepare, time and repeat every runner in `PAIRED_ROUNDS` rounds or more (`rounds_due`); its
+    outcome (the first run's notes and readout, every timing with its round). Without `timing`, each
+    runner once, untimed (`decisions`)."""
     for runner in runners.values():
         runner.prepare(case)  # outside the timings
+    if not timing:
+        return decisions(bench, case, runners)
     bench.engine.warm_up()
     first: dict[str, tuple[Surgery, Readout]] = {}
     samples: dict[str, list[Sample]] = {}
@@ -156,13 +180,49 @@ def measure(bench: Bench, case: object, runners: dict[str, Strategy]) -> dict[st
             surgery.tokens_computed += bench.overhead_tokens
         first[name], samples[name] = (surgery, readout), [sample]
     _repeat(bench, case, runners, samples, 0)
-    for round_ in range(1, PAIRED_ROUNDS):
-        bench.progress(f"timing again beside recompute (round {round_ + 1} of {PAIRED_ROUNDS})",
-                       low + first_share + (high - low - first_share) * (round_ - 1) / (PAIRED_ROUNDS - 1))
+    round_ = 1
+    while rounds_due(round_, samples):
+        bench.progress(f"timing again beside recompute (round {round_ + 1})",
+                       low + first_share + (high - low - first_share) * min(round_ / MAX_ROUNDS, 1.0))
         for name, runner in runners.items():
             samples[name].append(_timed(bench, runner, case, first_token_only=True, round_=round_)[2])
         _repeat(bench, case, runners, samples, round_)
+        round_ += 1
     return {name: Outcome(*first[name], samples[name]) for name in runners}
+
+
+def rounds_due(round_: int, samples: dict[str, list[Sample]]) -> bool:
+    """Whether timing round `round_` (0 is the first pass) runs: the first `PAIRED_ROUNDS` always,
+    then up to `MAX_ROUNDS` while every first token timed so far adds up to under `CHEAP_TIMING_MS`."""
+    if round_ < PAIRED_ROUNDS:
+        return True
+    spent = sum(s.ttft_ms for timings in samples.values() for s in timings)
+    return round_ < MAX_ROUNDS and spent < CHEAP_TIMING_MS
+
+
+def decisions(bench: Bench, case: object, runners: dict[str, Strategy]) -> dict[str, Outcome]:
+    """Every runner once, untimed: its decision surgery and its readout (runners whose notes are the
+    same objects, with nothing appended or deferred, share one readout). Its samples are zeros."""
+    engine, out = bench.engine, {}
+    read: dict[int, Readout] = {}
+    for i, (name, runner) in enumerate(runners.items()):
+        low, high = bench.span
+        bench.progress(f"decision: {name}", low + (high - low) * i / len(runners))
+        surgery = runner.decision_surgery(case)
+        key = id(surgery.layers) if not surgery.pending and surgery.deferred is None else None
+        readout = read.get(key) if key is not None else None
+        if readout is None:
+            cache = cache_from_layers(surgery.layers, engine.model)
+            readout = decide(engine.model, engine.tokenizer, engine.frame, cache, bench.suffix_ids,
+                             bench.question, pending=surgery.pending, deferred=surgery.deferred,
+                             orders=bench.orders)
+            if key is not None:
+                read[key] = readout
+        surgery = surgery.completed(readout.deferred_kv)
+        if runner.reads_notes:
+            surgery.tokens_computed += bench.overhead_tokens
+        out[name] = Outcome(surgery, readout, [Sample(0.0, 0.0, 0)], timed=False)
+    return out
 
 
 def _timed(bench: Bench, runner: Strategy, case: object, first_token_only: bool = False,
@@ -177,7 +237,8 @@ def _timed(bench: Bench, runner: Strategy, case: object, first_token_only: bool 
                      pending=surgery.pending, deferred=surgery.deferred, first_token_only=first_token_only,
                      orders=bench.orders)
     surgery = surgery.completed(readout.deferred_kv)  # writes the deferred K/V into the strategy's notes
-    ms, ttft = (time.perf_counter() - t0) * 1000, (readout.first_token_at - t0) * 1000
+    # the choices read over their other orders are measurement: out of the latency too
+    ms, ttft = (time.perf_counter() - t0) * 1000 - readout.measure_ms, (readout.first_token_at - t0) * 1000
     extra = bench.overhead_ms if runner.reads_notes else 0.0
     return surgery, readout, Sample(None if first_token_only else ms + extra, ttft + extra, round_)
 
@@ -220,6 +281,8 @@ def result_of(out: Outcome, ref: Outcome, followed: Callable[[str], str | None] 
     f = fidelity(ref.readout.logits, out.readout.logits)
     low, high = out.ttft_spread
     paired, span = paired_speedups(out, ref), speedup_range(out, ref)
+    detail = out.surgery.detail if out.timed else "; ".join(
+        part for part in (out.surgery.detail, "decisions only: not timed") if part)
     return StrategyResult(
         decision=out.readout.decision,
         choice_probs=out.readout.choice_probs,
@@ -236,12 +299,13 @@ def result_of(out: Outcome, ref: Outcome, followed: Callable[[str], str | None] 
         recompute_answer_nll=None if out.answer_nll is None else round(out.answer_nll, 5),
         prefix_cache_share=round(out.prefix_cache_share, 4),
         text=out.readout.text,
-        detail=out.surgery.detail,
+        detail=detail,
         picked=out.picked,
-        ttft_spread_ms=[round(low, 3), round(high, 3)],
+        ttft_spread_ms=[round(low, 3), round(high, 3)] if out.timed else [],
         edit_followed=followed(out.readout.decision),
         speedup=round(statistics.median(paired), 4) if paired else None,
         speedup_range=[round(span[0], 4), round(span[1], 4)] if span else [],
         choice_spread={c: [round(lo, 6), round(hi, 6)] for c, (lo, hi) in out.readout.choice_spread.items()},
         order_bias=out.readout.order_bias,
+        measure_ms=round(out.readout.measure_ms, 3),
     )

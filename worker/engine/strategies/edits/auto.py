@@ -54,4 +54,4 @@ class Auto(Strategy[EditCase]):
                           detail=f"picked {picked} after probing {', '.join(spent)}: "
                                  f"{probed} tokens computed in all")
         return Outcome(surgery, chosen.readout, _summed([outcomes[n] for n in spent], chosen),
-                       chosen.answer_nll, chosen.prefix_cache_share, picked=picked)
+                       chosen.answer_nll, chosen.prefix_cache_share, picked=picked, timed=chosen.timed)

@@ -27,3 +27,7 @@ class PrefixReuse(Strategy[EditCase]):
 
     def surgery(self, case: EditCase) -> Surgery:
         return prefix_reuse(case.editor)
+
+    def decision_surgery(self, case: EditCase) -> Surgery:
+        """The same exact notes, shared with the reference's when both decide untimed."""
+        return case.editor.from_first_change()

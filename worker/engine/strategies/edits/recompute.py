@@ -1,7 +1,15 @@
 """`recompute`: the reference, every token of the new text prefilled again (the oracle every
-strategy is measured against)."""
+strategy is measured against).
+
+When nothing is timed (a sweep's decision-only edit) its notes are computed exactly from the first
+change on (`Editor.from_first_change`): the notes before the field are the same cache, token for
+token at the same positions, so the reference is the same and costs what prefix_reuse costs. Its
+`tokens_computed` stays every token (what recompute costs), and a timed run checks the shortcut
+against the true recompute (`worker.engine.run`, KL at most `EXACT_KL`)."""
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 from vocabulary import StrategyInfo
 from worker.engine.edit import Editor, Surgery
@@ -25,3 +33,9 @@ class Recompute(Strategy[EditCase]):
 
     def surgery(self, case: EditCase) -> Surgery:
         return recompute(case.editor)
+
+    def decision_surgery(self, case: EditCase) -> Surgery:
+        exact = case.editor.from_first_change()
+        return replace(exact, tokens_computed=len(case.editor.new_ids),
+                       detail=f"computed exactly from the first change on ({exact.tokens_computed} tokens; "
+                              "the notes before it are the same cache)")

@@ -1,0 +1,71 @@
+"""A decision-only run (issue 31: a sweep's edit past its timed sample): every strategy once,
+untimed, the reference computed exactly from the field on. It decides what the timed run decides,
+with the same KL to the reference, and costs one surgery per strategy."""
+
+from __future__ import annotations
+
+import pytest
+
+from worker.engine import Field, Question, RunRequest, load
+from worker.engine.strategies import EDITS
+
+DOC = ("Shipment record.\ncustomer: Halvorsen Marine\ndestination: Oslo\ncarrier: NordFreight\n"
+       "Operations log: the pallets were counted, the invoice was archived, the driver called twice, "
+       "the customs papers were stamped and the crane was booked for the morning shift.\n")
+QUESTION = Question("What is the destination?", ("Oslo", "Madrid", "Riga"))
+STRATEGIES = ("recompute", "prefix_reuse", "stale", "in_place", "erratum", "field_erratum", "selective",
+              "hoist", "auto")
+
+
+@pytest.mark.parametrize("alias", ["tiny-llama", "tiny-gemma3"])
+def test_a_decision_only_run_decides_what_the_timed_run_decides(alias):
+    eng = load(alias)
+    notes = eng.prefill(DOC)
+    start = DOC.index("Oslo")
+    request = RunRequest(DOC, QUESTION, fields=(Field(start, start + 4, "Madrid", "destination"),),
+                         strategies=STRATEGIES, check_reference=True)
+    timed = eng.run(request, notes=notes)
+    untimed = eng.run(RunRequest(**{**request.__dict__, "timing": False}), notes=notes)
+    assert timed.timed and not untimed.timed
+    assert timed.exact_reference_kl is not None and timed.exact_reference_kl <= 1e-6
+    assert untimed.exact_reference_kl is None  # checked on the timed sample only
+    for name in STRATEGIES:
+        a, b = timed.strategies[name], untimed.strategies[name]
+        assert a.decision == b.decision, name
+        assert a.decision_matches_recompute == b.decision_matches_recompute, name
+        assert b.kl_to_recompute == pytest.approx(a.kl_to_recompute, abs=1e-5), name
+        for choice in QUESTION.choices:
+            assert b.choice_probs[choice] == pytest.approx(a.choice_probs[choice], abs=1e-5), name
+        assert a.tokens_computed == b.tokens_computed, name
+        # nothing timed: no first token, no speed-up; the orders are still read (measurement)
+        assert (b.ttft_ms, b.latency_ms, b.speedup, b.speedup_range, b.ttft_spread_ms) == (0, 0, None, [], [])
+        assert "not timed" in b.detail and b.measure_ms > 0
+        assert a.ttft_ms > 0 and a.speedup is not None
+    assert untimed.strategies["recompute"].kl_to_recompute == 0.0
+    assert "exactly from the first change on" in untimed.strategies["recompute"].detail
+
+
+def test_decisions_only_run_each_surgery_once_and_never_the_full_recompute():
+    eng = load("tiny-llama")
+    notes = eng.prefill(DOC)
+    start = DOC.index("Oslo")
+    request = RunRequest(DOC, QUESTION, fields=(Field(start, start + 4, "Riga", "destination"),),
+                         strategies=("recompute", "prefix_reuse", "in_place", "erratum"), timing=False)
+    calls: list[str] = []
+    classes = {name: EDITS.classes[name] for name in request.strategies}
+    saved = {name: cls.surgery for name, cls in classes.items()}
+    try:
+        for name, cls in classes.items():
+            def counted(self, case, name=name):
+                calls.append(name)
+                return saved[name](self, case)
+            cls.surgery = counted
+        report = eng.run(request, notes=notes)
+    finally:
+        for name, cls in classes.items():
+            cls.surgery = saved[name]
+    # the reference and prefix_reuse share the exact notes from the field on (no surgery call)
+    assert sorted(calls) == ["erratum", "in_place"]
+    assert report.strategies["recompute"].tokens_computed == len(eng.tokenize_document(
+        DOC.replace("Oslo", "Riga"))[0])
+    assert report.strategies["prefix_reuse"].tokens_computed < report.strategies["recompute"].tokens_computed
