@@ -428,7 +428,7 @@ class RunResult(Base):
     # the answer follows more than the document ("first", "last", …; None when it follows the document)
     choice_spread: Mapped[dict[str, list[float]]] = mapped_column(JSON, default=dict)
     order_bias: Mapped[str | None] = mapped_column(String(16))
-    # reading the choices over their other orders, timed apart from the first token (revision 0018)
+    # reading the choices over their other orders, timed apart from the first token (revision 0019)
     measure_ms: Mapped[float] = mapped_column(Float, default=0.0, server_default="0")
     # float16 bytes, C order, shape `attention_shape` = [layers, heads, T]; loaded only when asked for.
     attention: Mapped[bytes | None] = mapped_column(LargeBinary, deferred=True)
