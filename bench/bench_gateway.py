@@ -8,8 +8,9 @@ The prompt is an agent's system message of about `--tokens` tokens (a shipment r
 counted by the server) whose status line changes on every request, then the same user question.
 Per arm (straight, gateway) and per arrival rate (Poisson at each of `--rates`, then saturation: all
 requests at once): vLLM's own prefix-cache hit rate (its `/metrics` counters across the arm), TTFT
-p50 / p90, throughput; the server's prefix cache is emptied before each arm. Then the gateway's own
-overhead with a warm cache (the same prompt, alternately straight and through the gateway), and the
+p50 / p90, throughput; the server's prefix cache is emptied before each arm, then the prompt before
+the changes is sent once, unmeasured (the loop's steady state, as the replay's warm request). Then
+the gateway's own overhead with a warm cache (the same prompt, alternately straight and through the gateway), and the
 issue's Done-when check (10 requests in turn, the destination changing every time). Everything is
 written between the `bench:gateway` markers of docs/gateway.md.
 """
@@ -122,9 +123,12 @@ def one(client: openai.OpenAI, model: str, system: str, max_tokens: int) -> dict
     }
 
 
-def run_arm(client, backend, model: str, prompts: list[str], times: list[float], max_tokens: int) -> dict:
-    """Prompt i sent at times[i] (seconds after the first), each on its own thread."""
+def run_arm(client, backend, model: str, warm: str, prompts: list[str], times: list[float],
+            max_tokens: int) -> dict:
+    """The prefix cache emptied, the warm request (unmeasured, as the replay's), then prompt i sent
+    at times[i] (seconds after the first), each on its own thread."""
     backend.reset_cache()
+    one(client, model, warm, max_tokens)  # the loop's steady state: the prompt before the changes
     before = backend.counters()
     results: list[dict | None] = [None] * len(prompts)
     start = time.perf_counter()
@@ -221,7 +225,8 @@ def main() -> None:
                     for i in range(args.requests)
                 ]
                 for name, client in (("straight", straight), ("gateway", gated)):
-                    arms.append((rate, name, run_arm(client, backend, args.model, prompts, times, 16)))
+                    result = run_arm(client, backend, args.model, record, prompts, times, 16)
+                    arms.append((rate, name, result))
                     print(rate, name, {k: v for k, v in arms[-1][2].items() if k != "headers"}, flush=True)
             cost = overhead(straight, gated, args.model, record, args.overhead_rounds)
             print("overhead", cost, flush=True)

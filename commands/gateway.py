@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 
 from serving.gateway.rewrite import LAYOUTS, PASS_THROUGH
 
@@ -85,6 +86,9 @@ def cmd_gateway(args) -> None:
         _check_notebook(args.notebook)
     upstream = env["KVNOTES_GATEWAY_UPSTREAM"]
     print(f"kvnotes gateway: http://{args.host}:{args.port}/v1 -> {upstream}", flush=True)
+    if not args.host.startswith("127.") and args.host not in ("localhost", "::1"):
+        print("kvnotes gateway: it has no accounts: anyone who reaches this address may use the upstream; "
+              "for accounts and tokens use /gateway/v1 under kvnotes serve", file=sys.stderr, flush=True)
     uvicorn.run(APP, host=args.host, port=args.port, log_config=LOG_CONFIG, log_level="info",
                 timeout_graceful_shutdown=5)
 

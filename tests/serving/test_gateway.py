@@ -7,13 +7,16 @@ bad Unicode; a client that goes away mid-stream). The real vLLM server's side is
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
 
 import httpx
 import openai
 import pytest
 
-from tests.conftest import free_port
+from tests.conftest import REPO, free_port, kvnotes_env
 from tests.serving.engines import Engine, Gateway
 from vocabulary import render_erratum
 
@@ -165,3 +168,16 @@ def test_a_client_that_goes_away_mid_stream_cancels_the_upstream_request(tmp_pat
     finally:
         gateway.stop()
         trickle.close()
+
+
+@pytest.mark.parametrize(("options", "says"), [
+    (["--upstream", "http://127.0.0.1:5432/v1"], "kvnotes: --upstream: port 5432 is a database's"),
+    (["--upstream", "http://127.0.0.1:8100/v1", "--check-rate", "2"],
+     "--check-rate: must be between 0 and 1"),
+    (["--upstream", "http://127.0.0.1:8100/v1", "--policy", "stale"], "--policy: invalid choice: 'stale'"),
+])
+def test_bad_options_exit_2_naming_them(tmp_path, options, says):
+    env = {**os.environ, **kvnotes_env(tmp_path), "PYTHONPATH": str(REPO), "KVNOTES_VLLM_URL": ""}
+    done = subprocess.run([sys.executable, "-m", "commands.cli", "gateway", *options], env=env, cwd=REPO,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and says in done.stderr, done.stderr
