@@ -10,9 +10,9 @@ Per arm (straight, gateway) and per arrival rate (Poisson at each of `--rates`, 
 requests at once): vLLM's own prefix-cache hit rate (its `/metrics` counters across the arm), TTFT
 p50 / p90, throughput; the server's prefix cache is emptied before each arm, then the prompt before
 the changes is sent once, unmeasured (the loop's steady state, as the replay's warm request). Then
-the gateway's own overhead with a warm cache (the same prompt, alternately straight and through the gateway), and the
-issue's Done-when check (10 requests in turn, the destination changing every time). Everything is
-written between the `bench:gateway` markers of docs/gateway.md.
+the gateway's own overhead with a warm cache (the same prompt, alternately straight and through the
+gateway), and the issue's Done-when check (10 requests in turn, the destination changing every
+time). Everything is written between the `bench:gateway` markers of docs/gateway.md.
 """
 
 from __future__ import annotations
