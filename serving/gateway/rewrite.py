@@ -1,7 +1,8 @@
 """The erratum gateway's rewrite: a request that equals a remembered base except for short changed
 spans is sent as the base plus an erratum, so the serving engine's prefix cache keeps hitting.
 
-**Bases.** Per client (a bounded LRU of clients, each a bounded LRU of bases), the first version of
+**Bases.** Per client (a bounded LRU of clients, each a bounded LRU of bases, by count and by
+characters held), the first version of
 each long prompt forwarded is its base: the texts of its context messages (`serving.gateway.prompts`)
 as first seen. A later message of the same conversation (a new turn) extends the base with its own
 first version. A request is matched to the client's base with the same model, route and roles whose
@@ -63,6 +64,7 @@ class Settings:
     threshold: float = 0.9
     clients: int = 256
     bases_per_client: int = 16
+    chars_per_client: int = 1_000_000  # the bases' text a client may hold; the oldest go first
     min_context_chars: int = MIN_CONTEXT_CHARS
     seed: int | None = None
 
@@ -173,7 +175,8 @@ class Rewriter:
         bases = self._bases(client)
         with self._lock:
             bases[base.base_id] = base
-            while len(bases) > self.settings.bases_per_client:
+            while len(bases) > 1 and (len(bases) > self.settings.bases_per_client or sum(
+                    sum(map(len, b.texts)) for b in bases.values()) > self.settings.chars_per_client):
                 bases.popitem(last=False)
         self.stats.base(base.base_id)
         return base

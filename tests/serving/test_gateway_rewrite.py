@@ -102,3 +102,17 @@ def test_a_diff_outside_a_key_line_quotes_the_line():
     (change,) = diff_changes(0, base, text)
     assert (change.label, change.old, change.new) == ("the line", '"the train leaves at 08:07 today"',
                                                       '"the train leaves at 09:12 today"')
+
+
+def test_bases_are_bounded_per_client_by_count_and_by_characters():
+    rewriter = Rewriter(Settings(check_rate=0, bases_per_client=2))
+    topics = [f"TOPIC {t}\n" + "".join(f"{t} line {i}: {t * 30}\n" for i in range(30)) for t in "ABC"]
+    for topic in topics:  # three unrelated prompts: three bases, the first one evicted
+        assert plan(rewriter, chat(topic, "?"))[0].reason == "new base"
+    assert plan(rewriter, chat(topics[2], "?"))[0].header == "erratum"  # C is still a base
+    assert plan(rewriter, chat(topics[0], "?"))[0].reason == "new base"  # A was forgotten
+    small = Rewriter(Settings(check_rate=0, chars_per_client=len(topics[0]) + 10))
+    for topic in topics[:2]:
+        plan(small, chat(topic, "?"))
+    assert plan(small, chat(topics[1], "?"))[0].header == "erratum"  # B is kept
+    assert plan(small, chat(topics[0], "?"))[0].reason == "new base"  # B pushed A out by size
