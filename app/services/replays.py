@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import re
 import threading
+from collections.abc import Callable
+from itertools import islice
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -167,25 +169,28 @@ def _saved(session: Session, notebook_id: int | None, snapshot: AnySpec, created
     return replay
 
 
-def _trajectory_of():
-    """The trajectory a replay row replays, as SQL (NULL for a field edit's replay)."""
-    return Replay.snapshot["trajectory_id"].as_integer()
+def _newest(session: Session, notebook_id: int | None, limit: int,
+            keep: Callable[[Replay], bool]) -> list[Replay]:
+    """The newest `limit` replays (of the notebook, or of every notebook for None) that `keep` keeps:
+    which trajectory a replay replays is read from its typed snapshot, never by SQL on the JSON
+    (PostgreSQL's JSON operators fail on a row holding a lone surrogate, saved before the text rules
+    held, and would fail the list for everyone)."""
+    query = select(Replay).order_by(Replay.id.desc()).execution_options(yield_per=50)
+    if notebook_id is not None:
+        query = query.where(Replay.notebook_id == notebook_id)
+    return list(islice((r for r in session.scalars(query) if keep(r)), limit))
 
 
 def replays_of(session: Session, notebook_id: int, limit: int = 20, edits_only: bool = False) -> list[Replay]:
-    """The notebook's replays, newest first (one that can no longer finish is failed first);
-    `edits_only`: not those of its trajectories."""
-    query = select(Replay).where(Replay.notebook_id == notebook_id)
-    if edits_only:
-        query = query.where(_trajectory_of().is_(None))
-    query = query.order_by(Replay.id.desc()).limit(limit)
-    return list(session.scalars(query))
+    """The notebook's replays, newest first; `edits_only`: not those of its trajectories."""
+    return _newest(session, notebook_id, limit, lambda r: not edits_only or r.trajectory_id is None)
 
 
 def replays_of_trajectory(session: Session, trajectory_id: int, limit: int = 20) -> list[Replay]:
-    """The trajectory's replays, newest first (one that can no longer finish is failed first)."""
-    query = (select(Replay).where(_trajectory_of() == trajectory_id).order_by(Replay.id.desc()).limit(limit))
-    return list(session.scalars(query))
+    """The trajectory's replays, newest first: rows of its notebook (of any, once it is gone)."""
+    row = session.get(Trajectory, trajectory_id)
+    notebook_id = row.notebook_id if row is not None else None
+    return _newest(session, notebook_id, limit, lambda r: r.trajectory_id == trajectory_id)
 
 
 def cancel_replay(session: Session, replay: Replay) -> bool:

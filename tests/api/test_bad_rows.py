@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from tests.api.conftest import DOC, _notebook
 
 BAD = "Madrid\ud800"
@@ -39,8 +41,11 @@ def _spoil(nb: int, run_id: int, sweep_id: int, trajectory_id: int) -> int:
         return replay.id
 
 
-def test_a_row_holding_a_lone_surrogate_renders_with_its_id_everywhere(make_client) -> None:
-    client = make_client()
+@pytest.mark.parametrize("database", ["sqlite", "postgresql"])
+def test_a_row_holding_a_lone_surrogate_renders_with_its_id_everywhere(make_client, request,
+                                                                       database: str) -> None:
+    client = make_client(**({"DATABASE_URL": request.getfixturevalue("postgres_url")}
+                            if database == "postgresql" else {}))
     nb = _notebook(client)["id"]
     start = DOC.index("active")
     field = {"start": start, "end": start + 6, "new_value": "banned", "label": "status"}
@@ -70,7 +75,9 @@ def test_a_row_holding_a_lone_surrogate_renders_with_its_id_everywhere(make_clie
              f"/api/trajectories/{trajectory_id}": True, f"/api/notebooks/{nb}/trajectories": True,
              f"/trajectories/{trajectory_id}": False, f"/trajectories/{trajectory_id}/export.json": True,
              f"/trajectories/{trajectory_id}/export.csv": False,
-             f"/trajectories/{trajectory_id}/report.html": True, f"/notebooks/{nb}/trajectory": False}
+             f"/trajectories/{trajectory_id}/report.html": True, f"/notebooks/{nb}/trajectory": False,
+             f"/api/trajectories/{trajectory_id}/replays": False,
+             f"/trajectories/{trajectory_id}/serving": False}
     failed = []
     for path, shows in pages.items():
         try:
@@ -86,6 +93,10 @@ def test_a_row_holding_a_lone_surrogate_renders_with_its_id_everywhere(make_clie
             json.loads(text)
     assert [f[:2] for f in failed] == [], failed
     assert f'href="/runs/{run_id}">#{run_id}</a>' in client.get("/runs").text  # the row, with its id
+    if database == "postgresql":
+        from data.db import reset_engines
+
+        reset_engines()  # let the scratch database be dropped
 
 
 def test_stored_json_reads_lone_surrogates_as_the_placeholder_and_keeps_pairs() -> None:
