@@ -110,10 +110,18 @@ def generate_values(kind: str, count: int, start: str | None = None, end: str | 
         if count > days + 1:
             raise GenerateError(f"the range {lo}..{hi} holds {days + 1} days; {count} asked")
         picked = [lo + timedelta(days=round(_spaced(count, i) * days)) for i in range(count)]
-        return [d.strftime(fmt or "%Y-%m-%d") for d in picked]
+        return _distinct(_formatted(picked, fmt or "%Y-%m-%d"), count,
+                         f"the format {fmt!r} gives the same text for different days")
     seconds = (hi - lo).total_seconds()
     default = "%Y-%m-%d %H:%M" if lo.second == hi.second == 0 else "%Y-%m-%d %H:%M:%S"
     stamps = [lo + timedelta(seconds=_spaced(count, i) * seconds) for i in range(count)]
     fmt = fmt or default
-    return _distinct([t.strftime(fmt) for t in stamps], count,
-                     f"the range {start}..{end} is too short for the format {fmt!r}")
+    return _distinct(_formatted(stamps, fmt), count, f"the range {start}..{end} is too short for the "
+                                                     f"format {fmt!r}")
+
+
+def _formatted(moments: Sequence[date], fmt: str) -> list[str]:
+    try:
+        return [m.strftime(fmt) for m in moments]
+    except (ValueError, UnicodeError):
+        raise GenerateError(f"the format {fmt!r} is not a strftime format") from None

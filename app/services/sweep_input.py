@@ -16,7 +16,18 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator, model_validator
 
-from app.schema_types import Cell, Choices, Integer, Number, QuestionText, StrategyName, Value, by_label
+from app.schema_types import (
+    Cell,
+    Choice,
+    Choices,
+    FieldLabel,
+    Integer,
+    Number,
+    QuestionText,
+    StrategyName,
+    Value,
+    by_label,
+)
 from app.services.errors import Unprocessable
 from data.contracts import SweepEdit
 from data.models import Notebook
@@ -38,16 +49,17 @@ class ValueGenerator(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    field: str = Field(min_length=1, max_length=200, description="the field's label")
+    # every text by the text rules (`app.schema_types`)
+    field: FieldLabel = Field(description="the field's label")
     kind: Kind = Field(description="; ".join(f"{k}: {v}" for k, v in KIND_HELP.items()))
     count: Integer = Field(ge=1, le=1_000_000, description="how many values (at most "
                                                            "KVNOTES_MAX_SWEEP_EDITS in all)")
-    start: str | None = Field(default=None, max_length=64)
-    end: str | None = Field(default=None, max_length=64)
+    start: Choice | None = None
+    end: Choice | None = None
     places: Integer = Field(default=2, ge=0, le=12)
     lines: list[Value] | None = Field(default=None, max_length=100_000)
     seed: Integer = Field(default=0, ge=0, le=2**53 - 1)
-    format: str | None = Field(default=None, max_length=64)
+    format: Choice | None = None
 
 
 class SweepCreate(BaseModel):
