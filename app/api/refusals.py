@@ -37,8 +37,13 @@ RULES: dict[str, list[str]] = {
     "GET /api/runs/{run_id}/attention": [
         "the strategy ran; layer and head exist; query is a question or answer token the run kept"],
     "POST /api/notebooks/{notebook_id}/sweeps": [
-        'the edits given one way: "values" or "edits"', "every label names a field of the notebook",
-        "at most KVNOTES_MAX_SWEEP_EDITS edits", "the notebook has a question, or the sweep sends one"],
+        'the edits given one way: "values" and/or "generate", or "edits"',
+        "every label names a field of the notebook",
+        "at most KVNOTES_MAX_SWEEP_EDITS edits (generated ones included)",
+        "the notebook has a question, or the sweep sends one",
+        "every value among the choices where they name the field's values, unless extend_choices",
+        "a generator's range is neither empty nor reversed, parses as its kind and holds count distinct "
+        "values"],
     "POST /api/sweeps/{sweep_id}/adopt": [
         "the sweep has finished, with at least one finished edit, and its notebook still exists"],
     "POST /api/notebooks/{notebook_id}/replays": [
