@@ -198,7 +198,8 @@ def main(argv: list[str] | None = None) -> int:
         f"(computed every turn, changed or not, as an exact prefix cache serves that layout; the vLLM "
         f"replay below lays it out the same way). `{auto}` applies the policy `{args.policy}`, given to the "
         f"benchmark as a notebook adopts one from a sweep (the account-status sweep example's in_place "
-        f"followed recompute on 11 of 11 changed edits, Wilson low 0.74: a threshold of 0.70 adopts it); "
+        f"followed recompute on 11 of 11 determined edits, all of them changed: lower bound 0.61 on "
+        f"both, a 95% confidence sequence, so a threshold of 0.60 adopts it); "
         f"it costs what {args.policy} costs. Without an adopted policy a trajectory refuses {auto}: its "
         "oracle pick would have to carry every probe's cache through every turn.",
         "",
