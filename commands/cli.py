@@ -1,6 +1,6 @@
 """`kvnotes` — the command line. JSON on stdout is the contract benchmarks and later tools rely on.
 
-    kvnotes models
+    kvnotes models [--convert]    (--convert: the bundled models converted ahead, as the install does)
     kvnotes edit --model M --document doc.txt --replace OLD NEW [--replace OLD2 NEW2] \\
         --question "..." [--choices "yes,no"] [--strategies recompute,erratum,...] [--cot] --json
     kvnotes compose --model M --context ctx.txt --skill skill.txt [--skill s2.txt] [--at end|CHAR] \\
@@ -102,6 +102,8 @@ def cmd_models(args) -> None:
     from data.settings import get_settings
     from worker.engine.models import list_models
 
+    if args.convert:
+        _convert_bundled(get_settings().data_dir)
     rows = [m.__dict__ for m in list_models(get_settings().data_dir)]
     if args.json:
         print(json.dumps(rows, indent=2))
@@ -109,6 +111,22 @@ def cmd_models(args) -> None:
         for m in rows:
             print(f"{m['alias']:<16} {m['family']:<10} "
                   f"{'chat' if m['chat'] else 'base':<5} {m['description']}")
+
+
+def _convert_bundled(data_dir: Path) -> None:
+    """Convert every bundled model not yet converted under `data_dir` (the install does this, so a
+    first run never waits minutes), telling stderr "converting gemma3-270m (first use): k of n
+    tensors" as it goes."""
+    from worker.engine.models import REAL_MODELS, conversion_stage, ensure_converted, needs_conversion
+    from worker.runtime import converting
+
+    def say(stage: str) -> None:
+        print(stage, file=sys.stderr, flush=True)
+
+    for alias in REAL_MODELS:
+        if needs_conversion(alias, data_dir):
+            say(conversion_stage(alias))
+            ensure_converted(alias, data_dir, converting(alias, say, step=0.1))
 
 
 def cmd_edit(args) -> None:
@@ -139,6 +157,8 @@ def _print_mechanism(m) -> None:
         print(f"  knockout {row.strategy:<13} {row.region:<17} {row.layers:<6} {row.size:>4} tokens: "
               f"{row.reading.decision[:12]!r} p {row.reading.p_answer:.3f} KL {row.reading.kl:.4f} | control "
               f"p {c.p_answer:.3f}±{c.p_answer_spread:.3f} KL {c.kl:.4f}")
+    if m.selective_skipped:
+        print(f"  selective@K skipped: {m.selective_skipped}")
     for curve in m.selective_k:
         star = curve.note or (f"K* = {curve.k_star}" if curve.k_star is not None else "no K restores it")
         print(f"  selective@K {curve.ranking:<13} {star}")
@@ -239,6 +259,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("models", help="list the models that can be loaded")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--convert", action="store_true",
+                   help="first convert every bundled model not yet converted under KVNOTES_DATA "
+                        "(minutes, once; the install does it)")
     p.set_defaults(func=cmd_models)
 
     p = sub.add_parser("edit", help="edit fields of a document with every strategy, against recompute")

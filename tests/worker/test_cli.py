@@ -29,11 +29,12 @@ def test_edit_with_mechanism_prints_its_three_views(doc):
     data = json.loads(kvnotes(*args, "--json").stdout)["mechanism"]
     measured = [row for row in data["knockout"] if row["reading"] is not None]
     assert len(measured) >= 6 and all(row["control"]["draws"] == 5 for row in measured)
-    assert [c["ranking"] for c in data["selective_k"]] == ["notes_map", "attention", "kv_deviation", "random"]
+    # in_place (K = 0) already decides as recompute on the tiny model: the sweep is skipped, and says so
+    assert data["selective_k"] == [] and "the sweep was skipped" in data["selective_skipped"]
     assert {name: len(ps) for name, ps in data["logit_lens"].items()} == {"recompute": 2, "stale": 2}
     text = kvnotes(*args).stdout  # the text form says the same in lines
     assert text.count("  knockout recompute") == sum(r["strategy"] == "recompute" for r in data["knockout"])
-    assert "selective@K attention" in text and "lens stale" in text
+    assert "selective@K skipped: in_place (the field alone, K = 0)" in text and "lens stale" in text
 
 
 def test_compose_reports_recompute_and_splice(doc):
