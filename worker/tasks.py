@@ -23,7 +23,7 @@ from worker import jobs, presence, run_rows, sweep_rows
 from worker.celery_app import app
 from worker.engine import EngineError
 from worker.mapping import mechanism_record, notes_map_record, result_rows, run_request
-from worker.runtime import describe_failure, get_engine, loading_stage
+from worker.runtime import convert_bundled, describe_failure, get_engine, loading_stage
 
 log = logging.getLogger(__name__)
 OWNER_RETRY_S = 10  # the registry knows a silent worker is dead after KVNOTES_WORKER_STALE_S
@@ -50,8 +50,8 @@ def run(self, run_id: int) -> dict[str, Any]:
     device = "?"
     try:
         with reporter:
-            reporter.progress("loading model", 0.0)
-            eng = get_engine(snapshot.model)
+            reporter.progress(loading_stage(snapshot.model), 0.0)
+            eng = get_engine(snapshot.model, say=lambda stage: reporter.progress(stage, 0.0))
             device = str(eng.device)
             t_load = time.perf_counter()
             request, notes = run_request(eng, snapshot), None
@@ -132,9 +132,10 @@ def compile_skill(self, skill_id: int) -> dict[str, Any]:
 @worker_ready.connect
 def _on_worker_ready(sender=None, **_kwargs) -> None:
     """At start: fail the runs this worker's previous life left `running`, then load the default
-    model once (if this worker serves it), so the first task does not pay for loading. Other models
-    load on their first task: a worker serving every offered model should not make the default wait
-    for a slow first conversion of another."""
+    model once (if this worker serves it), so the first task does not pay for loading, and convert
+    (without loading) every other bundled model it serves, so their first runs do not pay for the
+    conversion either; health says "starting: converting gemma3-270m (first use): k of n tensors"
+    until then."""
     hostname = getattr(sender, "hostname", None) or "unknown"
     queues = [q.name for q in sender.task_consumer.queues] if sender is not None else []
     if presence.start(hostname, queues):  # a duplicate name must not fail a live worker's runs
@@ -147,8 +148,11 @@ def _on_worker_ready(sender=None, **_kwargs) -> None:
     for name in preload:
         presence.starting(loading_stage(name.removeprefix("model.")))  # health names it until ready
         try:
-            get_engine(name.removeprefix("model.")).warm_up()
+            get_engine(name.removeprefix("model."), say=presence.starting).warm_up()
         except Exception:  # a task on this queue will report the error on its run
             log.exception("could not preload the model of a queue", extra={"queue": name})
+    # every other bundled model this worker serves is converted now (not loaded), before health says
+    # ok: its first run then loads in seconds instead of converting for minutes
+    convert_bundled([q.removeprefix("model.") for q in queues if q.startswith("model.")], presence.starting)
     presence.ready()
     log.info("worker ready", extra={"worker": hostname, "queues": ",".join(queues)})

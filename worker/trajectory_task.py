@@ -61,7 +61,7 @@ def trajectory_task(self, trajectory_id: int) -> dict[str, Any]:
 
     try:
         with beat:
-            eng = get_engine(spec.model)
+            eng = get_engine(spec.model, say=lambda said: _write(trajectory_id, hostname, stage=said[:64]))
             device, stage = str(eng.device), "prefill"
             _write(trajectory_id, hostname, stage="prefill")
             stored = {s.name: stored_skill_notes(eng, s.skill_id, s.text) for s in spec.skills}

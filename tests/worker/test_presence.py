@@ -31,7 +31,7 @@ def test_a_bundled_model_not_yet_converted_is_converting_else_loading(db, tmp_pa
     from worker.engine.models import CONVERTED_MARKER, converted_dir
     from worker.runtime import loading_stage
 
-    assert loading_stage("smollm2-135m") == "converting smollm2-135m"  # a fresh data folder
+    assert loading_stage("smollm2-135m") == "converting smollm2-135m (first use)"  # a fresh data folder
     assert loading_stage("tiny-llama") == "loading tiny-llama"  # built from a config: nothing to convert
     folder = converted_dir("smollm2-135m", tmp_path)
     folder.mkdir(parents=True)

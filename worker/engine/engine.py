@@ -24,7 +24,7 @@ from worker.engine.blend import Blend, compose_run
 from worker.engine.compose import token_boundary
 from worker.engine.devices import resolve_device, resolve_dtype
 from worker.engine.loaded import LoadedModel
-from worker.engine.models import DEFAULT_MODEL, load_model
+from worker.engine.models import DEFAULT_MODEL, TensorProgress, load_model
 from worker.engine.notes import Notes
 from worker.engine.run import RunRequest, run
 from worker.engine.store import KVStore
@@ -104,7 +104,8 @@ _ENGINES: dict[tuple[str, str, torch.dtype], Engine] = {}
 
 def load(name: str | None = None, device: str | None = None, store: KVStore | None = None,
          data_dir: Path | None = None, trust_remote_code: bool = False,
-         dtype: str | torch.dtype | None = None, max_memory: dict | None = None) -> Engine:
+         dtype: str | torch.dtype | None = None, max_memory: dict | None = None,
+         progress: TensorProgress | None = None) -> Engine:
     """An Engine for a model alias, local path or hub id; cached per process, device and dtype.
 
     device: "cpu", "cuda", "cuda:1", "auto" (spread over the GPUs; `max_memory` per device) … (default:
@@ -113,14 +114,16 @@ def load(name: str | None = None, device: str | None = None, store: KVStore | No
         the CPU); one the device cannot run raises `DeviceError`.
     store: the KV store prefill reuses prefixes from and skills are kept in (None: no store).
     data_dir: where bundled models are converted to (default `./var`; the worker and the command
-        line pass their settings' data folder)."""
+        line pass their settings' data folder).
+    progress: hears (tensors done, tensors in all) while a bundled model converts on first use."""
     name = name or DEFAULT_MODEL
     device = resolve_device(device)
     dtype = resolve_dtype(dtype, device)
     key = (name, device, dtype)
     if key not in _ENGINES:
         model, tokenizer, info = load_model(name, device=device, dtype=dtype, data_dir=data_dir,
-                                            trust_remote_code=trust_remote_code, max_memory=max_memory)
+                                            trust_remote_code=trust_remote_code, max_memory=max_memory,
+                                            progress=progress)
         _ENGINES[key] = Engine(model, tokenizer, info)
     engine = _ENGINES[key]
     if store is not None:

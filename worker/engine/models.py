@@ -5,7 +5,9 @@ Real weights come from Python packages that ship GGUF files (no hub is reachable
 transformers reads GGUF slowly, so each real model is converted ONCE to fp32 safetensors under
 `<data_dir>/models/<alias>/` and loaded from there afterwards (seconds instead of a minute). The
 conversion writes into a temporary folder and renames it into place, under a file lock, so a crash
-never leaves half a model and two processes never convert at once.
+never leaves half a model and two processes never convert at once. It reports its progress tensor by
+tensor (`TensorProgress`: "converting gemma3-270m (first use): 120 of 236 tensors" on the page and in
+health), and `kvnotes models --convert` (the install, the first `serve`'s worker) does it ahead.
 
 Tiny random models (`tiny-<family>`, built in `worker.engine.tiny`) cover every attention / RoPE
 variant the engine must handle.
@@ -15,6 +17,7 @@ This module only loads; the engine caches loaded models per process.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import functools
 import importlib
@@ -45,6 +48,8 @@ from worker.engine.tiny import TINY_MODELS, TINY_SEED, load_tiny
 from worker.engine.types import EngineError
 
 log = logging.getLogger(__name__)
+
+TensorProgress = Callable[[int, int], None]  # (tensors converted, tensors in all) during a conversion
 
 DEFAULT_MODEL = "smollm2-135m"
 CONVERTED_MARKER = "kvnotes-converted.json"
@@ -119,8 +124,22 @@ def converted_dir(alias: str, data_dir: Path | None = None) -> Path:
     return Path(data_dir or default_data_dir()) / "models" / alias
 
 
-def ensure_converted(alias: str, data_dir: Path | None = None) -> Path:
-    """Convert a bundled GGUF model to safetensors once; return its folder. Safe across processes."""
+def needs_conversion(alias: str, data_dir: Path | None = None) -> bool:
+    """Whether `alias` is a bundled model not yet converted under the data folder (its first use)."""
+    return alias in REAL_MODELS and not (converted_dir(alias, data_dir) / CONVERTED_MARKER).exists()
+
+
+def conversion_stage(alias: str, done: int | None = None, total: int | None = None) -> str:
+    """What a person sees while `alias` converts: "converting gemma3-270m (first use): 120 of 236
+    tensors" (without counts before the first tensor)."""
+    counted = f": {done} of {total} tensors" if total else ""
+    return f"converting {alias} (first use){counted}"
+
+
+def ensure_converted(alias: str, data_dir: Path | None = None,
+                     progress: TensorProgress | None = None) -> Path:
+    """Convert a bundled GGUF model to safetensors once; return its folder. Safe across processes.
+    `progress(done, total)` hears each tensor converted (only when this process converts)."""
     target = converted_dir(alias, data_dir)
     if (target / CONVERTED_MARKER).exists():
         return target
@@ -135,20 +154,45 @@ def ensure_converted(alias: str, data_dir: Path | None = None) -> Path:
             shutil.rmtree(stale, ignore_errors=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{alias}.tmp-", dir=target.parent))
         try:
-            _convert_gguf(alias, tmp)
+            _convert_gguf(alias, tmp, progress)
             os.rename(tmp / "model", target)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     return target
 
 
-def _convert_gguf(alias: str, tmp: Path) -> None:
+@contextlib.contextmanager
+def _counting_tensors(progress: TensorProgress | None):
+    """While transformers dequantizes a GGUF file, tell `progress` each tensor done: its reader
+    walks the tensors through the `tqdm` its module imported, swapped here for a counting loop."""
+    if progress is None:
+        yield
+        return
+    import transformers.modeling_gguf_pytorch_utils as gguf_reading
+
+    plain = gguf_reading.tqdm
+
+    def counted(iterable, *_args, **_kwargs):
+        items = list(iterable)
+        for done, item in enumerate(items, 1):
+            yield item
+            progress(done, len(items))
+
+    gguf_reading.tqdm = counted
+    try:
+        yield
+    finally:
+        gguf_reading.tqdm = plain
+
+
+def _convert_gguf(alias: str, tmp: Path, progress: TensorProgress | None = None) -> None:
     family, source, _, _, find_gguf = REAL_MODELS[alias]
     t0 = time.perf_counter()
     gguf = find_gguf(tmp)
     log.info("converting a model (once; takes a minute)", extra={"model": alias, "source": str(gguf)})
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    with _counting_tensors(progress):
+        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
     # A GGUF-loaded model refuses save_pretrained ("quantized with gguf and is not serializable");
     # the weights are already dequantized to fp32, so dropping the marker is honest.
     if hasattr(model.config, "quantization_config"):
@@ -205,6 +249,7 @@ def load_model(
     data_dir: Path | None = None,
     trust_remote_code: bool = False,
     max_memory: dict[int | str, int | str] | None = None,
+    progress: TensorProgress | None = None,
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerFast, ModelInfo]:
     """Load a causal LM in eval mode by alias, local path or hub id.
 
@@ -217,6 +262,7 @@ def load_model(
         trust_remote_code: passed to transformers for paths / hub ids only.
         max_memory: with "auto", how much each device may hold ({0: "70GiB", "cpu": "100GiB"});
             a model that does not fit is refused (`DeviceError`), never offloaded to disk.
+        progress: hears (tensors done, tensors in all) while a bundled model converts on first use.
 
     Returns:
         (model, tokenizer, info). Attention is SDPA where the architecture supports it.
@@ -235,7 +281,7 @@ def load_model(
         return model, tokenizer, ModelInfo(name, family, f"random (seed {TINY_SEED})", description, False)
     if name in REAL_MODELS:
         family, source, description, _, _ = REAL_MODELS[name]
-        folder = ensure_converted(name, data_dir)
+        folder = ensure_converted(name, data_dir, progress)
         model, tokenizer = _load_pretrained(str(folder), device, dtype, False, max_memory)
         return model, tokenizer, ModelInfo(name, family, source, description, bool(tokenizer.chat_template))
     local = converted_dir(name, data_dir) if "/" not in name else None
