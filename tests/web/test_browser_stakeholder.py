@@ -4,6 +4,8 @@ click away. Screenshots go to `test-artifacts/` (and the README's to docs/screen
 
 from __future__ import annotations
 
+import urllib.request
+
 import pytest
 
 from tests.conftest import ServedApp, chromium
@@ -77,6 +79,7 @@ def site(tmp_path_factory):
         run.mechanism = _mechanism()
         s.commit()
         ids["run"], ids["notebook"] = run.id, nb.id
+        ids["plain_run"] = finished_run(s, nb, strategies=("recompute", "stale")).id  # no notes map
     ARTIFACTS.mkdir(exist_ok=True)
     yield server, ids
     server.stop()
@@ -209,3 +212,32 @@ def test_the_mechanism_views_have_a_layer_axis_a_colour_key_and_unclipped_labels
     expect(page.locator("#mechanism .lens-key")).to_contain_text("p of the answer token")
     expect(page.locator("#mechanism .knockout .badge")).to_have_text("changed its decision")
     page.context.close()
+
+
+SWATCH = """() => {
+  const lum = c => { const m = c.match(/[\\d.]+/g).map(Number);
+    const f = v => { v /= 255; return v <= 0.03928 ? v / 12.92 : ((v + 0.055) / 1.055) ** 2.4; };
+    return 0.2126 * f(m[0]) + 0.7152 * f(m[1]) + 0.0722 * f(m[2]); };
+  const contrast = (a, b) => (Math.max(a, b) + 0.05) / (Math.min(a, b) + 0.05);
+  const chip = document.querySelector('#step-2 .decision-card .strategy.recompute');
+  const before = getComputedStyle(chip, '::before');
+  const ring = before.boxShadow.match(/rgba?\\([^)]*\\)/);
+  const clear = e => getComputedStyle(e).backgroundColor.match(/rgba\\(.*, 0\\)|transparent/);
+  let paper = chip; while (paper && clear(paper)) paper = paper.parentElement;
+  const back = lum(getComputedStyle(paper || document.body).backgroundColor);
+  return {square: contrast(lum(before.backgroundColor), back), ring: ring ? contrast(lum(ring[0]), back) : 0};
+}"""
+
+
+def test_on_dark_slides_recompute_s_colour_square_stands_out_and_step_4_names_the_checkbox(site, browser):
+    server, ids = site
+    page = browser.new_context(viewport={"width": 1280, "height": 720}, bypass_csp=True,
+                               color_scheme="dark").new_page()
+    page.goto(f"{server.url}/runs/{ids['run']}/present/2")
+    seen = page.evaluate(SWATCH)
+    page.screenshot(path=str(ARTIFACTS / "64-present-dark-step2.png"))
+    assert seen["square"] < 3 <= seen["ring"], seen  # the near-black square alone vanishes; its ring does not
+    page.context.close()
+    url = f"{server.url}/runs/{ids['plain_run']}/present/4"
+    step4 = urllib.request.urlopen(url, timeout=30).read().decode()
+    assert "Tick “Notes map: which notes carry the decision” before Run" in step4
