@@ -43,7 +43,9 @@ def _mechanism():
     return MechanismRecord(answer="sus", decision="suspended", shown="stale",
                            unmasked={"recompute": MechReading(decision="suspended", p_answer=0.4, kl=0.0)},
                            knockout=rows, downstream=11,
-                           selective_k=[KCurve(ranking="attention", points=points, k_star=4)],
+                           selective_k=[KCurve(ranking="notes_map", points=[], k_star=None,
+                                               note="the notes map was not measured on this run"),
+                                        KCurve(ranking="attention", points=points, k_star=4)],
                            logit_lens={"recompute": lens, "stale": [p / 2 for p in lens]},
                            costs={"knockout": 0.4, "selective_k": 10.5, "logit_lens": 0.1})
 
@@ -156,9 +158,12 @@ def test_after_adopt_the_page_lands_on_the_confirmation_and_auto_names_the_polic
     box = page.evaluate(ON_SCREEN)
     page.screenshot(path=str(ARTIFACTS / "61-adopted-policy-1280.png"))
     assert box["top"] >= 0 and box["bottom"] <= box["height"], box  # the confirmation on screen
-    expect(page.locator("#policy-title")).to_contain_text("Adopted policy: erratum")
+    from tests.conftest import api_call
+
+    policy = api_call(f"{server.url}/api/notebooks/{nb}")["policy_strategy"]  # what the sweep's rules chose
+    expect(page.locator("#policy-title")).to_contain_text(f"Adopted policy: {policy}")
     auto = page.locator(".strategy-checks label", has=page.locator('input[value="auto"]'))
-    expect(auto.locator(".auto-policy")).to_have_text("follows the adopted policy: erratum, at its cost")
+    expect(auto.locator(".auto-policy")).to_have_text(f"follows the adopted policy: {policy}, at its cost")
     page.context.close()
 
 
@@ -211,6 +216,8 @@ def test_the_mechanism_views_have_a_layer_axis_a_colour_key_and_unclipped_labels
     assert boxes["ticks"] >= 5 and boxes["tickHeight"] > 8, boxes  # layers 1 … 30 numbered under the lens
     expect(page.locator("#mechanism .lens-key")).to_contain_text("p of the answer token")
     expect(page.locator("#mechanism .knockout .badge")).to_have_text("changed its decision")
+    expect(page.locator("#mechanism .k-figure")).to_have_count(1)  # the unmeasured ranking leaves no hole
+    expect(page.locator("#mechanism .k-missing")).to_contain_text("not measured on this run")
     page.context.close()
 
 

@@ -56,6 +56,7 @@ def test_the_panel_draws_what_was_stored_and_says_what_was_not(client) -> None:
     assert html.count('class="knockout-row') == 2 and "no errata in these notes" in html
     assert "0.700 ± 0.010" in html and "4 of 5" in html  # the control: mean ± spread, draws that keep it
     assert html.count('class="k-curve"') == 1 and "K* = 4" in html and "not measured on this run" in html
+    assert html.count('class="k-figure"') == 1 and html.count('class="help k-missing"') == 1  # no empty slot
     assert html.count('class="lens-strip"') == 2 and html.count('class="lens-cell"') == 6
     assert "knockout 0.40, selective@K 1.20, logit lens 0.10 recomputes (1.70 in all" in html
     # the exports, the report and the presentation carry the same record
