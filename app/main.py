@@ -65,9 +65,10 @@ def create_app() -> FastAPI:
                    trajectories):
         api.include_router(module.router)
     app.include_router(api)
-    # the erratum gateway, behind the same accounts and tokens (`app.gateway`)
-    app.include_router(gateway_routes.router, prefix="/gateway/v1")
-    app.include_router(gateway_routes.metrics_router, prefix="/gateway")
+    # the erratum gateway, behind the same accounts and tokens (`app.gateway`); its API is OpenAI's,
+    # documented there, not in this app's schema
+    app.include_router(gateway_routes.router, prefix="/gateway/v1", include_in_schema=False)
+    app.include_router(gateway_routes.metrics_router, prefix="/gateway", include_in_schema=False)
     refusals.install(app)  # the rules the schema cannot state, 409 and 503, described
     handlers.install(app)
     app.add_middleware(CapacityLimit)  # inside the security checks: a refused request takes no slot
