@@ -202,9 +202,10 @@ class Engine:
 
 
 class Gateway:
-    """`kvnotes gateway` on a free port in front of `upstream`, stopped by `stop()`."""
+    """`kvnotes gateway` on a free port in front of `upstream`, stopped by `stop()`; with
+    `wait=False` the caller calls `ready()` (several gateways start side by side)."""
 
-    def __init__(self, data: Path, upstream: str, *options: str) -> None:
+    def __init__(self, data: Path, upstream: str, *options: str, wait: bool = True) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         env = {**os.environ, **kvnotes_env(data), "PYTHONPATH": str(REPO)}
@@ -213,6 +214,11 @@ class Gateway:
         self.proc = subprocess.Popen([sys.executable, "-m", "commands.cli", "gateway", "--upstream", upstream,
                                       "--port", str(self.port), *options], env=env, cwd=REPO,
                                      stdout=self.log.open("w"), stderr=subprocess.STDOUT)
+        if wait:
+            self.ready()
+
+    def ready(self) -> None:
+        """Wait until the gateway listens (60 s at most)."""
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and self.proc.poll() is None:
             try:
