@@ -233,7 +233,7 @@ def _fields(document: str, replaces) -> list:
 
 
 def _common(p: argparse.ArgumentParser) -> None:
-    from worker.engine.models import DEFAULT_MODEL
+    from vocabulary import DEFAULT_MODEL
 
     p.add_argument("--model", default=DEFAULT_MODEL,
                    help="alias (see `kvnotes models`), local path or hub id")

@@ -270,7 +270,7 @@ def cmd_sweep(args) -> None:
 
 
 def add_command(sub) -> None:
-    from worker.engine.models import DEFAULT_MODEL
+    from vocabulary import DEFAULT_MODEL
 
     p = sub.add_parser("sweep", help="many values of one field: which strategy follows recompute, "
                                      "with 95%% intervals, and the policy")

@@ -161,7 +161,7 @@ def cmd_trajectory(args) -> None:
 
 
 def add_command(sub) -> None:
-    from worker.engine.models import DEFAULT_MODEL
+    from vocabulary import DEFAULT_MODEL
 
     p = sub.add_parser("trajectory", help="turns appended and fields changed: each strategy carries its "
                                           "cache forward; drift and cumulative TTFT against recompute")

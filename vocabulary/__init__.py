@@ -35,7 +35,12 @@ from vocabulary.strategies import (
     with_recompute,
 )
 
+# the bundled model a notebook, a run or a command uses unless told otherwise (torch-free, so that
+# `kvnotes --help` and every command's parser build without importing the engine)
+DEFAULT_MODEL = "smollm2-135m"
+
 __all__ = [
+    "DEFAULT_MODEL",
     "AUTO_CANDIDATES", "COMPOSE_HELP", "COMPOSE_INFO", "COMPOSE_STRATEGIES", "DEFAULT_COMPOSE_STRATEGIES",
     "DEFAULT_STRATEGIES",
     "DEFAULT_TEMPLATE", "EDIT_INFO", "ERRATUM", "FLOOR", "METRICS", "METRIC_NAMES", "REFERENCE", "ROLES",

@@ -43,6 +43,7 @@ from transformers import (
     PreTrainedTokenizerFast,
 )
 
+from vocabulary import DEFAULT_MODEL as DEFAULT_MODEL  # re-exported: the engine's default
 from worker.engine.devices import AUTO, DeviceError, check_fits, spread
 from worker.engine.tiny import TINY_MODELS, TINY_SEED, load_tiny
 from worker.engine.types import EngineError
@@ -51,7 +52,6 @@ log = logging.getLogger(__name__)
 
 TensorProgress = Callable[[int, int], None]  # (tensors converted, tensors in all) during a conversion
 
-DEFAULT_MODEL = "smollm2-135m"
 CONVERTED_MARKER = "kvnotes-converted.json"
 
 
