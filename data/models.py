@@ -10,7 +10,9 @@ Attention maps are stored compactly: float16 bytes `[layers, heads, T]` in a blo
 floats. Ids are never reused (`NEVER_REUSE_IDS`, migration 0006), and a run's status is a `RunStatus`.
 The web app and the worker import these models; nothing here imports either. JSON columns that
 cross the web ↔ worker boundary hold typed values (`data.contracts`), never loose dicts.
-Longer than 400 lines because it is the one schema: every table's columns read in one place.
+Longer than 400 lines because it holds the notebook's and the runs' tables in one place. The other
+concerns keep their tables beside their code (accounts, sign-in, workers, replays, trajectories,
+the health probe; see docs/architecture.md); all share one `Base`, so Alembic sees one schema.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The house rules of ARCHITECTURE.md, checked on the source and in fresh interpreters.
+"""The house rules of docs/architecture.md (the floors), checked on the source and in fresh interpreters.
 
 Layers, bottom to top — every import points down:
 

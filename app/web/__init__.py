@@ -7,7 +7,9 @@
     runs/         the runs list, the run page and its views (verdicts, heatmaps, notes map,
                   attention regions), exports (CSV, JSON, SVG, report), present mode, compare
     skills/       the skills library
-    serving/      replaying a notebook on a vLLM server and its results
+    serving/      replaying a notebook on a vLLM server and its results; the erratum gateway's page
+    sweeps/       a notebook's sweeps: the panel, the sweep page (policy, frontier, worst cases), exports
+    trajectories/ a notebook's trajectories: the Turns panel, the trajectory page, its report
 
 Shared by every family, here at the top: `templating` (the Jinja environment and filters),
 `forms` (form values into the API's schemas), `errors` (the error page and messages), `paging`

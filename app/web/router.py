@@ -1,6 +1,6 @@
 """The one router of the HTML pages, which `app.main` mounts: each page family's routes
-(`accounts/`, `notebooks/`, `runs/`, `skills/`, `serving/`) and the component gallery, included
-in one place so the order they are matched in is written down here.
+(`accounts/`, `notebooks/`, `runs/`, `skills/`, `serving/`, `sweeps/`, `trajectories/`) and the
+component gallery, included in one place so the order they are matched in is written down here.
 """
 
 from __future__ import annotations
