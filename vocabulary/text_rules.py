@@ -1,5 +1,5 @@
-"""The one set of rules every text that comes in must pass, whatever carries it (a JSON body, a form,
-a CSV or JSONL upload, the command line): valid Unicode (no lone surrogate such as U+D800, which no
+"""The one set of rules every text that comes in must pass, whatever carries it (a JSON body, a form
+or a CSV or JSONL upload, a sign-in): valid Unicode (no lone surrogate such as U+D800, which no
 UTF-8 page or JSON answer can carry), no NUL (PostgreSQL cannot store it), not blank, and at most a
 length. The web's request types (`app.schema_types`) are built from these functions; nothing else
 defines them.
