@@ -85,7 +85,7 @@ class SweepCreate(BaseModel):
     threshold: Number = Field(default=DEFAULT_THRESHOLD, gt=0.0, lt=1.0)
     stop_when_decided: StrictBool = Field(default=False, description="stop as soon as the policy cannot "
                                           "change: the remaining edits are cancelled")
-    timed_edits: int = Field(default=3, ge=0, le=1000, description="the first edits are timed in paired "
+    timed_edits: Integer = Field(default=3, ge=0, le=1000, description="the first edits are timed in paired "
                              "rounds (the speed-ups come from them); the rest decide only, untimed")
 
     @field_validator("strategies")
