@@ -4,7 +4,9 @@
 # `scripts/test.sh -m "not slow"` or `-k models`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/install.sh
+# The install converts the bundled models where the tests read them (tests/conftest.py data_dir),
+# so a fresh clone converts each model once, not once for the app and again for the tests.
+KVNOTES_DATA="$PWD/var/test-data" scripts/install.sh
 
 if [[ ! -x /usr/bin/chromium ]]; then
     if [[ "$(id -u)" == 0 ]] && command -v apt-get >/dev/null; then
