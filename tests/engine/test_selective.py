@@ -9,7 +9,16 @@ from transformers import DynamicCache
 
 from worker.engine import load
 from worker.engine.notes import layers_of
-from worker.engine.selective import movement, recompute_selected, top_fraction
+from worker.engine.selective import (
+    GAP_MERGE,
+    movement,
+    recompute_in_one_pass,
+    recompute_in_runs,
+    recompute_selected,
+    runs,
+    takes_mask_per_layer_type,
+    top_fraction,
+)
 
 TEXT = ("Account record. status: active. owner: Ada Lovelace. region: north. "
         "Only accounts whose status is active may log in; others are refused at the door.")
@@ -52,3 +61,25 @@ def test_recomputing_every_candidate_equals_recompute():
               for (ka, va), (kb, vb) in zip(fixed, exact) for a, b in ((ka, kb), (va, vb)))
     assert err <= 1e-4
     assert all(torch.equal(k, b) for (k, _), b in zip(mixed, before))  # the reused notes are not written
+
+
+@pytest.mark.parametrize("alias", ["tiny-llama", "tiny-gemma3"])
+def test_one_pass_equals_recompute_in_runs(alias):
+    """The one-pass forward (Gemma 3: a sliding-window mask and a full one, per layer type) leaves the
+    K/V that recomputing run by run does; the text is longer than tiny-gemma3's window of 16."""
+    eng = load(alias)
+    ids = eng.tokenize_document(TEXT)[0]
+    exact = eng.prefill(TEXT).layers
+    torch.manual_seed(0)
+    noisy = [(k + 0.1 * torch.randn_like(k), v + 0.1 * torch.randn_like(v)) for k, v in exact]
+    chosen = list(range(3, len(ids), 5))  # gaps of 4 unselected tokens: the runs are not merged
+    assert len(ids) > 2 * 16 and len(runs(chosen, GAP_MERGE)) == len(chosen)
+    if alias == "tiny-gemma3":
+        assert takes_mask_per_layer_type(eng.model)
+    one = recompute_in_one_pass(eng.model, noisy, ids, chosen)
+    by_runs = recompute_in_runs(eng.model, noisy, ids, chosen)
+    err = max(float((a - b).abs().max())
+              for (ka, va), (kb, vb) in zip(one, by_runs) for a, b in ((ka, kb), (va, vb)))
+    assert err <= 1e-4
+    moved = max(float((a - b).abs().max()) for (a, _), (b, _) in zip(one, noisy))
+    assert moved > 1e-2  # the selected K/V were written

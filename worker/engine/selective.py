@@ -9,13 +9,18 @@ Never a full recompute to find the tokens.
 The chosen tokens are then recomputed in ONE forward (`recompute_in_one_pass`): each sees, layer by
 layer, the reused K/V of unselected tokens before it and the fresh K/V of selected tokens before it
 (a custom mask over the cache + the new block, real positions); the fresh K/V are written over the
-stale ones. Sliding-window models, whose windows one custom mask cannot carry, recompute run by run.
+stale ones. A model with sliding-window layers whose decoder takes a mask per layer type (Gemma 2/3)
+gets two masks in that forward, the sliding layers' one cut to the window; other sliding-window
+models recompute run by run (one forward per run: on gemma3-270m, 29 runs for 170 of 1,129 tokens
+took 67.7 s against recompute's 22.7 s, 97% of selective's time, where the one pass took 16.3 s).
 The edit and compose strategies skip even that forward where they can: the chosen tokens go through
 the readout's forward beside the question (`worker.engine.forward.Deferred`, the same mask).
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
 import math
 
 import torch
@@ -74,11 +79,27 @@ def movement(model, layers: list[KV], ids: list[int], start: int) -> torch.Tenso
     return ((k_new - k_old).norm(dim=-1) + (v_new - v_old).norm(dim=-1)).sum(dim=1)[0]
 
 
+def takes_mask_per_layer_type(model) -> bool:
+    """Whether the model's decoder takes `attention_mask` as a {layer type: mask} mapping (Gemma 2/3
+    and the other models whose forward accepts a prepared mapping), so one forward can carry a
+    sliding-window mask and a full one."""
+    return _takes_mask_mapping(type(model.get_decoder()))
+
+
+@functools.cache
+def _takes_mask_mapping(decoder_class) -> bool:
+    try:
+        source = inspect.getsource(decoder_class.forward)
+    except (OSError, TypeError):
+        return False
+    return "isinstance(causal_mask_mapping := attention_mask, dict)" in source
+
+
 def recompute_selected(model, layers: list[KV], ids: list[int], selected: list[int]) -> list[KV]:
     """`layers` (the notes of `ids`) with the K/V of the `selected` positions (sorted) recomputed."""
     if not selected:
         return layers
-    if has_sliding_window(model):
+    if has_sliding_window(model) and not takes_mask_per_layer_type(model):
         return recompute_in_runs(model, layers, ids, selected)
     return recompute_in_one_pass(model, layers, ids, selected)
 
@@ -104,6 +125,11 @@ def recompute_in_one_pass(model, layers: list[KV], ids: list[int], selected: lis
     sees_cache = (torch.arange(total, device=device)[None, :] < sel[:, None]) & ~is_sel[None, :]
     sees_new = sel[None, :] <= sel[:, None]
     mask = torch.cat([sees_cache, sees_new], dim=1)[None, None]
+    if has_sliding_window(model):  # one mask per layer type: the window cuts the sliding layers' mask
+        window = model.config.get_text_config(decoder=True).sliding_window
+        key_pos = torch.cat([torch.arange(total, device=device), sel])
+        in_window = key_pos[None, :] > sel[:, None] - window  # transformers' sliding_window_overlay
+        mask = {"full_attention": mask, "sliding_attention": mask & in_window[None, None]}
     cache = cache_from_layers(layers, model)
     model(input_ids=torch.tensor([[ids[j] for j in selected]], device=device),
           position_ids=sel[None], attention_mask=mask, cache=cache, use_cache=True,
