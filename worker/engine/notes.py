@@ -54,6 +54,9 @@ class Notes:
     first_position: int = 0
     rope: RopeLayout | None = field(default=None, repr=False)
     immobile_reason: str = ""  # why `rope` is None: the model's keys cannot be moved
+    # notes made once from these notes and reused by every edit that starts from them (hoist's
+    # layout of the document, by the tokens it holds): a sweep's edits prepare them once
+    derived: dict = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def n_tokens(self) -> int:
@@ -85,7 +88,7 @@ class Notes:
         layers = [
             (shift_keys(k, self.rope.layers[i], delta), v) for i, (k, v) in enumerate(self.layers)
         ]
-        return replace(self, layers=layers, first_position=self.first_position + delta)
+        return replace(self, layers=layers, first_position=self.first_position + delta, derived={})
 
     def slice(self, start: int, end: int | None = None) -> Notes:
         """Tokens [start, end) of these notes, at their own positions."""
@@ -97,6 +100,7 @@ class Notes:
             segments=self.segments[start:end],
             layers=[(k[:, :, start:end], v[:, :, start:end]) for k, v in self.layers],
             first_position=self.first_position + start,
+            derived={},
         )
 
 

@@ -90,6 +90,9 @@ class Readout:
     choice_spread: dict[str, list[float]] = field(default_factory=dict)
     order_bias: str | None = None
     measure_ms: float = 0.0  # reading the choices over their other orders, after the first token
+    # each choice's summed log-probability in the listed order (empty when not read in one pass):
+    # the teacher-forced likelihood of that answer, read for free
+    choice_logp: dict[str, float] = field(default_factory=dict)
 
 
 def _stop_ids(tokenizer) -> set[int]:
@@ -240,8 +243,26 @@ def _one_pass_readout(model, tokenizer, frame: Frame, base: list[KV], prompt: li
     first = torch.log_softmax(logits, dim=-1)
     scores = torch.tensor([float(first[ids[0]]) + r for ids, r in zip(encoded, rest)], device=logits.device)
     probs = {c: float(p) for c, p in zip(question.choices, torch.softmax(scores, dim=0))}
-    return _chosen(over_orders([question.choices], [probs]), logits, encoded, question, first_token_at,
-                   _deferred_kv(cache, deferred))
+    out = _chosen(over_orders([question.choices], [probs]), logits, encoded, question, first_token_at,
+                  _deferred_kv(cache, deferred))
+    out.choice_logp = {c: float(s) for c, s in zip(question.choices, scores)}
+    return out
+
+
+def _all_orders_readout(model, tokenizer, frame: Frame, base: list[KV], pending: list[int],
+                        suffix_ids: list[int], orders: Sequence[list[int]], question: Question,
+                        deferred: Deferred | None) -> Readout:
+    """Every order, the listed one first, in ONE forward (`worker.engine.orders.orders_forward`):
+    the deferred rows and `pending` once, then each order's question and the choices after it. For
+    a run that times nothing (decisions only): one pass over the weights instead of two."""
+    encoded = _choice_ids(tokenizer, frame, question.choices)
+    heads, scores, cache = orders_forward(model, base, list(pending), [list(suffix_ids), *orders], encoded,
+                                          deferred)
+    first_token_at = time.perf_counter()
+    reading = over_orders(reading_orders(question.choices), _per_order(question.choices, scores))
+    out = _chosen(reading, heads[0], encoded, question, first_token_at, _deferred_kv(cache, deferred))
+    out.choice_logp = dict(zip(question.choices, scores[0]))
+    return out
 
 
 def _chosen(reading: OrderReading, logits: torch.Tensor, encoded: list[list[int]], question: Question,
@@ -293,6 +314,7 @@ def _over_orders(model, tokenizer, frame: Frame, base: list[KV], pending: list[i
     encoded = _choice_ids(tokenizer, frame, question.choices)
     out = _chosen(reading, listed.logits, encoded, question, listed.first_token_at, listed.deferred_kv)
     out.measure_ms = (time.perf_counter() - t0) * 1000
+    out.choice_logp = listed.choice_logp
     return out
 
 
@@ -313,7 +335,8 @@ def _prompt_forward(model, base: list[KV], prompt: list[int],
 
 def decide(model, tokenizer, frame: Frame, cache, suffix_ids: list[int], question: Question,
            pending: list[int] = (), deferred: Deferred | None = None,
-           first_token_only: bool = False, orders: Sequence[list[int]] = ()) -> Readout:
+           first_token_only: bool = False, orders: Sequence[list[int]] = (),
+           orders_apart: bool = True) -> Readout:
     """Ask `question` after the notes in `cache` (mutated) and take the decision. `pending` are
     tokens a strategy appends (an erratum), `deferred` cached positions it left to recompute
     (`worker.engine.forward.Deferred`): both go through the model in the same forward as the
@@ -322,7 +345,8 @@ def decide(model, tokenizer, frame: Frame, cache, suffix_ids: list[int], questio
     logits (a timing repeat: no decision, no generation). `orders`: the question's tokens in every
     other order of its choices (`orders_suffixes`), to score the choices over their orders after
     the first token, timed apart (`Readout.measure_ms`; ignored with chain of thought, without
-    choices, or for a timing repeat)."""
+    choices, or for a timing repeat). `orders_apart=False` (a run that times nothing) reads every order
+    in the first token's own forward instead, where the model allows one custom mask."""
     prompt = list(pending) + list(suffix_ids)
     if deferred is not None and has_sliding_window(model):
         raise ValueError("a sliding-window model cannot defer tokens to the readout "
@@ -330,6 +354,10 @@ def decide(model, tokenizer, frame: Frame, cache, suffix_ids: list[int], questio
     if orders and len(orders) != len(reading_orders(question.choices)) - 1:
         raise ValueError(f"{len(question.choices)} choices are read in "
                          f"{len(reading_orders(question.choices))} orders, not {len(orders) + 1}")
+    in_one = orders and not orders_apart and not has_sliding_window(model)
+    if question.choices and not question.cot and in_one:
+        return _all_orders_readout(model, tokenizer, frame, layers_of(cache), list(pending), list(suffix_ids),
+                                   orders, question, deferred)
     if question.choices and not question.cot and orders and not first_token_only:
         base = layers_of(cache)
         listed = decide(model, tokenizer, frame, cache, suffix_ids, question, pending, deferred)

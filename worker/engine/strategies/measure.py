@@ -215,7 +215,7 @@ def decisions(bench: Bench, case: object, runners: dict[str, Strategy]) -> dict[
             cache = cache_from_layers(surgery.layers, engine.model)
             readout = decide(engine.model, engine.tokenizer, engine.frame, cache, bench.suffix_ids,
                              bench.question, pending=surgery.pending, deferred=surgery.deferred,
-                             orders=bench.orders)
+                             orders=bench.orders, orders_apart=False)
             if key is not None:
                 read[key] = readout
         surgery = surgery.completed(readout.deferred_kv)
@@ -265,10 +265,21 @@ def score(bench: Bench, case: object, runners: dict[str, Strategy], outcomes: di
     NLL), and its prefix-cache share: the share of the prompt it sends (notes, then the question)
     that an exact-prefix serving cache already holds from the original prompt (`cached_ids`, then
     the same question), so the old prompt unchanged (stale) reads 1.0."""
-    answer = outcomes[reference].readout.answer_ids
+    ref = outcomes[reference].readout
+    answer = ref.answer_ids
+    known: dict[int, float | None] = {}  # by notes: strategies with the same notes share it
     for name, out in outcomes.items():
         s = out.surgery
-        out.answer_nll = answer_nll(bench.engine.model, s.layers, list(s.pending) + bench.suffix_ids, answer)
+        key = id(s.layers) if not s.pending else None
+        if ref.decision in out.readout.choice_logp and not bench.question.cot:  # read in the readout
+            out.answer_nll = -out.readout.choice_logp[ref.decision] / len(answer)
+        elif key is not None and key in known:
+            out.answer_nll = known[key]
+        else:
+            out.answer_nll = answer_nll(bench.engine.model, s.layers, list(s.pending) + bench.suffix_ids,
+                                        answer)
+        if key is not None:
+            known[key] = out.answer_nll
         final = list(s.token_ids) + bench.suffix_ids  # token_ids already end with the pending ones
         held = runners[name].cached_ids(case) + bench.suffix_ids
         out.prefix_cache_share = common_prefix(held, final) / len(final)

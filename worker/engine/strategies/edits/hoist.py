@@ -6,12 +6,14 @@ line with its new value): an exact prefix cache reuses everything before it, and
 computed, in the readout's own forward beside the question (appended tokens, as an erratum's).
 
 `prepare` (outside the timings, as a deployment does once): the notes of the hoisted layout before
-the edit. The notes before the field's line are the cached notes themselves (the two layouts agree
-there, token for token); the rest of the document without the line, and the old tail, are
-prefilled after them. `surgery` (timed) keeps those notes up to where the new layout first differs
-and appends the new tail. Its decision is then measured against recompute of the edited document
-in its own layout, like every other strategy's; `tokens_computed` is the tail, and the prefix cache
-share is measured against the hoisted layout the deployment holds.
+the edit, kept on the cached notes (`Notes.derived`) so that the edits of a sweep, which all start
+from the same notes and hold the same layout, prefill it once. The notes before the field's line are
+the cached notes themselves (the two layouts agree there, token for token); the rest of the document
+without the line, and the old tail, are prefilled after them. `surgery` (timed) keeps those notes up
+to where the new layout first differs and appends the new tail. Its decision is then measured
+against recompute of the edited document in its own layout, like every other strategy's;
+`tokens_computed` is the tail, and the prefix cache share is measured against the hoisted layout the
+deployment holds.
 """
 
 from __future__ import annotations
@@ -45,8 +47,11 @@ class Hoist(Strategy[EditCase]):
         self.new_ids, self.segments = ids, segments
         self.offsets = [_to_document(o, after, case) for o in offsets]
         reused = common_prefix(old.token_ids, self.held_ids)  # the notes before the field's line
-        self.held: list[KV] = extend(engine.model, cut(old.layers, 0, reused) if reused else None,
-                                     self.held_ids[reused:])
+        key = (Hoist.info.name, tuple(self.held_ids))
+        if key not in old.derived:  # once per notes: every edit of a sweep holds the same layout
+            old.derived[key] = extend(engine.model, cut(old.layers, 0, reused) if reused else None,
+                                      self.held_ids[reused:])
+        self.held: list[KV] = old.derived[key]
         self.keep = common_prefix(self.held_ids, ids)
         self.detail = (f"{len(ids) - self.keep} tail tokens after {self.keep} kept; the hoisted layout's "
                        f"{len(self.held_ids) - reused} tokens after the field's line prefilled once, untimed")
