@@ -1,20 +1,24 @@
-"""A sweep against single runs (issue 23): N destinations of the ~1,000-token shipment log
-(`examples/shipment-log.json`), every strategy against recompute on each, run two ways on the same
-loaded model, and written side by side to `docs/sweeps.md`:
+"""Sweeps that decide (issue 31): the same edits of the ~1,000-token shipment log
+(`examples/shipment-log.json`) through both sweep paths, side by side in one run on one loaded model,
+written to `docs/sweeps.md`:
 
-- the sweep: `kvnotes sweep`'s loop (`commands.sweep.run_sweep`), the document prefilled once and
-  every edit starting from those notes;
-- N single runs: what N separate runs of the notebook do, each prefilling the document again.
+- today's per-edit path: every edit timed in paired rounds (`run_sweep(..., timed_edits=N)`);
+- the decision-only path: the first edit timed, every other edit deciding only, untimed, the
+  reference computed exactly from the field on (`timed_edits=1`), with `stop_when_decided` off,
+  then on.
 
-    .venv/bin/python bench/bench_sweep.py [--edits 40] [--model smollm2-135m] [--out docs/sweeps.md]
+Each edit's wall time is divided by one prefill of the document, measured in the same run (the
+median of prefills taken before, between and after the paths), so the ratio holds on a loaded
+machine where absolute times do not.
 
-Wall time per edit is measured around each whole edit (prefill included where there is one); the
-statistics are the sweep's own (`vocabulary.sweeps`).
+    .venv/bin/python bench/bench_sweep.py [--per-edit 5] [--edits 200] [--budget-s S] \\
+        [--choices Oslo,Madrid] [--model smollm2-135m] [--out docs/sweeps.md]
 """
 
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import os
 import platform
@@ -26,155 +30,177 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-CITIES = ["Madrid", "Lisbon", "Rotterdam", "Hamburg", "Gdansk", "Tallinn", "Riga", "Helsinki",
-          "Stockholm", "Copenhagen", "Aarhus", "Bergen", "Trondheim", "Tromso", "Reykjavik", "Dublin",
-          "Cork", "Liverpool", "Antwerp", "Le Havre", "Marseille", "Genoa", "Naples", "Valencia",
-          "Barcelona", "Piraeus", "Izmir", "Constanta", "Varna", "Trieste", "Koper", "Split",
-          "Bremen", "Kiel", "Malmo", "Gothenburg", "Stavanger", "Aberdeen", "Hull", "Zeebrugge"]
-STRATEGIES = ["recompute", "prefix_reuse", "stale", "in_place", "erratum", "field_erratum"]
+# 200 destinations, none of them the old one (Oslo)
+PORTS = (
+    "Madrid Lisbon Rotterdam Hamburg Gdansk Tallinn Riga Helsinki Stockholm Copenhagen Aarhus Bergen "
+    "Trondheim Tromso Reykjavik Dublin Cork Liverpool Antwerp Marseille Genoa Naples Valencia Barcelona "
+    "Piraeus Izmir Constanta Varna Trieste Koper Split Bremen Kiel Malmo Gothenburg Stavanger Aberdeen "
+    "Hull Zeebrugge Dunkirk Calais Bordeaux Nantes Brest Bilbao Vigo Porto Seville Malaga Cadiz "
+    "Palermo Catania Bari Venice Ancona Livorno Rijeka Zadar Dubrovnik Bar Durres Thessaloniki Patras "
+    "Heraklion Limassol Haifa Ashdod Alexandria Tunis Algiers Oran Tangier Casablanca Agadir Dakar "
+    "Abidjan Accra Lagos Luanda Walvis Cape Durban Maputo Mombasa Djibouti Jeddah Aqaba Dubai Doha "
+    "Muscat Karachi Mumbai Chennai Colombo Chittagong Yangon Bangkok Singapore Jakarta Surabaya Manila "
+    "Saigon Haiphong Hongkong Shenzhen Xiamen Ningbo Shanghai Qingdao Tianjin Dalian Busan Incheon "
+    "Kobe Osaka Nagoya Yokohama Tokyo Sapporo Vladivostok Magadan Anchorage Vancouver Seattle Portland "
+    "Oakland Stockton Sacramento Fresno Monterey Honolulu Suva Apia Noumea Brisbane Sydney Melbourne "
+    "Adelaide Fremantle Darwin Hobart Auckland Wellington Lyttelton Dunedin Valparaiso Callao "
+    "Guayaquil Balboa Cartagena Barranquilla Maracaibo Caracas Georgetown Paramaribo Cayenne Belem "
+    "Fortaleza Recife Salvador Vitoria Santos Paranagua Itajai Montevideo Rosario Ushuaia Havana "
+    "Kingston Nassau Miami Tampa Mobile Houston Galveston Corpus Veracruz Tampico Progreso Charleston "
+    "Savannah Norfolk Baltimore Philadelphia Newark Boston Halifax Quebec Montreal Toronto Duluth "
+    "Chicago Detroit Cleveland Buffalo Nuuk Torshavn Lerwick Kirkwall Narvik Murmansk Arkhangelsk"
+).split()
 QUESTION = "What is the destination of this shipment?"
 
 
-class _Budgeted(list):
-    """The values, handed out while the time budget lasts: the sweep stops between edits once it is
-    spent, and its statistics cover the edits done (the markdown says how many)."""
-
-    def __init__(self, values: list[str], budget_s: float | None) -> None:
-        super().__init__(values)
-        self.deadline = None if budget_s is None else time.monotonic() + budget_s
-
-    def __iter__(self):
-        for value in list.__iter__(self):
-            if self.deadline is not None and time.monotonic() > self.deadline:
-                return
-            yield value
+def _prefill_s(eng, document: str) -> float:
+    t0 = time.perf_counter()
+    eng.prefill(document)
+    return time.perf_counter() - t0
 
 
-def run(edits: int, model: str, max_new_tokens: int, budget_s: float | None = None) -> dict:
+def _path(eng, document, find, values, question, strategies, timed_edits, stop, budget_s):
+    """One sweep through `commands.sweep.run_sweep`: per edit, its wall time (s)."""
     from commands.sweep import run_sweep
+
+    walls: list[float] = []
+    last = [time.perf_counter()]
+    deadline = None if budget_s is None else time.monotonic() + budget_s
+
+    class Budgeted(list):  # the values, handed out while the budget lasts
+        def __iter__(self):
+            for value in list.__iter__(self):
+                if deadline is not None and time.monotonic() > deadline:
+                    return
+                yield value
+
+    def tick(done: int, total: int) -> None:
+        walls.append(time.perf_counter() - last[0])
+        print(f"  edit {done}: {walls[-1]:.1f} s (load {os.getloadavg()[0]:.1f})", flush=True)
+        last[0] = time.perf_counter()
+
+    kwargs = {"timed_edits": timed_edits}
+    if "stop_when_decided" in inspect.signature(run_sweep).parameters:
+        kwargs["stop_when_decided"] = stop
+    elif stop:
+        return None  # stop_when_decided has not landed: the bench says so
+    eng.prefill(document)  # the sweep's own prefill is outside the per-edit walls
+    last[0] = time.perf_counter()
+    result = run_sweep(eng, document, find, "destination", Budgeted(values), question, strategies,
+                       progress=tick, **kwargs)
+    return {"walls": walls, "result": result}
+
+
+def run(per_edit: int, edits: int, model: str, choices: tuple[str, ...], budget_s: float | None) -> dict:
     from data.settings import get_settings
-    from worker.engine import Field, Question, RunRequest, load
+    from vocabulary.sweeps import SWEEP_STRATEGIES
+    from worker.engine import Question, load
 
     spec = json.loads((ROOT / "examples" / "shipment-log.json").read_text())
     document, find = spec["document"], spec["fields"][0]["find"]
-    start = document.index(find)
-    eng = load(model, data_dir=get_settings().data_dir)  # no KV store: a single run's prefill is computed
-    question = Question(QUESTION, max_new_tokens=max_new_tokens)
-    values = _Budgeted(CITIES[:edits], budget_s)
+    eng = load(model, data_dir=get_settings().data_dir)  # no KV store: every prefill is computed
     eng.warm_up()
-
-    # Interleaved: after each sweep edit (its progress callback), the single run of the same value,
-    # so both columns see the same machine load; each is timed on its own.
-    sweep_times: list[float] = []
-    single_times: list[float] = []
-    single_prefills = 0
-    loads: list[float] = []
-    last = [time.perf_counter()]
-
-    def single(value: str) -> None:
-        request = RunRequest(document=document, question=question, strategies=tuple(STRATEGIES),
-                             fields=(Field(start, start + len(find), value, "destination"),))
-        t1 = time.perf_counter()
-        eng.run(request)  # notes=None: the run prefills the document itself
-        single_times.append(time.perf_counter() - t1)
-
-    def tick(done: int, total: int) -> None:
-        nonlocal single_prefills
-        sweep_times.append(time.perf_counter() - last[0])
-        loads.append(os.getloadavg()[0])
-        single(values[done - 1])
-        single_prefills += 1
-        print(f"edit {done}/{total}: sweep {sweep_times[-1]:.1f} s, single {single_times[-1]:.1f} s, "
-              f"load {loads[-1]:.1f}", flush=True)
-        last[0] = time.perf_counter()
-
-    sweep = run_sweep(eng, document, find, "destination", values, question, STRATEGIES, progress=tick)
-    sweep_total = sum(sweep_times)
-    return {"model": model, "device": str(eng.device), "edits": len(sweep_times), "planned": len(values),
-            "document_tokens": sweep["document_tokens"], "sweep": sweep, "sweep_total_s": sweep_total,
-            "sweep_per_edit_s": sweep_times, "single_total_s": sum(single_times),
-            "single_per_edit_s": single_times, "single_prefills": single_prefills,
-            "load_average": [min(loads, default=0.0), max(loads, default=0.0)],
-            "machine": f"{platform.machine()}, {platform.processor() or 'cpu'}"}
+    question = Question(QUESTION, choices=choices, max_new_tokens=8)
+    strategies = list(SWEEP_STRATEGIES)
+    prefills = [_prefill_s(eng, document) for _ in range(3)]
+    print(f"prefill: {[round(p, 2) for p in prefills]} s", flush=True)
+    budget = None if budget_s is None else budget_s / 3
+    print("per-edit path", flush=True)
+    per = _path(eng, document, find, PORTS[:per_edit], question, strategies, per_edit, False, budget)
+    prefills += [_prefill_s(eng, document) for _ in range(2)]
+    print("decision-only path, stop_when_decided off", flush=True)
+    off = _path(eng, document, find, PORTS[:edits], question, strategies, 1, False, budget)
+    prefills += [_prefill_s(eng, document) for _ in range(2)]
+    print("decision-only path, stop_when_decided on", flush=True)
+    on = _path(eng, document, find, PORTS[:edits], question, strategies, 1, True, budget)
+    prefills += [_prefill_s(eng, document) for _ in range(2)]
+    return {"model": model, "device": str(eng.device), "document_tokens": per["result"]["document_tokens"],
+            "strategies": strategies, "choices": list(choices), "prefill_s": prefills,
+            "per_edit": per, "off": off, "on": on, "planned": edits,
+            "machine": f"{platform.machine()}, {os.cpu_count()} cores"}
 
 
-def paired(sweep: list[float], single: list[float]) -> str:
-    """The per-edit saving read pair by pair (single run minus sweep edit, same value, back to back):
-    its median, interquartile range and how often the sweep edit was the faster."""
-    diffs = [b - a for a, b in zip(sweep, single)]
-    if len(diffs) < 2:
-        return f"Paired saving per edit: {diffs[0]:.1f} s (one pair)." if diffs else ""
-    q1, med, q3 = statistics.quantiles(diffs, n=4)
-    noise = " The range crosses 0: the saving is within the timing noise here." if q1 < 0 < q3 else ""
-    return (f"Paired saving per edit (single run minus sweep edit, same value, back to back): median "
-            f"{med:.1f} s, interquartile range [{q1:.1f}, {q3:.1f}] s; the sweep edit was the faster in "
-            f"{sum(d > 0 for d in diffs)} of {len(diffs)} pairs.{noise}")
+def _row(name: str, path: dict | None, prefill: float, untimed_only: bool) -> str:
+    if path is None:
+        return f"| {name} | not run: `stop_when_decided` is not in `run_sweep` yet | | | |"
+    walls = path["walls"][1:] if untimed_only and len(path["walls"]) > 1 else path["walls"]
+    med = statistics.median(walls)
+    return (f"| {name} | {len(path['walls'])} | {med:.2f} | {med / prefill:.2f}× | "
+            f"{max(walls) / prefill:.2f}× |")
 
 
 def markdown(r: dict, command: str) -> str:
-    s = r["sweep"]
-    sw, si = r["sweep_per_edit_s"], r["single_per_edit_s"]
+    prefill = statistics.median(r["prefill_s"])
+    per, off, on = r["per_edit"], r["off"], r["on"]
+    choices = f"choices {', '.join(r['choices'])}" if r["choices"] else "free answer, 8 new tokens"
     lines = [
-        "# Sweeps: one prefill for many edits",
+        "# Sweeps that decide: one prefill's cost per edit",
         "",
-        f"Written by `{command}` (bench/bench_sweep.py). {r['edits']} destinations of the "
-        f"{r['document_tokens']}-token shipment log (`examples/shipment-log.json`), every strategy against "
-        f"recompute on each, the question \"{QUESTION}\" (free answer), on {r['model']} ({r['device']}).",
+        f"Written by `{command}` (bench/bench_sweep.py). The {r['document_tokens']}-token shipment log "
+        f"(`examples/shipment-log.json`), its destination set to one port per edit, the question "
+        f"\"{QUESTION}\" ({choices}), strategies {', '.join(r['strategies'])}, on {r['model']} "
+        f"({r['device']}, {r['machine']}). One prefill of the document, measured in this run: median "
+        f"{prefill:.2f} s over {len(r['prefill_s'])} prefills taken before, between and after the paths "
+        f"(range {min(r['prefill_s']):.2f}–{max(r['prefill_s']):.2f} s).",
         "",
-        "| | edits | document prefills | total (s) | per edit, median (s) | per edit, max (s) |",
-        "|---|---:|---:|---:|---:|---:|",
-        f"| sweep | {r['edits']} | {s['document_prefills']} | {r['sweep_total_s']:.1f} | "
-        f"{statistics.median(sw):.2f} | {max(sw):.2f} |",
-        f"| {r['edits']} single runs | {r['edits']} | {r['single_prefills']} | {r['single_total_s']:.1f} | "
-        f"{statistics.median(si):.2f} | {max(si):.2f} |",
+        "| path | edits | per edit, median (s) | per edit / one prefill | slowest edit / one prefill |",
+        "|---|---:|---:|---:|---:|",
+        _row("per-edit (every edit timed in paired rounds)", per, prefill, False),
+        _row("decision-only, stop_when_decided off (untimed edits)", off, prefill, True),
+        _row("decision-only, stop_when_decided on (untimed edits)", on, prefill, True),
         "",
-        f"The sweep's cost per edit is {r['sweep_total_s'] / r['edits']:.2f} s against "
-        f"{r['single_total_s'] / r['edits']:.2f} s for a single run "
-        f"({'at most' if r['sweep_total_s'] <= r['single_total_s'] else 'MORE than'} a single run's), and "
-        f"the document was prefilled {s['document_prefills']} time(s) instead of {r['single_prefills']}.",
+        "The goal is at most 2.0× one prefill per decision-only edit. The decision-only rows leave out "
+        "the sweep's first edit, which is timed in paired rounds (`--timed-edits 1`) and checks the "
+        "decision-only reference against a true recompute.",
         "",
-        paired(sw, si),
-        "",
-        "Each sweep edit was followed at once by the single run of the same value (interleaved), so "
-        f"both columns ran under the same machine load (load average {r['load_average'][0]:.1f} to "
-        f"{r['load_average'][1]:.1f} on {os.cpu_count()} cores).",
-        "",
-        "## What the sweep found",
-        "",
-        "| strategy | agreement | 95% interval | changed edits | 95% interval | cost share |",
-        "|---|---:|---|---:|---|---:|",
     ]
-    for name, st in s["strategies"].items():
-        ci = st["agreement_ci95"] or [0, 0]
-        ch = st["changed"]
-        cci = ch["ci95"] or [0, 0]
-        lines.append(f"| {name} | {st['agreed']}/{st['determined']} | [{ci[0]:.2f}, {ci[1]:.2f}] | "
-                     f"{ch['agreed']}/{ch['edits']} | [{cci[0]:.2f}, {cci[1]:.2f}] | "
-                     f"{(st['cost_share'] or 0):.1%} |")
-    lines += ["", f"Policy at {s['policy']['threshold']:.2f}: **{s['policy']['strategy']}**: "
-              f"{s['policy']['sentence']}.", ""]
-    if r["edits"] < 40:
-        lines += [f"Bounded run: {r['edits']} of the {r['planned']} planned edits (of 40), on a shared "
-                  "2-core machine. The full benchmark is "
-                  "`.venv/bin/python bench/bench_sweep.py --edits 40`.", ""]
+    for name, path in (("off", off), ("on", on)):
+        if path is None:
+            continue
+        res = path["result"]
+        lines.append(f"- stop_when_decided {name}: {res['edits_done']} of {r['planned']} planned edits done"
+                     f" ({res.get('stopped', 'exhausted')}); policy **{res['policy']['strategy']}**; "
+                     f"exact reference checked on {res['edits_timed']} timed edit(s): KL "
+                     f"{res['exact_reference_kl']:.1e}." if res["exact_reference_kl"] is not None else
+                     f"- stop_when_decided {name}: {res['edits_done']} edits; policy "
+                     f"**{res['policy']['strategy']}**.")
+    if on is None:
+        lines.append("- stop_when_decided on: not run (not in `run_sweep` when this ran).")
+    if off is not None and per is not None:
+        lines += ["", "Decisions of the edits both paths ran (the per-edit path's are the reference):", ""]
+        same = sum(a["decisions"] == b["decisions"] for a, b in zip(per["result"]["edits"],
+                                                                   off["result"]["edits"]))
+        lines.append(f"{same} of {min(len(per['result']['edits']), len(off['result']['edits']))} edits "
+                     "decided the same for every strategy on both paths.")
+    lines += ["", "## What the decision-only sweep found (stop_when_decided off)", "",
+              "| strategy | agreement | changed edits | cost share |", "|---|---:|---:|---:|"]
+    if off is not None:
+        for name, st in off["result"]["strategies"].items():
+            ch = st["changed"]
+            lines.append(f"| {name} | {st['agreed']}/{st['determined']} | {ch['agreed']}/{ch['edits']} | "
+                         f"{(st['cost_share'] or 0):.1%} |")
+        lines += ["", f"Policy at {off['result']['policy']['threshold']:.2f}: "
+                  f"**{off['result']['policy']['strategy']}**: {off['result']['policy']['sentence']}", ""]
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--edits", type=int, default=40, choices=range(1, len(CITIES) + 1), metavar="1..40")
+    parser.add_argument("--per-edit", type=int, default=5, help="edits through today's per-edit path")
+    parser.add_argument("--edits", type=int, default=200, choices=range(1, len(PORTS) + 1), metavar="1..200")
     parser.add_argument("--model", default="smollm2-135m")
-    parser.add_argument("--max-new-tokens", type=int, default=8)
+    parser.add_argument("--choices", default="", help="comma-separated (default: a free answer)")
     parser.add_argument("--budget-s", type=float, default=None,
-                        help="stop between edits once this many seconds have passed (the table says "
-                        "how many ran)")
+                        help="the three paths share this many seconds; each stops between edits")
     parser.add_argument("--out", default=str(ROOT / "docs" / "sweeps.md"))
+    parser.add_argument("--json", default=str(ROOT / "bench" / "data" / "sweeps.json"))
     args = parser.parse_args(argv)
-    result = run(args.edits, args.model, args.max_new_tokens, args.budget_s)
-    command = "bench/bench_sweep.py" + (f" --edits {args.edits}" if args.edits != 40 else "") + (
-        f" --budget-s {args.budget_s:g}" if args.budget_s else "")
-    Path(args.out).write_text(markdown(result, command))
-    print(markdown(result, command))
+    choices = tuple(c.strip() for c in args.choices.split(",") if c.strip())
+    result = run(args.per_edit, args.edits, args.model, choices, args.budget_s)
+    command = "bench/bench_sweep.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    Path(args.json).write_text(json.dumps(result, indent=1, default=str))
+    Path(args.out).write_text(markdown(result, command.strip()))
+    print(markdown(result, command.strip()))
     return 0
 
 

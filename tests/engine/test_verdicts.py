@@ -12,8 +12,8 @@ from vocabulary.prefix import common_prefix
 from worker.engine import Field, Question, RunRequest, load
 from worker.engine.attribution import _first_token_logits, _patched, _stack
 from worker.engine.compare import normalize_answer, same_answer, token_f1
+from worker.engine.forward import answer_nll
 from worker.engine.notes import cache_from_layers
-from worker.engine.readout import answer_nll
 
 TEXT = ("Account record\nstatus: active\nregion: north\nplan: basic\n"
         "Only accounts whose status is active may log in. Support answers within a day.\n")

@@ -229,3 +229,13 @@ def test_a_speed_up_too_short_to_time_says_so_with_the_numbers(make_client):
     assert ('title="recompute&#39;s time to first token is under 250 ms: '
             'recompute 180.0 ms, this strategy 2.5 ms"') in html
     assert "72.0×" not in html  # 180 / 2.5 is not shown as a speed-up
+
+
+def test_a_sweep_s_decision_only_edit_reads_not_timed_not_too_short():
+    mine, ref = result("in_place", "x", True, 0.0), result("recompute", "x", True, 0.0)
+    mine.detail, ref.detail = "decisions only: not timed", "computed exactly from the first change on; " \
+        "decisions only: not timed"
+    tip = timing(mine, ref)
+    assert (tip.label, tip.kind) == ("not timed", "untimed") and "timed edits give the speed-ups" in tip.tip
+    mine.detail = ""  # not a decision-only edit: never "not timed"
+    assert getattr(timing(mine, ref), "label", None) != "not timed"

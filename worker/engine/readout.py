@@ -393,17 +393,3 @@ def decide(model, tokenizer, frame: Frame, cache, suffix_ids: list[int], questio
     full = f"{text.rstrip()} {answer}" if question.cot else answer
     return Readout(logits=logits, decision=answer.split("\n")[0].strip(), choice_probs={}, text=full,
                    answer_ids=reasoning + generated, first_token_at=first_token_at, deferred_kv=fresh)
-
-
-@torch.inference_mode()
-def answer_nll(model, layers, prompt: list[int], answer_ids: list[int]) -> float | None:
-    """Mean negative log-likelihood per token of `answer_ids` after the notes `layers` and `prompt`,
-    teacher-forced in one forward (None for an empty answer). `layers` are not changed."""
-    if not answer_ids:
-        return None
-    inputs = list(prompt) + list(answer_ids[:-1])
-    out = model(input_ids=torch.tensor([inputs], device=model.device), cache=cache_from_layers(layers, model),
-                use_cache=True, logits_to_keep=len(answer_ids))
-    logp = torch.log_softmax(out.logits[0].float(), dim=-1)  # [len(answer_ids), vocab]
-    target = torch.tensor(answer_ids, device=logp.device)
-    return float(-logp.gather(1, target[:, None]).mean())

@@ -137,6 +137,9 @@ def timing(result: Any, reference: Any) -> Timing | None:
     """None when the speed-up over `reference` (recompute) stands; else how it reads and why
     (`vocabulary.speedups.speedup_reading`: under the floor, or a noisy range)."""
     ref_ms, mine_ms = reference.ttft_ms or 0.0, result.ttft_ms or 0.0
+    if not ref_ms and not mine_ms and "not timed" in (getattr(result, "detail", "") or ""):
+        return Timing("not timed", "untimed", "a sweep's decision-only edit: every strategy decided once, "
+                      "without timing rounds; the sweep's timed edits give the speed-ups")
     mine, theirs, paired = _spread(result), _spread(reference), speedup_range(result)
     reading = speedup_reading(ref_ms, mine_ms, paired, theirs, mine)
     if reading is None:

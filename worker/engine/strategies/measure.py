@@ -55,8 +55,9 @@ from typing import TYPE_CHECKING
 from vocabulary.prefix import common_prefix
 from worker.engine.compare import fidelity, same_answer, token_f1
 from worker.engine.edit import Surgery
+from worker.engine.forward import answer_nll
 from worker.engine.notes import cache_from_layers
-from worker.engine.readout import Readout, answer_nll, decide, orders_suffixes
+from worker.engine.readout import Readout, decide, orders_suffixes
 from worker.engine.strategies.base import Strategy
 from worker.engine.types import ProgressFn, Question, StrategyResult
 
