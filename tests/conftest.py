@@ -15,11 +15,13 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import ModuleType
 
@@ -180,6 +182,21 @@ def postgres_url() -> Iterator[str]:
 
 
 # ---- the served app and the command line -----------------------------------------------------------
+
+
+class LocalServer:
+    """A real HTTP server on a free loopback port, served from a thread: a test's upstream peer.
+    `start(Handler)` listens and sets `url`; `close()` stops it."""
+
+    def start(self, handler: type[BaseHTTPRequestHandler]) -> None:
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self.httpd.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
 
 
 def free_port() -> int:

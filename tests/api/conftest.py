@@ -26,6 +26,17 @@ def engines_without_store():
         engine.store = None
 
 
+def _counts() -> tuple[int, int]:
+    """How many sweeps and runs the database holds (a refused request must add neither)."""
+    from sqlalchemy import func, select
+
+    from data.db import get_sessionmaker
+    from data.models import Run, Sweep
+
+    with get_sessionmaker()() as s:
+        return s.scalar(select(func.count(Sweep.id))), s.scalar(select(func.count(Run.id)))
+
+
 def _notebook(client: TestClient, text: str = DOC) -> dict:
     r = client.post("/api/notebooks", json={"title": "policy", "model": "smollm2-135m", "text": text})
     assert r.status_code == 201, r.text

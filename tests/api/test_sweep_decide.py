@@ -9,9 +9,8 @@ after which no edit can change the policy, cancels the rest and says so, with `n
 from __future__ import annotations
 
 import pytest
-from sqlalchemy import func, select
 
-from tests.api.conftest import _notebook
+from tests.api.conftest import _counts, _notebook
 
 DOC = "Shipment log. destination: Oslo. Carrier: Nordic Freight. Where does the shipment go?"
 
@@ -23,14 +22,6 @@ def _with_field(client) -> int:
                                                          "new_value": "Madrid", "label": "destination"})
     assert r.status_code == 201, r.text
     return nb
-
-
-def _counts() -> tuple[int, int]:
-    from data.db import get_sessionmaker
-    from data.models import Run, Sweep
-
-    with get_sessionmaker()() as s:
-        return s.scalar(select(func.count(Sweep.id))), s.scalar(select(func.count(Run.id)))
 
 
 def _body(**extra) -> dict:

@@ -9,10 +9,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sqlalchemy import func, select
-
 from app.services.sweep_input import rows_from_upload
-from tests.api.conftest import DOC, _broker_messages, _notebook
+from tests.api.conftest import DOC, _broker_messages, _counts, _notebook
 
 
 def _with_field(client, text: str = DOC) -> int:
@@ -22,14 +20,6 @@ def _with_field(client, text: str = DOC) -> int:
                     json={"start": start, "end": start + 6, "new_value": "banned", "label": "status"})
     assert r.status_code == 201, r.text
     return nb
-
-
-def _counts() -> tuple[int, int]:
-    from data.db import get_sessionmaker
-    from data.models import Run, Sweep
-
-    with get_sessionmaker()() as s:
-        return s.scalar(select(func.count(Sweep.id))), s.scalar(select(func.count(Run.id)))
 
 
 def _body(**extra) -> dict:

@@ -25,7 +25,7 @@ import httpx
 import pytest
 
 from serving import TrajectoryReplaySpec
-from tests.conftest import REPO, UNDER_CI, ServedApp, free_port, missing
+from tests.conftest import REPO, UNDER_CI, LocalServer, ServedApp, free_port, missing
 from vocabulary.trajectories import FieldSpec, TurnSpec
 
 START_TIMEOUT_S = 600  # about 3 minutes on 2 busy cores; more when the machine is loaded
@@ -221,7 +221,7 @@ def make_notebook(client: httpx.Client) -> int:
     return nid
 
 
-class FakeVllm:
+class FakeVllm(LocalServer):
     """A local HTTP server on 127.0.0.1 that answers the replay's preflight as vLLM does
     (`/v1/models`, `/tokenize`), and whose completions stream (`mode`):
     "keepalive": a comment every `every_s` and never an answer, until the client goes;
@@ -229,7 +229,7 @@ class FakeVllm:
     `completions` counts completion requests; `gone` is set when a streaming client disconnected."""
 
     def __init__(self, mode: str = "keepalive", every_s: float = 0.5) -> None:
-        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+        from http.server import BaseHTTPRequestHandler
 
         fake = self
         self.mode, self.every_s = mode, every_s
@@ -278,14 +278,7 @@ class FakeVllm:
                 except OSError:
                     fake.gone.set()
 
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        self.start(Handler)
 
 
 @pytest.fixture

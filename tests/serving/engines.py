@@ -28,16 +28,16 @@ import subprocess
 import sys
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 import httpx
 import openai
 
-from tests.conftest import REPO, free_port, kvnotes_env
+from tests.conftest import REPO, LocalServer, free_port, kvnotes_env
 
 
-class Engine:
+class Engine(LocalServer):
     def __init__(self, dialect: str = "vllm", model: str = "smollm2-135m", key: str = "destination",
                  reads: str = "last", fault: str = "", delay_s: float = 0.0, max_model_len: int = 8192,
                  chat: bool = True) -> None:
@@ -63,14 +63,7 @@ class Engine:
                 body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
                 engine.post(self, json.loads(body or b"{}"))
 
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        self.start(Handler)
 
     # --- what the engine computes ------------------------------------------------------------------
 
