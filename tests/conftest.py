@@ -199,6 +199,19 @@ class LocalServer:
         self.httpd.server_close()
 
 
+def listening(port: int, seconds: float, alive: Callable[[], bool] = lambda: True) -> bool:
+    """Whether something listens on 127.0.0.1:`port` within `seconds` (False at once when `alive`
+    says the process that should listen has exited)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and alive():
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            return True
+        except OSError:
+            time.sleep(0.1)
+    return False
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -248,13 +261,8 @@ class ServedApp:
             self.procs.append(subprocess.Popen(replay_worker_command(f"test-replays-{self.port}@%h"),
                                                env=self.env, cwd=REPO, stdout=self._out,
                                                stderr=subprocess.STDOUT))
-        deadline = time.time() + 30
-        while time.time() < deadline:
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
-                return
-            except OSError:
-                time.sleep(0.1)
+        if listening(self.port, 30):
+            return
         self.stop()
         raise RuntimeError(f"the app did not start: {self.log.read_text()}")
 

@@ -23,7 +23,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 import threading
@@ -34,7 +33,7 @@ from pathlib import Path
 import httpx
 import openai
 
-from tests.conftest import REPO, LocalServer, free_port, kvnotes_env
+from tests.conftest import REPO, LocalServer, free_port, kvnotes_env, listening
 
 
 class Engine(LocalServer):
@@ -212,13 +211,8 @@ class Gateway:
 
     def ready(self) -> None:
         """Wait until the gateway listens (60 s at most)."""
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and self.proc.poll() is None:
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
-                return
-            except OSError:
-                time.sleep(0.1)
+        if listening(self.port, 60, alive=lambda: self.proc.poll() is None):
+            return
         self.stop()
         raise RuntimeError(f"the gateway did not start: {self.log.read_text()}")
 
