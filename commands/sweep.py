@@ -16,12 +16,15 @@ it. With --stop-when-decided the sweep stops after the first edit at which its p
 change (`stopped`: "decided"; else "exhausted"). The first `--timed-edits` edits (default 3) are
 timed in paired rounds (the speed-ups come from them, and each checks the decision-only reference
 against a true recompute); the others decide only, untimed, the reference computed exactly from
-the field on.
+the field on. `cost` reads each edit's wall time against one prefill of the document, measured
+in the same run (before the first edit and after the last).
 """
 
 from __future__ import annotations
 
 import json
+import statistics
+import time
 from pathlib import Path
 
 from commands.accounts import CommandError
@@ -139,8 +142,10 @@ def run_sweep(eng, document: str, field: str, label: str, values: list[str], que
         raise SweepUsageError(f"--field: {field!r} is not in the document")
     names = with_recompute(strategies)
     names = names if ORIGINAL in names else [*names, ORIGINAL]
+    started = time.perf_counter()
     notes = eng.prefill(document)
-    edits, skipped, checks = [], 0, []
+    prefill_ms = [(time.perf_counter() - started) * 1e3]
+    edits, skipped, checks, walls = [], 0, [], []
     stopped = "exhausted"
     for value in values:
         if value == field:
@@ -150,7 +155,9 @@ def run_sweep(eng, document: str, field: str, label: str, values: list[str], que
         request = RunRequest(document=document, question=question, strategies=tuple(names),
                              fields=(Field(start, start + len(field), value, label),),
                              timing=timed, check_reference=timed)
+        started = time.perf_counter()
         report = eng.run(request, notes=notes)
+        walls.append((time.perf_counter() - started) * 1e3)
         if report.exact_reference_kl is not None:
             checks.append(report.exact_reference_kl)
         outcomes = {name: Outcome(decision=r.decision, followed=r.edit_followed, kl=r.kl_to_recompute,
@@ -166,6 +173,9 @@ def run_sweep(eng, document: str, field: str, label: str, values: list[str], que
             break
     if not edits:
         raise SweepUsageError(f"every value ({skipped}) equals the field's old value: nothing to run")
+    started = time.perf_counter()
+    eng.prefill(document)  # a timing sample only: the cost of an edit is read against a prefill's
+    prefill_ms.append((time.perf_counter() - started) * 1e3)
     stats = sweep_stats(edits, names, bool(question.choices), threshold)
     p = stats.policy
     standings = {st.name: st for st in p.standings}
@@ -176,6 +186,7 @@ def run_sweep(eng, document: str, field: str, label: str, values: list[str], que
         "timed_edits": timed_edits, "edits_timed": min(timed_edits, len(edits)),
         "exact_reference_kl": max(checks) if checks else None,
         "edits_skipped": skipped, "document_prefills": 1, "document_tokens": notes.n_tokens,
+        "cost": edit_cost(walls, prefill_ms, min(timed_edits, len(edits))),
         "question": question.text, "choices": list(question.choices), "threshold": threshold,
         "interval": INTERVAL_WORDS,
         "strategies": {name: {**strategy_dict(s), **standing_dict(standings.get(name), threshold)}
@@ -190,8 +201,27 @@ def run_sweep(eng, document: str, field: str, label: str, values: list[str], que
         "edits": [{"values": e.values, "decisions": {n: o.decision for n, o in e.outcomes.items()},
                    "edit_followed": {n: o.followed for n, o in e.outcomes.items()},
                    "tokens_computed": {n: o.tokens for n, o in e.outcomes.items()},
-                   "ttft_ms": {n: o.ttft_ms for n, o in e.outcomes.items()}} for e in edits],
+                   "ttft_ms": {n: o.ttft_ms for n, o in e.outcomes.items()}, "wall_ms": wall}
+                  for e, wall in zip(edits, walls, strict=True)],
     }
+
+
+def edit_cost(walls: list[float], prefill_ms: list[float], timed: int) -> dict:
+    """What an edit cost against one prefill of the document, both measured in this run: the
+    document's prefill timed before the first edit and again after the last (a timing sample, not
+    used), and each edit's wall time, every strategy and the reference included. The timed edits
+    (paired rounds) and the decision-only ones are summarised apart."""
+    prefill = statistics.median(prefill_ms)
+
+    def summary(part: list[float]) -> dict | None:
+        if not part:
+            return None
+        ratios = [w / prefill for w in part]
+        return {"edits": len(part), "median_ms": statistics.median(part),
+                "median_prefills": statistics.median(ratios), "max_prefills": max(ratios)}
+
+    return {"prefill_ms": prefill_ms, "timed": summary(walls[:timed]),
+            "decision_only": summary(walls[timed:])}
 
 
 def _document(path: str) -> str:
@@ -252,6 +282,12 @@ def cmd_sweep(args) -> None:
         return
     print(f"{result['model']}: {result['edits_done']} of {result['edits_total']} edits "
           f"({result['edits_skipped']} skipped), document prefilled {result['document_prefills']} time")
+    cost = result["cost"]
+    prefill = statistics.median(cost["prefill_ms"])
+    for kind, words in (("decision_only", "decision-only"), ("timed", "timed")):
+        if cost[kind]:
+            print(f"a {words} edit cost {cost[kind]['median_prefills']:.2f}x one prefill of the document "
+                  f"(median of {cost[kind]['edits']}; a prefill took {prefill:.0f} ms in this run)")
     if result["stopped"] == "decided":
         print(f"stopped after {result['edits_done']} edits: the policy is decided (no later edit could "
               "change it)")

@@ -28,6 +28,14 @@ def test_sweep_prints_the_api_shape(doc, tmp_path):
     # the first 2 edits timed (each checks the decision-only reference), the other 3 decisions only
     assert (data["timed_edits"], data["edits_timed"]) == (2, 2) and data["exact_reference_kl"] <= 1e-6
     assert [all(t > 0 for t in e["ttft_ms"].values()) for e in data["edits"]] == [True] * 2 + [False] * 3
+    # each edit's wall time against one prefill of the document, both measured in this run
+    cost = data["cost"]
+    assert len(cost["prefill_ms"]) == 2 and all(ms > 0 for ms in cost["prefill_ms"])
+    assert (cost["timed"]["edits"], cost["decision_only"]["edits"]) == (2, 3)
+    walls = [e["wall_ms"] for e in data["edits"]]
+    prefill = sorted(cost["prefill_ms"])[0] / 2 + sorted(cost["prefill_ms"])[1] / 2
+    assert cost["decision_only"]["median_prefills"] == pytest.approx(sorted(walls[2:])[1] / prefill)
+    assert cost["decision_only"]["max_prefills"] == pytest.approx(max(walls[2:]) / prefill)
     assert list(data["strategies"]) == ["recompute", "prefix_reuse", "erratum", "stale"]
     for name, s in data["strategies"].items():
         assert s["determined"] == 5 and s["undetermined"] == 0, name
@@ -94,3 +102,4 @@ def test_sweep_generates_values_and_stops_when_decided(doc):
                   "--threshold", "0.3", "--stop-when-decided")
     assert out.returncode == 0, out.stderr
     assert "choices extended with closed" in out.stdout
+    assert "a timed edit cost" in out.stdout and "one prefill of the document (median of 2" in out.stdout
