@@ -102,4 +102,4 @@ def test_sweep_generates_values_and_stops_when_decided(doc):
                   "--threshold", "0.3", "--stop-when-decided")
     assert out.returncode == 0, out.stderr
     assert "choices extended with closed" in out.stdout
-    assert "a timed edit cost" in out.stdout and "one prefill of the document (median of 2" in out.stdout
+    assert "a timed edit cost" in out.stdout and "one prefill of the document (median of 1;" in out.stdout
