@@ -5,7 +5,15 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # The install converts the bundled models where the tests read them (tests/conftest.py data_dir),
-# so a fresh clone converts each model once, not once for the app and again for the tests.
+# so a fresh clone converts each model once, not once for the app and again for the tests. The
+# converted copies live in a per-machine cache (like vLLM's environment below), keyed by the
+# converter's code and the project's dependencies, so a second clone on this machine reuses them.
+MODELS_KEY="$({ cat worker/engine/models.py; sed -n '/^dependencies/,/^]/p' pyproject.toml; } | sha256sum)"
+MODELS_CACHE="$HOME/.cache/kvnotes/models-${MODELS_KEY:0:12}"
+if [[ ! -e var/test-data/models ]]; then
+    mkdir -p "$MODELS_CACHE" var/test-data
+    ln -s "$MODELS_CACHE" var/test-data/models
+fi
 KVNOTES_DATA="$PWD/var/test-data" scripts/install.sh
 
 if [[ ! -x /usr/bin/chromium ]]; then
