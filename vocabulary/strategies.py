@@ -5,8 +5,8 @@ its descriptor and its algorithm, and registers itself. The torch-free side (the
 CLI's help, the API's schema, the stylesheet fragment) reads the same descriptors from
 `vocabulary/strategies.json`, which `python -m worker.engine.strategies` writes from the classes
 (tests/engine/test_registry.py fails when the two differ). Like transformers' cache classes, the
-facts a caller branches on are attributes (`moves_keys`, `can_defer`, `parts`, `role`), never a
-name compared with a string.
+facts a caller branches on are attributes (`moves_keys`, `can_defer`, `parts`, `role`,
+`serving_layout`, `carrying`), never a name compared with a string.
 """
 
 from __future__ import annotations
@@ -18,6 +18,26 @@ from typing import Literal
 
 Role = Literal["reference", "floor", "candidate", "composite"]
 ROLES: tuple[Role, ...] = ("reference", "floor", "candidate", "composite")
+
+# A strategy's serving layout: how a prompt sent to a serving engine carries a changed field, the
+# way that strategy's notes hold it. The serving side (the replays in `serving.streams` and
+# `serving.trajectory`, the erratum gateway in `serving.gateway.rewrite`) lays a prompt out by these
+# words, never by a strategy's name; "" (the default): the strategy has none (a server cannot be
+# asked for it: it recomputes everything, or keeps notes a prefix cache cannot hold).
+REWRITE = "rewrite"  # the field rewritten where it stands: the prompt breaks at the field
+APPEND_ERRATUM = "append_erratum"  # the prompt as it was, an erratum appended after it
+REFRESH_ERRATUM = "refresh_erratum"  # the field rewritten where it stands, and the erratum appended
+HOIST_FIELDS = "hoist_fields"  # the field's line moved after the document, holding the current value
+SERVING_LAYOUTS = (REWRITE, APPEND_ERRATUM, REFRESH_ERRATUM, HOIST_FIELDS)
+
+# A strategy's carrying: how a trajectory (`worker.engine.carry`) moves its cache to the next turn;
+# "" (the default): a trajectory does not carry it.
+OWN_SURGERY = "own_surgery"  # its own surgery on the cache as it stands; an erratum after the last turn
+WHOLE_PROMPT = "whole_prompt"  # its notes of the whole current prompt, tokenized as one text each turn
+FIELDS_LAST = "fields_last"  # the document laid out once with the fields' lines moved out, and those
+#                              lines kept last: taken off and prefilled again after every turn's text
+FOLLOWS_POLICY = "follows_policy"  # the strategy the adopted sweep policy names, at its cost (a composite)
+CARRYINGS = (OWN_SURGERY, WHOLE_PROMPT, FIELDS_LAST, FOLLOWS_POLICY)
 
 
 @dataclass(frozen=True)
@@ -39,7 +59,12 @@ class StrategyInfo:
     colour: its colour on every page, chip and drawing (`#rrggbb`; a name two kinds share has one).
     rank: where lists show it, lowest first (the reference at 0); ties go by name.
     appends_errata: it appends an erratum after the notes (a trajectory also runs it as
-      `name.one_per_field`, which keeps one erratum per field)."""
+      `name.one_per_field`, which keeps one erratum per field).
+    serving_layout: how a prompt sent to a server carries a changed field its way (one of
+      `SERVING_LAYOUTS`; "": none). The replays' variants are the strategies whose layout they send,
+      the gateway's policies those whose layout it writes, in rank order.
+    carrying: how a trajectory carries its cache to the next turn (one of `CARRYINGS`; "": it is not
+      carried)."""
 
     name: str
     kind: Literal["edit", "compose"]
@@ -54,7 +79,22 @@ class StrategyInfo:
     colour: str = "#3d4350"
     rank: int = 0
     appends_errata: bool = False
+    serving_layout: str = ""
+    carrying: str = ""
 
+    def __post_init__(self) -> None:
+        if self.serving_layout not in ("", *SERVING_LAYOUTS):
+            raise ValueError(f"{self.name}: serving_layout {self.serving_layout!r} is none of "
+                             f"{', '.join(SERVING_LAYOUTS)} (or \"\")")
+        if self.carrying not in ("", *CARRYINGS):
+            raise ValueError(f"{self.name}: carrying {self.carrying!r} is none of {', '.join(CARRYINGS)} "
+                             "(or \"\")")
+
+    @property
+    def keeps_old_values(self) -> bool:
+        """Its notes hold the fields' old values, never refreshed: the floor, and a strategy whose
+        serving layout keeps the prompt as it was (an erratum appended after it)."""
+        return self.role == "floor" or self.serving_layout == APPEND_ERRATUM
 
 
 DESCRIPTORS = Path(__file__).with_name("strategies.json")
@@ -106,6 +146,13 @@ def by_role(role: Role, infos: dict[str, StrategyInfo] | None = None) -> str:
     if len(names) != 1:
         raise LookupError(f"{len(names)} strategies play the role {role!r}: {names}")
     return names[0]
+
+
+def served(layouts: tuple[str, ...], infos: dict[str, StrategyInfo] | None = None) -> dict[str, str]:
+    """{name: serving layout} of the strategies of `infos` (the edits by default) whose serving layout
+    is one of `layouts` (those a serving path sends), in rank order."""
+    return {name: info.serving_layout for name, info in (EDIT_INFO if infos is None else infos).items()
+            if info.serving_layout and info.serving_layout in layouts}
 
 
 def colours() -> dict[str, str]:

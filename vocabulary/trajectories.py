@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from vocabulary.hoist import hoist
-from vocabulary.strategies import EDIT_INFO, FLOOR, REFERENCE, StrategyInfo
+from vocabulary.strategies import EDIT_INFO, FLOOR, FOLLOWS_POLICY, REFERENCE, StrategyInfo
 from vocabulary.sweeps import wilson
 
 ONE_PER_FIELD = "one_per_field"  # the variant that keeps one erratum per field
@@ -29,17 +29,19 @@ VARIANT_SEP = "."
 
 
 def carried(infos: dict[str, StrategyInfo] = EDIT_INFO) -> tuple[str, ...]:
-    """The edit strategies a trajectory carries across turns, each its own cache: every one but
-    the composite. Those that edit the notes they hold carry them as they are; one that lays the
-    document out again once before its edits (hoist) carries that layout, its field block kept
-    after the last turn's text (`hoisted_prompt`). The composite (auto) is accepted too
-    (`accepted`), and carries the strategy the adopted sweep policy names: it is no default, being
-    refused without a policy. tests/engine/test_trajectory.py checks that the engine builds every one."""
-    return tuple(name for name, info in infos.items() if info.role != "composite")
+    """The edit strategies a trajectory carries across turns, each its own cache: every one whose
+    descriptor says how (`StrategyInfo.carrying`) with a cache of its own. Those that edit the notes
+    they hold carry them as they are (`OWN_SURGERY`), the exact ones the whole prompt
+    (`WHOLE_PROMPT`); one that lays the document out again once before its edits carries that layout,
+    its fields' lines kept after the last turn's text (`FIELDS_LAST`, `hoisted_prompt`). The one that
+    follows the adopted sweep policy (`FOLLOWS_POLICY`, the composite) is accepted too (`accepted`):
+    it is no default, being refused without a policy. tests/engine/test_trajectory.py checks that the
+    engine builds every one."""
+    return tuple(name for name, info in infos.items() if info.carrying not in ("", FOLLOWS_POLICY))
 
 
 def accepted(infos: dict[str, StrategyInfo] = EDIT_INFO) -> tuple[str, ...]:
-    """Every strategy a trajectory may be asked for: the carried ones and the composite."""
+    """Every strategy a trajectory may be asked for: the carried ones and the one following the policy."""
     return (*carried(infos), composite(infos))
 
 
@@ -50,8 +52,8 @@ def default_keys(infos: dict[str, StrategyInfo] = EDIT_INFO) -> tuple[str, ...]:
 
 
 def composite(infos: dict[str, StrategyInfo] = EDIT_INFO) -> str:
-    """The composite's name (auto): in a trajectory it applies the adopted sweep policy."""
-    return next(name for name, info in infos.items() if info.role == "composite")
+    """The name of the strategy that carries the adopted sweep policy's (auto)."""
+    return next(name for name, info in infos.items() if info.carrying == FOLLOWS_POLICY)
 
 
 def split_variant(key: str) -> tuple[str, bool]:

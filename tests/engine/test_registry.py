@@ -8,7 +8,15 @@ import pytest
 import torch
 
 from commands.cli import build_parser
-from vocabulary import AUTO_CANDIDATES, COMPOSE_INFO, DEFAULT_STRATEGIES, EDIT_INFO, STRATEGIES, STRATEGY_HELP
+from vocabulary import (
+    AUTO_CANDIDATES,
+    COMPOSE_INFO,
+    DEFAULT_STRATEGIES,
+    EDIT_INFO,
+    STRATEGIES,
+    STRATEGY_HELP,
+    StrategyInfo,
+)
 from worker.engine import Field, Question, RunRequest, load
 from worker.engine.run import _plan
 from worker.engine.strategies import COMPOSITIONS, EDITS
@@ -40,6 +48,22 @@ def test_every_descriptor_has_one_class_and_every_class_one_descriptor():
     assert AUTO_CANDIDATES == EDIT_INFO["auto"].parts == ("stale", "erratum", "in_place")
     moving = [n for n, i in EDIT_INFO.items() if i.moves_keys]
     assert moving == ["in_place", "field_erratum", "selective", "auto"]
+
+
+def test_every_edit_strategy_declares_its_serving_layout_and_its_carrying_in_its_class():
+    declared = {name: (info.serving_layout, info.carrying) for name, info in EDIT_INFO.items()}
+    assert declared == {
+        "recompute": ("", "whole_prompt"), "prefix_reuse": ("", "whole_prompt"), "stale": ("", "own_surgery"),
+        "in_place": ("rewrite", "own_surgery"), "erratum": ("append_erratum", "own_surgery"),
+        "field_erratum": ("refresh_erratum", "own_surgery"), "selective": ("", "own_surgery"),
+        "hoist": ("hoist_fields", "fields_last"), "auto": ("", "follows_policy")}
+    assert all((i.serving_layout, i.carrying) == ("", "") for i in COMPOSE_INFO.values())
+    assert [n for n, i in EDIT_INFO.items() if i.keeps_old_values] == ["stale", "erratum"]
+    # a word that is no layout (or no carrying) fails where the strategy is written, not where it is read
+    with pytest.raises(ValueError, match="serving_layout 'hoisted' is none of rewrite, append_erratum"):
+        StrategyInfo(name="x", kind="edit", help="", recomputes="", serving_layout="hoisted")
+    with pytest.raises(ValueError, match="carrying 'splice' is none of own_surgery, whole_prompt"):
+        StrategyInfo(name="x", kind="edit", help="", recomputes="", carrying="splice")
 
 
 def test_the_cli_help_names_every_strategy_of_its_kind():

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from vocabulary import StrategyInfo
+from vocabulary.strategies import FOLLOWS_POLICY
 from worker.engine.compare import same_answer
 from worker.engine.strategies.base import Strategy
 from worker.engine.strategies.edit import EditCase, _summed
@@ -22,6 +23,7 @@ class Auto(Strategy[EditCase]):
         help="the cheapest strategy that matches field_erratum on a probe",
         recomputes="its pick's tokens, after probing the cheaper candidates",
         moves_keys=True, parts=("stale", "erratum", "in_place"), role="composite", colour="#b8a200",
+        carrying=FOLLOWS_POLICY,
     )
     TARGET = FieldErratum.info.name
     policy: str | None = None

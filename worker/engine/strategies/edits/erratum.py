@@ -4,6 +4,7 @@ computed, in the readout's own forward."""
 from __future__ import annotations
 
 from vocabulary import StrategyInfo
+from vocabulary.strategies import APPEND_ERRATUM, OWN_SURGERY
 from worker.engine.edit import Editor, Surgery, with_erratum
 from worker.engine.strategies.base import Strategy
 from worker.engine.strategies.edit import EditCase
@@ -21,6 +22,7 @@ class Erratum(Strategy[EditCase]):
         recomputes="an appended correction only",
         can_defer=True, default=True, colour="#cc79a7",
         appends_errata=True,
+        serving_layout=APPEND_ERRATUM, carrying=OWN_SURGERY,
     )
 
     def surgery(self, case: EditCase) -> Surgery:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from vocabulary import StrategyInfo
+from vocabulary.strategies import OWN_SURGERY, REFRESH_ERRATUM
 from worker.engine.edit import Editor, Surgery, with_erratum
 from worker.engine.strategies.base import Strategy
 from worker.engine.strategies.edit import EditCase
@@ -20,6 +21,7 @@ class FieldErratum(Strategy[EditCase]):
         recomputes="the changed tokens and the appended correction",
         moves_keys=True, can_defer=True, default=True, colour="#009e73",
         appends_errata=True,
+        serving_layout=REFRESH_ERRATUM, carrying=OWN_SURGERY,
     )
 
     def surgery(self, case: EditCase) -> Surgery:

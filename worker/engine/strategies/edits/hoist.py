@@ -21,6 +21,7 @@ from __future__ import annotations
 from vocabulary import StrategyInfo
 from vocabulary.hoist import Hoisted, hoist
 from vocabulary.prefix import common_prefix
+from vocabulary.strategies import FIELDS_LAST, HOIST_FIELDS
 from worker.engine.edit import Surgery
 from worker.engine.forward import cut, extend
 from worker.engine.notes import KV
@@ -36,6 +37,7 @@ class Hoist(Strategy[EditCase]):
              "hoist-to-end baseline)",
         recomputes="the hoisted line holding the new value; the document without it is kept",
         can_defer=True, colour="#7b5ea7",
+        serving_layout=HOIST_FIELDS, carrying=FIELDS_LAST,
     )
 
     def prepare(self, case: EditCase) -> None:

@@ -4,6 +4,7 @@ by the length change (the surgery `field_erratum` and `selective` start from, an
 from __future__ import annotations
 
 from vocabulary import StrategyInfo
+from vocabulary.strategies import OWN_SURGERY, REWRITE
 from worker.engine.edit import Editor, Surgery
 from worker.engine.forward import extend, fresh, join_all
 from worker.engine.notes import KV
@@ -36,6 +37,7 @@ class InPlace(Strategy[EditCase]):
         help="recompute only the field's tokens; later keys re-rotated",
         recomputes="the changed tokens; equal tokens keep their K/V, keys re-rotated by the length change",
         moves_keys=True, can_defer=True, default=True, colour="#e69f00",
+        serving_layout=REWRITE, carrying=OWN_SURGERY,
     )
 
     def surgery(self, case: EditCase) -> Surgery:

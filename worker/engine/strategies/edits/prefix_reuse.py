@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from vocabulary import StrategyInfo
 from vocabulary.prefix import common_prefix
+from vocabulary.strategies import WHOLE_PROMPT
 from worker.engine.edit import Editor, Surgery
 from worker.engine.forward import cut, extend
 from worker.engine.strategies.base import Strategy
@@ -23,6 +24,7 @@ class PrefixReuse(Strategy[EditCase]):
         help="recompute from the first field to the end (exact, what a prefix cache does)",
         recomputes="every token from the first change on",
         default=True, exact=True, colour="#0072b2",
+        carrying=WHOLE_PROMPT,
     )
 
     def surgery(self, case: EditCase) -> Surgery:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from vocabulary import StrategyInfo
+from vocabulary.strategies import WHOLE_PROMPT
 from worker.engine.edit import Editor, Surgery
 from worker.engine.forward import extend
 from worker.engine.strategies.base import Strategy
@@ -28,6 +29,7 @@ class Recompute(Strategy[EditCase]):
         help="the reference: prefill everything again",
         recomputes="every token (the oracle)",
         default=True, exact=True, role="reference", colour="#3d4350",
+        carrying=WHOLE_PROMPT,
     )
     reads_notes = False
 

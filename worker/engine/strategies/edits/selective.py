@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from vocabulary import StrategyInfo
+from vocabulary.strategies import OWN_SURGERY
 from worker.engine.edit import Editor, Surgery
 from worker.engine.selective import SELECTION_LAYERS, movement, recompute_selected, top_fraction
 from worker.engine.strategies.base import Strategy
@@ -42,6 +43,7 @@ class Selective(Strategy[EditCase]):
         recomputes="the changed tokens and the top fraction of downstream tokens whose layer-1 K/V moved "
                    "most (CacheBlend's rule)",
         moves_keys=True, can_defer=True, colour="#56b4e9",
+        carrying=OWN_SURGERY,
     )
 
     def surgery(self, case: EditCase) -> Surgery:

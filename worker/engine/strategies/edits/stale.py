@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from vocabulary import StrategyInfo
+from vocabulary.strategies import OWN_SURGERY
 from worker.engine.edit import Editor, Surgery
 from worker.engine.strategies.base import Strategy
 from worker.engine.strategies.edit import EditCase
@@ -19,6 +20,7 @@ class Stale(Strategy[EditCase]):
         help="recompute nothing: the floor, the model acts on the old notes",
         recomputes="nothing",
         default=True, role="floor", colour="#d55e00",
+        carrying=OWN_SURGERY,
     )
 
     def surgery(self, case: EditCase) -> Surgery:
