@@ -1,12 +1,14 @@
 """The request streams of a replay: what each variant sends, and when.
 
 A replay edits one field of a document again and again, as an agent loop rewrites a timestamp or a
-status: request i carries `values[i % len(values)]`. Three variants carry it differently:
+status: request i carries `values[i % len(values)]`. Each variant is a strategy, and carries it
+the way its descriptor's serving layout says (`vocabulary.replay.LAYOUT_OF`):
 
-- `in_place` rewrites the field in the prompt (also what a full recompute answers from);
-- `erratum` keeps the original prompt and appends an erratum (`vocabulary.render_erratum`) naming
-  the old and the current value;
-- `hoist` moves the field's line after the document (`vocabulary.hoist`), holding the current value.
+- `REWRITE` rewrites the field in the prompt (also what a full recompute answers from);
+- `APPEND_ERRATUM` keeps the original prompt and appends an erratum (`vocabulary.render_erratum`)
+  naming the old and the current value;
+- `HOIST_FIELDS` moves the field's line after the document (`vocabulary.hoist`), holding the current
+  value.
 
 Each variant first sends its prompt as it stood before the edits (the warm request: the state a
 serving cache is in when the loop starts; not measured). Arrivals are a Poisson process at `rate`
@@ -26,7 +28,8 @@ from dataclasses import dataclass
 from vocabulary import render_erratum
 from vocabulary.hoist import hoist
 from vocabulary.prompt import question_text
-from vocabulary.replay import VARIANTS, ReplaySpec
+from vocabulary.replay import LAYOUT_OF, VARIANTS, ReplaySpec
+from vocabulary.strategies import APPEND_ERRATUM, HOIST_FIELDS, REWRITE
 
 
 @dataclass(frozen=True)
@@ -61,18 +64,30 @@ def arrivals(n: int, rate: float, seed: int = 0) -> list[float]:
     return times
 
 
+def _rewritten(spec: ReplaySpec, field: _Span, edited: bool) -> str:
+    return spec.document[:spec.start] + field.new_value + spec.document[spec.end:]
+
+
+def _with_erratum(spec: ReplaySpec, field: _Span, edited: bool) -> str:
+    if not edited:
+        return spec.document
+    return spec.document + render_erratum(spec.label, spec.old_value, field.new_value)
+
+
+def _hoisted(spec: ReplaySpec, field: _Span, edited: bool) -> str:
+    return hoist(spec.document, [field], values="new" if edited else "old").text
+
+
+# The document as each serving layout sends it (every layout of `vocabulary.replay.REPLAY_LAYOUTS`).
+LAYOUTS = {REWRITE: _rewritten, APPEND_ERRATUM: _with_erratum, HOIST_FIELDS: _hoisted}
+
+
 def variant_document(spec: ReplaySpec, variant: str, value: str | None) -> str:
     """The document as `variant` sends it with the field at `value` (None: before any edit)."""
+    if variant not in LAYOUT_OF:
+        raise ValueError(f"unknown variant {variant!r}; valid: {', '.join(VARIANTS)}")
     field = _Span(spec.start, spec.end, value if value is not None else spec.old_value)
-    if variant == "in_place":
-        return spec.document[:spec.start] + field.new_value + spec.document[spec.end:]
-    if variant == "erratum":
-        if value is None:
-            return spec.document
-        return spec.document + render_erratum(spec.label, spec.old_value, value)
-    if variant == "hoist":
-        return hoist(spec.document, [field], values="new" if value is not None else "old").text
-    raise ValueError(f"unknown variant {variant!r}; valid: {', '.join(VARIANTS)}")
+    return LAYOUTS[LAYOUT_OF[variant]](spec, field, value is not None)
 
 
 def plan_variant(spec: ReplaySpec, variant: str) -> tuple[str, list[PlannedRequest]]:

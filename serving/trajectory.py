@@ -3,17 +3,18 @@ one per turn, in order, each variant carrying the field changes its own way.
 
 Turn t's prompt is turn t-1's plus what turn t appends (a tool result, a message), then the turn's
 question (the turn's own, else the trajectory's), which ends the request and is not carried into
-the next turn's prompt. The field changes are carried:
+the next turn's prompt. Each variant is a strategy, and carries the field changes the way its
+descriptor's serving layout says (`vocabulary.replay.LAYOUT_OF`):
 
-- `in_place`: the document with the fields' current values, then the turns' text: a changed field
+- `REWRITE`: the document with the fields' current values, then the turns' text: a changed field
   is rewritten where it stands, so the prompt breaks there (recompute's prompt);
-- `erratum`: the document as it was, and at the turn a field changed, after that turn's text, an
-  erratum (`vocabulary.render_erratum(label, value it last named, new value)`), which every later
-  turn keeps in its prefix (every erratum is kept, as the engine's `erratum` keeps them);
-- `hoist`: the fields' lines moved after the document AND the turns, holding the current values
-  (`vocabulary.trajectories.hoisted_prompt`, the engine's hoist layout): the body and the turns'
-  text are a prefix that only grows; the moved lines (a newline first when the text before them
-  does not end with one) and the question are the end.
+- `APPEND_ERRATUM`: the document as it was, and at the turn a field changed, after that turn's
+  text, an erratum (`vocabulary.render_erratum(label, value it last named, new value)`), which
+  every later turn keeps in its prefix (every erratum is kept, as the engine's strategy keeps them);
+- `HOIST_FIELDS`: the fields' lines moved after the document AND the turns, holding the current
+  values (`vocabulary.trajectories.hoisted_prompt`, the layout the engine's strategy carries): the
+  body and the turns' text are a prefix that only grows; the moved lines (a newline first when the
+  text before them does not end with one) and the question are the end.
 
 A skill a turn places (`TurnSpec.skill`) is its text, before the turn's appended text, as the
 engine's exact strategies prefill it.
@@ -43,12 +44,14 @@ from vocabulary import render_erratum
 from vocabulary.prefix import common_prefix
 from vocabulary.prompt import question_text
 from vocabulary.replay import (
+    LAYOUT_OF,
     VARIANTS,
     TrajectoryReplayResult,
     TrajectoryReplaySpec,
     TrajectoryVariantResult,
     TurnHit,
 )
+from vocabulary.strategies import APPEND_ERRATUM, HOIST_FIELDS, REWRITE
 from vocabulary.trajectories import hoisted_prompt
 from vocabulary.verdicts import edit_followed
 
@@ -56,7 +59,7 @@ from vocabulary.verdicts import edit_followed
 @dataclass(frozen=True)
 class PlannedTurn:
     """One turn of a variant's stream. `prefix`: the part of the prompt the next turn's prompt starts
-    with (the document as laid out and the turns so far; for erratum its errata too); `content`: the
+    with (the document as laid out and the turns so far; with appended errata, those too); `content`: the
     user message sent (the prefix, hoist's moved lines, the question). `moved` pairs each field
     that differs from its first value with (the value before its last change, its value now)."""
 
@@ -77,19 +80,31 @@ def _with_values(spec: TrajectoryReplaySpec, values: dict[str, str]) -> str:
     return text
 
 
+def _rewritten(spec: TrajectoryReplaySpec, values: dict[str, str], stream: str) -> tuple[str, str]:
+    prefix = _with_values(spec, values) + stream
+    return prefix, prefix
+
+
+def _as_it_was(spec: TrajectoryReplaySpec, values: dict[str, str], stream: str) -> tuple[str, str]:
+    prefix = spec.document + stream  # the errata are in the stream
+    return prefix, prefix
+
+
+def _hoisted(spec: TrajectoryReplaySpec, values: dict[str, str], stream: str) -> tuple[str, str]:
+    kept, block = hoisted_prompt(spec.document, spec.fields, values, stream)
+    return kept, kept + block
+
+
+# Each serving layout's (prefix, prompt before the question) (every layout of `REPLAY_LAYOUTS`).
+LAYOUTS = {REWRITE: _rewritten, APPEND_ERRATUM: _as_it_was, HOIST_FIELDS: _hoisted}
+
+
 def _prompt(spec: TrajectoryReplaySpec, variant: str, values: dict[str, str], stream: str) -> tuple[str, str]:
     """(prefix, prompt before the question) of `variant` with the fields at `values` and `stream`
-    (the turns' text, with erratum's errata) after the document."""
-    if variant == "in_place":
-        prefix = _with_values(spec, values) + stream
-        return prefix, prefix
-    if variant == "erratum":
-        prefix = spec.document + stream
-        return prefix, prefix
-    if variant == "hoist":
-        kept, block = hoisted_prompt(spec.document, spec.fields, values, stream)
-        return kept, kept + block
-    raise ValueError(f"unknown variant {variant!r}; valid: {', '.join(VARIANTS)}")
+    (the turns' text, with the errata of a variant that appends them) after the document."""
+    if variant not in LAYOUT_OF:
+        raise ValueError(f"unknown variant {variant!r}; valid: {', '.join(VARIANTS)}")
+    return LAYOUTS[LAYOUT_OF[variant]](spec, values, stream)
 
 
 def plan_turns(spec: TrajectoryReplaySpec, variant: str) -> tuple[str, list[PlannedTurn]]:
@@ -106,7 +121,7 @@ def plan_turns(spec: TrajectoryReplaySpec, variant: str) -> tuple[str, list[Plan
             previous[label] = values[label]
         values.update(turn.fields)
         stream += (skills[turn.skill] if turn.skill is not None else "") + turn.append
-        if variant == "erratum":
+        if LAYOUT_OF.get(variant) == APPEND_ERRATUM:
             for label in changed:
                 stream += render_erratum(label, told[label], values[label])
                 told[label] = values[label]

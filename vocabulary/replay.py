@@ -15,15 +15,24 @@ import dataclasses
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 
+from vocabulary.strategies import APPEND_ERRATUM, HOIST_FIELDS, REWRITE, served
 from vocabulary.trajectories import FieldSpec, SkillSpec, TurnSpec
 
-VARIANTS = ("in_place", "erratum", "hoist")
-
-VARIANT_HELP = {
-    "in_place": "the field rewritten in the prompt (recompute's prompt): the cache breaks at the field",
-    "erratum": "the original prompt plus an appended erratum: the cache keeps everything before it",
-    "hoist": "the field's line moved after the document: the cache keeps the document",
+# The serving layouts a replay sends (`serving.streams` for an edit replayed, `serving.trajectory`
+# for a trajectory), each with what its prompts are. A replay's variants are the strategies whose
+# descriptor has one of these layouts (`StrategyInfo.serving_layout`), in rank order; the stored and
+# the API's variant values are those strategies' names.
+LAYOUT_HELP = {
+    REWRITE: "the field rewritten in the prompt (recompute's prompt): the cache breaks at the field",
+    APPEND_ERRATUM: "the original prompt plus an appended erratum: the cache keeps everything before it",
+    HOIST_FIELDS: "the field's line moved after the document: the cache keeps the document",
 }
+REPLAY_LAYOUTS = tuple(LAYOUT_HELP)
+
+LAYOUT_OF: dict[str, str] = served(REPLAY_LAYOUTS)  # {variant: its serving layout}
+VARIANTS = tuple(LAYOUT_OF)
+VARIANT_HELP = {name: LAYOUT_HELP[layout] for name, layout in LAYOUT_OF.items()}
+
 
 @dataclass(frozen=True)
 class ReplaySpec:
@@ -159,14 +168,15 @@ class ReplayResult:
 # An agent loop on a server: one request per turn, in order, each prompt the last turn's plus what
 # this turn appends, with the field changes carried the variant's way (`serving.trajectory`).
 
-TRAJECTORY_VARIANT_HELP = {
-    "in_place": "the document with the fields' current values, then the turns: the prompt breaks at a "
-                "changed field, so the cache keeps only what precedes it",
-    "erratum": "the document as it was, the turns, and an erratum appended at the turn a field changed: "
-               "each prompt extends the last, so the cache keeps all of it",
-    "hoist": "the fields' lines moved after the document and the turns, holding the current values: the "
-             "cache keeps everything before them",
+TRAJECTORY_LAYOUT_HELP = {
+    REWRITE: "the document with the fields' current values, then the turns: the prompt breaks at a "
+             "changed field, so the cache keeps only what precedes it",
+    APPEND_ERRATUM: "the document as it was, the turns, and an erratum appended at the turn a field "
+                    "changed: each prompt extends the last, so the cache keeps all of it",
+    HOIST_FIELDS: "the fields' lines moved after the document and the turns, holding the current values: "
+                  "the cache keeps everything before them",
 }
+TRAJECTORY_VARIANT_HELP = {name: TRAJECTORY_LAYOUT_HELP[layout] for name, layout in LAYOUT_OF.items()}
 
 
 @dataclass(frozen=True)

@@ -13,14 +13,17 @@ sent unchanged.
 labels) or by a token diff (`serving.gateway.changes`). At most `max_fields` spans, covering at most
 `max_share` of the context, else the request passes through; the last message is never read.
 
-**Layouts**, one wording (`vocabulary.render_erratum`), as the replays lay them out:
-- `erratum`: every context message as in the base, and after the last context message an erratum
+**Layouts**, one wording (`vocabulary.render_erratum`), as the replays lay them out. The gateway's
+policy is a strategy (`--policy`, or a notebook's adopted sweep policy); it rewrites with the serving
+layout that strategy's descriptor declares (`StrategyInfo.serving_layout`), when it is one of these
+(`LAYOUT_OF`; another policy passes through):
+- `APPEND_ERRATUM`: every context message as in the base, and after the last context message an erratum
   for each value that differs from what was told before this turn: the same request asked again
-  with another value is the base plus one erratum (the edit replay's `erratum` variant); once the
+  with another value is the base plus one erratum (the edit replay's variant of that layout); once the
   conversation moves on to a later turn, that turn's errata stay where they were and later errata
   come after them (the trajectory replay's layout), so every later turn hits too;
-- `field_erratum`: the same errata after the current text (the field refreshed where it stands);
-- `hoist`: each changed line moved to the end of its message, holding the current value
+- `REFRESH_ERRATUM`: the same errata after the current text (the field refreshed where it stands);
+- `HOIST_FIELDS`: each changed line moved to the end of its message, holding the current value
   (`vocabulary.hoist`); the lines moved stay moved for every later request of the base.
 
 **Safety.** A base whose sampled agreement's Wilson lower bound has fallen below the threshold after
@@ -43,9 +46,11 @@ from serving.gateway.prompts import Prompt
 from serving.gateway.stats import Stats
 from vocabulary import render_erratum
 from vocabulary.hoist import hoist
+from vocabulary.strategies import APPEND_ERRATUM, HOIST_FIELDS, REFRESH_ERRATUM, served
 
-LAYOUTS = ("erratum", "field_erratum", "hoist")  # the policies that have a gateway layout
-ERRATUM, FIELD_ERRATUM, HOIST = LAYOUTS
+GATEWAY_LAYOUTS = (APPEND_ERRATUM, REFRESH_ERRATUM, HOIST_FIELDS)  # the serving layouts it writes
+LAYOUT_OF: dict[str, str] = served(GATEWAY_LAYOUTS)  # {policy: its layout}, in rank order
+LAYOUTS = tuple(LAYOUT_OF)  # the policies that have a gateway layout (the first is the default)
 PASS_THROUGH = "pass-through"
 NEW_BASE_BELOW = 0.8  # a request less similar than this to every base starts a new one
 MIN_CONTEXT_CHARS = 1000  # a shorter context is not worth a base
@@ -53,10 +58,10 @@ MIN_CONTEXT_CHARS = 1000  # a shorter context is not worth a base
 
 @dataclass(frozen=True)
 class Settings:
-    """How the gateway rewrites: `layout` (one of LAYOUTS, or PASS_THROUGH with `policy_reason`),
+    """How the gateway rewrites: `layout` (a policy of LAYOUTS, or PASS_THROUGH with `policy_reason`),
     the limits, the share of rewritten requests checked, the agreement threshold, the LRU sizes."""
 
-    layout: str = ERRATUM
+    layout: str = LAYOUTS[0]
     policy_reason: str = ""
     max_fields: int = 4
     max_share: float = 0.05
@@ -209,7 +214,7 @@ class Rewriter:
 
     def _first(self, base: Base, prompt: Prompt) -> Plan:
         """A new base: sent unchanged, except that a template's lines are hoisted from the start."""
-        if self.settings.layout == HOIST and self.template is not None:
+        if LAYOUT_OF.get(self.settings.layout) == HOIST_FIELDS and self.template is not None:
             with base.lock:
                 return self._rewrite(base, prompt)
         return self._passed(base.base_id, "new base")
@@ -239,10 +244,10 @@ class Rewriter:
         if limit:
             return self._passed(base.base_id, limit)
         layout = self.settings.layout
-        if layout == HOIST:
+        if LAYOUT_OF[layout] == HOIST_FIELDS:
             context = self._hoisted(base, prompt, changes)
         else:
-            context = self._with_errata(base, prompt, changes, refreshed=layout == FIELD_ERRATUM)
+            context = self._with_errata(base, prompt, changes, refreshed=LAYOUT_OF[layout] == REFRESH_ERRATUM)
         labels = tuple(dict.fromkeys(c.label for c in changes))
         self.stats.base(base.base_id).labels.update(labels)
         self.stats.request(base.base_id, "")
