@@ -31,7 +31,6 @@ from worker.engine.forward import extend
 from worker.engine.notes import cache_from_layers
 from worker.engine.readout import decide, orders_suffixes
 from worker.engine.strategies import EDITS
-from worker.engine.strategies.edits.hoist import Hoist
 from worker.engine.trajectory import TrajectoryRequest, Turn, TurnSkill, _build, check, trajectory
 
 DOCUMENT = ("Account record. status: active. owner: Ada Lovelace. region: north. "
@@ -107,17 +106,19 @@ def test_in_place_edits_the_document_piece_of_its_cache():
 
 
 def test_the_carried_rule_matches_the_classes():
-    """Every edit strategy but the composite is carried, and the engine builds each (hoist as its
-    layout); auto is accepted too, built as the adopted policy's strategy, and needs one."""
+    """Every edit strategy whose descriptor says how it carries (all but the composite) is carried,
+    and the engine builds each (hoist as its layout); auto is accepted too, built as the adopted
+    policy's strategy, and needs one."""
     classes = EDITS.classes
     assert carried() == tuple(n for n, c in classes.items() if c.info.role != "composite")
+    assert [n for n, c in classes.items() if c.info.carrying == "follows_policy"] == ["auto"]
     assert len(carried()) == 8 and "hoist" in carried() and default_keys() == carried()
     auto = composite()
     assert accepted() == (*carried(), auto) == EDITS.names
     built = _build(list(accepted()), policy="erratum")
     assert list(built) == list(accepted())
     assert type(built[auto][0]) is classes["erratum"]
-    assert [k for k, (s, _) in built.items() if isinstance(s, Hoist)] == ["hoist"]
+    assert [k for k, (s, _) in built.items() if s.info.carrying == "fields_last"] == ["hoist"]
     with pytest.raises(EngineError, match="needs an adopted sweep policy"):
         _build([auto])
 

@@ -32,14 +32,14 @@ from difflib import SequenceMatcher
 
 import torch
 
+from vocabulary import FLOOR, REFERENCE
 from worker.engine.compare import fidelity
 from worker.engine.edit import Editor
 from worker.engine.notes import KV, cache_from_layers
 from worker.engine.offsets import Insertions, new_to_document
 from worker.engine.rope import NotPortableError
-from worker.engine.strategies.edits.in_place import in_place
-from worker.engine.strategies.edits.recompute import recompute
-from worker.engine.strategies.edits.stale import stale
+from worker.engine.strategies import EDITS
+from worker.engine.strategies.edit import complete_notes
 from worker.engine.types import Attribution, EditShare, EngineError, Field, Question, SpanShare
 
 BATCH = 8  # patched caches per forward: 8 copies of a 1k-token cache of a 135M model is ~0.4 GB
@@ -157,10 +157,12 @@ def _edit_shares(model, editor: Editor, ref: torch.Tensor, kl_stale: float, kl_b
     if len(groups) < 2:
         return [EditShare(a, b, _share(kl_stale, kl_base), kl_base) for a, b, _ in groups]
     out = []
+    field_alone = EDITS.field_alone()
+    strategy = EDITS.build([field_alone])[field_alone]
     for a, b, members in groups:
         alone = _only(editor, ops, members)
         try:
-            layers = in_place(alone).layers
+            layers = complete_notes(strategy, alone).layers
         except NotPortableError:  # one field alone changes the length, and this model's keys cannot move
             return []
         logits = _first_token_logits(model, _stack([layers]), prompt)[0]
@@ -219,8 +221,9 @@ def attribute(engine, document: str, fields: list[Field], question: Question | s
     if len(new_ids) != old.n_tokens:
         engine.require_portable()
     prompt = engine.encode(engine.frame.suffix(question))
-    return notes_map(engine.model, engine.tokenizer, editor, recompute(editor).layers,
-                     in_place(editor).layers, stale(editor).layers, prompt, span_tokens, coarse)
+    full, moved, kept = (complete_notes(EDITS.build([name])[name], editor).layers
+                         for name in (REFERENCE, EDITS.field_alone(), FLOOR))
+    return notes_map(engine.model, engine.tokenizer, editor, full, moved, kept, prompt, span_tokens, coarse)
 
 
 def _stack(caches: list[list[KV]]) -> list[KV]:

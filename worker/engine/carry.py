@@ -1,7 +1,12 @@
-"""How one strategy's cache is carried through a turn of a trajectory (`worker.engine.trajectory`):
-the skill the turn places spliced on (`splice_skill`), its appended text prefilled, then its field
-changes applied by the strategy's own surgery (errata cut and appended for the one_per_field
-variant); hoist's layout laid out once (`lay_out_hoisted`) and its field block kept last.
+"""How one strategy's cache is carried through a turn of a trajectory (`worker.engine.trajectory`),
+as its descriptor's `carrying` says (never its name):
+
+- `OWN_SURGERY`: the skill the turn places spliced on (`splice_skill`), its appended text
+  prefilled, then its field changes applied by the strategy's own surgery (errata cut and appended
+  for the one_per_field variant);
+- `WHOLE_PROMPT`: its surgery on the whole current prompt, tokenized as one text;
+- `FIELDS_LAST`: the document laid out once without the fields' lines (`lay_out_hoisted`), and the
+  block of those lines kept last, prefilled again after every turn's text.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ from typing import Protocol
 from vocabulary import render_erratum
 from vocabulary.prefix import common_prefix
 from vocabulary.regions import ERRATUM
+from vocabulary.strategies import WHOLE_PROMPT
 from vocabulary.trajectories import FieldSpec, hoisted_prompt
 from worker.engine.compose import body_of
 from worker.engine.edit import Editor, shift
@@ -34,13 +40,6 @@ class Document(Protocol):
     erratum_template: str
 
 
-class _Eager(Editor):
-    """The shared surgery, computing every changed token itself (a carried cache must be complete)."""
-
-    def can_defer(self) -> bool:
-        return False
-
-
 @dataclass
 class Carried:
     """One strategy's cache as it is carried from turn to turn."""
@@ -59,7 +58,7 @@ class Carried:
     n_errata: int = 0
     cumulative_ttft_ms: float = 0.0
     cumulative_tokens: int = 0
-    block: int = -1  # hoist: its field block's length at the end of the cache (-1: not hoisted)
+    block: int = -1  # FIELDS_LAST: its field block's length at the end of the cache (-1: not laid out yet)
     spliced: int = 0  # this turn's skill tokens spliced in
 
     @property
@@ -67,8 +66,8 @@ class Carried:
         return self.block >= 0
 
     @property
-    def exact(self) -> bool:
-        return self.strategy.info.exact
+    def whole_prompt(self) -> bool:
+        return self.strategy.info.carrying == WHOLE_PROMPT
 
     def notes(self, engine: LoadedModel) -> Notes:
         return Notes(list(self.ids), list(self.offsets), list(self.segments), self.layers,
@@ -89,7 +88,7 @@ def advance(engine: LoadedModel, request: Document, state: Carried, append: str,
     (`append`; `appended`: every turn's so far), then its field changes (`changed`, to `values`);
     `full`: recompute's tokens of the whole prompt. Returns the tokens run through the model."""
     state.spliced = 0
-    if state.exact:  # the whole current prompt, tokenized as one text
+    if state.whole_prompt:  # the whole current prompt, tokenized as one text
         ids, offsets, segments = full
         surgery = state.strategy.surgery(_case(engine, state, ids, segments, offsets, []))
         _take(engine, state, surgery)
@@ -163,9 +162,9 @@ def _field_specs(request: Document) -> list[FieldSpec]:
 
 def lay_out_hoisted(engine: LoadedModel, request: Document, state: Carried, old: Notes,
                      values: dict[str, str]) -> None:
-    """hoist's notes before the first turn: the document without its fields' lines (the notes
-    before the first moved line are the document's own, the rest prefilled), then the field block;
-    done once, outside the timings, as its deployment lays the document out once."""
+    """A `FIELDS_LAST` strategy's notes before the first turn: the document without its fields'
+    lines (the notes before the first moved line are the document's own, the rest prefilled), then
+    the field block; done once, outside the timings, as its deployment lays the document out once."""
     kept, block = hoisted_prompt(request.document, _field_specs(request), values, "")
     ids, offsets, segments = engine.tokenize_document(kept)
     reused = common_prefix(old.token_ids, ids)
@@ -176,7 +175,9 @@ def lay_out_hoisted(engine: LoadedModel, request: Document, state: Carried, old:
 
 
 def _case(engine: LoadedModel, state: Carried, ids, segments, offsets, erratum_ids) -> EditCase:
-    editor = _Eager(engine.model, engine.rope, state.notes(engine), list(ids), list(segments), list(offsets))
+    # every changed token computed by the surgery itself: a carried cache must be complete
+    editor = Editor(engine.model, engine.rope, state.notes(engine), list(ids), list(segments),
+                    list(offsets)).eager()
     return EditCase(engine=engine, editor=editor, erratum_ids=list(erratum_ids), cached_ids=list(state.ids))
 
 

@@ -30,6 +30,7 @@ Sliding-window models compute first (one custom mask cannot carry their windows)
 
 from __future__ import annotations
 
+from copy import copy
 from dataclasses import dataclass, field, replace
 from difflib import SequenceMatcher
 
@@ -109,6 +110,14 @@ class Editor:
         self.new_ids, self.new_segments, self.new_offsets = new_ids, new_segments, new_offsets
         self.blocks = diff_blocks(old.token_ids, new_ids)
         self._from_change: Surgery | None = None
+        self.defers = True  # a strategy may leave the tokens it computes to the readout
+
+    def eager(self) -> Editor:
+        """This change, with every token a strategy computes computed by its surgery itself (nothing
+        deferred): the notes an analysis reads, or a cache carried forward, must be complete."""
+        twin = copy(self)
+        twin.defers = False
+        return twin
 
     def surgery(self, layers: list[KV], computed: int, detail: str = "") -> Surgery:
         """`layers` as the notes of the new tokens."""
@@ -135,8 +144,9 @@ class Editor:
         return [j for b in self.blocks if not b.reuse for j in range(b.j1, b.j2)]
 
     def can_defer(self) -> bool:
-        """One custom mask can carry this model's attention (no sliding windows)."""
-        return not has_sliding_window(self.model)
+        """The editor defers (not `eager`) and one custom mask can carry this model's attention (no
+        sliding windows)."""
+        return self.defers and not has_sliding_window(self.model)
 
     def base(self) -> list[KV]:
         """Reused blocks re-rotated to their new positions, zeros where changed blocks go."""

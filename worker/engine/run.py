@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from vocabulary import (
     DEFAULT_TEMPLATE,
+    FLOOR,
     REFERENCE,
     STRATEGIES,
     render_erratum,
@@ -34,10 +35,8 @@ from worker.engine.mechanism import explain
 from worker.engine.notes import Notes, cache_from_layers
 from worker.engine.offsets import Insertions, apply_fields, new_to_document
 from worker.engine.readout import decide
-from worker.engine.strategies import EDITS, Strategy
-from worker.engine.strategies.edit import EditCase
-from worker.engine.strategies.edits.in_place import InPlace, in_place
-from worker.engine.strategies.edits.stale import Stale, stale
+from worker.engine.strategies import EDITS
+from worker.engine.strategies.edit import EditCase, complete_notes
 from worker.engine.strategies.measure import Bench, Outcome, measure, result_of, score
 from worker.engine.types import (
     Attribution,
@@ -209,17 +208,17 @@ def _plan(engine: LoadedModel, request: RunRequest, old: Notes,
 
 def _notes_map(engine: LoadedModel, editor: Editor, outcomes: dict[str, Outcome],
                suffix_ids: list[int]) -> Attribution:
-    """The notes map from the run's own recompute notes, and its in_place and stale ones (made
-    here when the run did not measure them)."""
+    """The notes map from the run's own reference notes, and the field-alone ones
+    (`Registry.field_alone`) and the floor's (made here when the run did not measure them)."""
     if len(editor.new_ids) != len(editor.old.token_ids):
         engine.require_portable()
-    moved = _measured(outcomes, InPlace) or in_place(editor)
-    old = _measured(outcomes, Stale) or stale(editor)
+    moved, old = (_measured(outcomes, name) or complete_notes(EDITS.build([name])[name], editor)
+                  for name in (EDITS.field_alone(), FLOOR))
     return notes_map(engine.model, engine.tokenizer, editor, outcomes[REFERENCE].surgery.layers,
                      moved.layers, old.layers, suffix_ids)
 
 
-def _measured(outcomes: dict[str, Outcome], strategy: type[Strategy]) -> Surgery | None:
-    """The notes `strategy` made in this run, if it ran."""
-    out = outcomes.get(strategy.info.name)
+def _measured(outcomes: dict[str, Outcome], name: str) -> Surgery | None:
+    """The notes strategy `name` made in this run, if it ran."""
+    out = outcomes.get(name)
     return out.surgery if out is not None else None

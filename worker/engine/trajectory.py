@@ -18,21 +18,23 @@ not exact splices them after its cache (keys re-rotated to their place, O(L), th
 composition): `tokens_spliced` counts them, `tokens_computed` does not, and the rotation and the copy
 are inside its TTFT. Exact strategies prefill the skill's text as part of the prompt.
 
-`hoist` carries the hoisted layout (`vocabulary.trajectories.hoisted_prompt`): the document without
-its fields' lines, prefilled once before the turns as its deployment would (untimed, like every
-strategy's document notes), then each turn's text, then the field block, kept last: every turn the
-block is dropped from the end, the turn's text prefilled and the block with the current values
-prefilled again (computed every turn, changed or not), as an exact prefix cache serves that layout.
-`auto` carries the strategy the notebook's adopted sweep policy names (`TrajectoryRequest.policy`),
-at that strategy's cost; without a policy it is refused (its oracle pick would have to carry every
-probe's cache through every turn).
+How a strategy's cache moves to the next turn is its descriptor's `carrying` (`worker.engine.carry`),
+never its name. `OWN_SURGERY` is the above. `FIELDS_LAST` (hoist) carries the hoisted layout
+(`vocabulary.trajectories.hoisted_prompt`): the document without its fields' lines, prefilled once
+before the turns as its deployment would (untimed, like every strategy's document notes), then each
+turn's text, then the field block, kept last: every turn the block is dropped from the end, the
+turn's text prefilled and the block with the current values prefilled again (computed every turn,
+changed or not), as an exact prefix cache serves that layout. `FOLLOWS_POLICY` (auto) carries the
+strategy the notebook's adopted sweep policy names (`TrajectoryRequest.policy`), at that strategy's
+cost; without a policy it is refused (its oracle pick would have to carry every probe's cache
+through every turn).
 
-Exact strategies (recompute, prefix_reuse: `info.exact`) hold the whole current prompt, tokenized
-as one text each turn: recompute prefills it all again, prefix_reuse keeps the notes up to the first
-token that differs. Nothing is deferred to the readout here (`carry`): a cache carried forward must
-be complete before the next turn. `tokens_computed` counts the tokens a strategy ran through the
-model for its cache at that turn (the question's tokens, the same for all, are not counted);
-`ttft_ms` is from the turn's start to the decision's first token.
+`WHOLE_PROMPT` strategies (the exact ones, recompute and prefix_reuse) hold the whole current
+prompt, tokenized as one text each turn: recompute prefills it all again, prefix_reuse keeps the
+notes up to the first token that differs. Nothing is deferred to the readout here (`carry`): a cache
+carried forward must be complete before the next turn. `tokens_computed` counts the tokens a
+strategy ran through the model for its cache at that turn (the question's tokens, the same for all,
+are not counted); `ttft_ms` is from the turn's start to the decision's first token.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from vocabulary import DEFAULT_TEMPLATE, REFERENCE, render_erratum
+from vocabulary.strategies import FIELDS_LAST, FOLLOWS_POLICY, WHOLE_PROMPT
 from vocabulary.trajectories import (
     StrategyTurn,
     Summary,
@@ -61,7 +64,6 @@ from worker.engine.loaded import LoadedModel
 from worker.engine.notes import Notes, cache_from_layers
 from worker.engine.readout import decide, orders_suffixes
 from worker.engine.strategies import EDITS, Strategy
-from worker.engine.strategies.edits.hoist import Hoist
 from worker.engine.types import EngineError, Field, Question
 
 
@@ -162,7 +164,8 @@ def check(engine: LoadedModel, request: TrajectoryRequest) -> list[str]:
 def _policy(request: TrajectoryRequest) -> str | None:
     """The strategy auto carries: the adopted policy when a key asks for auto (an `EngineError` when
     none is adopted, or it names no plain strategy), else None."""
-    asked = [k for k in request.strategies if EDITS.classes[split_variant(k)[0]].info.role == "composite"]
+    asked = [k for k in request.strategies
+             if EDITS.classes[split_variant(k)[0]].info.carrying == FOLLOWS_POLICY]
     if not asked:
         return None
     if request.policy is None:
@@ -170,24 +173,25 @@ def _policy(request: TrajectoryRequest) -> str | None:
                           "none is adopted: adopt a finished sweep's policy (kvnotes trajectory --policy "
                           "NAME), or name the strategies yourself")
     cls = EDITS.classes.get(request.policy)
-    if cls is None or cls.info.role == "composite":
+    if cls is None or cls.info.carrying in ("", FOLLOWS_POLICY):
         raise EngineError(f"the adopted policy {request.policy!r} names no plain strategy "
                           f"(valid: {', '.join(n for n in default_keys())})")
     return request.policy
 
 
 def _build(keys: list[str], policy: str | None = None) -> dict[str, tuple[Strategy, bool]]:
-    """Each key's strategy object and its erratum variant: auto's is the policy's strategy; a
-    strategy that lays the document out again other than hoist is refused."""
+    """Each key's strategy object and its erratum variant: the composite's (`FOLLOWS_POLICY`) is the
+    policy's strategy; a strategy that lays the document out again before its edits is refused unless
+    its carrying lays that out too (`FIELDS_LAST`)."""
     built = {}
     for key in keys:
         name, one = split_variant(key)
-        if EDITS.classes[name].info.role == "composite":
+        if EDITS.classes[name].info.carrying == FOLLOWS_POLICY:
             if policy is None:
                 raise EngineError(f"{name} needs an adopted sweep policy in a trajectory")
             name = policy
         strategy = EDITS.build([name])[name]
-        if type(strategy).prepare is not Strategy.prepare and not isinstance(strategy, Hoist):
+        if type(strategy).prepare is not Strategy.prepare and strategy.info.carrying != FIELDS_LAST:
             raise EngineError(f"{name} lays the document out again before its edits; a trajectory does "
                               "not carry it yet")
         built[key] = (strategy, one)
@@ -204,7 +208,7 @@ def trajectory(engine: LoadedModel, request: TrajectoryRequest, notes: Notes | N
     built = _build(keys, _policy(request))
     placed = {t.skill for t in request.turns if t.skill is not None}
     if any(s.info.moves_keys for s, _ in built.values()) or (
-            placed and not all(s.info.exact for s, _ in built.values())):
+            placed and not all(s.info.carrying == WHOLE_PROMPT for s, _ in built.values())):
         engine.require_portable()
     old = notes if notes is not None else engine.prefill(request.document)
     # the skills the turns place, compiled once outside the timings (a run's skills are too)
@@ -215,7 +219,7 @@ def trajectory(engine: LoadedModel, request: TrajectoryRequest, notes: Notes | N
     states = {k: Carried(k, s, one, list(old.token_ids), list(old.segments), list(old.offsets), old.layers,
                           len(old.token_ids), dict(first), dict(first)) for k, (s, one) in built.items()}
     for state in states.values():
-        if isinstance(state.strategy, Hoist):
+        if state.strategy.info.carrying == FIELDS_LAST:
             lay_out_hoisted(engine, request, state, old, first)
     report = TrajectoryReport(model=engine.info.alias, document_tokens=len(old.token_ids))
     texts = {s.name: s.text for s in request.skills}

@@ -29,8 +29,8 @@ from worker.engine.mechanism.selective_k import sweep, unmasked_reading
 from worker.engine.mechanism.types import Mechanism
 from worker.engine.notes import KV
 from worker.engine.selective import movement
-from worker.engine.strategies.edits.in_place import InPlace
-from worker.engine.strategies.edits.in_place import in_place as in_place_surgery
+from worker.engine.strategies import EDITS
+from worker.engine.strategies.edit import complete_notes
 from worker.engine.types import Attribution, Question, StrategyResult
 
 if TYPE_CHECKING:
@@ -87,21 +87,23 @@ def explain(engine: LoadedModel, editor: Editor, chosen: dict[str, Outcome],
     if not changed:
         out.notes.append("selective@K: no field changed the notes, so there is nothing to recompute")
     else:
-        measured = chosen.get(InPlace.info.name)
-        in_place = measured.surgery if measured is not None else in_place_surgery(editor)
+        field_alone = EDITS.field_alone()  # the notes selective@K starts from (K = 0)
+        measured = chosen.get(field_alone)
+        alone = (measured.surgery if measured is not None
+                 else complete_notes(EDITS.build([field_alone])[field_alone], editor))
         start = changed[0]
         downstream = [j for b in editor.blocks if b.reuse and b.j1 >= start for j in range(b.j1, b.j2)]
-        base, run = unmasked_reading(model, probe, in_place.layers, list(suffix_ids))
+        base, run = unmasked_reading(model, probe, alone.layers, list(suffix_ids))
         out.downstream = len(downstream)
         if base.decision == probe.decision(reference):  # K* = 0 under every ranking: nothing to find
-            out.selective_skipped = (f"in_place (the field alone, K = 0) already gives recompute's decision "
-                                     f"({base.decision!r}), so K* = 0 under every ranking: the sweep was "
-                                     "skipped")
+            out.selective_skipped = (f"{field_alone} (the field alone, K = 0) already gives {REFERENCE}'s "
+                                     f"decision ({base.decision!r}), so K* = 0 under every ranking: the "
+                                     "sweep was skipped")
             out.costs["selective_k"] = run / total
         else:
-            rankings, cost = _rankings(model, in_place.layers, editor.new_ids, start, downstream,
+            rankings, cost = _rankings(model, alone.layers, editor.new_ids, start, downstream,
                                        attention[REFERENCE], attribution, generator)
-            curves, swept = sweep(model, probe, in_place.layers, editor.new_ids, suffix_ids, changed,
+            curves, swept = sweep(model, probe, alone.layers, editor.new_ids, suffix_ids, changed,
                                   downstream, rankings, lambda f: step("mechanism: selective@K", f))
             out.selective_k = curves
             out.costs["selective_k"] = (run + swept + cost) / total

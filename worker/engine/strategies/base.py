@@ -40,6 +40,10 @@ class Strategy(Generic[CaseT]):
 
     info: ClassVar[StrategyInfo]
     reads_notes: ClassVar[bool] = True  # starts from the cached notes (pays their splice); recompute does not
+    # its notes are the changed tokens computed alone, nothing else refreshed: the notes map and the
+    # mechanism start from them (beside the reference's and the floor's), taken from the run when it
+    # measured this strategy (one edit strategy says so: `Registry.field_alone`)
+    field_alone: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs) -> None:
         super().__init_subclass__(**kwargs)
@@ -105,6 +109,13 @@ class Registry:
     @property
     def infos(self) -> dict[str, StrategyInfo]:
         return {name: cls.info for name, cls in self.classes.items()}
+
+    def field_alone(self) -> str:
+        """The name of the one strategy whose notes are the changed tokens computed alone."""
+        names = [name for name, cls in self.classes.items() if cls.field_alone]
+        if len(names) != 1:
+            raise LookupError(f"{len(names)} {self.kind} strategies compute the field alone: {names}")
+        return names[0]
 
     def unknown(self, names: Iterable[str]) -> str:
         """'' when every name is registered, else one line naming the unknown ones and the valid ones."""

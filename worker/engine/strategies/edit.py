@@ -7,10 +7,11 @@ run's `Editor` (`worker.engine.edit`, the shared surgery).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
-from worker.engine.edit import Editor
+from worker.engine.edit import Editor, Surgery
 from worker.engine.offsets import Insertions
+from worker.engine.strategies.base import Strategy
 from worker.engine.strategies.measure import Outcome, Sample
 from worker.engine.types import Field
 
@@ -32,6 +33,15 @@ class EditCase:
     fields: list[Field] = field(default_factory=list)  # in the composed text's offsets
     inserts: Insertions = field(default_factory=Insertions)
     selective_fraction: float = 0.15
+
+
+def complete_notes(strategy: Strategy, editor: Editor) -> Surgery:
+    """The notes `strategy` makes of `editor`'s change, complete (nothing deferred to a readout, no
+    erratum): what an analysis reads (the notes map, the mechanism) of the strategies it starts from
+    (the reference, the field alone, the floor), which read only the editor, never the engine."""
+    case = EditCase(engine=cast("LoadedModel", None), editor=editor.eager(), erratum_ids=[],
+                    cached_ids=list(editor.old.token_ids))
+    return strategy.surgery(case)
 
 
 def _summed(probes: list[Outcome], chosen: Outcome) -> list[Sample]:

@@ -39,6 +39,7 @@ class InPlace(Strategy[EditCase]):
         moves_keys=True, can_defer=True, default=True, colour="#e69f00",
         serving_layout=REWRITE, carrying=OWN_SURGERY,
     )
+    field_alone = True  # the notes map's and the mechanism's starting point
 
     def surgery(self, case: EditCase) -> Surgery:
         return in_place(case.editor, defer=True)
