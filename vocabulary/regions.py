@@ -32,6 +32,8 @@ ERRATUM = "erratum"  # an appended correction: its tokens' segment, and what the
 
 _BY_SEGMENT = {ERRATUM: "errata", "skill": "skills", "question": "question",
                "answer": "question", "sink": "sink"}
+# the segments whose first token the run page's heatmap strip marks ("erratum starts here")
+MARKED_SEGMENTS = (ERRATUM, "skill", "question", "answer")
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ from sqlalchemy.orm import ORMExecuteState, Session
 from app.web.strategy_css import cached_strategy_css
 from data.models import as_utc
 from vocabulary import DEFAULT_STRATEGIES, EDIT_INFO, FLOOR, REFERENCE, STRATEGIES, STRATEGY_HELP
+from vocabulary.regions import MARKED_SEGMENTS
 
 ROOT = Path(__file__).resolve().parents[2]
 TEMPLATES_DIR = ROOT / "templates"
@@ -99,6 +100,7 @@ templates.env.globals.update(
     STRATEGIES=STRATEGIES, STRATEGY_HELP=STRATEGY_HELP, DEFAULT_STRATEGIES=DEFAULT_STRATEGIES,
     HTMX_FILE=HTMX_FILE,
     STRATEGY_INFO=EDIT_INFO, REFERENCE=REFERENCE, FLOOR=FLOOR,  # the pages ask for roles, never names
+    MARKED_SEGMENTS=MARKED_SEGMENTS,  # the segments heatmap.js marks where they start
     STRATEGY_CSS=Markup(cached_strategy_css()),
 )
 

@@ -14,6 +14,10 @@
   var root = document.getElementById("attention");
   if (!root) return;
   var runId = root.dataset.run, layers = +root.dataset.layers, heads = +root.dataset.heads;
+  // the server names the reference (vocabulary.REFERENCE) and the segments whose start the strip
+  // marks (vocabulary.regions.MARKED_SEGMENTS): no strategy or segment name is written here
+  var reference = root.dataset.reference;
+  var marked = (root.dataset.marks || "").split(",").filter(Boolean);
   var fields = (root.dataset.fields || "").split(",").filter(Boolean).map(function (s) { return s.split("-").map(Number); });
   function intOrNull(v) { return v === undefined || v === "" ? null : +v; }
   var state = { strategy: document.getElementById("hm-strategy").value, layer: intOrNull(root.dataset.viewLayer),
@@ -121,15 +125,15 @@
     var t0 = performance.now();
     syncUrl();
     // the query start of each strategy is learnt from its decision view (always fetched first)
-    Promise.all([get(decisionUrl("recompute")), get(decisionUrl(strategy))]).then(function (base) {
+    Promise.all([get(decisionUrl(reference)), get(decisionUrl(strategy))]).then(function (base) {
       return Promise.all([
-        get(attentionUrl("recompute", base[0].query_start)), get(attentionUrl(strategy, base[1].query_start)),
+        get(attentionUrl(reference, base[0].query_start)), get(attentionUrl(strategy, base[1].query_start)),
         get("/runs/" + runId + "/attention/heads?strategy=" + encodeURIComponent(strategy)),
         get(paintUrl())]);
     }).then(function (parts) {
       var ref = parts[0], res = parts[1], headData = parts[2], colours = parts[3];
       fillQueries(ref);
-      if (rendered.ref !== "recompute") { drawTokens(boxes.ref, ref.tokens); rendered.ref = "recompute"; }
+      if (rendered.ref !== reference) { drawTokens(boxes.ref, ref.tokens); rendered.ref = reference; }
       if (rendered.res !== strategy) { drawTokens(boxes.res, res.tokens); drawTokens(boxes.diff, res.tokens); rendered.res = strategy; paintGrid(headData); }
       var map = headData.map, inverse = new Array(ref.values.length).fill(-1);
       map.forEach(function (j, i) { if (j >= 0) inverse[j] = i; });
@@ -210,7 +214,7 @@
       frag.appendChild(b);
     }
     c.res.tokens.forEach(function (t, i) {
-      if (t.segment === "erratum" || t.segment === "skill" || t.segment === "question" || t.segment === "answer") {
+      if (marked.indexOf(t.segment) >= 0) {
         if (i === 0 || c.res.tokens[i - 1].segment !== t.segment) mark(i, t.segment, t.segment + " starts here");
       } else if (t.segment === "document" && t.start >= 0) {
         fields.forEach(function (f) { if (t.start < f[1] && f[0] < t.end && (i === 0 || !(c.res.tokens[i - 1].start < f[1] && f[0] < c.res.tokens[i - 1].end))) mark(i, "field", "the changed field"); });
@@ -278,7 +282,7 @@
       var layer = +cell.dataset.layer, head = +cell.dataset.head, v = data.head_diff[layer][head];
       cell.style.background = data.colours[layer][head];
       cell.title = "layer " + layer + " head " + head + ": " + (100 * v).toFixed(2) +
-        "% of its attention moved (total variation vs recompute)" + (v < data.zero ? ", drawn as no change" : "");
+        "% of its attention moved (total variation vs " + reference + ")" + (v < data.zero ? ", drawn as no change" : "");
     });
   }
   grid.addEventListener("click", function (event) {
@@ -335,9 +339,9 @@
     else { s = i; r = current.map[i]; tok = current.res.tokens[i]; }
     var rv = r >= 0 ? current.ref.values[r] : null, sv = s >= 0 ? current.res.values[s] : null;
     var lines = ["token #" + i + "  id " + tok.id + "  " + JSON.stringify(tok.text) + "  (" + tok.segment + ")",
-      "recompute " + (rv === null ? "—" : rv.toFixed(5)) + "   " + state.strategy + " " + (sv === null ? "—" : sv.toFixed(5))];
+      reference + " " + (rv === null ? "—" : rv.toFixed(5)) + "   " + state.strategy + " " + (sv === null ? "—" : sv.toFixed(5))];
     if (rv !== null && sv !== null) lines.push("difference " + (sv - rv >= 0 ? "+" : "") + (sv - rv).toFixed(5));
-    else lines.push("no counterpart in " + (rv === null ? "recompute" : state.strategy));
+    else lines.push("no counterpart in " + (rv === null ? reference : state.strategy));
     if (tok.segment === "question" || tok.segment === "answer") lines.push("click: make this token the query");
     tip.textContent = lines.join("\n");
     tip.hidden = false;
