@@ -95,6 +95,38 @@ def tmpfs(path: Path, size: str) -> Iterator[Path]:
         subprocess.run(["umount", "-l", str(path)], check=False)
 
 
+_MIGRATED: list[Path] = []  # a SQLite database this test process migrated to head once
+
+
+def migrate(url: str | None = None) -> None:
+    """`data.migrate.upgrade_to_head(url)` (default: the settings' database), as `kvnotes serve`
+    runs it, made quick for a SQLite file that does not exist yet: it starts as a copy of one this
+    process migrated once, which `upgrade_to_head` then finds at head (its files still made 0600).
+    The migrations themselves, one by one, up and down: tests/data/test_migrations.py."""
+    import sqlite3
+    import tempfile
+
+    from sqlalchemy.engine import make_url
+
+    from data.migrate import upgrade_to_head
+    from data.settings import get_settings
+
+    target = make_url(url or get_settings().database_url)
+    path = Path(target.database or ":memory:")
+    if target.get_backend_name() == "sqlite" and str(path) != ":memory:" and not path.exists():
+        if not _MIGRATED:
+            template = Path(tempfile.mkdtemp(prefix="kvnotes-migrated-")) / "kvnotes.db"
+            upgrade_to_head(f"sqlite:///{template}")
+            _MIGRATED.append(template)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT, 0o600))
+        with sqlite3.connect(_MIGRATED[0]) as source, sqlite3.connect(path) as copy:
+            source.backup(copy)
+        source.close()
+        copy.close()
+    upgrade_to_head(url)
+
+
 @pytest.fixture
 def isolated(tmp_path: Path) -> Iterator[Callable[..., dict[str, str]]]:
     """`isolated(broker_url=None, **overrides)` points this process at a fresh kvnotes under
@@ -124,9 +156,8 @@ def make_client(isolated):
     def build(broker_url: str | None = None, **overrides: str) -> TestClient:
         isolated(broker_url, KVNOTES_BROKER_TIMEOUT="1", **overrides)
         from app.main import create_app
-        from data.migrate import upgrade_to_head
 
-        upgrade_to_head()
+        migrate()
         # a loopback client of the loopback default: no sign-in, like `scripts/run.sh`
         client = TestClient(create_app(), base_url="http://127.0.0.1", client=("127.0.0.1", 50000))
         clients.append(client)
@@ -242,8 +273,11 @@ class ServedApp:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = data / "server.log"
-        subprocess.run([sys.executable, "-c", "from data.migrate import upgrade_to_head; upgrade_to_head()"],
-                       env=self.env, cwd=REPO, check=True)
+        migrate(self.env["DATABASE_URL"])  # and the embedded broker's files 0600, as `serve` makes them
+        from data.migrate import private_sqlite_file
+
+        private_sqlite_file(self.env["BROKER_URL"].removeprefix("sqla+"))
+        private_sqlite_file(self.env["RESULT_BACKEND"].removeprefix("db+"))
         self._out = self.log.open("w")
         self.procs = [subprocess.Popen(
             [sys.executable, "-m", "uvicorn", "app.main:app", "--port", str(self.port),

@@ -10,7 +10,7 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import create_engine, text
 
-from tests.conftest import PG_ADMIN_URL, applied, kvnotes_env, tmpfs
+from tests.conftest import PG_ADMIN_URL, applied, kvnotes_env, migrate, tmpfs
 
 DOC = "Customer record. status: active. Only active customers may log in."
 # the statement, not the reason
@@ -32,9 +32,7 @@ def _assert_plain_503(r, reason: str) -> None:
 def test_a_read_only_sqlite_database(tmp_path: Path) -> None:
     env = kvnotes_env(tmp_path)
     with applied(env):
-        from data.migrate import upgrade_to_head
-
-        upgrade_to_head()
+        migrate()
         client = _client()
         nb = client.post("/api/notebooks", json={"title": "t", "text": DOC}).json()["id"]
     read_only = f"sqlite:///file:{tmp_path}/kvnotes.db?mode=ro&uri=true"
@@ -63,9 +61,7 @@ def tiny_disk(tmp_path: Path):
 def test_a_full_disk(tiny_disk: Path) -> None:
     env = kvnotes_env(tiny_disk)
     with applied(env):
-        from data.migrate import upgrade_to_head
-
-        upgrade_to_head()
+        migrate()
         client = _client()
         assert client.post("/api/notebooks", json={"title": "before", "text": DOC}).status_code == 201
         filler = tiny_disk / "filler"
@@ -88,9 +84,7 @@ def test_a_read_only_postgresql_database(tmp_path: Path, postgres_url: str) -> N
     env = kvnotes_env(tmp_path, DATABASE_URL=postgres_url)
     name = postgres_url.rsplit("/", 1)[1]
     with applied(env):
-        from data.migrate import upgrade_to_head
-
-        upgrade_to_head()
+        migrate()
         admin = create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
         with admin.connect() as c:
             c.execute(text(f'ALTER DATABASE "{name}" SET default_transaction_read_only = on'))

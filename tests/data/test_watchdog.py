@@ -9,18 +9,18 @@ import pytest
 from sqlalchemy.orm import Session
 
 from data.db import make_engine
-from data.migrate import upgrade_to_head
 from data.models import Run
 from data.watchdog import WORKER_LOST, reap_stale_runs
+from tests.conftest import migrate
+from tests.data.conftest import SNAPSHOT
 
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
-from tests.data.conftest import SNAPSHOT  # noqa: E402
 
 
 @pytest.fixture
 def session(tmp_path: Path):
     url = f"sqlite:///{tmp_path}/kvnotes.db"
-    upgrade_to_head(url)
+    migrate(url)
     with Session(make_engine(url)) as s:
         yield s
 

@@ -21,6 +21,7 @@ from data.watchdog import (
     reap_lost_messages,
     reap_runs_of_dead_workers,
 )
+from tests.conftest import migrate
 from tests.data.conftest import SNAPSHOT
 
 MODEL = SNAPSHOT.model
@@ -30,9 +31,8 @@ MODEL = SNAPSHOT.model
 def session(isolated, tmp_path: Path):
     isolated(KVNOTES_MODELS=MODEL, KVNOTES_DEFAULT_MODEL=MODEL)
     from data.db import get_sessionmaker
-    from data.migrate import upgrade_to_head
 
-    upgrade_to_head()
+    migrate()
     with get_sessionmaker()() as s:
         yield s
 

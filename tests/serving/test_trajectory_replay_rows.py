@@ -11,7 +11,7 @@ import re
 
 from data.models import utcnow
 from data.replays import Replay
-from tests.conftest import free_port
+from tests.conftest import free_port, migrate
 from vocabulary.replay import TrajectoryReplayResult, TrajectoryVariantResult, TurnHit
 
 DOC = ("SUPPORT SESSION: account record\nAccount holder: Dana Lee\nstatus: active\nPlan: business\n\n"
@@ -149,12 +149,11 @@ def _rows_round_trip(url: str) -> None:
 
     from app.services.replays import replays_of, replays_of_trajectory
     from data.db import make_engine
-    from data.migrate import upgrade_to_head
     from data.models import Notebook
     from vocabulary.replay import ReplaySpec, TrajectoryReplaySpec
     from vocabulary.trajectories import FieldSpec, TurnSpec
 
-    upgrade_to_head(url)
+    migrate(url)
     engine = make_engine(url)
     try:
         with Session(engine) as s:

@@ -13,6 +13,7 @@ import pytest
 
 from data import workers
 from data.queue import queue_for
+from tests.conftest import migrate
 
 NAME = "kvnotes-presence@here"
 
@@ -21,9 +22,8 @@ NAME = "kvnotes-presence@here"
 def db(isolated):
     isolated(KVNOTES_MODELS="tiny-llama", KVNOTES_DEFAULT_MODEL="tiny-llama")
     from data.db import get_sessionmaker
-    from data.migrate import upgrade_to_head
 
-    upgrade_to_head()
+    migrate()
     return get_sessionmaker()
 
 

@@ -13,6 +13,7 @@ from datetime import UTC, datetime, timedelta
 from data.contracts import RunSnapshot, SnapshotField, SnapshotQuestion, SweepEdit
 from data.models import Notebook, Run, RunStatus, Sweep
 from tests.api.conftest import _broker_messages
+from tests.conftest import migrate
 
 DOC = "Account record.\nstatus: active\nOnly active accounts may log in.\n"
 
@@ -45,10 +46,9 @@ def _sweep(session, n: int) -> tuple[int, list[int]]:
 def test_a_lost_edit_is_retried_once_then_failed_and_the_sweep_finishes(isolated) -> None:
     isolated()
     from data.db import get_sessionmaker
-    from data.migrate import upgrade_to_head
     from worker import run_rows
 
-    upgrade_to_head()
+    migrate()
     maker = get_sessionmaker()
     with maker() as s:
         sweep_id, (first, second) = _sweep(s, 2)
@@ -85,11 +85,10 @@ def test_a_lost_edit_is_retried_once_then_failed_and_the_sweep_finishes(isolated
 def test_the_document_is_prefilled_once_per_sweep_and_worker(isolated, data_dir) -> None:
     isolated(KVNOTES_DATA=str(data_dir))
     from data.db import get_sessionmaker
-    from data.migrate import upgrade_to_head
     from worker.engine import load
     from worker.sweep_rows import sweep_notes
 
-    upgrade_to_head()
+    migrate()
     maker = get_sessionmaker()
     with maker() as s:
         sweep_id, runs = _sweep(s, 3)
@@ -104,12 +103,11 @@ def test_the_document_is_prefilled_once_per_sweep_and_worker(isolated, data_dir)
 def test_the_watchdogs_lost_edit_is_queued_again_once_then_failed_for_good(isolated, tmp_path) -> None:
     isolated()
     from data.db import get_sessionmaker
-    from data.migrate import upgrade_to_head
     from data.sweep_edits import retry_lost_edits
     from data.watchdog import reap
     from worker import run_rows
 
-    upgrade_to_head()
+    migrate()
     maker = get_sessionmaker()
     with maker() as s:
         sweep_id, (lost, other) = _sweep(s, 2)
@@ -160,11 +158,10 @@ def test_the_watchdogs_lost_edit_is_queued_again_once_then_failed_for_good(isola
 def test_a_lost_message_counts_as_an_attempt_and_a_cancelled_sweep_is_left_alone(isolated) -> None:
     isolated()
     from data.db import get_sessionmaker
-    from data.migrate import upgrade_to_head
     from data.sweep_edits import retry_lost_edits
     from data.watchdog import MESSAGE_LOST, WORKER_LOST
 
-    upgrade_to_head()
+    migrate()
     maker = get_sessionmaker()
     with maker() as s:
         sweep_id, (message_lost, worker_lost) = _sweep(s, 2)
