@@ -303,18 +303,35 @@ def _other_orders(model, tokenizer, frame: Frame, base: list[KV], pending: list[
     return per_order
 
 
-def _over_orders(model, tokenizer, frame: Frame, base: list[KV], pending: list[int],
-                 orders: Sequence[list[int]], question: Question, listed: Readout) -> Readout:
-    """`listed` (the readout in the listed order) with its decision read over every order: the
-    other orders after the completed notes `base`, timed apart (`measure_ms`)."""
-    t0 = time.perf_counter()
-    others = _other_orders(model, tokenizer, frame, base, pending, orders, question)
-    per_order = [listed.choice_probs, *others]
-    reading = over_orders(reading_orders(question.choices), per_order)
+def _first_token_then_orders(model, tokenizer, frame: Frame, cache, pending: list[int], suffix_ids: list[int],
+                             orders: Sequence[list[int]], question: Question,
+                             deferred: Deferred | None) -> Readout:
+    """A timed readout of a choice question: its first token is ONE forward of the prompt (the
+    deferred rows, the appended tokens and the question in the listed order, nothing else: no
+    choice's tokens, no custom mask unless rows are deferred). After it, apart (`measure_ms`), the
+    choices are read over every order, the listed one included, after the completed notes: in ONE
+    forward (`orders_forward`), or order by order on a model with sliding-window layers."""
+    base = layers_of(cache)
+    prompt = pending + suffix_ids
+    fresh = None
+    if deferred is not None:
+        logits, cache, fresh = _prompt_forward(model, base, prompt, deferred)  # completes `base` in place
+    else:
+        logits = _forward(model, prompt, cache)
+    first_token_at = time.perf_counter()
     encoded = _choice_ids(tokenizer, frame, question.choices)
-    out = _chosen(reading, listed.logits, encoded, question, listed.first_token_at, listed.deferred_kv)
-    out.measure_ms = (time.perf_counter() - t0) * 1000
-    out.choice_logp = listed.choice_logp
+    if has_sliding_window(model):
+        listed = _score_choices(model, tokenizer, frame, logits, cache, question.choices)
+        per_order = [listed, *_other_orders(model, tokenizer, frame, base, pending, orders, question)]
+        listed_logp: dict[str, float] = {}
+    else:
+        _, scores, _ = orders_forward(model, base, pending, [suffix_ids, *[list(o) for o in orders]], encoded)
+        per_order = _per_order(question.choices, scores)
+        listed_logp = dict(zip(question.choices, scores[0]))
+    out = _chosen(over_orders(reading_orders(question.choices), per_order), logits, encoded, question,
+                  first_token_at, fresh)
+    out.measure_ms = (time.perf_counter() - first_token_at) * 1000
+    out.choice_logp = listed_logp
     return out
 
 
@@ -359,10 +376,8 @@ def decide(model, tokenizer, frame: Frame, cache, suffix_ids: list[int], questio
         return _all_orders_readout(model, tokenizer, frame, layers_of(cache), list(pending), list(suffix_ids),
                                    orders, question, deferred)
     if question.choices and not question.cot and orders and not first_token_only:
-        base = layers_of(cache)
-        listed = decide(model, tokenizer, frame, cache, suffix_ids, question, pending, deferred)
-        completed = fill(base, deferred, listed.deferred_kv) if deferred is not None else base
-        return _over_orders(model, tokenizer, frame, completed, list(pending), orders, question, listed)
+        return _first_token_then_orders(model, tokenizer, frame, cache, list(pending), list(suffix_ids),
+                                        orders, question, deferred)
     if question.choices and not question.cot and not has_sliding_window(model):
         return _one_pass_readout(model, tokenizer, frame, layers_of(cache), prompt, question, deferred)
     fresh = None
