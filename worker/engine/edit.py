@@ -36,10 +36,11 @@ from difflib import SequenceMatcher
 
 from vocabulary import ERRATUM
 from vocabulary.prefix import common_prefix
-from worker.engine.forward import Deferred, cut, extend, fill, join_all
+from worker.engine.forward import CHUNK_TOKENS, Deferred, cut, extend, fill, join_all
 from worker.engine.notes import KV, Notes
 from worker.engine.rope import RopeLayout, shift_keys
 from worker.engine.selective import has_sliding_window
+from worker.engine.split_attention import joins, splits_on_this_device
 
 
 @dataclass
@@ -133,6 +134,20 @@ class Editor:
             layers = extend(self.model, cut(self.old.layers, 0, p), self.new_ids[p:])
             self._from_change = self.surgery(layers, len(self.new_ids) - p)
         return self._from_change
+
+    def exact_from(self, start: int) -> list[KV] | None:
+        """The exact notes (`from_first_change`, computed here if not yet) when they are what one
+        forward of the new tokens from `start` on, after the notes before it, leaves: the first
+        change is at `start`, the notes before it sit where they were, and the tokens after went
+        through the model at once (not in chunks). None otherwise."""
+        p = min(common_prefix(self.old.token_ids, self.new_ids), len(self.new_ids))
+        before = [b for b in self.blocks if b.j1 < start]
+        if p != start or any(not b.reuse or b.i1 != b.j1 or b.j2 > start for b in before):
+            return None
+        at_once = splits_on_this_device(self.model) or joins(self.model)  # `extend` takes it whole
+        if len(self.new_ids) - p > CHUNK_TOKENS and not at_once:
+            return None
+        return self.from_first_change().layers
 
     def reused(self, b: Block) -> list[KV]:
         """An equal block's old K/V, keys re-rotated to its new positions."""

@@ -126,15 +126,24 @@ def _tree_mask(past: int, deferred: Deferred | None, group: list[int], parent: l
     return torch.cat([cached, new], dim=1)[None, None]
 
 
-@torch.inference_mode()
-def orders_forward(model, base: list[KV], shared: list[int], suffixes: list[list[int]],
-                   encoded: list[list[int]], deferred: Deferred | None = None):
-    """ONE forward after the cached `base`: the `deferred` rows, the `shared` tokens (an appended
-    erratum), then per order its question `suffixes[k]` and every choice (`encoded`, token ids, the
-    same in every order) after it. Returns per order the logits [vocab] after its question and the
-    choices' summed log-probabilities (in `encoded`'s order), and the forward's cache (its tails:
-    deferred rows first)."""
-    past = base[0][0].shape[2] if base else 0
+@dataclass
+class _Layout:
+    """One readout's rows over every order: the inputs, their positions and tree groups, the row of
+    each order's question end (`heads`) and, per order and choice, the rows of its tokens after the
+    first (`rows`)."""
+
+    inputs: list[int]
+    positions: list[int]
+    group: list[int]
+    parent: list[int]
+    heads: list[int]
+    rows: list[list[int]]
+
+
+def _layout(past: int, shared: list[int], suffixes: list[list[int]], encoded: list[list[int]],
+            deferred: Deferred | None) -> _Layout:
+    """The rows of `orders_forward` after `past` cached tokens: the deferred rows, the shared tokens,
+    then per order its question and every choice after it."""
     n_def = len(deferred.positions) if deferred else 0
     inputs = (list(deferred.ids) if deferred else []) + list(shared)
     positions = (list(deferred.positions) if deferred else []) + [past + j for j in range(len(shared))]
@@ -156,27 +165,46 @@ def orders_forward(model, base: list[KV], shared: list[int], suffixes: list[list
             inputs += tail
             positions += [start + len(suffix) + j for j in range(len(tail))]
             group += [len(parent) - 1] * len(tail)
-    keep = sorted(set(heads) | {r for rs in rows for r in rs})
+    return _Layout(inputs, positions, group, parent, heads, rows)
+
+
+def _scores(logp: torch.Tensor, at: dict[int, int], layout: _Layout,
+            encoded: list[list[int]]) -> list[list[float]]:
+    """Per order, each choice's summed log-probability, read from `logp` [kept rows, vocab]."""
+    n_choices = len(encoded)
+    scores = []
+    for k, head in enumerate(layout.heads):
+        first = logp[at[head]]
+        order_scores = []
+        for c, seq in enumerate(encoded):
+            seq_rows = layout.rows[k * n_choices + c]
+            order_scores.append(float(first[seq[0]]) + float(sum(logp[at[r], seq[j + 1]]
+                                                                for j, r in enumerate(seq_rows))))
+        scores.append(order_scores)
+    return scores
+
+
+@torch.inference_mode()
+def orders_forward(model, base: list[KV], shared: list[int], suffixes: list[list[int]],
+                   encoded: list[list[int]], deferred: Deferred | None = None):
+    """ONE forward after the cached `base`: the `deferred` rows, the `shared` tokens (an appended
+    erratum), then per order its question `suffixes[k]` and every choice (`encoded`, token ids, the
+    same in every order) after it. Returns per order the logits [vocab] after its question and the
+    choices' summed log-probabilities (in `encoded`'s order), and the forward's cache (its tails:
+    deferred rows first)."""
+    past = base[0][0].shape[2] if base else 0
+    layout = _layout(past, shared, suffixes, encoded, deferred)
+    keep = sorted(set(layout.heads) | {r for rs in layout.rows for r in rs})
     at = {row: i for i, row in enumerate(keep)}
     cache = cache_from_layers(base, model) if base else None
     out = model(
-        input_ids=torch.tensor([inputs], device=model.device),
-        position_ids=torch.tensor([positions], device=model.device),
-        attention_mask=_tree_mask(past, deferred, group, parent, model.device),
+        input_ids=torch.tensor([layout.inputs], device=model.device),
+        position_ids=torch.tensor([layout.positions], device=model.device),
+        attention_mask=_tree_mask(past, deferred, layout.group, layout.parent, model.device),
         cache=cache,
         use_cache=True,
         logits_to_keep=torch.tensor(keep, device=model.device),
     )
     logits = out.logits[0].float()  # [len(keep), vocab]
-    logp = torch.log_softmax(logits, dim=-1)
-    n_choices = len(encoded)
-    scores = []
-    for k, head in enumerate(heads):
-        first = logp[at[head]]
-        order_scores = []
-        for c, seq in enumerate(encoded):
-            seq_rows = rows[k * n_choices + c]
-            order_scores.append(float(first[seq[0]]) + float(sum(logp[at[r], seq[j + 1]]
-                                                                for j, r in enumerate(seq_rows))))
-        scores.append(order_scores)
-    return [logits[at[h]] for h in heads], scores, cache
+    scores = _scores(torch.log_softmax(logits, dim=-1), at, layout, encoded)
+    return [logits[at[h]] for h in layout.heads], scores, cache

@@ -8,14 +8,14 @@ document), or after the start token for a base model. The question then closes t
     \n\nQuestion … <end of user turn><assistant header>   ← the suffix, computed by every strategy
 
 With `choices`, the decision is the choice whose WHOLE token sequence is most probable (summed
-log-probabilities). The strategy's readout, what its time to first token measures, is ONE question in
-the order the choices are listed. When the caller gives the question's tokens in the other orders
-(`worker.engine.orders.reading_orders`, a balanced set of at most 8), the choices are then read over
-those orders too, after the first token and timed apart (`Readout.measure_ms`): the decision is
-the debiased distribution's, with its spread over the orders and whether the answer follows a
-position. Without choices, a greedy generation. With chain of thought, the model first writes its
-reasoning greedily, then the choices are scored after an answer cue, in the listed order only (the
-reasoning is one generation).
+log-probabilities). The strategy's readout, what its time to first token measures, is ONE forward of
+the question in the order the choices are listed (no choice's tokens in it). When the caller gives the
+question's tokens in the other orders (`worker.engine.orders.reading_orders`, a balanced set of at
+most 8), the choices are read over every order after the first token, timed apart
+(`Readout.measure_ms`): the decision is the debiased distribution's, with its spread over the orders
+and whether the answer follows a position. Without choices, a greedy generation. With chain of
+thought, the model first writes its reasoning greedily, then the choices are scored after an answer
+cue, in the listed order only.
 """
 
 from __future__ import annotations
@@ -285,17 +285,10 @@ def _per_order(choices: Sequence[str], scores: Sequence[Sequence[float]]) -> lis
 
 def _other_orders(model, tokenizer, frame: Frame, base: list[KV], pending: list[int],
                   orders: Sequence[list[int]], question: Question) -> list[dict[str, float]]:
-    """Each other order's distribution over the choices after the completed notes `base` (and the
-    `pending` tokens a strategy appends, computed again here): every order in ONE forward
-    (`worker.engine.orders.orders_forward`), or one after the other on a model with sliding-window
-    layers (one custom mask cannot carry its windows)."""
-    encoded = _choice_ids(tokenizer, frame, question.choices)
-    rotations = reading_orders(question.choices)[1:]
-    if not has_sliding_window(model):
-        _, scores, _ = orders_forward(model, base, list(pending), [list(o) for o in orders], encoded)
-        return _per_order(question.choices, scores)
+    """Each other order's distribution over the choices after the completed notes `base` and the
+    `pending` tokens, order by order (sliding-window layers: one custom mask cannot carry them)."""
     per_order = []
-    for suffix, rotation in zip(orders, rotations):
+    for suffix, rotation in zip(orders, reading_orders(question.choices)[1:]):
         mine = cache_from_layers(base, model)
         head = _forward(model, list(pending) + list(suffix), mine)
         probs = _score_choices(model, tokenizer, frame, head, mine, list(rotation))
@@ -306,18 +299,15 @@ def _other_orders(model, tokenizer, frame: Frame, base: list[KV], pending: list[
 def _first_token_then_orders(model, tokenizer, frame: Frame, cache, pending: list[int], suffix_ids: list[int],
                              orders: Sequence[list[int]], question: Question,
                              deferred: Deferred | None) -> Readout:
-    """A timed readout of a choice question: its first token is ONE forward of the prompt (the
-    deferred rows, the appended tokens and the question in the listed order, nothing else: no
-    choice's tokens, no custom mask unless rows are deferred). After it, apart (`measure_ms`), the
-    choices are read over every order, the listed one included, after the completed notes: in ONE
-    forward (`orders_forward`), or order by order on a model with sliding-window layers."""
+    """A timed choice readout: the first token is ONE forward of the prompt alone (deferred rows,
+    appended tokens, the question in the listed order); then, apart (`measure_ms`), every order's
+    choices after the completed notes (one `orders_forward`; order by order with sliding windows)."""
     base = layers_of(cache)
     prompt = pending + suffix_ids
-    fresh = None
     if deferred is not None:
         logits, cache, fresh = _prompt_forward(model, base, prompt, deferred)  # completes `base` in place
     else:
-        logits = _forward(model, prompt, cache)
+        logits, fresh = _forward(model, prompt, cache), None
     first_token_at = time.perf_counter()
     encoded = _choice_ids(tokenizer, frame, question.choices)
     if has_sliding_window(model):

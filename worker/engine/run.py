@@ -200,9 +200,13 @@ def _plan(engine: LoadedModel, request: RunRequest, old: Notes,
         composed_text=composed_text, fields=moved, inserts=inserts,
         selective_fraction=request.selective_fraction,
     )
-    bench = Bench(engine, request.question, engine.encode(engine.frame.suffix(request.question)),
+    suffix_ids = engine.encode(engine.frame.suffix(request.question))
+    # the cached notes' own readout, kept with them for the next decision-only run (a sweep's edit)
+    kept = (old.layers, old.derived.setdefault(("readout", request.question, tuple(suffix_ids)), {})) \
+        if base is old else None
+    bench = Bench(engine, request.question, suffix_ids,
                   overhead_ms=splice_ms if request.placements else 0.0, overhead_tokens=seam_tokens,
-                  progress=progress)
+                  progress=progress, kept=kept)
     return case, bench
 
 

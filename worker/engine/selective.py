@@ -73,8 +73,21 @@ def movement(model, layers: list[KV], ids: list[int], start: int) -> torch.Tenso
               logits_to_keep=1)
     except _StopForward:
         pass
-    k_new = cache.layers[stop_at].tail_keys.float()  # [1, kv, T - start, d]
-    v_new = cache.layers[stop_at].tail_values.float()
+    return _moved(layers, [(layer.tail_keys, layer.tail_values) for layer in cache.layers], start, 0)
+
+
+def movement_of(layers: list[KV], exact: list[KV], start: int) -> torch.Tensor:
+    """`movement`, read off notes `exact` whose tokens from `start` on were computed after
+    `layers[:start]` in one forward (the reference from the first change on, `Editor.exact_from`):
+    that forward's layer-(SELECTION_LAYERS-1) K/V are the ones `movement` computes, so no forward."""
+    return _moved(layers, exact, start, start)
+
+
+def _moved(layers: list[KV], fresh: list[KV], start: int, at: int) -> torch.Tensor:
+    """[T - start]: per token from `start` on, how far `fresh` (its tokens from `at` on) moved from
+    `layers` at the ranking layer (summed L2 norms of K and V over heads)."""
+    stop_at = min(SELECTION_LAYERS, len(layers)) - 1
+    k_new, v_new = (t[:, :, at:].float() for t in fresh[stop_at])  # [1, kv, T - start, d]
     k_old, v_old = (t[:, :, start:].float() for t in layers[stop_at])
     return ((k_new - k_old).norm(dim=-1) + (v_new - v_old).norm(dim=-1)).sum(dim=1)[0]
 

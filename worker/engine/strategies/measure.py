@@ -53,6 +53,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from vocabulary.prefix import common_prefix
+from worker.engine.batched import Row, decide_all
 from worker.engine.compare import fidelity, same_answer, token_f1
 from worker.engine.edit import Surgery
 from worker.engine.forward import answer_nll
@@ -151,6 +152,9 @@ class Bench:
     overhead_tokens: int = 0
     progress: ProgressFn = field(default=lambda stage, fraction: None)
     span: tuple[float, float] = (0.05, 0.65)  # the progress fractions the measuring covers
+    # (the cached notes' layers, a dict kept with them): a decision-only run keeps the readout of the
+    # notes themselves there, for the next run from the same notes and question (a sweep's edits)
+    kept: tuple[list, dict] | None = None
 
     def __post_init__(self) -> None:
         """A choice question asked as the frame asks it is scored over every cyclic order of its
@@ -202,27 +206,38 @@ def rounds_due(round_: int, samples: dict[str, list[Sample]]) -> bool:
 
 
 def decisions(bench: Bench, case: object, runners: dict[str, Strategy]) -> dict[str, Outcome]:
-    """Every runner once, untimed: its decision surgery and its readout (runners whose notes are the
-    same objects, with nothing appended or deferred, share one readout). Its samples are zeros."""
-    engine, out = bench.engine, {}
-    read: dict[int, Readout] = {}
+    """Every runner once, untimed: its decision surgery, then every readout together
+    (`worker.engine.readout.decide_all`: a choice question's readouts in as few batched forwards as
+    pays). Runners whose notes are the same objects, with nothing appended or deferred, share one
+    readout; the readout of the cached notes themselves (stale's) is kept in `bench.kept` for the
+    next run from the same notes (a sweep's next edit). Its samples are zeros."""
+    engine, low, high = bench.engine, *bench.span
+    surgeries: dict[str, Surgery] = {}
     for i, (name, runner) in enumerate(runners.items()):
-        low, high = bench.span
         bench.progress(f"decision: {name}", low + (high - low) * i / len(runners))
-        surgery = runner.decision_surgery(case)
-        key = id(surgery.layers) if not surgery.pending and surgery.deferred is None else None
-        readout = read.get(key) if key is not None else None
-        if readout is None:
-            cache = cache_from_layers(surgery.layers, engine.model)
-            readout = decide(engine.model, engine.tokenizer, engine.frame, cache, bench.suffix_ids,
-                             bench.question, pending=surgery.pending, deferred=surgery.deferred,
-                             orders=bench.orders, orders_apart=False)
-            if key is not None:
-                read[key] = readout
-        surgery = surgery.completed(readout.deferred_kv)
+        surgeries[name] = runner.decision_surgery(case)
+    lasting, memo = bench.kept if bench.kept is not None else (None, {})
+    keys: dict[str, object] = {}
+    todo: dict[object, Surgery] = {}
+    for name, s in surgeries.items():
+        key = id(s.layers) if not s.pending and s.deferred is None else name
+        keys[name] = key
+        if key not in todo and not (s.layers is lasting and key == id(lasting) and "notes" in memo):
+            todo[key] = s
+    got = decide_all(engine.model, engine.tokenizer, engine.frame,
+                     [Row(s.layers, tuple(s.pending), s.deferred) for s in todo.values()], bench.suffix_ids,
+                     bench.question, bench.orders)
+    read: dict[object, Readout] = dict(zip(todo, got))
+    if lasting is not None and id(lasting) in read:
+        memo["notes"] = read[id(lasting)]
+    out = {}
+    for name, runner in runners.items():
+        s = surgeries[name]
+        readout = read[keys[name]] if keys[name] in read else memo["notes"]
+        s = s.completed(readout.deferred_kv)
         if runner.reads_notes:
-            surgery.tokens_computed += bench.overhead_tokens
-        out[name] = Outcome(surgery, readout, [Sample(0.0, 0.0, 0)], timed=False)
+            s.tokens_computed += bench.overhead_tokens
+        out[name] = Outcome(s, readout, [Sample(0.0, 0.0, 0)], timed=False)
     return out
 
 
