@@ -1,24 +1,32 @@
-"""Sweeps that decide (issue 31): the same edits of the ~1,000-token shipment log
-(`examples/shipment-log.json`) through both sweep paths, side by side in one run on one loaded model,
-written to `docs/sweeps.md`:
+"""Sweeps that decide (issue 31): the same edits of the 1,040-token shipment log
+(`examples/shipment-log.json`, its destination Oslo set to one port per edit) through both sweep paths,
+side by side in one run on one loaded model, written to `docs/sweeps.md`:
 
 - today's per-edit path: every edit timed in paired rounds (`run_sweep(..., timed_edits=N)`);
 - the decision-only path: every edit deciding only, untimed, the reference computed exactly from
-  the field on (`timed_edits=0`: a timed edit costs what a per-edit path's edit costs, measured
-  above), with `stop_when_decided` off, then on.
+  the field on (`timed_edits=0`), with `stop_when_decided` off, then on.
 
 Each edit's wall time is divided by one prefill of the document, measured in the same run (the
 median of prefills taken before, between and after the paths), so the ratio holds on a loaded
-machine where absolute times do not.
+machine where absolute times do not. Each path is a sweep of its own: its notes are prefilled
+before it, outside its edits' walls, so its first edit pays what a sweep pays once (hoist's layout
+of the document) and the later ones what every edit pays.
 
-    .venv/bin/python bench/bench_sweep.py [--per-edit 5] [--edits 200] [--budget-s S] \\
-        [--choices Oslo,Madrid] [--model smollm2-135m] [--out docs/sweeps.md]
+The values and the choices agree as `kvnotes sweep` requires: by default the question is a yes/no
+one ("Is this shipment going to Oslo?"), whose choices name no port, so every port is a value it
+can decide on; with `--choices` naming ports, a value the choices do not name stops the run (exit 2,
+as the CLI does) unless `--extend-choices` adds the values to the choices, as the CLI and the API do.
+
+    .venv/bin/python bench/bench_sweep.py [--per-edit 5] [--edits 200] [--question Q --choices a,b]
+        [--extend-choices] [--values v1,v2,…] [--model smollm2-135m] [--out docs/sweeps.md]
+
+A short run that finishes in minutes: `--per-edit 1 --edits 6`. The full one (the issue's):
+`--per-edit 5 --edits 200`. Progress goes to stdout, one line an edit.
 """
 
 from __future__ import annotations
 
 import argparse
-import inspect
 import json
 import os
 import platform
@@ -28,7 +36,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
 
 # 200 destinations, none of them the old one (Oslo)
 PORTS = (
@@ -50,7 +59,12 @@ PORTS = (
     "Savannah Norfolk Baltimore Philadelphia Newark Boston Halifax Quebec Montreal Toronto Duluth "
     "Chicago Detroit Cleveland Buffalo Nuuk Torshavn Lerwick Kirkwall Narvik Murmansk Arkhangelsk"
 ).split()
-QUESTION = "What is the destination of this shipment?"
+QUESTION = "Is this shipment going to Oslo?"
+CHOICES = "yes,no"
+
+
+def _load() -> float:
+    return os.getloadavg()[0]
 
 
 def _prefill_s(eng, document: str) -> float:
@@ -59,144 +73,161 @@ def _prefill_s(eng, document: str) -> float:
     return time.perf_counter() - t0
 
 
-def _path(eng, document, find, values, question, strategies, timed_edits, stop, budget_s):
-    """One sweep through `commands.sweep.run_sweep`: per edit, its wall time (s)."""
+def _path(eng, name: str, document: str, find: str, values, question, strategies, timed_edits: int,
+          stop: bool, prefill_s: float) -> dict:
+    """One sweep through `commands.sweep.run_sweep`, its notes prefilled first (outside the walls):
+    per edit, its wall time (s) and the load average when it ended."""
     from commands.sweep import run_sweep
 
+    notes = eng.prefill(document)
     walls: list[float] = []
+    loads: list[float] = []
     last = [time.perf_counter()]
-    deadline = None if budget_s is None else time.monotonic() + budget_s
-
-    class Budgeted(list):  # the values, handed out while the budget lasts
-        def __iter__(self):
-            for value in list.__iter__(self):
-                if deadline is not None and time.monotonic() > deadline:
-                    return
-                yield value
+    started = time.perf_counter()
 
     def tick(done: int, total: int) -> None:
         walls.append(time.perf_counter() - last[0])
-        print(f"  edit {done}: {walls[-1]:.1f} s (load {os.getloadavg()[0]:.1f})", flush=True)
+        loads.append(_load())
+        left = (time.perf_counter() - started) / done * (total - done)
+        print(f"  {name}: edit {done} of {total}: {walls[-1]:.1f} s = {walls[-1] / prefill_s:.2f}× one "
+              f"prefill (load {loads[-1]:.1f}; at most {left / 60:.0f} min left)", flush=True)
         last[0] = time.perf_counter()
 
-    kwargs = {"timed_edits": timed_edits}
-    if "stop_when_decided" in inspect.signature(run_sweep).parameters:
-        kwargs["stop_when_decided"] = stop
-    elif stop:
-        return None  # stop_when_decided has not landed: the bench says so
-    eng.prefill(document)  # the sweep's own prefill is outside the per-edit walls
     last[0] = time.perf_counter()
-    result = run_sweep(eng, document, find, "destination", Budgeted(values), question, strategies,
-                       progress=tick, **kwargs)
-    return {"walls": walls, "result": result}
+    result = run_sweep(eng, document, find, "destination", list(values), question, strategies, progress=tick,
+                       stop_when_decided=stop, timed_edits=timed_edits, notes=notes)
+    return {"walls": walls, "loads": loads, "result": result}
 
 
-def run(per_edit: int, edits: int, model: str, choices: tuple[str, ...], budget_s: float | None) -> dict:
+def run(args, question_text: str, choices: tuple[str, ...], values: list[str], extended: list[str]) -> dict:
     from data.settings import get_settings
     from vocabulary.sweeps import SWEEP_STRATEGIES
     from worker.engine import Question, load
 
     spec = json.loads((ROOT / "examples" / "shipment-log.json").read_text())
     document, find = spec["document"], spec["fields"][0]["find"]
-    eng = load(model, data_dir=get_settings().data_dir)  # no KV store: every prefill is computed
+    eng = load(args.model, data_dir=get_settings().data_dir)  # no KV store: every prefill is computed
     eng.warm_up()
-    question = Question(QUESTION, choices=choices, max_new_tokens=8)
+    question = Question(question_text, choices=choices, max_new_tokens=8)
     strategies = list(SWEEP_STRATEGIES)
+    loads = [_load()]
     prefills = [_prefill_s(eng, document) for _ in range(3)]
-    print(f"prefill: {[round(p, 2) for p in prefills]} s", flush=True)
-    budget = None if budget_s is None else budget_s / 3
-    print("per-edit path", flush=True)
-    per = _path(eng, document, find, PORTS[:per_edit], question, strategies, per_edit, False, budget)
+    print(f"prefill: {[round(p, 2) for p in prefills]} s (load {_load():.1f})", flush=True)
+    one = statistics.median(prefills)
+    print(f"per-edit path: {args.per_edit} edits, every one timed in paired rounds", flush=True)
+    per = _path(eng, "per-edit", document, find, values[:args.per_edit], question, strategies, args.per_edit,
+                False, one)
     prefills += [_prefill_s(eng, document) for _ in range(2)]
-    print("decision-only path, stop_when_decided off", flush=True)
-    off = _path(eng, document, find, PORTS[:edits], question, strategies, 0, False, budget)
+    one = statistics.median(prefills)
+    print(f"decision-only path, stop_when_decided off: {len(values)} edits", flush=True)
+    off = _path(eng, "decisions, stop off", document, find, values, question, strategies, 0, False, one)
     prefills += [_prefill_s(eng, document) for _ in range(2)]
-    print("decision-only path, stop_when_decided on", flush=True)
-    on = _path(eng, document, find, PORTS[:edits], question, strategies, 0, True, budget)
+    one = statistics.median(prefills)
+    print(f"decision-only path, stop_when_decided on: up to {len(values)} edits", flush=True)
+    on = _path(eng, "decisions, stop on", document, find, values, question, strategies, 0, True, one)
     prefills += [_prefill_s(eng, document) for _ in range(2)]
-    return {"model": model, "device": str(eng.device), "document_tokens": per["result"]["document_tokens"],
-            "strategies": strategies, "choices": list(choices), "prefill_s": prefills,
-            "per_edit": per, "off": off, "on": on, "planned": edits,
+    loads += per["loads"] + off["loads"] + on["loads"] + [_load()]
+    return {"model": args.model, "device": str(eng.device),
+            "document_tokens": per["result"]["document_tokens"], "strategies": strategies,
+            "question": question_text, "choices": list(choices),
+            "extended_choices": extended, "values": values, "prefill_s": prefills, "loads": loads,
+            "per_edit": per, "off": off, "on": on, "planned": len(values),
             "machine": f"{platform.machine()}, {os.cpu_count()} cores"}
 
 
-def _row(name: str, path: dict | None, prefill: float, untimed_only: bool) -> str:
-    if path is None:
-        return f"| {name} | not run: `stop_when_decided` is not in `run_sweep` yet | | | |"
+def _row(name: str, path: dict, prefill: float) -> str:
     walls = path["walls"]
-    med = statistics.median(walls)
-    return (f"| {name} | {len(path['walls'])} | {med:.2f} | {med / prefill:.2f}× | "
-            f"{max(walls) / prefill:.2f}× |")
+    later = walls[1:] or walls
+    return (f"| {name} | {len(walls)} | {statistics.median(walls):.2f} | "
+            f"{statistics.median(walls) / prefill:.2f}× | {walls[0] / prefill:.2f}× | "
+            f"{statistics.median(later) / prefill:.2f}× | {max(walls) / prefill:.2f}× | "
+            f"{sum(walls) / len(walls) / prefill:.2f}× |")
 
 
 def markdown(r: dict, command: str) -> str:
     prefill = statistics.median(r["prefill_s"])
     per, off, on = r["per_edit"], r["off"], r["on"]
-    choices = f"choices {', '.join(r['choices'])}" if r["choices"] else "free answer, 8 new tokens"
+    how = ("choices name no port, so every port is a value the question decides on"
+           if not r["extended_choices"] else
+           f"the choices extended with the {len(r['extended_choices'])} values they did not name, as "
+           f"`kvnotes sweep --extend-choices` does")
     lines = [
         "# Sweeps that decide: one prefill's cost per edit",
         "",
         f"Written by `{command}` (bench/bench_sweep.py). The {r['document_tokens']}-token shipment log "
-        f"(`examples/shipment-log.json`), its destination set to one port per edit, the question "
-        f"\"{QUESTION}\" ({choices}), strategies {', '.join(r['strategies'])}, on {r['model']} "
-        f"({r['device']}, {r['machine']}). One prefill of the document, measured in this run: median "
-        f"{prefill:.2f} s over {len(r['prefill_s'])} prefills taken before, between and after the paths "
-        f"(range {min(r['prefill_s']):.2f}–{max(r['prefill_s']):.2f} s).",
+        f"(`examples/shipment-log.json`), its destination (Oslo) set to one port per edit, the question "
+        f"\"{r['question']}\" (choices {', '.join(r['choices'])}: {how}), strategies "
+        f"{', '.join(r['strategies'])}, on {r['model']} ({r['device']}, {r['machine']}). One prefill of the "
+        f"document, measured in this run: median {prefill:.2f} s over {len(r['prefill_s'])} prefills taken "
+        f"before, between and after the paths (range {min(r['prefill_s']):.2f}–{max(r['prefill_s']):.2f} s). "
+        f"Load average (1 min) during the run: {min(r['loads']):.1f}–{max(r['loads']):.1f}.",
         "",
-        "| path | edits | per edit, median (s) | per edit / one prefill | slowest edit / one prefill |",
-        "|---|---:|---:|---:|---:|",
-        _row("per-edit (every edit timed in paired rounds)", per, prefill, False),
-        _row("decision-only, stop_when_decided off (untimed edits)", off, prefill, True),
-        _row("decision-only, stop_when_decided on (untimed edits)", on, prefill, True),
+        "| path | edits | per edit, median (s) | per edit / one prefill | first edit / prefill "
+        "| later edits, median / prefill | slowest / prefill | mean / prefill |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+        _row("per-edit (every edit timed in paired rounds)", per, prefill),
+        _row("decision-only, stop_when_decided off", off, prefill),
+        _row("decision-only, stop_when_decided on", on, prefill),
         "",
-        "The goal is at most 2.0× one prefill per decision-only edit. The decision-only paths time no "
-        "edit (`timed_edits=0`); a sweep's timed edits cost what the per-edit path's edits cost.",
+        "The goal is at most 2.0× one prefill per decision-only edit. Each path is a sweep of its own: its "
+        "first edit also lays out hoist's document once (kept with the notes for the later edits) and "
+        "reads stale's answer once (the same old notes every edit); the later edits' median is what each "
+        "further edit costs. The decision-only paths time no edit (`timed_edits=0`); a sweep's timed edits "
+        "cost what the per-edit path's edits cost.",
         "",
     ]
     for name, path in (("off", off), ("on", on)):
-        if path is None:
-            continue
         res = path["result"]
         lines.append(f"- stop_when_decided {name}: {res['edits_done']} of {r['planned']} planned edits done"
-                     f" ({res.get('stopped', 'exhausted')}); policy **{res['policy']['strategy']}**; "
+                     f" ({res['stopped']}); policy **{res['policy']['strategy']}**; "
                      f"{res['policy']['sentence']}")
-    if on is None:
-        lines.append("- stop_when_decided on: not run (not in `run_sweep` when this ran).")
-    if off is not None and per is not None:
-        lines += ["", "Decisions of the edits both paths ran (the per-edit path's are the reference):", ""]
-        same = sum(a["decisions"] == b["decisions"] for a, b in zip(per["result"]["edits"],
-                                                                   off["result"]["edits"]))
-        lines.append(f"{same} of {min(len(per['result']['edits']), len(off['result']['edits']))} edits "
-                     "decided the same for every strategy on both paths.")
+    pairs = list(zip(per["result"]["edits"], off["result"]["edits"]))
+    same = sum(a["decisions"] == b["decisions"] for a, b in pairs)
+    lines += ["", f"Decisions: {same} of the {len(pairs)} edits both paths ran were decided the same by "
+              "every strategy on the per-edit and the decision-only path."]
     lines += ["", "## What the decision-only sweep found (stop_when_decided off)", "",
               "| strategy | agreement | changed edits | cost share |", "|---|---:|---:|---:|"]
-    if off is not None:
-        for name, st in off["result"]["strategies"].items():
-            ch = st["changed"]
-            lines.append(f"| {name} | {st['agreed']}/{st['determined']} | {ch['agreed']}/{ch['edits']} | "
-                         f"{(st['cost_share'] or 0):.1%} |")
-        lines += ["", f"Policy at {off['result']['policy']['threshold']:.2f}: "
-                  f"**{off['result']['policy']['strategy']}**: {off['result']['policy']['sentence']}", ""]
+    for name, st in off["result"]["strategies"].items():
+        ch = st["changed"]
+        lines.append(f"| {name} | {st['agreed']}/{st['determined']} | {ch['agreed']}/{ch['edits']} | "
+                     f"{(st['cost_share'] or 0):.1%} |")
+    lines += ["", f"Policy at {off['result']['policy']['threshold']:.2f}: "
+              f"**{off['result']['policy']['strategy']}**: {off['result']['policy']['sentence']}", ""]
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--per-edit", type=int, default=5, help="edits through today's per-edit path")
-    parser.add_argument("--edits", type=int, default=200, choices=range(1, len(PORTS) + 1), metavar="1..200")
+    parser.add_argument("--edits", type=int, default=200, help="edits through the decision-only paths")
     parser.add_argument("--model", default="smollm2-135m")
-    parser.add_argument("--choices", default="", help="comma-separated (default: a free answer)")
-    parser.add_argument("--budget-s", type=float, default=None,
-                        help="the three paths share this many seconds; each stops between edits")
+    parser.add_argument("--question", default=QUESTION)
+    parser.add_argument("--choices", default=CHOICES, help="comma-separated ('' for a free answer)")
+    parser.add_argument("--extend-choices", action="store_true",
+                        help="add the values the choices do not name to them (else such a value exits 2)")
+    parser.add_argument("--values", default=None, help="comma-separated ports (default: the first --edits "
+                                                       "of 200 ports)")
     parser.add_argument("--out", default=str(ROOT / "docs" / "sweeps.md"))
     parser.add_argument("--json", default=str(ROOT / "bench" / "data" / "sweeps.json"))
     args = parser.parse_args(argv)
+    from commands.sweep import SweepUsageError, checked_choices
+
+    values = [v.strip() for v in args.values.split(",") if v.strip()] if args.values else list(PORTS)
+    if not 1 <= args.edits <= len(values) or not 1 <= args.per_edit <= args.edits:
+        parser.error(f"need 1 <= --per-edit <= --edits <= {len(values)} (the values)")
+    values = values[:args.edits]
     choices = tuple(c.strip() for c in args.choices.split(",") if c.strip())
-    result = run(args.per_edit, args.edits, args.model, choices, args.budget_s)
+    try:
+        extended = checked_choices(values, choices, "Oslo", args.extend_choices)
+    except SweepUsageError as exc:
+        print(f"bench_sweep: {exc}", file=sys.stderr)
+        return 2
+    result = run(args, args.question, (*choices, *extended), values, extended)
     command = "bench/bench_sweep.py " + " ".join(argv if argv is not None else sys.argv[1:])
     Path(args.json).write_text(json.dumps(result, indent=1, default=str))
-    Path(args.out).write_text(markdown(result, command.strip()))
-    print(markdown(result, command.strip()))
+    text = markdown(result, command.strip())
+    Path(args.out).write_text(text)
+    print(text)
     return 0
 
 

@@ -129,12 +129,13 @@ def _column(text: str, suffix: str, label: str, where: str) -> list[str]:
 
 def run_sweep(eng, document: str, field: str, label: str, values: list[str], question,
               strategies: list[str], threshold: float = DEFAULT_THRESHOLD, progress=None,
-              stop_when_decided: bool = False, timed_edits: int = DEFAULT_TIMED_EDITS) -> dict:
+              stop_when_decided: bool = False, timed_edits: int = DEFAULT_TIMED_EDITS, notes=None) -> dict:
     """The sweep's result as `kvnotes sweep --json` prints it (also what the example sweep and the
     benchmark store): per-strategy statistics and standing, the policy, the frontier, every
     candidate's worst cases and each edit's decisions; the document prefilled once. With
     `stop_when_decided`, it stops after the first edit at which the policy can no longer change. The
-    first `timed_edits` edits are timed in paired rounds, the rest decide only."""
+    first `timed_edits` edits are timed in paired rounds, the rest decide only. `notes`: the
+    document's notes when the caller has them (else prefilled here, and that prefill timed)."""
     from worker.engine import Field, RunRequest
 
     start = document.find(field)
@@ -142,9 +143,11 @@ def run_sweep(eng, document: str, field: str, label: str, values: list[str], que
         raise SweepUsageError(f"--field: {field!r} is not in the document")
     names = with_recompute(strategies)
     names = names if ORIGINAL in names else [*names, ORIGINAL]
-    started = time.perf_counter()
-    notes = eng.prefill(document)
-    prefill_ms = [(time.perf_counter() - started) * 1e3]
+    prefill_ms: list[float] = []
+    if notes is None:
+        started = time.perf_counter()
+        notes = eng.prefill(document)
+        prefill_ms.append((time.perf_counter() - started) * 1e3)
     edits, skipped, checks, walls = [], 0, [], []
     stopped = "exhausted"
     for value in values:
