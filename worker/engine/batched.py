@@ -51,8 +51,7 @@ class RowReading:
 
 def row_length(row: Row, suffixes: list[list[int]], encoded: list[list[int]]) -> int:
     """How many inputs `row` feeds to a `rows_forward`."""
-    n_def = len(row.deferred.positions) if row.deferred else 0
-    return n_def + len(row.shared) + sum(len(s) + sum(len(c) - 1 for c in encoded) for s in suffixes)
+    return len(_layout(0, list(row.shared), suffixes, encoded, row.deferred).inputs)
 
 
 @torch.inference_mode()

@@ -11,10 +11,11 @@ cyclic shifts spread evenly over the list and the reversal of each, so every cho
 first in one order is read last in its reversal (first and last equally often), and the cost stays
 linear in the number of choices (all 2N orders cost quadratic: 26 orders and ~2,300 question tokens
 for 13 choices).
-The document's notes are shared by every order; only the question's tokens and the choices are
-computed per order, all orders side by side in ONE forward (a tree mask: each
-order's question sees the notes and whatever the strategy appends, each choice its own order's
-question and its own earlier tokens, with restarted positions).
+The document's notes are shared by every order, and so are the tokens every order's question
+begins with ("Question: … Answer with one of:", computed once); only the rest of each question and
+the choices are computed per order, all orders side by side in ONE forward (a tree mask: each
+order's question sees the notes, whatever the strategy appends and the common beginning, each
+choice its own order's question and its own earlier tokens, with restarted positions).
 
 Reading over the orders is measurement, not the strategy's time to first token: a strategy's
 readout is one question in the listed order (`worker.engine.readout.decide`), and the other orders
@@ -33,6 +34,7 @@ from dataclasses import dataclass
 
 import torch
 
+from vocabulary.prefix import common_prefix
 from worker.engine.forward import Deferred
 from worker.engine.notes import KV, cache_from_layers
 
@@ -143,20 +145,24 @@ class _Layout:
 def _layout(past: int, shared: list[int], suffixes: list[list[int]], encoded: list[list[int]],
             deferred: Deferred | None) -> _Layout:
     """The rows of `orders_forward` after `past` cached tokens: the deferred rows, the shared tokens,
-    then per order its question and every choice after it."""
+    the tokens every order's question begins with ("Question: … Answer with one of:", once), then
+    per order the rest of its question and every choice after it."""
     n_def = len(deferred.positions) if deferred else 0
-    inputs = (list(deferred.ids) if deferred else []) + list(shared)
-    positions = (list(deferred.positions) if deferred else []) + [past + j for j in range(len(shared))]
-    group, parent = [0] * n_def + [1] * len(shared), [-1, 0]
+    same = min((common_prefix(suffixes[0], s) for s in suffixes[1:]), default=0)
+    same = min(same, min(len(s) for s in suffixes) - 1)  # every order keeps its last token, its head
+    common = list(suffixes[0][:same])
+    inputs = (list(deferred.ids) if deferred else []) + list(shared) + common
+    positions = (list(deferred.positions) if deferred else []) + [past + j for j in range(len(shared) + same)]
+    group, parent = [0] * n_def + [1] * (len(shared) + same), [-1, 0]
     heads: list[int] = []
     rows: list[list[int]] = []  # per order, per choice: the row of each of its tokens after the first
     for suffix in suffixes:
         order_group = len(parent)
         parent.append(1)
         start = past + len(shared)
-        inputs += suffix
-        positions += [start + j for j in range(len(suffix))]
-        group += [order_group] * len(suffix)
+        inputs += suffix[same:]
+        positions += [start + j for j in range(same, len(suffix))]
+        group += [order_group] * (len(suffix) - same)
         heads.append(len(inputs) - 1)
         for seq in encoded:
             parent.append(order_group)
