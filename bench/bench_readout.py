@@ -95,6 +95,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--repeats", type=int, default=1, help="runs per arm")
     parser.add_argument("--out", default=str(ROOT / "docs" / "readout.md"))
+    parser.add_argument("--thirteen-only", action="store_true",
+                        help="the 13-choice part only, its table printed (docs/readout.md left alone)")
     args = parser.parse_args(argv)
     if args.arm is not None:
         print(json.dumps(arm(json.loads(args.arm))))
@@ -106,14 +108,19 @@ def main(argv: list[str] | None = None) -> int:
     eng = load(args.model, device="cpu", data_dir=get_settings().data_dir)
     count = lambda text: len(eng.tokenize_document(text)[0])  # noqa: E731
     data_dir = str(get_settings().data_dir.resolve())
+    thirteen = record(1000, 13, count)
+    base = {"model": args.model, "data_dir": data_dir, "repeats": args.repeats}
+    print(f"13 choices: example {thirteen['example']}, {thirteen['tokens']} tokens (load "
+          f"{os.getloadavg()[0]:.1f})", flush=True)
+    many = _run_arm(ROOT, {**base, **thirteen, "strategies": ["recompute", "stale"]})
+    if args.thirteen_only:
+        print("\n".join(_thirteen(args, thirteen, many)))
+        print(f"load average after: {os.getloadavg()[0]:.1f}")
+        return 0
     old = Path(args.old)
     if not old.exists():
         subprocess.run(["git", "worktree", "add", "--detach", str(old), OLD_COMMIT], cwd=ROOT, check=True)
-    thirteen = record(1000, 13, count)
     two = record(2000, 2, count)
-    base = {"model": args.model, "data_dir": data_dir, "repeats": args.repeats}
-    print(f"13 choices: example {thirteen['example']}, {thirteen['tokens']} tokens", flush=True)
-    many = _run_arm(ROOT, {**base, **thirteen, "strategies": ["recompute", "stale"]})
     print(f"2 choices: example {two['example']}, {two['tokens']} tokens", flush=True)
     pair = {**base, **two, "strategies": ["recompute", "erratum"]}
     arms = {"this code": _run_arm(ROOT, pair), f"before issue 23 ({OLD_COMMIT})": _run_arm(old, pair)}
@@ -123,17 +130,11 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def markdown(args, thirteen: dict, many: dict, two: dict, arms: dict) -> str:
+def _thirteen(args, thirteen: dict, many: dict) -> list[str]:
     runs = many["runs"]
     stale = statistics.median(r["stale"]["ttft_ms"] for r in runs)
     ref = statistics.median(r["recompute"]["ttft_ms"] for r in runs)
     lines = [
-        "# Readout that scales: one readout per first token",
-        "",
-        f"Written by `bench/bench_readout.py` on {args.model} (CPU; the machine shared with other "
-        f"engineers' tests, so only ratios measured in this run count). Held-out records from "
-        f"MuSiQue (`musique_dev.json`, CacheBlend's subset, CC BY 4.0), nobody here wrote them.",
-        "",
         f"## 13 choices (example {thirteen['example']}, {many['document_tokens']} tokens)",
         "",
         "| strategy | time to first token (ms) | choices over 8 orders, apart (measure_ms) | decision |",
@@ -143,8 +144,21 @@ def markdown(args, thirteen: dict, many: dict, two: dict, arms: dict) -> str:
         r = runs[-1][name]
         lines.append(f"| {name} | {statistics.median(x[name]['ttft_ms'] for x in runs):.0f} | "
                      f"{r['measure_ms']:.0f} | {r['decision']} |")
-    lines += ["", f"stale's first token is **{stale / ref:.3f}×** recompute's (goal: at most 0.25).", "",
-              f"## 2 choices (example {two['example']}, {arms['this code']['document_tokens']} tokens)",
+    return lines + ["", f"stale's first token is **{stale / ref:.3f}×** recompute's (goal: at most 0.25).",
+                    ""]
+
+
+def markdown(args, thirteen: dict, many: dict, two: dict, arms: dict) -> str:
+    lines = [
+        "# Readout that scales: one readout per first token",
+        "",
+        f"Written by `bench/bench_readout.py` on {args.model} (CPU; the machine shared with other "
+        f"engineers' tests, so only ratios measured in this run count). Held-out records from "
+        f"MuSiQue (`musique_dev.json`, CacheBlend's subset, CC BY 4.0), nobody here wrote them.",
+        "",
+        *_thirteen(args, thirteen, many),
+    ]
+    lines += [f"## 2 choices (example {two['example']}, {arms['this code']['document_tokens']} tokens)",
               "", "| code | recompute TTFT (ms) | erratum TTFT (ms) | erratum speed-up | paired speed-up |",
               "|---|---:|---:|---:|---:|"]
     ups = {}

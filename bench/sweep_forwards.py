@@ -4,9 +4,10 @@
 A sweep's edit past its timed sample is `eng.run(RunRequest(..., timing=False,
 check_reference=False), notes=notes)` with every sweep strategy (`vocabulary.sweeps.SWEEP_STRATEGIES`)
 on a choice question. A hook on the model counts each forward: its batch, its length, the notes it
-read after, its wall time. Two edits run from the same notes: the first also pays what a sweep pays
-once (hoist's layout of the document); the second is what every later edit costs. One prefill is
-timed before and after them; the ratios divide by their median.
+read after, its wall time. The edits run from the same notes: the first also pays what a sweep pays
+once (hoist's layout of the document, stale's readout); each later one, what every later edit
+costs, runs right after a prefill of the document, and its ratio to that prefill is taken in wall
+time and in this process's CPU time (steadier than wall time on a machine others load).
 
     .venv/bin/python bench/sweep_forwards.py [--record shipment|musique] [--choices 2|13]
 
@@ -56,6 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--record", choices=("shipment", "musique"), default="shipment")
     parser.add_argument("--choices", type=int, default=2, help="how many choices (2 or 13)")
     parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--rounds", type=int, default=3, help="later edits, each after a prefill")
     args = parser.parse_args(argv)
     from data.settings import get_settings
     from vocabulary.sweeps import SWEEP_STRATEGIES
@@ -77,42 +79,50 @@ def main(argv: list[str] | None = None) -> int:
     eng.model.register_forward_pre_hook(before, with_kwargs=True)
     eng.model.register_forward_hook(after, with_kwargs=True)
     eng.warm_up()
-    prefills = []
 
-    def prefill():
-        t0 = time.perf_counter()
-        notes = eng.prefill(case["document"])
-        prefills.append(time.perf_counter() - t0)
-        return notes
+    def timed(work):
+        t0, c0 = time.perf_counter(), time.process_time()
+        out = work()
+        return out, time.perf_counter() - t0, time.process_time() - c0
 
-    notes = prefill()
-    print(f"{case['name']}: {notes.n_tokens} tokens, {len(question.choices)} choices, strategies "
-          f"{', '.join(SWEEP_STRATEGIES)}; load {os.getloadavg()[0]:.1f}", flush=True)
-    edits = []
-    for value in case["values"]:
+    def edit(value):
         seen.clear()
         request = RunRequest(document=case["document"], question=question, strategies=tuple(SWEEP_STRATEGIES),
                              fields=(Field(case["start"], case["end"], value, "value"),), timing=False,
                              check_reference=False)
-        t0 = time.perf_counter()
-        report = eng.run(request, notes=notes)
-        edits.append({"value": value, "wall": time.perf_counter() - t0, "forwards": list(seen),
-                      "decisions": {n: r.decision for n, r in report.strategies.items()}})
-    prefill()
-    one = statistics.median(prefills)
-    print(f"one prefill: {one:.2f} s (median of {[round(p, 2) for p in prefills]}); "
-          f"load {os.getloadavg()[0]:.1f}")
-    for i, edit in enumerate(edits):
-        f = edit["forwards"]
-        print(f"edit {i + 1} ({edit['value']}{', also hoist layout' if i == 0 else ''}): {len(f)} forwards, "
-              f"{sum(x['batch'] * x['length'] for x in f)} input slots "
-              f"({sum(x['length'] for x in f if x['batch'] == 1)} unbatched), wall {edit['wall']:.2f} s = "
-              f"{edit['wall'] / one:.2f}× one prefill")
+        report, wall, cpu = timed(lambda: eng.run(request, notes=notes))
+        return {"value": value, "wall": wall, "cpu": cpu, "forwards": list(seen), "load": os.getloadavg()[0],
+                "decisions": {n: r.decision for n, r in report.strategies.items()}}
+
+    notes, wall, cpu = timed(lambda: eng.prefill(case["document"]))
+    print(f"{case['name']}: {notes.n_tokens} tokens, {len(question.choices)} choices, strategies "
+          f"{', '.join(SWEEP_STRATEGIES)}; load {os.getloadavg()[0]:.1f}", flush=True)
+    first = edit(case["values"][0])
+    _show("first edit (also lays out hoist's document once, reads stale once)", first, wall, cpu)
+    pairs = []
+    for i in range(args.rounds):  # one prefill, then one edit, back to back: a ratio per round
+        _, wall, cpu = timed(lambda: eng.prefill(case["document"]))
+        pairs.append((wall, cpu, edit(case["values"][(i + 1) % len(case["values"])])))
+        _show(f"round {i + 1}: a later edit", pairs[-1][2], wall, cpu, details=i == 0)
+    walls = [e["wall"] / w for w, _, e in pairs]
+    cpus = [e["cpu"] / c for _, c, e in pairs]
+    print(f"later edit / one prefill, median of {len(pairs)} rounds: wall {statistics.median(walls):.2f}× "
+          f"({', '.join(f'{r:.2f}' for r in walls)}), CPU time {statistics.median(cpus):.2f}× "
+          f"({', '.join(f'{r:.2f}' for r in cpus)})")
+    return 0
+
+
+def _show(what: str, edit: dict, prefill_wall: float, prefill_cpu: float, details: bool = True) -> None:
+    f, wall, cpu = edit["forwards"], edit["wall"], edit["cpu"]
+    print(f"{what}, {edit['value']}: {len(f)} forwards, {sum(x['batch'] * x['length'] for x in f)} input "
+          f"slots; wall {wall:.2f} s against a prefill's {prefill_wall:.2f} s ({wall / prefill_wall:.2f}×), "
+          f"CPU {cpu:.2f} s against {prefill_cpu:.2f} s ({cpu / prefill_cpu:.2f}×); "
+          f"load {edit['load']:.1f}", flush=True)
+    if details:
         for x in f:
             print(f"    batch {x['batch']:>2} × {x['length']:>5} inputs after {x['after']:>5} notes: "
                   f"{x.get('ms', float('nan')):8.0f} ms")
         print(f"    decisions: {edit['decisions']}")
-    return 0
 
 
 if __name__ == "__main__":
