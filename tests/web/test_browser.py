@@ -217,6 +217,9 @@ def test_run_page_opens_on_the_difference_and_reads_from_any_token(tmp_path: Pat
         page.wait_for_function("document.querySelectorAll('#hm-diff .tok').length > 100")
         # differs from recompute, not the exact prefix_reuse
         assert page.input_value("#hm-strategy") == "stale"
+        # the script reads the reference and the segments it marks from the page, not from its source
+        assert page.get_attribute("#attention", "data-reference") == "recompute"
+        page.wait_for_function("document.querySelectorAll('#hm-overview .mark.question').length === 1")
         assert page.locator(".column-legend dt").count() >= 6 and page.is_visible(".column-legend")
         row = page.locator('.decision-table tr[data-strategy="field_erratum"]')
         assert "✓ follows the edit" in row.inner_text() and "SUSPENDED" in row.inner_text()
