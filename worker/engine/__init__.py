@@ -16,7 +16,7 @@ Import floors, bottom to top: a module imports only from its own floor or below,
         store_index split_attention
     2 notes: rope notes
     3 forward: forward selective orders mechanism.masked
-    4 readout and surgery: readout edit compose attention loaded mechanism.knockout mechanism.lens
+    4 readout and surgery: readout batched edit compose attention loaded mechanism.knockout mechanism.lens
         mechanism.selective_k
     5 strategies: strategies strategies.base strategies.edit strategies.compose strategies.measure
         strategies.__main__ strategies.edits strategies.edits.* strategies.compositions
