@@ -23,12 +23,19 @@ _DEPTH = "kvnotes.unit_depth"  # key in `Session.info`: how many `saving` blocks
 
 
 @contextmanager
-def saving(session: Session) -> Iterator[Session]:
-    """Commit what the block did when the outermost block ends; roll all of it back if it raises."""
+def saving(session: Session, keeps: tuple[type[BaseException], ...] = ()) -> Iterator[Session]:
+    """Commit what the block did when the outermost block ends; roll all of it back if it raises,
+    unless it raises one of `keeps`: a refusal that is an answer, whose record must stand (a
+    refused sign-in counts against the limit), so what was done is committed, then it propagates."""
     depth = session.info.get(_DEPTH, 0)
     session.info[_DEPTH] = depth + 1
     try:
         yield session
+    except keeps:
+        session.info[_DEPTH] = depth
+        if depth == 0:
+            session.commit()
+        raise
     except BaseException:
         session.info[_DEPTH] = depth
         if depth == 0:
@@ -48,12 +55,17 @@ def _session_of(first: object) -> Session:
     return session
 
 
-def action(fn: Callable[P, R]) -> Callable[P, R]:
-    """Make `fn` (whose first argument is the session, or a row attached to it) one transaction."""
+def action(fn: Callable[P, R] | None = None, *, keeps: tuple[type[BaseException], ...] = ()):
+    """Make `fn` (whose first argument is the session, or a row attached to it) one transaction:
+    `@action`, or `@action(keeps=(Refusal,))` for one whose refusals `Refusal` are saved with what
+    the action did before refusing (`saving`'s `keeps`)."""
 
-    @functools.wraps(fn)
-    def run(*args: P.args, **kwargs: P.kwargs) -> R:
-        with saving(_session_of(args[0])):
-            return fn(*args, **kwargs)
+    def wrap(fn: Callable[P, R]) -> Callable[P, R]:
+        @functools.wraps(fn)
+        def run(*args: P.args, **kwargs: P.kwargs) -> R:
+            with saving(_session_of(args[0]), keeps):
+                return fn(*args, **kwargs)
 
-    return run
+        return run
+
+    return wrap if fn is None else wrap(fn)

@@ -59,3 +59,29 @@ def test_an_action_commits_and_nested_actions_commit_once_or_not_at_all(make_cli
         assert [f.new_value for f in other.query(Field)] == ["Client"]
         assert other.get(Notebook, ident).title == "two"
         assert len(other.get(Notebook, ident).errata) == 1
+
+
+def test_an_action_keeps_what_it_did_before_a_refusal_it_keeps(make_client) -> None:
+    """`saving(session, keeps=(Refusal,))`: a kept refusal commits what the block did, then
+    propagates; any other exception still rolls all of it back."""
+    make_client()
+    from app.services import notebooks as actions
+    from app.services.errors import Unprocessable
+    from app.services.unit import saving
+    from data.db import get_sessionmaker
+    from data.models import Notebook
+
+    class Refused(Exception):
+        pass
+
+    maker = get_sessionmaker()
+    with maker() as session, pytest.raises(Refused):
+        with saving(session, keeps=(Refused,)):
+            actions.create_notebook(session, "kept", "smollm2-135m", DOC)
+            raise Refused
+    with maker() as session, pytest.raises(Unprocessable):
+        with saving(session, keeps=(Refused,)):
+            actions.create_notebook(session, "gone", "smollm2-135m", DOC)
+            raise Unprocessable("title", "refused, not kept")
+    with maker() as other:
+        assert [n.title for n in other.query(Notebook)] == ["kept"]
