@@ -82,21 +82,30 @@ def _path(eng, name: str, document: str, find: str, values, question, strategies
     notes = eng.prefill(document)
     walls: list[float] = []
     loads: list[float] = []
+    forwards: list[list[int]] = []  # per edit: the inputs of each forward (batch × length)
+    seen: list[int] = []
     last = [time.perf_counter()]
     started = time.perf_counter()
+    hook = eng.model.register_forward_pre_hook(
+        lambda module, a, kwargs: seen.append(kwargs["input_ids"].numel()), with_kwargs=True)
 
     def tick(done: int, total: int) -> None:
         walls.append(time.perf_counter() - last[0])
         loads.append(_load())
+        forwards.append(list(seen))
+        seen.clear()
         left = (time.perf_counter() - started) / done * (total - done)
         print(f"  {name}: edit {done} of {total}: {walls[-1]:.1f} s = {walls[-1] / prefill_s:.2f}× one "
               f"prefill (load {loads[-1]:.1f}; at most {left / 60:.0f} min left)", flush=True)
         last[0] = time.perf_counter()
 
     last[0] = time.perf_counter()
-    result = run_sweep(eng, document, find, "destination", list(values), question, strategies, progress=tick,
-                       stop_when_decided=stop, timed_edits=timed_edits, notes=notes)
-    return {"walls": walls, "loads": loads, "result": result}
+    try:
+        result = run_sweep(eng, document, find, "destination", list(values), question, strategies,
+                           progress=tick, stop_when_decided=stop, timed_edits=timed_edits, notes=notes)
+    finally:
+        hook.remove()
+    return {"walls": walls, "loads": loads, "forwards": forwards, "result": result}
 
 
 def run(args, question_text: str, choices: tuple[str, ...], values: list[str], extended: list[str]) -> dict:
@@ -135,13 +144,14 @@ def run(args, question_text: str, choices: tuple[str, ...], values: list[str], e
             "machine": f"{platform.machine()}, {os.cpu_count()} cores"}
 
 
-def _row(name: str, path: dict, prefill: float) -> str:
-    walls = path["walls"]
-    later = walls[1:] or walls
+def _row(name: str, path: dict, prefill: float, tokens: int) -> str:
+    walls, forwards = path["walls"], path["forwards"]
+    later, calls = walls[1:] or walls, forwards[1:] or forwards
     return (f"| {name} | {len(walls)} | {statistics.median(walls):.2f} | "
             f"{statistics.median(walls) / prefill:.2f}× | {walls[0] / prefill:.2f}× | "
             f"{statistics.median(later) / prefill:.2f}× | {max(walls) / prefill:.2f}× | "
-            f"{sum(walls) / len(walls) / prefill:.2f}× |")
+            f"{sum(walls) / len(walls) / prefill:.2f}× | {statistics.median(len(c) for c in calls):.0f} | "
+            f"{statistics.median(sum(c) for c in calls) / tokens:.2f}× |")
 
 
 def markdown(r: dict, command: str) -> str:
@@ -163,11 +173,16 @@ def markdown(r: dict, command: str) -> str:
         f"Load average (1 min) during the run: {min(r['loads']):.1f}–{max(r['loads']):.1f}.",
         "",
         "| path | edits | per edit, median (s) | per edit / one prefill | first edit / prefill "
-        "| later edits, median / prefill | slowest / prefill | mean / prefill |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
-        _row("per-edit (every edit timed in paired rounds)", per, prefill),
-        _row("decision-only, stop_when_decided off", off, prefill),
-        _row("decision-only, stop_when_decided on", on, prefill),
+        "| later edits, median / prefill | slowest / prefill | mean / prefill "
+        "| forwards per later edit | inputs per later edit / document tokens |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        _row("per-edit (every edit timed in paired rounds)", per, prefill, r["document_tokens"]),
+        _row("decision-only, stop_when_decided off", off, prefill, r["document_tokens"]),
+        _row("decision-only, stop_when_decided on", on, prefill, r["document_tokens"]),
+        "",
+        "The last two columns are counted by a hook on the model's forward in this run: how many "
+        "forwards a later edit made, and how many inputs they took (a batched forward's batch × length, "
+        "padding included) against the document's tokens, which is what one prefill takes in one forward.",
         "",
         "The goal is at most 2.0× one prefill per decision-only edit. Each path is a sweep of its own: its "
         "first edit also lays out hoist's document once (kept with the notes for the later edits) and "
