@@ -6,6 +6,9 @@ variables) applied by the `isolated` fixture (this process) or handed to a subpr
 the served app: `ServedApp`). Converted real models live in `<repo>/var/test-data` so later runs
 reuse them. Under `CI=true` a missing PostgreSQL or Chromium fails the suite; elsewhere it skips.
 No test module imports another test module: shared helpers live here or in a package's conftest.
+
+The vLLM server, the app serving it and Chromium start once per test process (`shared`). A new
+SQLite database is a copy of one migrated once per process (`migrate`).
 """
 
 from __future__ import annotations
@@ -20,10 +23,11 @@ import time
 import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, ExitStack, contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 
@@ -191,6 +195,79 @@ def chromium() -> ModuleType:
     return sync_api
 
 
+# ---- what a run starts once: a server, Chromium ---------------------------------------------------
+
+_SHARED: dict[str, tuple[Any, ExitStack]] = {}  # fixture name: (its value, what stops it)
+_LAST_USE: dict[str, str] = {}  # fixture name: the last test of the run that uses it
+_FAILED: dict[str, BaseException] = {}  # fixture name: why it could not start
+
+
+def shared(fixture: str, start: Callable[[], AbstractContextManager]) -> Any:
+    """What `start()` enters, once per test process: started by the first test that uses `fixture`
+    and stopped after the last one of the run that does (`pytest_runtest_teardown`), not at the
+    session's end, so a server does not idle beside the tests that follow it."""
+    if fixture in _FAILED:  # as pytest does for a session fixture: tried once, the same error after
+        raise _FAILED[fixture]
+    if fixture not in _SHARED:
+        stack = ExitStack()
+        try:
+            value = stack.enter_context(start())
+        except BaseException as exc:
+            stack.close()
+            _FAILED[fixture] = exc
+            raise
+        _SHARED[fixture] = (value, stack)
+    return _SHARED[fixture][0]
+
+
+def _stop_shared(done: Callable[[str], bool]) -> None:
+    """Stop what `shared` started whose use is `done` (the last started first: a served app before
+    the vLLM server under it)."""
+    for name in reversed(list(_SHARED)):
+        if done(name):
+            _SHARED.pop(name)[1].close()
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    for item in session.items:
+        for name in getattr(item, "fixturenames", ()):
+            _LAST_USE[name] = item.nodeid
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None):
+    """After a test's own teardown: stop what `shared` started that no later test uses."""
+    try:
+        return (yield)
+    finally:
+        _stop_shared(lambda name: nextitem is None or _LAST_USE.get(name) == item.nodeid)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    _stop_shared(lambda name: True)  # a run stopped early (-x, Ctrl-C)
+
+
+@contextmanager
+def _chromium() -> Iterator[Any]:
+    sync_api = chromium()
+    with sync_api.sync_playwright() as p:
+        launched = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            yield launched
+        finally:
+            launched.close()
+
+
+@pytest.fixture
+def browser() -> Iterator[Any]:
+    """The run's one headless Chromium (`shared`; missing: a failure under CI=true, else a skip). A
+    test opens its own contexts (`browser.new_context(...)`): they are closed after it."""
+    launched = shared("browser", _chromium)
+    yield launched
+    for context in launched.contexts:
+        context.close()
+
+
 @pytest.fixture
 def postgres_url() -> Iterator[str]:
     """A scratch PostgreSQL database `kvnotes_test_<random>`, dropped afterwards."""
@@ -329,3 +406,4 @@ def api_call(url: str, method: str = "GET", body: dict | None = None) -> dict:
                                      headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(request, timeout=60) as response:
         return json.loads(response.read())
+

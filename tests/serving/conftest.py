@@ -19,13 +19,14 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
 import pytest
 
 from serving import TrajectoryReplaySpec
-from tests.conftest import REPO, UNDER_CI, LocalServer, ServedApp, free_port, missing
+from tests.conftest import REPO, UNDER_CI, LocalServer, ServedApp, free_port, missing, shared
 from vocabulary.trajectories import FieldSpec, TurnSpec
 
 START_TIMEOUT_S = 600  # about 3 minutes on 2 busy cores; more when the machine is loaded
@@ -100,18 +101,19 @@ def _stop(proc: subprocess.Popen) -> None:
         os.killpg(proc.pid, 9)
 
 
-@pytest.fixture(scope="session")
-def vllm_url(tmp_path_factory) -> Iterator[str]:
-    """The base URL of a vLLM server serving `smollm2-135m`."""
+@pytest.fixture
+def vllm_url(tmp_path_factory) -> str:
+    """The base URL of the run's one vLLM server serving `smollm2-135m` (`shared`: started by the
+    first test that needs it, stopped after the last)."""
     existing = os.environ.get("KVNOTES_TEST_VLLM_URL")
     if existing:
         if not _served(existing.rstrip("/").removesuffix("/v1")):
             missing(f"KVNOTES_TEST_VLLM_URL={existing} does not answer")
-        yield existing.rstrip("/").removesuffix("/v1")
-        return
-    yield from _serving(tmp_path_factory.mktemp("vllm"), "smollm2-135m")
+        return existing.rstrip("/").removesuffix("/v1")
+    return shared("vllm_url", lambda: _serving(tmp_path_factory.mktemp("vllm"), "smollm2-135m"))
 
 
+@contextmanager
 def _serving(where: Path, model: str) -> Iterator[str]:
     """Start `scripts/vllm.sh --model model`, yield its base URL, stop it."""
     if not UNDER_CI and not (VENV / "bin" / "python").exists():
@@ -151,7 +153,8 @@ def base_model_url(tmp_path_factory) -> Iterator[str]:
     config = json.loads((folder / "tokenizer_config.json").read_text())
     config.pop("chat_template", None)
     (folder / "tokenizer_config.json").write_text(json.dumps(config))
-    yield from _serving(where, str(folder))
+    with _serving(where, str(folder)) as url:
+        yield url
 
 
 class DyingServer:
@@ -197,12 +200,12 @@ class DyingServer:
 
 
 @pytest.fixture
-def served(tmp_path, vllm_url) -> Iterator[ServedApp]:
+def served(tmp_path_factory, vllm_url) -> ServedApp:
     """The web app, a real Celery worker (tiny-llama) and the replays' own worker (a replay loads
-    no model), whose default vLLM server is the session's."""
-    with ServedApp(tmp_path, "tiny-llama", worker=True, replays=True,
-                   KVNOTES_VLLM_URL=f"{vllm_url}/v1") as app:
-        yield app
+    no model), whose default vLLM server is the run's: one for the run (`shared`), each test
+    making its own notebook."""
+    return shared("served", lambda: ServedApp(tmp_path_factory.mktemp("served"), "tiny-llama", worker=True,
+                                              replays=True, KVNOTES_VLLM_URL=f"{vllm_url}/v1"))
 
 
 def make_notebook(client: httpx.Client) -> int:

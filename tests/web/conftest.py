@@ -100,32 +100,17 @@ def finished(client, doc: str = DOC, notes_map: bool = True, strategies=STRATEGI
     return nb, finished_run(s, notebook, strategies=strategies, notes_map=notes_map).id
 
 
-# ---- Chromium -------------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def browser():
-    """One headless Chromium for a test module (missing: a failure under CI=true, else a skip)."""
-    from tests.conftest import CHROMIUM, CHROMIUM_ARGS, chromium
-
-    with chromium().sync_playwright() as p:
-        launched = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        yield launched
-        launched.close()
+# ---- Chromium (the run's one: `browser`, tests/conftest.py) ----------------------------------------
 
 
 @pytest.fixture
-def browser_page():
-    """A page of its own Chromium at 1400×1000, and the page errors it collects. The CSP is bypassed:
-    the tests' own `wait_for_function` strings need eval, which the app's CSP forbids
-    (tests/web/test_security_browser.py drives the pages with the CSP in force)."""
-    from tests.conftest import CHROMIUM, CHROMIUM_ARGS, chromium
-
+def browser_page(browser):
+    """A page at 1400×1000 in a context of its own in the run's Chromium (`browser`), and the page
+    errors it collects. The CSP is bypassed: the tests' own `wait_for_function` strings need eval,
+    which the app's CSP forbids (tests/web/test_security_browser.py drives the pages with the CSP in
+    force)."""
     ARTIFACTS.mkdir(exist_ok=True)
-    with chromium().sync_playwright() as p:
-        launched = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        page = launched.new_page(viewport={"width": 1400, "height": 1000}, bypass_csp=True)
-        errors: list[str] = []
-        page.on("pageerror", lambda exc: errors.append(str(exc)))
-        yield page, errors
-        launched.close()
+    page = browser.new_context(viewport={"width": 1400, "height": 1000}, bypass_csp=True).new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    return page, errors
