@@ -51,4 +51,12 @@ fi
 echo "test: ruff (lint and lines within 110 characters)" >&2
 .venv/bin/ruff check .
 
-exec .venv/bin/python -m pytest tests -v --timeout 1800 --durations=15 "$@"
+# One torch thread per process (the workers' subprocesses too): the tests' models are tiny, and two
+# threads per process spin against each other on 2 shared cores (an engine subset of 294 tests:
+# 231 s with torch's default 2 threads, 73 s with 1, one process, measured side by side).
+export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
+# Two pytest-xdist workers (KVNOTES_TEST_WORKERS; 0: one process), each test file on one of them and
+# the tests that need vLLM or Chromium together, in the order tests/conftest.py gives (its
+# pytest_collection_modifyitems): each server starts once per run. The 15 slowest tests at the end.
+exec .venv/bin/python -m pytest tests -v --timeout 1800 --durations=15 -n "${KVNOTES_TEST_WORKERS:-2}" \
+    --dist loadgroup --no-loadscope-reorder "$@"

@@ -7,8 +7,10 @@ the served app: `ServedApp`). Converted real models live in `<repo>/var/test-dat
 reuse them. Under `CI=true` a missing PostgreSQL or Chromium fails the suite; elsewhere it skips.
 No test module imports another test module: shared helpers live here or in a package's conftest.
 
-The vLLM server, the app serving it and Chromium start once per test process (`shared`). A new
-SQLite database is a copy of one migrated once per process (`migrate`).
+A run (scripts/test.sh) is two pytest-xdist workers: each test file runs on one of them, and every
+test that needs the vLLM server or Chromium in one group on one worker, which starts each once
+(`shared`, `pytest_collection_modifyitems`). A new SQLite database is a copy of one migrated once
+per process (`migrate`).
 """
 
 from __future__ import annotations
@@ -205,7 +207,8 @@ _FAILED: dict[str, BaseException] = {}  # fixture name: why it could not start
 def shared(fixture: str, start: Callable[[], AbstractContextManager]) -> Any:
     """What `start()` enters, once per test process: started by the first test that uses `fixture`
     and stopped after the last one of the run that does (`pytest_runtest_teardown`), not at the
-    session's end, so a server does not idle beside the tests that follow it."""
+    session's end, so a server does not idle beside the tests that follow it. The tests that need
+    a server run together, on one xdist worker (`pytest_collection_modifyitems`): once per run."""
     if fixture in _FAILED:  # as pytest does for a session fixture: tried once, the same error after
         raise _FAILED[fixture]
     if fixture not in _SHARED:
@@ -407,3 +410,44 @@ def api_call(url: str, method: str = "GET", body: dict | None = None) -> dict:
     with urllib.request.urlopen(request, timeout=60) as response:
         return json.loads(response.read())
 
+
+# ---- the run in parallel: pytest-xdist's `--dist loadgroup` (scripts/test.sh) ---------------------
+
+# what starts a server the run should start once: the session's vLLM server, Chromium
+VLLM_FIXTURES = frozenset({"vllm_url", "base_model_url"})
+CHROMIUM_FIXTURES = frozenset({"browser", "browser_page"})
+SERVERS = "servers"  # the group of every test that needs vLLM or Chromium
+
+
+def _file_of(item: pytest.Item) -> str:
+    return item.nodeid.split("::", 1)[0]
+
+
+def _uses(item: pytest.Item, fixtures: frozenset[str]) -> bool:
+    return bool(set(getattr(item, "fixturenames", ())) & fixtures)
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Each test file is one xdist group (its tests share module fixtures and Redis databases, and run
+    in order on one worker); every file with a test that needs vLLM or Chromium joins one group,
+    `servers`, so a run starts each once (`shared`). The order: that group first (the files that need
+    only vLLM, then both, then only Chromium, so each is up once and stopped before the next starts),
+    then the files holding a slow test, then the others, each file's tests in their order (no worker
+    is left with a long file at the end while the other idles; scripts/test.sh passes
+    --no-loadscope-reorder to keep this order)."""
+    files: dict[str, list[pytest.Item]] = {}
+    for item in items:
+        files.setdefault(_file_of(item), []).append(item)
+    ranked = []
+    for position, (path, its) in enumerate(files.items()):
+        vllm = any(_uses(item, VLLM_FIXTURES) for item in its)
+        browser = any(_uses(item, CHROMIUM_FIXTURES) or item.get_closest_marker("browser") for item in its)
+        if vllm or browser:
+            group, rank = SERVERS, (0, 1 if vllm and browser else 2 if browser else 0)
+        else:
+            group, rank = path, (1 if any(item.get_closest_marker("slow") for item in its) else 2, 0)
+        for item in its:
+            item.add_marker(pytest.mark.xdist_group(group))
+        ranked.append((rank, position, its))
+    items[:] = [item for _, _, its in sorted(ranked, key=lambda r: r[:2]) for item in its]
