@@ -427,6 +427,20 @@ def _uses(item: pytest.Item, fixtures: frozenset[str]) -> bool:
     return bool(set(getattr(item, "fixturenames", ())) & fixtures)
 
 
+def _grouped(config: pytest.Config, item: pytest.Item, group: str) -> None:
+    """Put `item` in xdist group `group`. xdist's scheduler reads a group off the node id's `@group`
+    suffix, which its worker adds by setting `item._nodeid`; pytest 9 keeps a node's id in `_id` (a
+    `NodeId`) and ignores that, so every test would be a group of its own (tests of one file, which
+    share Redis databases and module fixtures, on both workers at once). Here the suffix is set where
+    this pytest keeps the id, on an xdist worker under --dist loadgroup only (a plain run keeps its ids)."""
+    item.add_marker(pytest.mark.xdist_group(group))
+    if not getattr(config.option, "loadgroup", False) or not hasattr(item, "_id"):
+        return  # not a loadgroup worker, or a pytest whose `_nodeid` xdist sets itself
+    from _pytest.nodeid import NodeId
+
+    item._id = NodeId.parse(f"{item.nodeid}@{group}")
+
+
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Each test file is one xdist group (its tests share module fixtures and Redis databases, and run
@@ -448,6 +462,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         else:
             group, rank = path, (1 if any(item.get_closest_marker("slow") for item in its) else 2, 0)
         for item in its:
-            item.add_marker(pytest.mark.xdist_group(group))
+            _grouped(config, item, group)
         ranked.append((rank, position, its))
     items[:] = [item for _, _, its in sorted(ranked, key=lambda r: r[:2]) for item in its]
