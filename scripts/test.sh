@@ -51,12 +51,16 @@ fi
 echo "test: ruff (lint and lines within 110 characters)" >&2
 .venv/bin/ruff check .
 
-# One torch thread per process (the workers' subprocesses too): the tests' models are tiny, and two
-# threads per process spin against each other on 2 shared cores (an engine subset of 294 tests:
-# 231 s with torch's default 2 threads, 73 s with 1, one process, measured side by side).
-export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
-# Two pytest-xdist workers (KVNOTES_TEST_WORKERS; 0: one process), each test file on one of them and
-# the tests that need vLLM or Chromium together, in the order tests/conftest.py gives (its
+# One process by default, in pytest's order, torch with its own threads: measured on a fresh clone
+# (2026-12-02, quiet 2-core machine), two xdist workers with one torch thread each took 36.1 min of
+# pytest against 32.7 min for one process (the real-model tests ran 2-3x slower on one thread).
+# KVNOTES_TEST_WORKERS=N runs N xdist workers instead, one torch thread each, each test file on one
+# worker and the tests that need vLLM or Chromium together (tests/conftest.py's
 # pytest_collection_modifyitems): each server starts once per run. The 15 slowest tests at the end.
-exec .venv/bin/python -m pytest tests -v --timeout 1800 --durations=15 -n "${KVNOTES_TEST_WORKERS:-2}" \
-    --dist loadgroup --no-loadscope-reorder "$@"
+WORKERS="${KVNOTES_TEST_WORKERS:-0}"
+PARALLEL=()
+if [[ "$WORKERS" != 0 ]]; then
+    export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
+    PARALLEL=(-n "$WORKERS" --dist loadgroup --no-loadscope-reorder)
+fi
+exec .venv/bin/python -m pytest tests -v --timeout 1800 --durations=15 "${PARALLEL[@]}" "$@"

@@ -450,6 +450,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     then the files holding a slow test, then the others, each file's tests in their order (no worker
     is left with a long file at the end while the other idles; scripts/test.sh passes
     --no-loadscope-reorder to keep this order)."""
+    if not hasattr(config, "workerinput"):
+        return  # one process (no xdist worker): pytest's own order
     files: dict[str, list[pytest.Item]] = {}
     for item in items:
         files.setdefault(_file_of(item), []).append(item)

@@ -109,15 +109,19 @@ def test_a_run_succeeds_without_its_index(tmp_path: Path) -> None:
     from worker.engine.engine import no_store
 
     store = KVStore(tmp_path / "kv", block_tokens=16)
-    eng = load("tiny-llama", device="cpu", store=store)
+    eng = load("tiny-llama", device="cpu")  # the cached engine: its store is put back after
     text = "The customer record: name Alice, age 31, status active. Only active accounts may log in. " * 3
     with no_store(eng):
         expected = eng.prefill(text)
-    eng.prefill(text)
-    (store.root / "index.sqlite").unlink()
-    first = eng.prefill(text)
-    (store.root / "index.sqlite").write_bytes(b"garbage" * 64)
-    second = eng.prefill(text)
+    saved, eng.store = eng.store, store
+    try:
+        eng.prefill(text)
+        (store.root / "index.sqlite").unlink()
+        first = eng.prefill(text)
+        (store.root / "index.sqlite").write_bytes(b"garbage" * 64)
+        second = eng.prefill(text)
+    finally:
+        eng.store = saved
     for notes_ in (first, second):
         for (k, v), (ek, ev) in zip(notes_.layers, expected.layers, strict=True):
             assert torch.allclose(k, ek, atol=1e-5) and torch.allclose(v, ev, atol=1e-5)
