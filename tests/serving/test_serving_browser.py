@@ -13,14 +13,20 @@ from tests.serving.conftest import RECORD, START, make_notebook, trajectory
 pytestmark = [pytest.mark.slow, pytest.mark.browser]
 
 
-def test_a_replay_from_the_panel_shows_the_stored_numbers(served, browser):
-    with httpx.Client(base_url=served.url, timeout=120) as client:
-        nid = make_notebook(client)
+def _opened(browser, url: str, form: str):
+    """A new page at `url` once htmx has loaded `form` into place, and the page errors it collects."""
     page = browser.new_context(viewport={"width": 1400, "height": 1000}).new_page()
     errors: list[str] = []
     page.on("pageerror", lambda exc: errors.append(str(exc)))
-    page.goto(f"{served.url}/notebooks/{nid}")
-    page.wait_for_selector("#serving-form")  # loaded into place by htmx
+    page.goto(url)
+    page.wait_for_selector(form)
+    return page, errors
+
+
+def test_a_replay_from_the_panel_shows_the_stored_numbers(served, browser):
+    with httpx.Client(base_url=served.url, timeout=120) as client:
+        nid = make_notebook(client)
+    page, errors = _opened(browser, f"{served.url}/notebooks/{nid}", "#serving-form")
     assert page.input_value("#serving-url").endswith("/v1")  # KVNOTES_VLLM_URL
     page.fill("#serving-values", "Madrid\nRome")
     page.fill("#serving-form input[name=rate]", "4")
@@ -57,11 +63,7 @@ def test_a_trajectory_replay_from_the_trajectory_page_shows_every_turn(served, b
                           json={"turns": turns, "question": "Where does it go?",
                                 "choices": ["Oslo", "Madrid"], "strategies": ["erratum"]}).json()["id"]
         client.post(f"/api/trajectories/{tid}/cancel")
-    page = browser.new_context(viewport={"width": 1400, "height": 1000}).new_page()
-    errors: list[str] = []
-    page.on("pageerror", lambda exc: errors.append(str(exc)))
-    page.goto(f"{served.url}/trajectories/{tid}")
-    page.wait_for_selector("#trajectory-serving-form")  # loaded into place by htmx
+    page, errors = _opened(browser, f"{served.url}/trajectories/{tid}", "#trajectory-serving-form")
     assert page.input_value("#trajectory-serving-url").endswith("/v1")  # KVNOTES_VLLM_URL
     page.uncheck("#trajectory-serving-form input[value=hoist]")
     page.click("#trajectory-serving-form button[type=submit]")
