@@ -67,10 +67,15 @@ def test_turns_written_one_by_one_then_started(tmp_path: Path, browser_page) -> 
         page.wait_for_function("document.querySelector('#turn-2-append').value.includes('[user]')")
         assert [a.split("]")[0] for a in appends(page)] == ["\n[tool", "\n[user", "\n[tool", "\n[tool"]
         assert page.input_value("#turn-3-field-1") == "suspended"  # the field moved with its turn
-        assert page.evaluate("document.activeElement.getAttribute('aria-label')") == "Move turn 2 up"
+        page.wait_for_function("document.activeElement && document.activeElement.getAttribute('aria-label')"
+                               " === 'Move turn 2 up'", timeout=30_000)  # the focus follows the moved turn
         page.click("button[aria-label='Delete turn 4']")
         page.wait_for_function("document.querySelectorAll('#trajectory .turn-row').length === 3")
         assert "Turn 4 deleted." in page.inner_text("#trajectory")
+        # the focus goes to the last row left once the swap settles: wait for it, or a fill typed
+        # meanwhile lands in that row (a CI run prefixed turn 3 with the question)
+        page.wait_for_function("document.activeElement && document.activeElement.id === 'turn-3-append'",
+                               timeout=30_000)
         page.fill("#trajectory-question", "Can Dana log in?")
         page.fill("#trajectory-choices", "yes, no")
         for name in ("stale", "field_erratum", "selective", "hoist"):  # fewer strategies: a shorter test
