@@ -9,6 +9,7 @@ runs the first edits of each field again on that model and compares."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -85,9 +86,11 @@ def test_the_example_runs_on_the_model_that_reads_the_status_back_and_says_why()
 
 
 @pytest.mark.slow
-def test_the_stored_decisions_hold_on_the_bundled_model() -> None:
+def test_the_stored_decisions_hold_on_the_bundled_model(data_dir: Path) -> None:
+    # the suite's data folder: the checkout's default `var/` would convert the model a second time
     done = subprocess.run([sys.executable, "scripts/measure_sweep_example.py", "--check", "--edits", "2"],
-                          cwd=REPO, capture_output=True, text=True, timeout=1800)
+                          cwd=REPO, capture_output=True, text=True, timeout=1800,
+                          env={**os.environ, "KVNOTES_DATA": str(data_dir)})
     assert done.returncode == 0, done.stdout + done.stderr
     assert "ok: 4 edits checked" in done.stdout
 
