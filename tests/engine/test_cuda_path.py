@@ -17,6 +17,7 @@ from torch.overrides import TorchFunctionMode
 from tests.engine.conftest import QUESTION, TEXT, attention_case, forward, max_diff
 from worker.engine import Field, Question, load
 from worker.engine.split_attention import install, joins, split_attention_forward, splits_on_this_device
+from worker.engine.store import KVStore
 from worker.engine.tiny import TINY_MODELS
 
 ALL_TINY = list(TINY_MODELS)
@@ -145,15 +146,22 @@ class _DeviceGuard(TorchFunctionMode):
 
 
 @pytest.mark.parametrize("alias", ["tiny-llama", "tiny-gemma3"])  # gemma3: the sliding-window readout
-def test_every_tensor_a_run_makes_names_the_models_device(alias):
+def test_every_tensor_a_run_makes_names_the_models_device(alias, tmp_path):
     eng = load(alias)
     start = TEXT.index("active")
     guard = _DeviceGuard()
-    with guard:
-        eng.edit(TEXT, [Field(start, start + 6, "suspended", "status")], QUESTION, attention=True)
-        eng.edit(TEXT, [Field(start, start + 6, "suspended", "status")], Question("What is the status?"))
-        eng.compose(TEXT, ["Answer in one word.\n"], QUESTION,
-                    strategies=["splice", "seam", "epic", "selective", "prefix_reuse"])
+    # with a store of its own, whatever an earlier test left on the cached engine: its writes are
+    # checked every time (an xdist run met them only when another test had attached one)
+    saved, eng.store = eng.store, KVStore(tmp_path / "kv", block_tokens=16)
+    try:
+        with guard:
+            eng.edit(TEXT, [Field(start, start + 6, "suspended", "status")], QUESTION, attention=True)
+            eng.edit(TEXT, [Field(start, start + 6, "suspended", "status")], Question("What is the status?"))
+            eng.compose(TEXT, ["Answer in one word.\n"], QUESTION,
+                        strategies=["splice", "seam", "epic", "selective", "prefix_reuse"])
+        assert any((tmp_path / "kv").rglob("*.safetensors")), "the store wrote nothing"
+    finally:
+        eng.store = saved
     assert guard.unplaced == set()
 
 

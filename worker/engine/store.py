@@ -163,12 +163,12 @@ class KVStore:
                 continue
             s, e = i * self.block_tokens, (i + 1) * self.block_tokens
             tensors = _layer_tensors(layers, s, e)
-            tensors["token_ids"] = torch.tensor(ids[s:e], dtype=torch.int64)
+            tensors["token_ids"] = torch.tensor(ids[s:e], dtype=torch.int64, device="cpu")  # for the file
             written.append((bkey, "block", self._write(path, tensors, {"model_key": model_key})))
         seq_key = _hash(b"seq", model_key.encode(), str(self.block_tokens).encode(), _ids_bytes(ids))
         tail_start = len(block_keys) * self.block_tokens
         tail = _layer_tensors(layers, tail_start, len(ids))
-        tail["token_ids"] = torch.tensor(ids, dtype=torch.int64)
+        tail["token_ids"] = torch.tensor(ids, dtype=torch.int64, device="cpu")
         meta = {
             "model_key": model_key,
             "blocks": json.dumps(block_keys),
