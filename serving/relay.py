@@ -45,6 +45,7 @@ class Outcome:
     text: str = ""
     prompt_tokens: int = 0
     cached_tokens: int = 0
+    done: bool = False  # the stream's `data: [DONE]` was read
     parts: list[str] = field(default_factory=list, repr=False)
 
 
@@ -172,6 +173,7 @@ class Relay:
             return bool(text)
         data = text[5:].strip()
         if data == "[DONE]":
+            self.outcome.done = True
             self.outcome.latency_ms = (time.perf_counter() - self._sent) * 1000
             self.outcome.text = "".join(self.outcome.parts)
             return True

@@ -148,11 +148,18 @@ def _upstream_error(status: int, data: bytes, headers: dict[str, str]) -> JSONRe
 
 
 async def _stream(gateway: Gateway, prepared: Prepared, relay: Relay) -> AsyncIterator[bytes]:
-    """The upstream's events as they come; closing (the client gone: cancelled) closes the upstream."""
+    """The upstream's events as they come; closing (the client gone: cancelled) closes the upstream.
+    The request is counted before `data: [DONE]` is passed on: a client that closes once it has read
+    it (the `openai` client does) cancels this generator before the upstream's stream ends."""
+    counted = False
     try:
         async for piece in relay.chunks():
+            if relay.outcome.done and not counted:
+                counted = True
+                gateway.finish(prepared, relay)
             yield piece
-        gateway.finish(prepared, relay)
+        if not counted:
+            gateway.finish(prepared, relay)
     except UpstreamError as exc:
         error = {"error": {"message": str(exc), "type": "upstream_error", "param": None, "code": exc.status}}
         yield f"data: {json.dumps(error)}\n\n".encode()

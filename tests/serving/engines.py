@@ -13,7 +13,8 @@ Its answer reads the prompt's `key` (default "destination"): `reads="first"` ans
 the key's line as first written (a model that ignores errata), `reads="last"` the last value stated
 (the line, or an erratum "key has changed from A to B"). `fault` makes it fail: "500" answers every
 completion with HTTP 500, "slow" waits `delay_s` before answering, "trickle" streams one event every
-`delay_s` forever (`gone` is set when the client went away).
+`delay_s` forever (`gone` is set when the client went away), "linger" holds the stream open `delay_s`
+after its `data: [DONE]`.
 
 `Gateway` runs `kvnotes gateway` as a real process in front of either (or of a real vLLM server).
 """
@@ -188,6 +189,8 @@ class Engine(LocalServer):
                 h.wfile.write(f"data: {json.dumps(event)}\n\n".encode())
             h.wfile.write(b"data: [DONE]\n\n")
             h.wfile.flush()
+            if self.fault == "linger":
+                time.sleep(self.delay_s)
         except OSError:
             self.gone.set()
         h.close_connection = True

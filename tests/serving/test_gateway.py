@@ -82,6 +82,32 @@ def test_the_openai_client_through_the_gateway_streamed_and_not(tmp_path, engine
         gateway.stop()
 
 
+def test_a_stream_is_counted_when_its_client_closes_right_after_done(tmp_path):
+    """The upstream keeps its stream open 60 s after `data: [DONE]`; the client closes as soon as it
+    has read it (as the `openai` client may): the request is counted all the same (a CI run's gateway
+    counted 3 of 4 streamed rewrites when the client's close came before the upstream's end)."""
+    engine = Engine("vllm", fault="linger", delay_s=60)
+    gateway = Gateway(tmp_path, f"{engine.url}/v1", "--check-rate", "0")
+    try:
+        for city in CITIES[:2]:
+            body = {"model": "smollm2-135m", "stream": True, "max_tokens": 8, "temperature": 0,
+                    "messages": [{"role": "system", "content": SYSTEM.format(city)},
+                                 {"role": "user", "content": ASK}]}
+            with httpx.stream("POST", f"{gateway.url}/v1/chat/completions", json=body, timeout=30) as raw:
+                lines = []
+                for line in raw.iter_lines():
+                    lines.append(line)
+                    if line == "data: [DONE]":
+                        break
+            assert any(f"{city}." in line for line in lines)
+        assert gateway.eventually("kvnotes_gateway_ttft_seconds_count", 1, sent="pass_through")
+        assert gateway.eventually("kvnotes_gateway_ttft_seconds_count", 1, sent="rewritten")
+        assert gateway.metric("kvnotes_gateway_rewrites_total") == 1
+    finally:
+        gateway.stop()
+        engine.close()
+
+
 def test_a_sampled_check_that_disagrees_switches_the_base_to_pass_through(tmp_path):
     """An engine that ignores errata (it reads the first value written): the rewritten answer names the
     old city, the unchanged one the new: the check disagrees, the base's lower bound falls under the
