@@ -49,15 +49,18 @@ def _bounds(s: StrategyStats) -> str:
             f"and {s.changed.k} of {s.changed.n} changed edits (lower bound {s.changed.lower:.2f})")
 
 
-def needed_words(name: str, needed: int | None, threshold: float) -> str:
+def needed_words(name: str, needed: int | None, threshold: float, below: bool = False) -> str:
     """What it would take, in words: "in_place would need at least 61 more changed edits, all
-    agreeing, to reach 0.95"."""
+    agreeing, to reach 0.95". For a strategy already proven below the threshold (`below`) the count
+    is still arithmetic, and the words say that it is not to be expected: a strategy that agrees less
+    often than the threshold almost never agrees that many times in a row."""
     if needed is None:
         return f"{name} cannot reach {threshold:.2f}: no number of further edits lifts its lower bounds"
     if needed == 0:
         return f"{name} reaches {threshold:.2f}"
-    return (f"{name} would need at least {needed} more changed edit{'' if needed == 1 else 's'}, all "
-            f"agreeing, to reach {threshold:.2f}")
+    words = (f"{name} would need at least {needed} more changed edit{'' if needed == 1 else 's'}, all "
+             f"agreeing, to reach {threshold:.2f}")
+    return f"{words}, which is not to be expected of a strategy proven below it" if below else words
 
 
 def standing(s: StrategyStats, threshold: float) -> Standing:
@@ -93,7 +96,7 @@ def standing_dict(st: Standing | None, threshold: float) -> dict:
     if st is None:
         return {}
     return {"qualifies": st.qualifies, "proven_below": st.below, "held_back": list(st.held_back),
-            "needed": st.needed, "needed_words": needed_words(st.name, st.needed, threshold),
+            "needed": st.needed, "needed_words": needed_words(st.name, st.needed, threshold, st.below),
             "standing": st.sentence}
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from vocabulary.confidence import confidence_sequence, more_needed
-from vocabulary.sweeps import EditRecord, Outcome, needed_words, sweep_stats, wilson
+from vocabulary.sweeps import EditRecord, Outcome, needed_words, standing_dict, sweep_stats, wilson
 
 
 def _o(decision: str, tokens: int, ttft: float = 10.0, followed: str | None = None,
@@ -244,5 +244,9 @@ def test_decided_only_when_every_cheaper_candidate_is_proven_below_and_needed_in
     assert needed_words("erratum", 138, 0.95) == \
         "erratum would need at least 138 more changed edits, all agreeing, to reach 0.95"
     assert needed_words("stale", None, 0.95).startswith("stale cannot reach 0.95")
+    # proven below: the count is still given, and the words say it is not to be expected
+    assert standing_dict(standing["in_place"], 0.95)["needed_words"] == (
+        f"in_place would need at least {standing['in_place'].needed} more changed edits, all agreeing, "
+        "to reach 0.95, which is not to be expected of a strategy proven below it")
     done = sweep_stats(sweep(40), names, True, 0.8).policy  # erratum 40 of 40: 0.85; in_place under 0.73
     assert done.strategy == "erratum" and done.decided
