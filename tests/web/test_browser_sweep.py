@@ -43,7 +43,7 @@ def _sweep(s, nb, n: int, done: int) -> int:
     it; in_place answers the new city every time (it flips the decisions recompute kept), selective
     misses one changed edit in four; stale keeps Oslo."""
     from data.contracts import RunSnapshot, SnapshotQuestion, SweepEdit
-    from data.models import Run, RunResult, RunStatus, Sweep
+    from data.models import Run, RunStatus, Sweep
 
     q = SnapshotQuestion(text="Where does the shipment go?", choices=["Oslo", "Madrid"], cot=False)
     names = list(TOKENS)
@@ -61,18 +61,24 @@ def _sweep(s, nb, n: int, done: int) -> int:
                   sweep_edit=SweepEdit(position=i, group="destination", values={"destination": f"Port {i}"}))
         s.add(run)
         s.flush()
-        if i >= done:
-            continue
-        moved = i % 3 != 2
-        ref = "Madrid" if moved else "Oslo"
-        decided = {name: ref for name in names} | {"stale": "Oslo", "in_place": "Madrid"}
-        if moved and i % 4 == 0:
-            decided["selective"] = "Oslo"
-        for name in names:
-            s.add(RunResult(run_id=run.id, strategy=name, decision=decided[name], ttft_ms=10.0,
-                            tokens_computed=TOKENS[name], prefix_cache_share=0.5, tokens=[]))
+        if i < done:
+            _decide(s, run.id, i)
     s.commit()
     return sweep.id
+
+
+def _decide(s, run_id: int, i: int) -> None:
+    """Edit `i`'s results, as `_sweep` describes them."""
+    from data.models import RunResult
+
+    moved = i % 3 != 2
+    ref = "Madrid" if moved else "Oslo"
+    decided = {name: ref for name in TOKENS} | {"stale": "Oslo", "in_place": "Madrid"}
+    if moved and i % 4 == 0:
+        decided["selective"] = "Oslo"
+    for name in TOKENS:
+        s.add(RunResult(run_id=run_id, strategy=name, decision=decided[name], ttft_ms=10.0,
+                        tokens_computed=TOKENS[name], prefix_cache_share=0.5, tokens=[]))
 
 
 @pytest.fixture(scope="module")
@@ -138,4 +144,33 @@ def test_a_running_sweep_says_k_of_n_edits_and_no_policy_sentence(site, browser)
     assert page.locator("[data-progress]").inner_text() == "0 of 40 edits"
     assert "no edit has finished yet" in page.locator("[data-policy-pending]").inner_text()
     assert page.locator("[data-policy]").count() == 0  # no policy sentence about 0 edits
+    page.context.close()
+
+
+def test_the_policy_box_follows_the_count_while_the_sweep_runs(site, browser) -> None:
+    """The page opened at ?threshold=0.6 before any edit finished; three edits finish: the next poll
+    swaps in the policy so far, at the page's threshold, beside "3 of 12 edits" (the box said "no
+    edit has finished yet" until the sweep ended, under a count that had moved on)."""
+    from sqlalchemy import select
+
+    from data.models import Notebook, Run, RunStatus, Sweep
+    server, ids = site
+    with server.db() as s:
+        sweep_id = _sweep(s, s.scalars(select(Notebook)).first(), 12, 0)
+    page = browser.new_context(viewport={"width": 1280, "height": 900}).new_page()
+    page.goto(f"{server.url}/sweeps/{sweep_id}?threshold=0.6")
+    assert "no edit has finished yet" in page.locator("[data-policy-pending]").inner_text()
+    with server.db() as s:
+        runs = s.scalars(select(Run).where(Run.sweep_id == sweep_id).order_by(Run.id)).all()
+        for i, run in enumerate(runs[:3]):
+            run.status = RunStatus.SUCCEEDED
+            _decide(s, run.id, i)
+        s.get(Sweep, sweep_id).edits_done = 3
+        s.commit()
+    page.wait_for_selector("[data-policy-so-far]", timeout=20_000)
+    assert page.locator("[data-progress]").inner_text() == "3 of 12 edits"
+    assert page.locator("[data-policy-so-far]").inner_text().startswith("After 3 of 12 edits")
+    assert page.locator("#policy h2").inner_text().startswith("Policy at threshold 0.60 so far")
+    assert page.locator("[data-policy-pending]").count() == 0
+    assert page.locator("#policy").count() == 1  # swapped in place, not added beside the old one
     page.context.close()

@@ -8,6 +8,7 @@ values outside the choices refused or, ticked, added to them; stop when decided,
 from __future__ import annotations
 
 from typing import Annotated
+from urllib.parse import parse_qs, urlsplit
 
 from fastapi import APIRouter, File, Query, Request, UploadFile
 from fastapi.responses import RedirectResponse, Response
@@ -48,9 +49,11 @@ def sweep_page(request: Request, sweep_id: int, session: SessionDep, threshold: 
 
 @router.get("/sweeps/{sweep_id}/progress")
 def sweep_progress(request: Request, sweep_id: int, session: SessionDep) -> Response:
-    """The live fragment; once the sweep ends, 286 (htmx stops polling) and HX-Refresh."""
-    view = _view(session, sweep_id)
-    response = render(request, "_sweep_progress.html", sweep=view)
+    """The live fragment (k of N edits, and the policy box so far, swapped in out of band at the
+    threshold the page shows: its `?threshold=`, read from htmx's HX-Current-URL); once the sweep
+    ends, 286 (htmx stops polling) and HX-Refresh."""
+    view = _view(session, sweep_id, _page_threshold(request))
+    response = render(request, "_sweep_progress.html", sweep=view, poll=True)
     if not view.active:
         response.status_code = 286
         response.headers["HX-Refresh"] = "true"
@@ -206,3 +209,13 @@ async def _generator(data, form: dict, i: int, label: str) -> dict:
         text = await upload_text(upload, where, f"{label!r}'s list: ")
         item["lines"] = [line.strip() for line in text.splitlines() if line.strip()]
     return item
+
+
+def _page_threshold(request: Request) -> float | None:
+    """The threshold the polling page was opened at (`?threshold=` of its URL), when it is one."""
+    query = urlsplit(request.headers.get("HX-Current-URL", "")).query
+    try:
+        value = float(parse_qs(query).get("threshold", [""])[0])
+    except ValueError:
+        return None
+    return value if 0.0 < value < 1.0 else None
