@@ -20,26 +20,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-
-def kvnotes(*args: str) -> dict:
-    """One `kvnotes … --json` in its own process, its JSON output and its wall time."""
-    t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "commands.cli", *args, "--json"], cwd=ROOT,
-                          capture_output=True, text=True, check=False)
-    if proc.returncode:
-        raise SystemExit(f"kvnotes {args[0]} exited {proc.returncode}:\n{proc.stderr[-3000:]}")
-    out = json.loads(proc.stdout)
-    out["_wall_s"] = time.perf_counter() - t0
-    return out
+from bench.bench_sweep_heldout import kvnotes  # noqa: E402  (one `kvnotes … --json` in its own process)
 
 
 def replay(result: dict, label: str, threshold: float) -> list[dict]:
