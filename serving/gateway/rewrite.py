@@ -33,12 +33,13 @@ memory.
 
 from __future__ import annotations
 
-import difflib
 import hashlib
 import itertools
+import logging
 import random
 import threading
-from collections import OrderedDict
+from collections import Counter, OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from serving.gateway.changes import Change, Template, common_head, common_tail, diff_changes
@@ -48,10 +49,12 @@ from vocabulary import render_erratum
 from vocabulary.hoist import hoist
 from vocabulary.strategies import APPEND_ERRATUM, HOIST_FIELDS, REFRESH_ERRATUM, served
 
+log = logging.getLogger("kvnotes.gateway")
 GATEWAY_LAYOUTS = (APPEND_ERRATUM, REFRESH_ERRATUM, HOIST_FIELDS)  # the serving layouts it writes
 LAYOUT_OF: dict[str, str] = served(GATEWAY_LAYOUTS)  # {policy: its layout}, in rank order
 LAYOUTS = tuple(LAYOUT_OF)  # the policies that have a gateway layout (the first is the default)
 PASS_THROUGH = "pass-through"
+PLAN_FAILED = "the plan failed"  # a pass-through's reason: planning raised (logged), the base dropped
 NEW_BASE_BELOW = 0.8  # a request less similar than this to every base starts a new one
 MIN_CONTEXT_CHARS = 1000  # a shorter context is not worth a base
 
@@ -123,7 +126,9 @@ class Plan:
 
 def _similarity(a: str, b: str) -> float:
     """How alike two texts are, from 0 to 1: the share their common head and tail cover (cheap, and
-    enough for a field change), else difflib's character-count bound."""
+    enough for a field change), else the share of characters in the lines they have in common (a
+    multiset of lines, each hashed once: linear, where difflib's bounds cost a Python step per
+    character)."""
     if a == b:
         return 1.0
     head = common_head(a, b)
@@ -131,7 +136,26 @@ def _similarity(a: str, b: str) -> float:
     share = (head + tail) / max(len(a), len(b), 1)
     if share >= NEW_BASE_BELOW:
         return share
-    return difflib.SequenceMatcher(None, a, b, autojunk=False).quick_ratio()
+    common = Counter(a.split("\n")) & Counter(b.split("\n"))
+    return sum((len(line) + 1) * n for line, n in common.items()) / max(len(a), len(b), 1)
+
+
+def _merge_span(spans: dict[tuple[int, int], str], start: int, end: int) -> None:
+    """Add [start, end) to a message's moved spans, merged with every span it overlaps or touches."""
+    for a, b in [k for k in spans if k[0] <= end and start <= k[1]]:
+        del spans[(a, b)]
+        start, end = min(start, a), max(end, b)
+    spans[(start, end)] = ""
+
+
+def _value_now(text: str, start: int, end: int, changes: list[Change]) -> str:
+    """The base's span [start, end) with this request's changes inside it applied (sorted by place)."""
+    out, at = [], start
+    for c in changes:
+        if start <= c.base_start and c.base_end <= end and c.base_start >= at:
+            out += [text[at:c.base_start], c.new]
+            at = c.base_end
+    return "".join(out) + text[at:end]
 
 
 class Rewriter:
@@ -199,24 +223,41 @@ class Rewriter:
             base = self._new_base(client, prompt)
             if self.settings.layout == PASS_THROUGH:
                 return self._passed(base.base_id, self.settings.policy_reason)
-            return self._first(base, prompt)
+            return self._first(client, base, prompt)
         if self.settings.layout == PASS_THROUGH:
             return self._passed(base.base_id, self.settings.policy_reason)
         switched = self.stats.base(base.base_id).switched
         if switched:
             return self._passed(base.base_id, switched)
-        with base.lock:
-            return self._rewrite(base, prompt)
+        return self._guarded(client, base, prompt, self._rewrite)
+
+    def _guarded(self, client: str, base: Base, prompt: Prompt, step: Callable[[Base, Prompt], Plan]) -> Plan:
+        """`step(base, prompt)` under the base's lock; a plan that fails (a bug, a base in a state
+        nobody foresaw) drops the base and passes the request through, logged: never a 5xx, and
+        never the same failure on every later request of the base."""
+        try:
+            with base.lock:
+                return step(base, prompt)
+        except Exception:
+            log.exception("gateway plan failed: the base is dropped, the request passes through",
+                          extra={"base": base.base_id})
+            self._forget(client, base.base_id)
+            return self._passed(None, PLAN_FAILED)
+
+    def _forget(self, client: str, base_id: str) -> None:
+        with self._lock:
+            bases = self._clients.get(client)
+            if bases is not None:
+                bases.pop(base_id, None)
 
     def _passed(self, base_id: str | None, reason: str) -> Plan:
         self.stats.request(base_id, reason)
         return Plan(None, reason, base_id)
 
-    def _first(self, base: Base, prompt: Prompt) -> Plan:
+    def _first(self, client: str, base: Base, prompt: Prompt) -> Plan:
         """A new base: sent unchanged, except that a template's lines are hoisted from the start."""
         if LAYOUT_OF.get(self.settings.layout) == HOIST_FIELDS and self.template is not None:
-            with base.lock:
-                return self._rewrite(base, prompt)
+            return self._guarded(client, base, prompt, self._rewrite)
         return self._passed(base.base_id, "new base")
 
     def _changes(self, base: Base, prompt: Prompt) -> list[Change] | None:
@@ -230,8 +271,8 @@ class Rewriter:
                 if found is None and base.texts[i] != text:
                     return None
                 out += found or []
-            elif base.texts[i] != text:
-                out += diff_changes(i, base.texts[i], text)
+            elif base.texts[i] != text:  # stops past --max-fields: such a request passes through
+                out += diff_changes(i, base.texts[i], text, max(0, self.settings.max_fields - len(out)))
         return out
 
     def _rewrite(self, base: Base, prompt: Prompt) -> Plan:
@@ -291,21 +332,25 @@ class Rewriter:
         return [text + base.errata.get(i, "") + (now if i == at else "") for i, text in enumerate(texts)]
 
     def _hoisted(self, base: Base, prompt: Prompt, changes: list[Change]) -> list[str]:
+        """The base's texts with every span moved so far hoisted, each holding its value now. The
+        spans of a message never overlap: a change that overlaps or touches spans moved before is
+        merged with them (08:07 → 09:07 moves "08", → 08:12 moves "07", → 09:12 changes "08:07": one
+        span "08:07", not three overlapping ones, which `hoist` refuses)."""
         for c in changes:
-            base.moved.setdefault(c.message, {})[(c.base_start, c.base_end)] = c.new
+            _merge_span(base.moved.setdefault(c.message, {}), c.base_start, c.base_end)
         if self.template is not None:  # every slot moves, from the first request on
             for i, text in enumerate(base.texts[:len(prompt.context)]):
                 found = self.template.values(text)
-                for span in (found[0] if found else []):
-                    base.moved.setdefault(i, {}).setdefault(span, text[span[0]:span[1]])
+                for start, end in (found[0] if found else []):
+                    _merge_span(base.moved.setdefault(i, {}), start, end)
         out = []
         for i, text in enumerate(base.texts[:len(prompt.context)]):
             spans = base.moved.get(i)
             if not spans:
                 out.append(prompt.context[i] if i < len(prompt.context) else text)
                 continue
-            now = {(c.base_start, c.base_end): c.new for c in changes if c.message == i}
-            fields = [Span(a, b, now.get((a, b), text[a:b])) for a, b in spans]
+            here = sorted((c for c in changes if c.message == i), key=lambda c: (c.base_start, c.base_end))
+            fields = [Span(a, b, _value_now(text, a, b, here)) for a, b in sorted(spans)]
             out.append(hoist(text, fields).text)
         return out
 
