@@ -23,6 +23,7 @@ import hmac
 import re
 import secrets
 import threading
+import unicodedata
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime, timedelta
@@ -36,6 +37,7 @@ from sqlalchemy.orm import Mapped, Session, mapped_column, relationship
 from data.models import Base, as_utc, utcnow
 from data.sign_in import end_other_sessions, note_success
 from data.signing import BadSignature, serializer
+from vocabulary import text_rules
 
 ROLES = ("editor", "viewer")
 LOCAL_USER = "local"  # who made things on the embedded default, where nobody signs in
@@ -142,8 +144,21 @@ def check_name(name: str) -> str:
 
 
 def check_password(password: str) -> str:
+    """The password rules, the one place the web form and `kvnotes users add/passwd` meet: 8 to 1024
+    characters (`MIN_PASSWORD_CHARS`, `MAX_PASSWORD_CHARS`), valid Unicode, no control character (NUL
+    included: no typed password holds one), not blank (spaces or zero-width characters only:
+    `vocabulary.text_rules.visible`) and no U+FFFD (a password read with the wrong encoding, which its
+    owner could never type again)."""
     if not MIN_PASSWORD_CHARS <= len(password) <= MAX_PASSWORD_CHARS:
         raise AccountError(f"password: {MIN_PASSWORD_CHARS} to {MAX_PASSWORD_CHARS} characters")
+    problem = text_rules.text_problem(password)
+    control = next((ch for ch in password if unicodedata.category(ch) == "Cc"), None)
+    if problem is None and control is not None:
+        problem = f"cannot contain a control character (U+{ord(control):04X})"
+    if problem is None and text_rules.PLACEHOLDER in password:
+        problem = "cannot contain U+FFFD (the replacement character of text read with the wrong encoding)"
+    if problem is not None:
+        raise AccountError(f"password: {problem}")
     return password
 
 
