@@ -4,6 +4,7 @@ vLLM (or SGLang) server that turns field changes into errata so its prefix cache
 
     kvnotes gateway --upstream http://127.0.0.1:8100/v1 [--port 8300] [--policy erratum]
                     [--notebook ID] [--check-rate 0.05] [--max-fields 4] [--timeout 120]
+                    [--idle-timeout 60]
 
 The options become the gateway's settings (`KVNOTES_GATEWAY_*`, `data.settings`), which the web app
 read too when it mounts the gateway at `/gateway/v1`; the app is served by its import string.
@@ -58,6 +59,7 @@ def settings_env(args) -> dict[str, str]:
            "KVNOTES_GATEWAY_CHECK_RATE": str(args.check_rate),
            "KVNOTES_GATEWAY_MAX_FIELDS": str(args.max_fields),
            "KVNOTES_GATEWAY_TIMEOUT": str(args.timeout), "KVNOTES_GATEWAY_MAX_BODY": str(args.max_body),
+           "KVNOTES_GATEWAY_IDLE_TIMEOUT": str(args.idle_timeout),
            "KVNOTES_GATEWAY_KEEP_PROMPTS": "1" if args.keep_prompts else "0"}
     if args.policy:
         env["KVNOTES_GATEWAY_POLICY"] = args.policy
@@ -123,7 +125,11 @@ def add_command(sub) -> None:
     p.add_argument("--threshold", type=_share, default=None,
                    help="agreement a base must keep (default: the notebook policy's, else 0.9)")
     p.add_argument("--max-fields", type=int, default=4, help="changed spans at most, else pass-through")
-    p.add_argument("--timeout", type=_positive, default=120.0, help="seconds an upstream answer may take")
+    p.add_argument("--timeout", type=_positive, default=120.0,
+                   help="seconds to the upstream answer's first byte (default 120)")
+    p.add_argument("--idle-timeout", type=_positive, default=60.0,
+                   help="seconds the upstream may send nothing in the middle of an answer (default 60); "
+                        "a healthy stream has no deadline")
     p.add_argument("--max-body", type=int, default=4 << 20, help="largest request body in bytes (413 above)")
     p.add_argument("--keep-prompts", action="store_true", help="log the prompts sent (never, by default)")
     p.set_defaults(func=cmd_gateway)

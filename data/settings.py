@@ -75,6 +75,8 @@ class Settings(BaseSettings):
     gateway_check_rate: float = Field(default=0.05, ge=0, le=1, validation_alias="KVNOTES_GATEWAY_CHECK_RATE")
     gateway_threshold: float = Field(default=0.0, ge=0, le=1, validation_alias="KVNOTES_GATEWAY_THRESHOLD")
     gateway_timeout_s: float = Field(default=120.0, gt=0, validation_alias="KVNOTES_GATEWAY_TIMEOUT")
+    # the longest silence between two pieces of an upstream's answer (its first byte: gateway_timeout_s)
+    gateway_idle_timeout_s: float = Field(default=60.0, gt=0, validation_alias="KVNOTES_GATEWAY_IDLE_TIMEOUT")
     gateway_max_body: int = Field(default=4 << 20, gt=0, validation_alias="KVNOTES_GATEWAY_MAX_BODY")
     gateway_keep_prompts: bool = Field(default=False, validation_alias="KVNOTES_GATEWAY_KEEP_PROMPTS")
     gateway_seed: int | None = Field(default=None, validation_alias="KVNOTES_GATEWAY_SEED")

@@ -59,7 +59,7 @@ class Backend(Protocol):
 
     def complete(self, content: str, max_tokens: int, choices: tuple[str, ...] = ()) -> Completion: ...
 
-    def relay(self, path: str, body: dict, timeout_s: float) -> Relay: ...
+    def relay(self, path: str, body: dict, timeout_s: float, idle_s: float | None = None) -> Relay: ...
 
     def pause(self, seconds: float) -> None: ...
 
@@ -108,14 +108,14 @@ class EngineBackend(Server):
             found[kind] = found.get(kind, 0.0) + float(value)
         return found or None
 
-    def relay(self, path: str, body: dict, timeout_s: float) -> Relay:
-        """A client's own request to this engine, forwarded as it is (`serving.relay`), on a
-        connection pool kept per event loop."""
+    def relay(self, path: str, body: dict, timeout_s: float, idle_s: float | None = None) -> Relay:
+        """A client's own request to this engine, forwarded as it is (`serving.relay`: `timeout_s` to
+        its first byte, then `idle_s` between pieces), on a connection pool kept per event loop."""
         loop = asyncio.get_running_loop()
         pools = self.__dict__.setdefault("_pools", {})
         if id(loop) not in pools:
             pools[id(loop)] = new_client(timeout_s)
-        return relay(self.url, path, body, timeout_s, pools[id(loop)])
+        return relay(self.url, path, body, timeout_s, pools[id(loop)], idle_s)
 
 
 class VllmBackend(EngineBackend):

@@ -33,6 +33,7 @@ from typing import Any
 import httpcore
 import httpx
 
+from serving import sse
 from serving.targets import TargetRefused, check_target
 from vocabulary.prompt import PLAIN_TAIL, choice_text
 
@@ -328,34 +329,27 @@ class Server:
             if response.status_code != 200:
                 raise self._failure(asked, f"HTTP {response.status_code}: {response.read()[:300]!r}")
             for chunk in self._events(response, asked):
-                usage = chunk.get("usage") or usage
-                for choice in chunk.get("choices") or []:
-                    text = (choice.get("delta") or {}).get("content") or choice.get("text") or ""
-                    if first is None and (text or choice.get("finish_reason")):
-                        first = time.perf_counter()
-                    parts.append(text)
-        if first is None or not isinstance(usage, dict):
+                usage = chunk.usage or usage
+                if first is None and chunk.token:
+                    first = time.perf_counter()
+                parts.append(chunk.text)
+        if first is None or usage is None:
             raise self._failure(asked, "the stream ended before an answer and its usage arrived")
         done = time.perf_counter()
-        cached = ((usage.get("prompt_tokens_details") or {}).get("cached_tokens")) or 0
         return Completion((first - sent) * 1000, (done - sent) * 1000, "".join(parts),
-                          int(usage.get("prompt_tokens") or 0), int(cached))
+                          usage.prompt_tokens, usage.cached_tokens)
 
-    def _events(self, response: httpx.Response, asked: str) -> Iterator[dict]:
-        """The JSON chunks of a server-sent event stream, up to `[DONE]`."""
-        for line in response.iter_lines():
+    def _events(self, response: httpx.Response, asked: str) -> Iterator[sse.Chunk]:
+        """The chunks of a server-sent event stream (the one reader, `serving.sse`), up to `[DONE]`."""
+        for event in sse.events(response):
             self._check_stopped()
-            if not line.startswith("data:"):
-                continue
-            data = line[5:].strip()
-            if data == "[DONE]":
+            chunk = sse.read(event.data)
+            if chunk.done:
                 return
-            try:
-                chunk = json.loads(data)
-            except ValueError:
-                raise self._failure(asked, f"a stream event that is not JSON: {data[:100]!r}") from None
-            if not isinstance(chunk, dict) or "error" in chunk:
-                raise self._failure(asked, f"an error mid-stream: {data[:300]}")
+            if chunk.parsed is None:
+                raise self._failure(asked, f"a stream event that is not a JSON object: {event.data[:100]!r}")
+            if chunk.error:
+                raise self._failure(asked, f"an error mid-stream: {event.data[:300]}")
             yield chunk
 
 

@@ -6,10 +6,14 @@ streamed and not) in front of the one configured upstream, and `/metrics` in Pro
 `x-kvnotes-gateway`: the layout a request was rewritten with, or `pass-through; reason=…`.
 
 Bad input and faults, in the OpenAI error shape (`{"error": {"message", "type", "param", "code"}}`):
-a body over the limit 413; not JSON, not valid Unicode (a lone surrogate included), or not an
-object with its prompt 400; the upstream down 502, past `--timeout` 504, an error status passed on
-with its own status. A client that goes away mid-stream closes the upstream connection, which
-cancels the request there.
+a body over the limit 413; not JSON (NaN, Infinity, numbers out of range), nested over `MAX_DEPTH`,
+not valid Unicode (a lone surrogate included), or not an object with its prompt 400; the upstream
+down 502, no first byte within `--timeout` 504, an error status passed on with its own status. A
+stream whose upstream falls silent past `--idle-timeout` ends with an error event the client reads
+(its status, 200, was sent long before). A plan that fails passes the request through
+(`serving.gateway.forward`): the gateway answers no 5xx of its own. The body is parsed, and the
+request planned, off the event loop when long. A client that goes away mid-stream closes the
+upstream connection, which cancels the request there.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import math
 from collections.abc import AsyncIterator
 
 from fastapi import APIRouter, Request
@@ -29,6 +34,8 @@ from serving.relay import Relay, UpstreamError
 from vocabulary.text_rules import text_problem
 
 HEADER = "x-kvnotes-gateway"
+MAX_DEPTH = 64  # JSON nesting a request may have (OpenAI's shapes nest a dozen levels, tool schemas more)
+PARSE_IN_THREAD = 256 << 10  # bytes of body above which it is parsed in a worker thread
 router = APIRouter(tags=["gateway"])
 metrics_router = APIRouter(tags=["gateway"])
 
@@ -47,20 +54,57 @@ def openai_error(status: int, message: str, param: str | None = None,
                         status_code=status, headers=headers)
 
 
-def _valid_text(value: object, where: str = "body") -> None:
+def _valid_text(body: object) -> None:
     """Refuse text the one set of text rules refuses (`vocabulary.text_rules`: not valid Unicode, such
-    as a lone surrogate from a JSON escape, or a NUL); blank text is the client's own business."""
-    if isinstance(value, str):
-        problem = text_problem(value, blank=True)
-        if problem:
-            raise BadRequest(400, f"{where} {problem}", where)
-    elif isinstance(value, dict):
-        for key, item in value.items():
-            _valid_text(key, where)
-            _valid_text(item, f"{where}.{key}" if where != "body" else str(key))
-    elif isinstance(value, list):
-        for i, item in enumerate(value):
-            _valid_text(item, f"{where}[{i}]")
+    as a lone surrogate from a JSON escape, or a NUL; blank text is the client's own business), and
+    nesting deeper than `MAX_DEPTH` (the body is encoded again to go upstream, and that encoder
+    recurses per level). Walked with a stack, not recursion."""
+    stack: list[tuple[object, str, int]] = [(body, "body", 0)]
+    while stack:
+        value, where, depth = stack.pop()
+        if isinstance(value, str):
+            problem = text_problem(value, blank=True)
+            if problem:
+                raise BadRequest(400, f"{where} {problem}", where)
+            continue
+        if isinstance(value, dict | list) and depth >= MAX_DEPTH:
+            raise BadRequest(400, f"the request body nests arrays and objects over {MAX_DEPTH} levels "
+                                  f"deep (at {where[:200]})", where[:200])
+        if isinstance(value, dict):
+            for key, item in reversed(value.items()):
+                stack.append((item, f"{where}.{key}" if where != "body" else str(key), depth + 1))
+                stack.append((key, where, depth + 1))
+        elif isinstance(value, list):
+            stack += [(item, f"{where}[{i}]", depth + 1) for i, item in reversed(list(enumerate(value)))]
+
+
+def _finite(text: str) -> float:
+    number = float(text)
+    if not math.isfinite(number):
+        raise ValueError(f"the number {text[:40]} is out of range")
+    return number
+
+
+def _constant(name: str) -> float:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _parse(data: bytes) -> dict:
+    """The body as a JSON object; `BadRequest` (400) for anything else: not UTF-8, not JSON (NaN,
+    Infinity and numbers out of a float's range included: nothing could send them on), nested deeper
+    than `MAX_DEPTH`, not an object, text the text rules refuse."""
+    try:
+        body = json.loads(data, parse_float=_finite, parse_constant=_constant)
+    except UnicodeDecodeError:
+        raise BadRequest(400, "the request body is not valid UTF-8") from None
+    except RecursionError:
+        raise BadRequest(400, f"the request body is nested over {MAX_DEPTH} levels deep") from None
+    except ValueError as exc:
+        raise BadRequest(400, f"the request body is not valid JSON ({str(exc)[:200]})") from None
+    if not isinstance(body, dict):
+        raise BadRequest(400, "the request body must be a JSON object")
+    _valid_text(body)
+    return body
 
 
 async def _body(request: Request, limit: int) -> dict:
@@ -73,16 +117,9 @@ async def _body(request: Request, limit: int) -> dict:
         data += chunk
         if len(data) > limit:
             raise BadRequest(413, f"the request body is over the gateway's limit of {limit} bytes")
-    try:
-        body = json.loads(bytes(data))
-    except UnicodeDecodeError:
-        raise BadRequest(400, "the request body is not valid UTF-8") from None
-    except ValueError as exc:
-        raise BadRequest(400, f"the request body is not valid JSON ({exc})") from None
-    if not isinstance(body, dict):
-        raise BadRequest(400, "the request body must be a JSON object")
-    _valid_text(body)
-    return body
+    if len(data) > PARSE_IN_THREAD:  # a long body is read off the event loop too
+        return await asyncio.to_thread(_parse, bytes(data))
+    return _parse(bytes(data))
 
 
 def _client(request: Request) -> str:
@@ -115,7 +152,7 @@ async def _forward(request: Request, route: str) -> Response:
                 raise BadRequest(400, f"'{name}' is a required property", name)
     except BadRequest as exc:
         return openai_error(exc.status, str(exc), exc.param)
-    prepared = gateway.prepare(_client(request), route, body)
+    prepared = await gateway.prepare(_client(request), route, body)
     headers = {HEADER: prepared.plan.header}
     relay = gateway.open(prepared)
     try:

@@ -85,7 +85,7 @@ def build() -> tuple[Gateway, GatewaySetup]:
                      threshold=threshold, seed=settings.gateway_seed)
     backend = connect(upstream, engine=settings.gateway_engine, timeout_s=settings.gateway_timeout_s)
     gateway = Gateway(backend, Rewriter(rules, template), settings.gateway_timeout_s,
-                      settings.gateway_keep_prompts)
+                      settings.gateway_keep_prompts, idle_s=settings.gateway_idle_timeout_s)
     setup = GatewaySetup(backend.url, layout, note, settings.gateway_notebook, title, labels, threshold,
                          settings.gateway_check_rate)
     return gateway, setup

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from serving.backend import Backend
 from serving.gateway.prompts import read_prompt, with_context
-from serving.gateway.rewrite import Plan, Rewriter
+from serving.gateway.rewrite import PLAN_FAILED, Plan, Rewriter
 from serving.relay import Relay, UpstreamError
 
 log = logging.getLogger("kvnotes.gateway")
@@ -50,10 +50,11 @@ class Gateway:
     """The upstream (a `Backend`), the rewriter and the bounds."""
 
     def __init__(self, backend: Backend, rewriter: Rewriter, timeout_s: float = 120.0,
-                 keep_prompts: bool = False) -> None:
+                 keep_prompts: bool = False, idle_s: float = 60.0) -> None:
         self.backend = backend
         self.rewriter = rewriter
-        self.timeout_s = timeout_s
+        self.timeout_s = timeout_s  # to the upstream's first byte
+        self.idle_s = idle_s  # between one piece of its answer and the next
         self.keep_prompts = keep_prompts
         self._checks: set[asyncio.Task] = set()
 
@@ -61,10 +62,22 @@ class Gateway:
     def stats(self):
         return self.rewriter.stats
 
-    def prepare(self, client: str, route: str, body: dict) -> Prepared:
-        prompt, why_not = read_prompt(route, body)
-        plan = self.rewriter.plan(client, prompt, why_not)
-        sent = body if plan.context is None or prompt is None else with_context(body, prompt, plan.context)
+    async def prepare(self, client: str, route: str, body: dict) -> Prepared:
+        """`plan` in a worker thread: a long prompt's diff never holds the event loop (other requests,
+        `/v1/models`, the pages under `serve` go on meanwhile)."""
+        return await asyncio.to_thread(self.plan, client, route, body)
+
+    def plan(self, client: str, route: str, body: dict) -> Prepared:
+        """What to send for `body`. A plan that fails passes the request through as it came, logged
+        (the rewriter has dropped the base when the failure was in one): never a 5xx of its own."""
+        try:
+            prompt, why_not = read_prompt(route, body)
+            plan = self.rewriter.plan(client, prompt, why_not)
+            rewrite = plan.context is not None and prompt is not None
+            sent = with_context(body, prompt, plan.context) if rewrite else body
+        except Exception:
+            log.exception("gateway plan failed: the request passes through")
+            return Prepared(route, body, body, Plan(None, PLAN_FAILED))
         if plan.context is not None:
             log.info("gateway rewrite", extra={"base": plan.base_id, "layout": plan.layout_name,
                                                "fields": ",".join(plan.labels)})
@@ -76,12 +89,19 @@ class Gateway:
 
     def open(self, prepared: Prepared) -> Relay:
         """The relay to enter (`async with`): the upstream's status, then the answer's bytes."""
-        return self.backend.relay("/v1" + prepared.route, prepared.body, self.timeout_s)
+        return self.backend.relay("/v1" + prepared.route, prepared.body, self.timeout_s, self.idle_s)
 
     def finish(self, prepared: Prepared, relay: Relay) -> None:
-        """Count the answered request, and start its check when it was drawn for one."""
+        """Count the answered request, and start its check when it was drawn for one (a failure here
+        is logged: the client's answer is on its way and must not fail with it)."""
         if relay.status != 200:
             return
+        try:
+            self._finish(prepared, relay)
+        except Exception:
+            log.exception("gateway count failed", extra={"base": prepared.plan.base_id or "-"})
+
+    def _finish(self, prepared: Prepared, relay: Relay) -> None:
         out = relay.outcome
         self.stats.answered(prepared.plan.base_id, prepared.rewritten, out.ttft_ms if relay.stream else None,
                             out.prompt_tokens, out.cached_tokens)
@@ -95,7 +115,7 @@ class Gateway:
         body = {**prepared.original, "stream": False}
         body.pop("stream_options", None)
         try:
-            async with self.backend.relay("/v1" + prepared.route, body, self.timeout_s) as relay:
+            async with self.backend.relay("/v1" + prepared.route, body, self.timeout_s, self.idle_s) as relay:
                 await relay.read()
                 if relay.status != 200:
                     return
