@@ -13,8 +13,9 @@ Its answer reads the prompt's `key` (default "destination"): `reads="first"` ans
 the key's line as first written (a model that ignores errata), `reads="last"` the last value stated
 (the line, or an erratum "key has changed from A to B"). `fault` makes it fail: "500" answers every
 completion with HTTP 500, "slow" waits `delay_s` before answering, "trickle" streams one event every
-`delay_s` forever (`gone` is set when the client went away), "linger" holds the stream open `delay_s`
-after its `data: [DONE]`.
+`delay_s` forever (`gone` is set when the client went away), "paced" streams 8 events (the answer's
+words, then empty ones) `delay_s` apart, "stall" falls silent `delay_s` after its first event,
+"linger" holds the stream open `delay_s` after its `data: [DONE]`.
 
 `Gateway` runs `kvnotes gateway` as a real process in front of either (or of a real vLLM server).
 """
@@ -171,8 +172,9 @@ class Engine(LocalServer):
         h.end_headers()
         words = [w + " " for w in text.split(" ")]
         words[-1] = words[-1].rstrip()
+        pad = {"trickle": 10**6, "paced": max(0, 8 - len(words))}.get(self.fault, 0)
         try:
-            for i, word in enumerate(words + [""] * (10**6 if self.fault == "trickle" else 0)):
+            for i, word in enumerate(words + [""] * pad):
                 last = i == len(words) - 1
                 delta = {"content": word} if chat else None
                 choice = ({"index": 0, "delta": delta, "finish_reason": "stop" if last else None} if chat
@@ -181,7 +183,7 @@ class Engine(LocalServer):
                          "choices": [choice]}
                 h.wfile.write(f"data: {json.dumps(event)}\n\n".encode())
                 h.wfile.flush()
-                if self.fault == "trickle":
+                if self.fault in ("trickle", "paced") or (self.fault == "stall" and i == 0):
                     time.sleep(self.delay_s)
             if (body.get("stream_options") or {}).get("include_usage"):
                 event = {"id": "cmpl-1", "object": f"{kind}.chunk", "created": 1, "model": self.model,
