@@ -20,6 +20,7 @@ from fastapi.staticfiles import StaticFiles
 
 from app.api import handlers, refusals
 from app.api.capacity import CapacityLimit
+from app.api.form_bytes import StrictForms
 from app.api.routes import (
     errata,
     fields,
@@ -71,6 +72,7 @@ def create_app() -> FastAPI:
     app.include_router(gateway_routes.metrics_router, prefix="/gateway", include_in_schema=False)
     refusals.install(app)  # the rules the schema cannot state, 409 and 503, described
     handlers.install(app)
+    app.add_middleware(StrictForms)  # every form field UTF-8 before any handler reads it
     app.add_middleware(CapacityLimit)  # inside the security checks: a refused request takes no slot
     app.add_middleware(SecurityMiddleware)
     app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")

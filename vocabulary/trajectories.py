@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from vocabulary.hoist import hoist
 from vocabulary.strategies import EDIT_INFO, FLOOR, FOLLOWS_POLICY, REFERENCE, StrategyInfo
 from vocabulary.sweeps import wilson
+from vocabulary.text_rules import unrenderable
 
 ONE_PER_FIELD = "one_per_field"  # the variant that keeps one erratum per field
 VARIANT_SEP = "."
@@ -149,6 +150,9 @@ def turns_from_jsonl(text: str) -> list[TurnSpec]:
             raise ValueError(f"line {n} is not JSON ({exc.msg})") from None
         if not isinstance(row, dict) or set(row) - set(TURN_KEYS):
             raise ValueError(f"line {n} must be an object with only {', '.join(TURN_KEYS)}")
+        where = unrenderable(row)  # JSON can spell a lone surrogate ("\ud800"); no page can show one
+        if where is not None:
+            raise ValueError(f"line {n}: {where} is not valid Unicode (a lone surrogate such as \\ud800)")
         fields = row.get("fields") or {}
         if not isinstance(fields, dict) or not all(isinstance(v, str) for v in fields.values()):
             raise ValueError(f"line {n}: fields must be {{label: value}} with text values")

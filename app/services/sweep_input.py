@@ -12,7 +12,9 @@ from __future__ import annotations
 import csv
 import io
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator, model_validator
 
@@ -135,14 +137,26 @@ def rows_from_upload(text: str, filename: str = "") -> list[dict[str, str]]:
             rows.append({str(k): "" if v is None else str(v) for k, v in row.items()})
         return rows
     reader = csv.DictReader(io.StringIO(stripped))
-    if not reader.fieldnames:
+    if not _csv_read(reader, lambda: reader.fieldnames):
         raise Unprocessable("upload", "the CSV has no header row naming the fields")
     rows = []
-    for n, row in enumerate(reader, start=1):
+    for n, row in enumerate(_csv_read(reader, lambda: list(reader)), start=1):
         if None in row:
             raise Unprocessable("upload", f"row {n} has more cells than the header has columns")
         rows.append({k.strip(): (v or "") for k, v in row.items()})
     return rows
+
+
+def _csv_read(reader: csv.DictReader, read: Callable[[], Any]) -> Any:
+    """`read()` of `reader`; a `csv.Error` (a cell past the csv module's own limit of 131,072
+    characters, a stray quote) is `Unprocessable` on "upload" naming the line and the cap of a value."""
+    try:
+        return read()
+    except csv.Error as exc:
+        limit = get_settings().max_value_chars
+        why = (f"a cell is longer than a value may be (at most {limit} characters, KVNOTES_MAX_VALUE_CHARS)"
+               if "field limit" in str(exc) else f"it cannot be read as CSV ({exc})")
+        raise Unprocessable("upload", f"line {reader.line_num + 1}: {why}") from None
 
 
 def with_generated(body: SweepCreate, fields: dict, known: str) -> dict[str, list[str]]:

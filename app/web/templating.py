@@ -23,7 +23,7 @@ from sqlalchemy.orm import ORMExecuteState, Session
 
 from app.web.strategy_css import cached_strategy_css
 from data.models import as_utc
-from vocabulary import DEFAULT_STRATEGIES, EDIT_INFO, FLOOR, REFERENCE, STRATEGIES, STRATEGY_HELP
+from vocabulary import DEFAULT_STRATEGIES, EDIT_INFO, FLOOR, REFERENCE, STRATEGIES, STRATEGY_HELP, text_rules
 from vocabulary.regions import MARKED_SEGMENTS
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -94,6 +94,17 @@ def count(n: int | None, singular: str, plural: str | None = None) -> str:
     return f"{n:,} {singular if n == 1 else (plural or singular + 's')}"
 
 
+def shown_safely(value: Any) -> Any:
+    """Every `{{ … }}` of every template passes here (Jinja's `finalize`) before it is escaped: text
+    holding a lone surrogate (what JSON's "\\ud800" or a row from before the text rules carries) is
+    shown with U+FFFD in its place, so a page or an error panel that echoes any input still encodes
+    as UTF-8 instead of failing with a 500 while rendering."""
+    if type(value) is str and text_rules.lone_surrogate(value) is not None:
+        return text_rules.mend(value)
+    return value
+
+
+templates.env.finalize = shown_safely
 templates.env.filters.update(approx_tokens=approx_tokens, ms=fmt_ms, f=fmt_float, when=fmt_when, count=count,
                              word_tail=word_tail, word_head=word_head)
 templates.env.globals.update(
