@@ -107,7 +107,7 @@ def _parse(data: bytes) -> dict:
     return body
 
 
-async def _body(request: Request, limit: int) -> dict:
+async def _body(request: Request, limit: int, gateway: Gateway) -> dict:
     declared = request.headers.get("content-length")
     if declared and declared.isdigit() and int(declared) > limit:
         raise BadRequest(413, f"the request body is {int(declared)} bytes, over the gateway's limit "
@@ -118,7 +118,7 @@ async def _body(request: Request, limit: int) -> dict:
         if len(data) > limit:
             raise BadRequest(413, f"the request body is over the gateway's limit of {limit} bytes")
     if len(data) > PARSE_IN_THREAD:  # a long body is read off the event loop too
-        return await asyncio.to_thread(_parse, bytes(data))
+        return await gateway.offload(_parse, bytes(data))
     return _parse(bytes(data))
 
 
@@ -146,7 +146,7 @@ async def _forward(request: Request, route: str) -> Response:
         gateway = _gateway()
         from data.settings import get_settings
 
-        body = await _body(request, get_settings().gateway_max_body)
+        body = await _body(request, get_settings().gateway_max_body, gateway)
         for name in ("messages",) if route == CHAT else ("prompt",):
             if name not in body:
                 raise BadRequest(400, f"'{name}' is a required property", name)

@@ -12,7 +12,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
+from typing import TypeVar
 
 from serving.backend import Backend
 from serving.gateway.prompts import read_prompt, with_context
@@ -21,6 +25,8 @@ from serving.relay import Relay, UpstreamError
 
 log = logging.getLogger("kvnotes.gateway")
 FIRST_WORDS = 8  # the first answer words two answers must share to agree
+PLANNERS = 4  # worker threads that plan requests and parse long bodies (the GIL: more would not help)
+T = TypeVar("T")
 _WORD = re.compile(r"\w+")
 
 
@@ -57,15 +63,21 @@ class Gateway:
         self.idle_s = idle_s  # between one piece of its answer and the next
         self.keep_prompts = keep_prompts
         self._checks: set[asyncio.Task] = set()
+        self._planner = ThreadPoolExecutor(max_workers=PLANNERS, thread_name_prefix="gateway-plan")
 
     @property
     def stats(self):
         return self.rewriter.stats
 
+    async def offload(self, work: Callable[..., T], *args: object) -> T:
+        """`work(*args)` on the gateway's own worker threads (`PLANNERS` of them): a long prompt's
+        diff or body never holds the event loop, and a burst of them never takes every thread of
+        the loop's default pool, which `/v1/models` and the pages use."""
+        return await asyncio.get_running_loop().run_in_executor(self._planner, partial(work, *args))
+
     async def prepare(self, client: str, route: str, body: dict) -> Prepared:
-        """`plan` in a worker thread: a long prompt's diff never holds the event loop (other requests,
-        `/v1/models`, the pages under `serve` go on meanwhile)."""
-        return await asyncio.to_thread(self.plan, client, route, body)
+        """`plan`, off the event loop (`offload`)."""
+        return await self.offload(self.plan, client, route, body)
 
     def plan(self, client: str, route: str, body: dict) -> Prepared:
         """What to send for `body`. A plan that fails passes the request through as it came, logged
