@@ -137,6 +137,7 @@ def run_sweep(eng, document: str, field: str, label: str, values: list[str], que
     first `timed_edits` edits are timed in paired rounds, the rest decide only. `notes`: the
     document's notes when the caller has them (else prefilled here); a warm prefill is timed apart."""
     from worker.engine import Field, RunRequest
+    from worker.engine.orders import reading_orders
 
     start = document.find(field)
     if start < 0:
@@ -150,7 +151,7 @@ def run_sweep(eng, document: str, field: str, label: str, values: list[str], que
     started = time.perf_counter()
     eng.prefill(document)
     prefill_ms = [(time.perf_counter() - started) * 1e3]
-    edits, skipped, checks, walls = [], 0, [], []
+    edits, skipped, checks, walls, reads, read_from = [], 0, [], [], [], {}
     stopped = "exhausted"
     for value in values:
         if value == field:
@@ -165,6 +166,8 @@ def run_sweep(eng, document: str, field: str, label: str, values: list[str], que
         walls.append((time.perf_counter() - started) * 1e3)
         if report.exact_reference_kl is not None:
             checks.append(report.exact_reference_kl)
+        reads.append(dict(report.orders_read))
+        read_from.update(report.read_from)
         outcomes = {name: Outcome(decision=r.decision, followed=r.edit_followed, kl=r.kl_to_recompute,
                                   tokens=r.tokens_computed, prefix_cache_share=r.prefix_cache_share,
                                   ttft_ms=r.ttft_ms, speedup=r.speedup)
@@ -192,6 +195,9 @@ def run_sweep(eng, document: str, field: str, label: str, values: list[str], que
         "exact_reference_kl": max(checks) if checks else None,
         "edits_skipped": skipped, "document_prefills": 1, "document_tokens": notes.n_tokens,
         "cost": edit_cost(walls, prefill_ms, min(timed_edits, len(edits))),
+        "orders_read": orders_read(reads, len(reading_orders(question.choices)) if question.choices else 0),
+        # strategies whose decision-only decisions are read off another's readout (the same notes)
+        "read_from": read_from,
         "question": question.text, "choices": list(question.choices), "threshold": threshold,
         "interval": INTERVAL_WORDS,
         "strategies": {name: {**strategy_dict(s), **standing_dict(standings.get(name), threshold)}
@@ -206,9 +212,24 @@ def run_sweep(eng, document: str, field: str, label: str, values: list[str], que
         "edits": [{"values": e.values, "decisions": {n: o.decision for n, o in e.outcomes.items()},
                    "edit_followed": {n: o.followed for n, o in e.outcomes.items()},
                    "tokens_computed": {n: o.tokens for n, o in e.outcomes.items()},
-                   "ttft_ms": {n: o.ttft_ms for n, o in e.outcomes.items()}, "wall_ms": wall}
-                  for e, wall in zip(edits, walls, strict=True)],
+                   "ttft_ms": {n: o.ttft_ms for n, o in e.outcomes.items()}, "wall_ms": wall,
+                   "orders_read": read}
+                  for e, wall, read in zip(edits, walls, reads, strict=True)],
     }
+
+
+def orders_read(reads: list[dict[str, int]], of: int) -> dict | None:
+    """How many of a choice question's `of` orders the decision-only edits read (each readout stops
+    once no order left could change its decision): per edit the most any of its strategies read,
+    its median and maximum over the edits, and the same per strategy. None without such edits."""
+    done = [r for r in reads if r]
+    if not done:
+        return None
+    per_edit = [max(r.values()) for r in done]
+    names = dict.fromkeys(n for r in done for n in r)
+    return {"of": of, "edits": len(done), "median": statistics.median(per_edit), "max": max(per_edit),
+            "strategies": {n: {"median": statistics.median(r[n] for r in done if n in r),
+                               "max": max(r[n] for r in done if n in r)} for n in names}}
 
 
 def edit_cost(walls: list[float], prefill_ms: list[float], timed: int) -> dict:
@@ -293,6 +314,10 @@ def cmd_sweep(args) -> None:
         if cost[kind]:
             print(f"a {words} edit cost {cost[kind]['median_prefills']:.2f}x one prefill of the document "
                   f"(median of {cost[kind]['edits']}; a prefill took {prefill:.0f} ms in this run)")
+    reads = result["orders_read"]
+    if reads:
+        print(f"a decision-only edit read {reads['median']:g} of the choices' {reads['of']} orders (median; "
+              f"at most {reads['max']}): each readout stops once no order left could change its decision")
     if result["stopped"] == "decided":
         print(f"stopped after {result['edits_done']} edits: the policy is decided (no later edit could "
               "change it)")

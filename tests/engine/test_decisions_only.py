@@ -34,15 +34,20 @@ def test_a_decision_only_run_decides_what_the_timed_run_decides(alias):
         assert a.decision == b.decision, name
         assert a.decision_matches_recompute == b.decision_matches_recompute, name
         assert b.kl_to_recompute == pytest.approx(a.kl_to_recompute, abs=1e-5), name
+        # the orders are read as far as the decision needs (issue 42): all 6, or 4 once settled
+        every = untimed.orders_read[name] == 6
+        assert untimed.orders_read[name] in (4, 6), name
         for choice in QUESTION.choices:
-            assert b.choice_probs[choice] == pytest.approx(a.choice_probs[choice], abs=1e-5), name
+            if every:
+                assert b.choice_probs[choice] == pytest.approx(a.choice_probs[choice], abs=1e-5), name
         assert a.tokens_computed == b.tokens_computed, name
         # nothing timed: no first token, no speed-up; the orders are still read, in the readout's
         # own forward where one mask carries the model (nothing to keep apart: measure_ms 0)
         assert (b.ttft_ms, b.latency_ms, b.speedup, b.speedup_range, b.ttft_spread_ms) == (0, 0, None, [], [])
         assert "not timed" in b.detail and a.measure_ms > 0
         for choice in QUESTION.choices:
-            assert b.choice_spread[choice] == pytest.approx(a.choice_spread[choice], abs=1e-5), name
+            if every:
+                assert b.choice_spread[choice] == pytest.approx(a.choice_spread[choice], abs=1e-5), name
         assert b.recompute_answer_nll == pytest.approx(a.recompute_answer_nll, abs=1e-4), name
         assert a.ttft_ms > 0 and a.speedup is not None
     assert untimed.strategies["recompute"].kl_to_recompute == 0.0

@@ -21,9 +21,17 @@ from dataclasses import dataclass
 
 import torch
 
-from worker.engine.forward import Deferred
+from worker.engine.forward import Deferred, fill
 from worker.engine.notes import KV, cache_from_layers
-from worker.engine.orders import _layout, _scores, _tree_mask, over_orders, reading_orders
+from worker.engine.orders import (
+    _layout,
+    _scores,
+    _tree_mask,
+    earliest_stop,
+    over_orders,
+    reading_orders,
+    settled,
+)
 from worker.engine.readout import Frame, Readout, _choice_ids, _chosen, _per_order, decide
 from worker.engine.selective import has_sliding_window
 from worker.engine.types import Question
@@ -130,33 +138,73 @@ def batches(lengths: Sequence[int], fixed: int = FORWARD_INPUTS) -> list[list[in
     return groups[::-1]
 
 
+def order_chunks(total: int) -> list[int]:
+    """How many orders each forward of a decision-only readout reads: first as many as a decision can
+    be settled after (`earliest_stop`), then the rest `ORDERS_AFTER` at a time, while any row's
+    decision is not settled. A forward costs a pass over the weights (`FORWARD_INPUTS`) on top of its
+    inputs, so reading one order a time pays that pass per order."""
+    first = earliest_stop(total)
+    if first >= total:
+        return [total]
+    rest = [ORDERS_AFTER] * ((total - first) // ORDERS_AFTER)
+    if (total - first) % ORDERS_AFTER:
+        rest.append((total - first) % ORDERS_AFTER)
+    return [first, *rest]
+
+
+ORDERS_AFTER = 3  # orders read a forward once the first chunk left a decision open (see docs/sweeps.md)
+
+
+def _settled_rows(model, rows: Sequence[Row], suffixes: list[list[int]], encoded: list[list[int]],
+                  listed: Sequence[Sequence[str]]) -> list[RowReading]:
+    """What `rows_forward` reads for each row over the orders it needs: chunk by chunk
+    (`order_chunks`), a row stops once its decision is `settled` (the choice leading after every
+    order), so its scores cover the orders it read, the listed one first. A row's deferred rows are
+    computed in the first chunk and written into its notes (`fill`: a deferring strategy's notes
+    are its own) for the next; its appended tokens go again with each chunk."""
+    total, choices = len(suffixes), list(listed[0])
+    got: list[RowReading | None] = [None] * len(rows)
+    todo, current, start = list(range(len(rows))), list(rows), 0
+    for size in order_chunks(total):
+        read = rows_forward(model, [current[i] for i in todo], suffixes[start:start + size], encoded)
+        for i, reading in zip(todo, read):
+            if got[i] is None:
+                got[i] = reading
+                if reading.deferred_kv is not None:
+                    row = current[i]
+                    current[i] = Row(fill(row.base, row.deferred, reading.deferred_kv), row.shared)
+            else:
+                got[i].heads += reading.heads
+                got[i].scores += reading.scores
+        start += size
+        todo = [i for i in todo if not settled(choices, _per_order(choices, got[i].scores), total)]
+        if not todo:
+            break
+    return got  # type: ignore[return-value]
+
+
 def decide_all(model, tokenizer, frame: Frame, rows: Sequence[Row], suffix_ids: list[int], question: Question,
                orders: Sequence[list[int]] = ()) -> list[Readout]:
     """Each row's readout as `decide(..., orders_apart=False)` takes it (a run that times nothing):
     the row's notes `base`, its appended tokens `shared` and its deferred rows. A choice question
     read over its orders, on a model one mask carries: the rows go through as few batched forwards
-    as pays (`batches`, `worker.engine.orders.rows_forward`), each row seeing only its own notes;
-    anything else, one `decide` each."""
+    as pays (`batches`, `rows_forward`), each row seeing only its own notes, and each reads only as
+    many orders as its decision needs (`_settled_rows`: the decision is the one every order gives;
+    `Readout.orders_read`); anything else, one `decide` each."""
     together = bool(question.choices) and not question.cot and bool(orders) and not has_sliding_window(model)
     out: list[Readout | None] = [None] * len(rows)
-    if together:
-        suffixes = [list(suffix_ids), *[list(o) for o in orders]]
-        encoded = _choice_ids(tokenizer, frame, question.choices)
-        groups = batches([row_length(r, suffixes, encoded) for r in rows])
-    else:
-        groups = [[i] for i in range(len(rows))]
-    for group in groups:
-        if len(group) == 1:
-            r = rows[group[0]]
-            out[group[0]] = decide(model, tokenizer, frame, cache_from_layers(r.base, model), suffix_ids,
-                                   question, pending=list(r.shared), deferred=r.deferred, orders=orders,
-                                   orders_apart=False)
-            continue
-        readings = rows_forward(model, [rows[i] for i in group], suffixes, encoded)
+    if not together:
+        return [decide(model, tokenizer, frame, cache_from_layers(r.base, model), suffix_ids, question,
+                       pending=list(r.shared), deferred=r.deferred, orders=orders, orders_apart=False)
+                for r in rows]
+    suffixes = [list(suffix_ids), *[list(o) for o in orders]]
+    encoded = _choice_ids(tokenizer, frame, question.choices)
+    listed = reading_orders(question.choices)
+    for group in batches([row_length(r, suffixes, encoded) for r in rows]):
+        readings = _settled_rows(model, [rows[i] for i in group], suffixes, encoded, listed)
         first_token_at = time.perf_counter()
-        listed = reading_orders(question.choices)
         for i, got in zip(group, readings):
-            read = over_orders(listed, _per_order(question.choices, got.scores))
+            read = over_orders(listed[:len(got.scores)], _per_order(question.choices, got.scores))
             readout = _chosen(read, got.heads[0], encoded, question, first_token_at, got.deferred_kv)
             readout.choice_logp = dict(zip(question.choices, got.scores[0]))
             out[i] = readout

@@ -84,6 +84,7 @@ class OrderReading:
     probs: dict[str, float]
     spread: dict[str, list[float]]
     bias: str | None
+    orders: int = 1  # how many orders were read
 
 
 def over_orders(orders: Sequence[Sequence[str]], per_order: Sequence[dict[str, float]]) -> OrderReading:
@@ -101,7 +102,32 @@ def over_orders(orders: Sequence[Sequence[str]], per_order: Sequence[dict[str, f
             list(order).index(pick) for order, pick in zip(orders, picks)).most_common(1)[0]
         if follows_position > follows_document:
             bias = position_word(position, len(listed))
-    return OrderReading(probs, spread, bias)
+    return OrderReading(probs, spread, bias, n_orders)
+
+
+# a stop must hold by more than float rounding could move a sum of at most 8 numbers in [0, 1]
+STOP_SLACK = 1e-9
+
+
+def settled(listed: Sequence[str], per_order: Sequence[dict[str, float]], total: int) -> bool:
+    """Whether the choice leading after the orders read (`per_order`, the first k of `total`) leads
+    after all `total` of them, whatever the rest read. Each order still to read adds a number in
+    [0, 1] to every choice's sum, so another choice gains at most 1 on the leader per order: the
+    decision is settled when the leader's sum beats every other's by more than the orders left
+    (`STOP_SLACK` over it, so float rounding cannot make a tie of it). The full average cannot then
+    tie, so its tie-break (the first listed) cannot differ either; short of that margin, read on."""
+    left = total - len(per_order)
+    if left <= 0:
+        return True
+    sums = {c: sum(p[c] for p in per_order) for c in listed}
+    leader = max(sums, key=sums.get)
+    return all(sums[leader] - sums[c] > left + STOP_SLACK for c in listed if c != leader)
+
+
+def earliest_stop(total: int) -> int:
+    """The fewest orders after which a decision over `total` can be settled: k with k > total − k
+    (a margin over k orders is below k, and must exceed the total − k orders left)."""
+    return total // 2 + 1
 
 
 def _tree_mask(past: int, deferred: Deferred | None, group: list[int], parent: list[int],

@@ -29,7 +29,7 @@ import torch
 from vocabulary.prompt import ANSWER_CUE, PLAIN_TAIL, choice_text, question_text
 from worker.engine.forward import Deferred, fill
 from worker.engine.notes import KV, cache_from_layers, layers_of
-from worker.engine.orders import OrderReading, orders_forward, over_orders, reading_orders
+from worker.engine.orders import OrderReading, orders_forward, over_orders, reading_orders, settled
 from worker.engine.selective import has_sliding_window
 from worker.engine.types import Question
 
@@ -93,6 +93,9 @@ class Readout:
     # each choice's summed log-probability in the listed order (empty when not read in one pass):
     # the teacher-forced likelihood of that answer, read for free
     choice_logp: dict[str, float] = field(default_factory=dict)
+    # how many of the choices' orders the decision read (a decision-only readout stops once no
+    # order left could change it: `worker.engine.orders.settled`); 0 without choices
+    orders_read: int = 0
 
 
 def _stop_ids(tokenizer) -> set[int]:
@@ -249,22 +252,6 @@ def _one_pass_readout(model, tokenizer, frame: Frame, base: list[KV], prompt: li
     return out
 
 
-def _all_orders_readout(model, tokenizer, frame: Frame, base: list[KV], pending: list[int],
-                        suffix_ids: list[int], orders: Sequence[list[int]], question: Question,
-                        deferred: Deferred | None) -> Readout:
-    """Every order, the listed one first, in ONE forward (`worker.engine.orders.orders_forward`):
-    the deferred rows and `pending` once, then each order's question and the choices after it. For
-    a run that times nothing (decisions only): one pass over the weights instead of two."""
-    encoded = _choice_ids(tokenizer, frame, question.choices)
-    heads, scores, cache = orders_forward(model, base, list(pending), [list(suffix_ids), *orders], encoded,
-                                          deferred)
-    first_token_at = time.perf_counter()
-    reading = over_orders(reading_orders(question.choices), _per_order(question.choices, scores))
-    out = _chosen(reading, heads[0], encoded, question, first_token_at, _deferred_kv(cache, deferred))
-    out.choice_logp = dict(zip(question.choices, scores[0]))
-    return out
-
-
 def _chosen(reading: OrderReading, logits: torch.Tensor, encoded: list[list[int]], question: Question,
             first_token_at: float, deferred_kv: list[KV] | None, text: str = "",
             reasoning: Sequence[int] = ()) -> Readout:
@@ -273,7 +260,7 @@ def _chosen(reading: OrderReading, logits: torch.Tensor, encoded: list[list[int]
     return Readout(logits=logits, decision=decision, choice_probs=reading.probs, text=text,
                    answer_ids=list(reasoning) + encoded[question.choices.index(decision)],
                    first_token_at=first_token_at, deferred_kv=deferred_kv,
-                   choice_spread=reading.spread, order_bias=reading.bias)
+                   choice_spread=reading.spread, order_bias=reading.bias, orders_read=reading.orders)
 
 
 def _per_order(choices: Sequence[str], scores: Sequence[Sequence[float]]) -> list[dict[str, float]]:
@@ -284,11 +271,17 @@ def _per_order(choices: Sequence[str], scores: Sequence[Sequence[float]]) -> lis
 
 
 def _other_orders(model, tokenizer, frame: Frame, base: list[KV], pending: list[int],
-                  orders: Sequence[list[int]], question: Question) -> list[dict[str, float]]:
+                  orders: Sequence[list[int]], question: Question,
+                  listed: dict[str, float] | None = None) -> list[dict[str, float]]:
     """Each other order's distribution over the choices after the completed notes `base` and the
-    `pending` tokens, order by order (sliding-window layers: one custom mask cannot carry them)."""
-    per_order = []
+    `pending` tokens, order by order (sliding-window layers: one custom mask cannot carry them).
+    With the `listed` order's distribution (a run that times nothing), it stops as soon as the
+    decision is `settled`: no order left could change it."""
+    per_order: list[dict[str, float]] = []
+    total = len(orders) + 1
     for suffix, rotation in zip(orders, reading_orders(question.choices)[1:]):
+        if listed is not None and settled(question.choices, [listed, *per_order], total):
+            break
         mine = cache_from_layers(base, model)
         head = _forward(model, list(pending) + list(suffix), mine)
         probs = _score_choices(model, tokenizer, frame, head, mine, list(rotation))
@@ -298,10 +291,11 @@ def _other_orders(model, tokenizer, frame: Frame, base: list[KV], pending: list[
 
 def _first_token_then_orders(model, tokenizer, frame: Frame, cache, pending: list[int], suffix_ids: list[int],
                              orders: Sequence[list[int]], question: Question,
-                             deferred: Deferred | None) -> Readout:
+                             deferred: Deferred | None, stop: bool = False) -> Readout:
     """A timed choice readout: the first token is ONE forward of the prompt alone (deferred rows,
     appended tokens, the question in the listed order); then, apart (`measure_ms`), every order's
-    choices after the completed notes (one `orders_forward`; order by order with sliding windows)."""
+    choices after the completed notes (one `orders_forward`; order by order with sliding windows,
+    where `stop` ends the reading once the decision is settled)."""
     base = layers_of(cache)
     prompt = pending + suffix_ids
     if deferred is not None:
@@ -312,14 +306,15 @@ def _first_token_then_orders(model, tokenizer, frame: Frame, cache, pending: lis
     encoded = _choice_ids(tokenizer, frame, question.choices)
     if has_sliding_window(model):
         listed = _score_choices(model, tokenizer, frame, logits, cache, question.choices)
-        per_order = [listed, *_other_orders(model, tokenizer, frame, base, pending, orders, question)]
+        per_order = [listed, *_other_orders(model, tokenizer, frame, base, pending, orders, question,
+                                            listed if stop else None)]
         listed_logp: dict[str, float] = {}
     else:
         _, scores, _ = orders_forward(model, base, pending, [suffix_ids, *[list(o) for o in orders]], encoded)
         per_order = _per_order(question.choices, scores)
         listed_logp = dict(zip(question.choices, scores[0]))
-    out = _chosen(over_orders(reading_orders(question.choices), per_order), logits, encoded, question,
-                  first_token_at, fresh)
+    read = over_orders(reading_orders(question.choices)[:len(per_order)], per_order)
+    out = _chosen(read, logits, encoded, question, first_token_at, fresh)
     out.measure_ms = (time.perf_counter() - first_token_at) * 1000
     out.choice_logp = listed_logp
     return out
@@ -352,8 +347,9 @@ def decide(model, tokenizer, frame: Frame, cache, suffix_ids: list[int], questio
     logits (a timing repeat: no decision, no generation). `orders`: the question's tokens in every
     other order of its choices (`orders_suffixes`), to score the choices over their orders after
     the first token, timed apart (`Readout.measure_ms`; ignored with chain of thought, without
-    choices, or for a timing repeat). `orders_apart=False` (a run that times nothing) reads every order
-    in the first token's own forward instead, where the model allows one custom mask."""
+    choices, or for a timing repeat). `orders_apart=False` (a run that times nothing) stops reading
+    them once no order left could change the decision (`worker.engine.orders.settled`); a run that
+    times nothing reads its readouts batched (`worker.engine.batched.decide_all`)."""
     prompt = list(pending) + list(suffix_ids)
     if deferred is not None and has_sliding_window(model):
         raise ValueError("a sliding-window model cannot defer tokens to the readout "
@@ -361,13 +357,9 @@ def decide(model, tokenizer, frame: Frame, cache, suffix_ids: list[int], questio
     if orders and len(orders) != len(reading_orders(question.choices)) - 1:
         raise ValueError(f"{len(question.choices)} choices are read in "
                          f"{len(reading_orders(question.choices))} orders, not {len(orders) + 1}")
-    in_one = orders and not orders_apart and not has_sliding_window(model)
-    if question.choices and not question.cot and in_one:
-        return _all_orders_readout(model, tokenizer, frame, layers_of(cache), list(pending), list(suffix_ids),
-                                   orders, question, deferred)
     if question.choices and not question.cot and orders and not first_token_only:
         return _first_token_then_orders(model, tokenizer, frame, cache, list(pending), list(suffix_ids),
-                                        orders, question, deferred)
+                                        orders, question, deferred, stop=not orders_apart)
     if question.choices and not question.cot and not has_sliding_window(model):
         return _one_pass_readout(model, tokenizer, frame, layers_of(cache), prompt, question, deferred)
     fresh = None

@@ -114,6 +114,10 @@ def run(engine: LoadedModel, request: RunRequest, notes: Notes | None = None,
         report.exact_reference_kl = _exact_reference_kl(engine, editor, bench, ref)
     for name, out in chosen.items():
         report.strategies[name] = result_of(out, ref, followed)
+        if not request.timing and out.readout.orders_read:
+            report.orders_read[name] = out.readout.orders_read
+        if out.read_from is not None:
+            report.read_from[name] = out.read_from
 
     if request.attribution:
         report_progress("notes map", 0.72)

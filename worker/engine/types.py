@@ -160,6 +160,11 @@ class Report:
     timed: bool = True  # False: decisions only, nothing timed (a sweep's edit past its timed sample)
     # KL of the reference computed exactly from the field on against the true recompute (asked for)
     exact_reference_kl: float | None = None
+    # a decision-only run: per strategy, how many orders of the choices its decision read (it stops
+    # once no order left could change it), and which strategies' decisions are read off another's
+    # readout, the same notes (prefix_reuse off the reference's, computed exactly from the field on)
+    orders_read: dict[str, int] = field(default_factory=dict)
+    read_from: dict[str, str] = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         out = {
@@ -172,6 +177,10 @@ class Report:
         }
         if self.exact_reference_kl is not None:
             out["exact_reference_kl"] = self.exact_reference_kl
+        if self.orders_read:
+            out["orders_read"] = dict(self.orders_read)
+        if self.read_from:
+            out["read_from"] = dict(self.read_from)
         if self.attribution is not None:
             out["attribution"] = self.attribution.to_dict()
         if self.mechanism is not None:

@@ -49,7 +49,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from vocabulary.prefix import common_prefix
@@ -95,6 +95,7 @@ class Outcome:
     prefix_cache_share: float = 0.0
     picked: str | None = None
     timed: bool = True  # False for a decision-only run: its samples are no timings
+    read_from: str | None = None  # a decision-only run: the strategy whose readout (same notes) it took
 
     @property
     def latency_ms(self) -> float:
@@ -230,6 +231,7 @@ def decisions(bench: Bench, case: object, runners: dict[str, Strategy]) -> dict[
     read: dict[object, Readout] = dict(zip(todo, got))
     if lasting is not None and id(lasting) in read:
         memo["notes"] = read[id(lasting)]
+    owner = {key: name for name, key in reversed(keys.items())}  # the first strategy of each notes
     out = {}
     for name, runner in runners.items():
         s = surgeries[name]
@@ -237,7 +239,11 @@ def decisions(bench: Bench, case: object, runners: dict[str, Strategy]) -> dict[
         s = s.completed(readout.deferred_kv)
         if runner.reads_notes:
             s.tokens_computed += bench.overhead_tokens
-        out[name] = Outcome(s, readout, [Sample(0.0, 0.0, 0)], timed=False)
+        source = owner[keys[name]] if owner[keys[name]] != name else None
+        if source is not None:  # said where it shows: the run JSON's detail and `Report.read_from`
+            s = replace(s, detail="; ".join(part for part in (
+                s.detail, f"its decision read off {source}'s readout (the same notes)") if part))
+        out[name] = Outcome(s, readout, [Sample(0.0, 0.0, 0)], timed=False, read_from=source)
     return out
 
 
