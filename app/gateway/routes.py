@@ -178,9 +178,10 @@ def _upstream_error(status: int, data: bytes, headers: dict[str, str]) -> JSONRe
     """The upstream's error status, with its OpenAI-shaped message when it gave one."""
     try:
         message = json.loads(data)["error"]["message"]
-    except (ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError, RecursionError):
         message = ""
-    text = f"the serving engine answered HTTP {status}" + (f": {str(message)[:500]}" if message else "")
+    message = message if isinstance(message, str) else ""
+    text = f"the serving engine answered HTTP {status}" + (f": {message[:500]}" if message else "")
     return openai_error(status, text, headers=headers)
 
 
