@@ -78,3 +78,27 @@ def test_decisions_only_run_each_surgery_once_and_never_the_full_recompute():
     assert report.strategies["recompute"].tokens_computed == len(eng.tokenize_document(
         DOC.replace("Oslo", "Riga"))[0])
     assert report.strategies["prefix_reuse"].tokens_computed < report.strategies["recompute"].tokens_computed
+
+
+def test_a_sweep_lays_hoist_s_held_document_out_once():
+    from worker.engine.strategies.edits import hoist as hoist_file
+
+    eng = load("tiny-llama")
+    notes = eng.prefill(DOC)
+    start = DOC.index("Oslo")
+    layouts: list[str] = []
+    saved = hoist_file.hoist
+
+    def counted(text, fields, values="new"):
+        layouts.append(values)
+        return saved(text, fields, values=values)
+
+    hoist_file.hoist = counted
+    try:
+        for value in ("Riga", "Madrid", "Bergen"):
+            eng.run(RunRequest(DOC, QUESTION, fields=(Field(start, start + 4, value, "destination"),),
+                               strategies=("recompute", "hoist"), timing=False), notes=notes)
+    finally:
+        hoist_file.hoist = saved
+    # the held layout (old values) once for the three edits; each edit's own layout with its value
+    assert layouts.count("old") == 1 and layouts.count("new") == 3

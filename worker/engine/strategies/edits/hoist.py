@@ -42,9 +42,12 @@ class Hoist(Strategy[EditCase]):
 
     def prepare(self, case: EditCase) -> None:
         engine, old = case.engine, case.editor.old
-        before = hoist(case.composed_text, case.fields, values="old")
+        layout = (Hoist.info.name, case.composed_text, tuple((f.start, f.end) for f in case.fields))
+        if layout not in old.derived:  # the held layout, the same for every edit of a sweep: laid out once
+            before = hoist(case.composed_text, case.fields, values="old")
+            old.derived[layout] = engine.tokenize_document(before.text)[0]
+        self.held_ids = old.derived[layout]  # what the deployment's cache holds
         after = hoist(case.composed_text, case.fields)
-        self.held_ids = engine.tokenize_document(before.text)[0]  # what the deployment's cache holds
         ids, offsets, segments = engine.tokenize_document(after.text)
         self.new_ids, self.segments = ids, segments
         self.offsets = [_to_document(o, after, case) for o in offsets]
