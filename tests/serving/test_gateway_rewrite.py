@@ -3,6 +3,9 @@ and limit, with multi-turn conversations keeping their errata where they were to
 
 from __future__ import annotations
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from serving.gateway import CHAT, COMPLETIONS, Rewriter, Settings, Slot, Template, read_prompt
 from serving.gateway.changes import diff_changes
 from vocabulary import render_erratum
@@ -172,3 +175,27 @@ def test_the_diff_reads_lines_first_and_stops_past_the_limit():
                      for i, line in enumerate(base[:20_000].split("\n")))
     found = diff_changes(0, base[:20_000], many, limit=4)
     assert len(found) == 5 and all(c.old.count("step") == 1 for c in found)
+
+
+LINES = ["", "}", "destination: Oslo", "destination: Rome", "status: open", "the train leaves at 08:07",
+         "a b c", "x"]
+
+
+@settings(max_examples=300, deadline=None, derandomize=True, database=None)
+@given(st.lists(st.sampled_from(LINES) | st.text(max_size=12), max_size=30),
+       st.lists(st.sampled_from(LINES) | st.text(max_size=12), max_size=30))
+def test_the_diffs_spans_rebuild_the_text(base_lines, text_lines):
+    """For any two texts (repeated lines, blank lines, brackets, any characters), the changes are in
+    order, do not overlap, and the base with each span replaced is the text: what is not a change
+    is the same on both sides. With a limit, the walk stops after the same first changes."""
+    base, text = "\n".join(base_lines), "\n".join(text_lines)
+    changes = diff_changes(0, base, text)
+    rebuilt, at, at_new = [], 0, 0
+    for c in changes:
+        assert at <= c.base_start <= c.base_end and at_new <= c.start <= c.end
+        assert base[at:c.base_start] == text[at_new:c.start]
+        rebuilt += [base[at:c.base_start], text[c.start:c.end]]
+        at, at_new = c.base_end, c.end
+    assert base[at:] == text[at_new:]
+    assert "".join(rebuilt) + base[at:] == text
+    assert diff_changes(0, base, text, limit=2) == changes[:3]  # stopping early finds the same first ones
