@@ -34,6 +34,8 @@ SLOT = r"([^\n]{0,200}?)"
 MERGE_GAP = 3  # tokens
 TOKEN_DIFF_CHARS = 20_000  # the largest changed block diffed by tokens (difflib is quadratic at worst)
 LOOKAHEAD = 64  # lines read ahead on each side to resynchronise after a changed line
+QUOTE_CHARS = 400  # the longest line an erratum quotes whole
+QUOTE_AROUND = 100  # else, the characters it quotes either side of the change
 ANCHOR_TRIES = 8  # places tried per line read ahead (a repeated line: the nearest that confirms)
 
 
@@ -277,17 +279,27 @@ def diff_changes(message: int, base: str, text: str, limit: int | None = None) -
     old_lines, new_lines = _Lines(base), _Lines(text)
     out: list[Change] = []
     for i1, i2, j1, j2 in _line_blocks(old_lines, new_lines, limit):
-        bs, be = old_lines.starts[i1], old_lines.starts[i2]
-        s, e = new_lines.starts[j1], new_lines.starts[j2]
-        if (be - bs) + (e - s) > 2 * TOKEN_DIFF_CHARS:
-            bs, be, s, e = _trimmed(base, text, bs, be, s, e)
-        if (be - bs) + (e - s) > 2 * TOKEN_DIFF_CHARS:
-            out.append(_named(message, base, text, bs, be, s, e))
+        if i2 - i1 == j2 - j1 > 1:  # as many lines replaced as there were: line by line
+            pairs = [(i, j1 + i - i1, i + 1, j1 + i - i1 + 1) for i in range(i1, i2)
+                     if old_lines.lines[i] != new_lines.lines[j1 + i - i1]]
         else:
-            out += _diff(message, base, text, bs, be, s, e)
-        if limit is not None and len(out) > limit:
-            return out[:limit + 1]
+            pairs = [(i1, j1, i2, j2)]
+        for a, b, a_end, b_end in pairs:
+            out += _block(message, base, text, old_lines.starts[a], old_lines.starts[a_end],
+                          new_lines.starts[b], new_lines.starts[b_end])
+            if limit is not None and len(out) > limit:
+                return out[:limit + 1]
     return out
+
+
+def _block(message: int, base: str, text: str, bs: int, be: int, s: int, e: int) -> list[Change]:
+    """The changes of the lines text[s:e] against base[bs:be]: by tokens, or one change when the
+    block is still over `TOKEN_DIFF_CHARS` once its common head and tail are set aside."""
+    if (be - bs) + (e - s) > 2 * TOKEN_DIFF_CHARS:
+        bs, be, s, e = _trimmed(base, text, bs, be, s, e)
+    if (be - bs) + (e - s) > 2 * TOKEN_DIFF_CHARS:
+        return [_named(message, base, text, bs, be, s, e)]
+    return _diff(message, base, text, bs, be, s, e)
 
 
 def _trimmed(base: str, text: str, bs: int, be: int, s: int, e: int) -> tuple[int, int, int, int]:
@@ -320,6 +332,14 @@ def _named(message: int, base: str, text: str, bs: int, be: int, s: int, e: int)
     key = key_of(text, s) if "\n" not in old_value + new_value else None
     if key is not None and key == key_of(base, bs):
         return Change(message, s, e, bs, be, key, old_value, new_value)
-    la, lb = _line(base, bs, be)
-    na, nb = _line(text, s, e)
-    return Change(message, s, e, bs, be, "the line", f'"{base[la:lb].strip()}"', f'"{text[na:nb].strip()}"')
+    return Change(message, s, e, bs, be, "the line", _quoted(base, bs, be), _quoted(text, s, e))
+
+
+def _quoted(text: str, start: int, end: int) -> str:
+    """The lines that hold [start, end), quoted; a line longer than `QUOTE_CHARS` (a one-line JSON
+    document) is quoted `QUOTE_AROUND` characters either side of the change, cut marked "…"."""
+    a, b = _line(text, start, end)
+    if b - a > QUOTE_CHARS:
+        a2, b2 = max(a, start - QUOTE_AROUND), min(b, end + QUOTE_AROUND)
+        return f'"{"…" if a2 > a else ""}{text[a2:b2].strip()}{"…" if b2 < b else ""}"'
+    return f'"{text[a:b].strip()}"'
