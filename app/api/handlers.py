@@ -11,6 +11,7 @@ a 500 in the same two faces. Every message is one line a person can act on.
 - 503 busy: no database connection came free in time (the request limiter, `app.api.capacity`,
   normally answers this before a request waits for the pool).
 - 409: two requests changed the same rows at once (e.g. two deletes in one notebook).
+- 404: what an action works on was deleted meanwhile (`Gone`: a field whose notebook went).
 - 405: `Allow` lists every method of every route at the path (Starlette names one route's only).
 - 429 / 503 / sign-in: the run caps, too many sign-ins at once, and pages that need a signed-in user.
 """
@@ -32,7 +33,7 @@ from starlette.routing import Match
 
 from app.api.capacity import BUSY, RETRY_AFTER_S
 from app.security.guard import SignInRequired, login_url
-from app.services.errors import RunLimitReached, Unprocessable
+from app.services.errors import Gone, RunLimitReached, Unprocessable
 from app.web.errors import error_page, validation_message
 from data.health import plain_database_error
 
@@ -160,6 +161,10 @@ async def _stale(request: Request, _exc: Exception) -> Response:
                   "another request changed or deleted this at the same time; reload and try again")
 
 
+async def _gone(request: Request, exc: Exception) -> Response:
+    return answer(request, 404, str(exc), title="Deleted")
+
+
 async def _run_limit(request: Request, exc: Exception) -> Response:
     return answer(request, 429, str(exc), {"Retry-After": "30"})
 
@@ -180,5 +185,6 @@ def install(app: FastAPI) -> None:
     app.add_exception_handler(DBAPIError, _database)
     app.add_exception_handler(PoolTimeout, _pool_timeout)
     app.add_exception_handler(StaleDataError, _stale)
+    app.add_exception_handler(Gone, _gone)
     app.add_exception_handler(RunLimitReached, _run_limit)
     app.add_exception_handler(SignInRequired, _sign_in)

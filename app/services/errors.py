@@ -1,5 +1,6 @@
 """The errors actions raise: `Unprocessable` for input that is well-formed but impossible here
-(422), `RunLimitReached` when the run caps are reached (429)."""
+(422), `Gone` for what was deleted meanwhile (404), `RunLimitReached` when the run caps are reached
+(429)."""
 
 from __future__ import annotations
 
@@ -27,6 +28,12 @@ class Unprocessable(ValueError):
     @property
     def message(self) -> str:
         return "; ".join(self.errors.values())
+
+
+class Gone(LookupError):
+    """What an action works on was deleted meanwhile (a field whose notebook another request just
+    deleted): the API and the pages answer 404 with this message, as they would had the request
+    come a moment later."""
 
 
 class RunLimitReached(RuntimeError):

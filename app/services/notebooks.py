@@ -6,10 +6,10 @@ Each public action commits (`app.services.unit.action`); `touch`, the checks and
 
 from __future__ import annotations
 
-from sqlalchemy import func, select
+from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
-from app.services.errors import Unprocessable
+from app.services.errors import Gone, Unprocessable
 from app.services.unit import action, saving
 from data.accounts import LOCAL_USER
 from data.models import RUN_ACTIVE, Erratum, Field, Notebook, Placement, Question, Run, Skill, utcnow
@@ -20,6 +20,18 @@ from vocabulary import render_erratum
 
 def touch(notebook: Notebook) -> None:
     notebook.updated_at = utcnow()
+
+
+def touch_first(session: Session, notebook_id: int, what: str) -> None:
+    """Mark notebook `notebook_id` changed, in the database and as the transaction's first write,
+    before a part of it (`what`, e.g. "field 7") is deleted. The row lock this takes orders the
+    delete after, or before, a delete of the whole notebook (on PostgreSQL as on SQLite, where the
+    first write takes the database's write lock), so the two never interleave; when the notebook
+    is already gone (and its parts with it), `Gone`: a 404, never a 500 for a notebook that
+    vanished under the request (`touch(field.notebook)` read None)."""
+    done = session.execute(update(Notebook).where(Notebook.id == notebook_id).values(updated_at=utcnow()))
+    if done.rowcount == 0:
+        raise Gone(f"{what} was deleted with its notebook {notebook_id}")
 
 
 def check_served(model: str, field: str = "model") -> None:
@@ -231,9 +243,9 @@ def update_field(session: Session, field: Field, changes: dict[str, object]) -> 
 @action
 def delete_field(session: Session, field: Field) -> None:
     """Drop the field and its generated errata; hand-written errata stay (unlinked)."""
+    touch_first(session, field.notebook_id, f"field {field.id}")
     for erratum in generated_errata(session, field):
         session.delete(erratum)
-    touch(field.notebook)
     session.delete(field)
 
 
@@ -289,7 +301,7 @@ def add_custom_erratum(session: Session, notebook: Notebook, text: str) -> Errat
 
 @action
 def delete_erratum(session: Session, erratum: Erratum) -> None:
-    touch(erratum.notebook)
+    touch_first(session, erratum.notebook_id, f"erratum {erratum.id}")
     session.delete(erratum)
 
 
@@ -332,7 +344,7 @@ def move_placement(placement: Placement, position: int | None) -> None:
 
 @action
 def delete_placement(session: Session, placement: Placement) -> None:
-    touch(placement.notebook)
+    touch_first(session, placement.notebook_id, f"placement {placement.id}")
     session.delete(placement)
 
 

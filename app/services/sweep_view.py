@@ -9,12 +9,11 @@ confidence sequences (`vocabulary.confidence`), valid at every look.
 
 from __future__ import annotations
 
-from datetime import datetime
-
 from pydantic import BaseModel
 from sqlalchemy import func, or_, select
 from sqlalchemy.orm import Session
 
+from app.schema_types import Timestamp
 from data.models import RUN_ACTIVE, Run, RunStatus, Sweep
 from data.sweep_edits import (
     LOST_TWICE,
@@ -169,8 +168,8 @@ class SweepView(BaseModel):
     extended_choices: list[str] = []  # values outside the question's choices, added to them on request
     interval: str = INTERVAL_WORDS
     error: str | None
-    created_at: datetime
-    finished_at: datetime | None
+    created_at: Timestamp  # with its time zone, as every timestamp the API returns (app.schema_types)
+    finished_at: Timestamp | None
     strategies: dict[str, StrategySweepOut]
     policy: PolicyView
     frontier: list[FrontierPointOut]
