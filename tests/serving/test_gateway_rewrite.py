@@ -199,3 +199,18 @@ def test_the_diffs_spans_rebuild_the_text(base_lines, text_lines):
     assert base[at:] == text[at_new:]
     assert "".join(rebuilt) + base[at:] == text
     assert diff_changes(0, base, text, limit=2) == changes[:3]  # stopping early finds the same first ones
+
+
+def test_a_one_line_document_is_diffed_and_quoted_around_the_change():
+    """A 148 kB one-line JSON document with one value changed: one change of that value, its erratum
+    quoting 100 characters either side (it quoted the whole line twice: 295 kB)."""
+    import json
+
+    record = {f"k{i}": f"value number {i}" for i in range(5000)}
+    base = json.dumps(record)
+    record["k2500"] = "changed value"
+    (change,) = diff_changes(0, base, json.dumps(record))
+    at = base.index('"value number 2500"') + 1
+    assert (change.base_start, change.base_end, change.start, change.end) == (at, at + 17, at, at + 13)
+    assert change.label == "the line" and len(change.old) < 240 and len(change.new) < 240
+    assert '"k2500": "value number 2500"' in change.old and '"k2500": "changed value"' in change.new
