@@ -15,6 +15,10 @@ naming the models left without a worker) and fails the jobs it held ("worker los
 new one after a backoff: 1 s, doubling to `MAX_BACKOFF_S`, back to 1 s once a worker lived
 `HEALTHY_AFTER_S`. The thread that starts workers lives as long as they do (the parent-death signal
 is tied to the thread that forked). The `Reaper` runs the one reaper every `REAP_EVERY_S`.
+
+A worker that does not come back from a step is replaced: every `SUPERVISE_S` the supervisor fails
+the jobs of its worker stuck past their deadline (`data.watchdog.reap_overdue`), and once one of
+them was failed so (`stuck_jobs`) it kills the worker, which is then restarted as any that died.
 """
 
 from __future__ import annotations
@@ -30,10 +34,11 @@ import time
 
 from data import workers
 from data.db import get_sessionmaker, release_connections
+from data.jobs import KINDS
 from data.models import utcnow
 from data.queue import REPLAY_QUEUE, queue_for
 from data.settings import get_settings
-from data.watchdog import reap, reap_worker
+from data.watchdog import reap, reap_overdue, reap_worker, reaper_session, stuck_jobs
 
 log = logging.getLogger("kvnotes.serve")
 
@@ -42,6 +47,7 @@ MAX_BACKOFF_S = 30.0
 HEALTHY_AFTER_S = 60.0
 POLL_S = 0.2
 REAP_EVERY_S = 15.0
+SUPERVISE_S = 5.0  # how often a supervisor looks for its worker's jobs stuck past their deadline
 
 
 def node_name(models: list[str], name: str | None = None) -> str:
@@ -123,7 +129,7 @@ class Reaper:
     def _run(self) -> None:
         while not self._stopping.wait(self.every_s):
             try:
-                with get_sessionmaker()() as session:
+                with reaper_session() as session:
                     reap(session)
             except Exception as exc:  # storage down: the next pass tries again
                 log.warning("reaper: could not run (%s)", exc.__class__.__name__)
@@ -165,14 +171,36 @@ class WorkerSupervisor:
         log.info("worker %s started (pid %s, start %d)", self.name, proc.pid, self.starts)
         return proc
 
+    def _replace_if_stuck(self, since) -> None:
+        """Kill the worker when a job of its was stuck in a step past its deadline (see the module's
+        docstring); the loop then restarts it."""
+        try:
+            with reaper_session() as session:
+                for kind in KINDS:
+                    reap_overdue(session, kind, utcnow(), worker=self.name)
+                session.commit()
+                # (the replays worker's other threads serve other users: a replay's bounds free its thread)
+                stuck = [] if self.replays else stuck_jobs(session, self.name, since)
+        except Exception as exc:  # storage down: the next look tries again
+            log.warning("supervisor: could not look for stuck jobs (%s)", exc.__class__.__name__)
+            return
+        finally:
+            release_connections()
+        if stuck and self.proc is not None and self.proc.poll() is None:
+            log.error("worker %s is stuck past a job's deadline (%s): replacing it", self.name,
+                      ", ".join(f"{kind} {job_id}" for kind, job_id in stuck))
+            self.proc.kill()
+
     def _run(self) -> None:
         backoff = 1.0
         while not self._stopping.is_set():
             self.proc = self._spawn()
             self._started.set()
-            born = time.monotonic()
+            born, since, looked = time.monotonic(), utcnow(), time.monotonic()
             while self.proc.poll() is None and not self._stopping.wait(POLL_S):
-                pass
+                if time.monotonic() - looked >= SUPERVISE_S:
+                    looked = time.monotonic()
+                    self._replace_if_stuck(since)
             if self._stopping.is_set():
                 code = stop_worker(self.proc)
                 log.info("worker stopped (code %s)", code)

@@ -12,8 +12,16 @@ A job is a row with the same lifecycle whatever its kind:
   which retries through a storage fault), writes `worker` and `heartbeat_at`, and beats while it
   works (`worker.jobs.Heartbeat`); every later write is conditional on the row still being running,
   so a cancel or a reap stops the worker at its next write.
-- **Lost**: the one reaper (`data.watchdog.reap`, run by the workers' beat and by `kvnotes serve`,
-  never by a read) fails a job whose worker died or went silent, or whose message was lost.
+- **Lost**: the one reaper (`data.watchdog.reap`, run by the workers' reaper thread and by
+  `kvnotes serve`, never by a read) fails a job whose own heartbeat went silent, whose message was
+  lost or that ran past its deadline (`deadline_s`); it is the one place a lost job is queued again.
+
+**Every change of state is one conditional statement** (`transition`): `UPDATE … WHERE id = :id AND
+status IN (:from_states)`, which returns whether it changed the row. Cancel, the reaper, the claim,
+progress, success, failure and a sweep's own state all go through it, so of two writers racing (a
+cancel and a success, a reaper and a fresh heartbeat) exactly one wins and the other is told so;
+nothing is overwritten. It relies on no row lock (`FOR UPDATE`, which SQLite ignores): SQLite runs
+one writer at a time, and PostgreSQL re-checks the WHERE clause of an UPDATE that waited for another.
 
 Each kind is a `JobKind`: its table, its task, the queue it goes to, and which of its rows count
 against the per-user caps (a sweep's edits have the sweep's cap instead). The caps count every
@@ -24,15 +32,16 @@ Pure database work on the caller's session (the caller commits); no torch, no wo
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import ColumnElement, func, select, true
+from sqlalchemy import ColumnElement, func, select, true, update
 from sqlalchemy.orm import Session
+from sqlalchemy.orm.util import identity_key
 
-from data.models import RUN_ACTIVE, Base, Run, RunStatus, utcnow
+from data.models import RUN_ACTIVE, RUN_FINISHED, Base, Run, RunStatus, Sweep, utcnow
 from data.queue import (
     REPLAY_QUEUE,
     TASK_REPLAY,
@@ -47,6 +56,8 @@ from data.replays import Replay
 from data.trajectories import Trajectory
 
 ACTIVE = tuple(status.value for status in RUN_ACTIVE)
+FINISHED = tuple(status.value for status in RUN_FINISHED)
+QUEUED, RUNNING = RunStatus.QUEUED.value, RunStatus.RUNNING.value
 
 
 @dataclass(frozen=True)
@@ -56,9 +67,9 @@ class JobKind:
 
     name: str
     table: type[Base]
-    task: str
-    queue_of: Callable[[Any], str]
-    send: Callable[[Any], str]  # the row's message, under its token (`data.queue`)
+    task: str = ""  # a sweep has no task of its own: its edits are runs
+    queue_of: Callable[[Any], str] | None = None
+    send: Callable[[Any], str] | None = None  # the row's message, under its token (`data.queue`)
     counted: Callable[[], ColumnElement[bool]] = true
 
     def active(self) -> Any:
@@ -72,7 +83,59 @@ TRAJECTORIES = JobKind("trajectory", Trajectory, TASK_TRAJECTORY, lambda row: qu
                        lambda row: enqueue_trajectory(row.id, row.task_id, row.model))
 REPLAYS = JobKind("replay", Replay, TASK_REPLAY, lambda _row: REPLAY_QUEUE,
                   lambda row: enqueue_replay(row.id, row.task_id))
-KINDS = (RUNS, TRAJECTORIES, REPLAYS)
+KINDS = (RUNS, TRAJECTORIES, REPLAYS)  # the kinds a worker runs (claim, heartbeat, reaper)
+SWEEPS = JobKind("sweep", Sweep)  # its own state, cap and cancel; its edits are RUNS
+
+
+def deadline_s(kind: JobKind) -> float:
+    """How long a job of `kind` may run (from its claim) before it is failed and its worker freed:
+    `KVNOTES_JOB_DEADLINE_S` (default `KVNOTES_TASK_TIME_LIMIT`); a replay has its own
+    `KVNOTES_REPLAY_DEADLINE`, which bounds its HTTP calls too."""
+    from data.settings import get_settings  # (settings import nothing of this module)
+
+    settings = get_settings()
+    if kind is REPLAYS:
+        return settings.replay_deadline_s
+    return settings.job_deadline_s or float(settings.task_time_limit_s)
+
+
+STUCK = "it did not come back from that step, so its worker is replaced"
+
+
+def deadline_message(kind: JobKind, stage: str | None = None, stuck: bool = False) -> str:
+    """What a job failed past its deadline says (`stuck`: failed by the reaper, its task hung in
+    a step; the supervisor of its worker replaces the worker on reading it)."""
+    setting = "KVNOTES_REPLAY_DEADLINE" if kind is REPLAYS else "KVNOTES_JOB_DEADLINE_S"
+    during = f" during {stage}" if stage else ""
+    how = STUCK if stuck else "it was stopped and its worker freed"
+    return (f"the {kind.name} ran past its deadline of {deadline_s(kind):g} s ({setting}){during}: "
+            f"{how}; start it again with less to do, or raise the deadline")
+
+
+def transition(session: Session, kind: JobKind | type[Base], job_id: int, from_states: Iterable[str],
+               to: str | None = None, *, where: Iterable[ColumnElement[bool]] = (), **values: Any) -> bool:
+    """Move the row `job_id` of `kind` to status `to` (None: keep its status, write `values` only)
+    with `values`, only while it is still in one of `from_states` (and matches `where`): one
+    `UPDATE … WHERE status IN …`. True when it did; False when the row was gone or had moved on (a
+    caller that lost the race must say so and write nothing else). A final status stamps
+    `finished_at` and, unless given, the stage. The caller commits; a row of the session's identity
+    map is expired, so it reads what was written."""
+    table = kind.table if isinstance(kind, JobKind) else kind
+    states = tuple(str(state) for state in from_states)
+    if to is not None:
+        values["status"] = str(to)
+        if str(to) in FINISHED:
+            values.setdefault("finished_at", utcnow())
+            if hasattr(table, "stage"):  # (a sweep has none)
+                values.setdefault("stage", str(to))
+    statement = (update(table).where(table.id == job_id, table.status.in_(states), *where).values(**values)
+                 .execution_options(synchronize_session=False))
+    moved = session.execute(statement).rowcount == 1
+    if moved:
+        loaded = session.identity_map.get(identity_key(table, job_id))
+        if loaded is not None:
+            session.expire(loaded)
+    return moved
 
 
 def kind_of(row: Base) -> JobKind:
@@ -94,9 +157,12 @@ def active_jobs(session: Session, created_by: str | None = None) -> int:
     return total
 
 
-def finish(row: Any, status: RunStatus, error: str | None = None, stage: str | None = None,
-           now: datetime | None = None) -> None:
-    """Move a job's row to a final state (its stage says so unless given)."""
-    row.status, row.stage, row.finished_at = status.value, stage or status.value, now or utcnow()
+def finish(session: Session, kind: JobKind, job_id: int, status: RunStatus, error: str | None = None,
+           from_states: Iterable[str] = ACTIVE, now: datetime | None = None,
+           where: Iterable[ColumnElement[bool]] = (), **values: Any) -> bool:
+    """Move an unfinished job to a final state with `error` (`transition`); False when it had
+    already finished (or moved on from `from_states`)."""
     if error is not None:
-        row.error = error
+        values["error"] = error
+    return transition(session, kind, job_id, from_states, status.value, where=where,
+                      finished_at=now or utcnow(), **values)

@@ -69,9 +69,8 @@ class RunStatus(StrEnum):
 RUN_STATUSES = tuple(status.value for status in RunStatus)
 RUN_ACTIVE = (RunStatus.QUEUED, RunStatus.RUNNING)
 RUN_FINISHED = (RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLED)
-# `runs.error` of a run the watchdog (`data.watchdog`) failed because its worker or its message was
-# lost: a message that turns up restarts it (`worker.run_rows.claim`), a sweep's edit is queued
-# again once (`data.sweep_edits`)
+# `runs.error` of a run the reaper (`data.watchdog`) failed because its worker or its message was
+# lost (a sweep's edit is queued again once instead, by the reaper: `data.watchdog.lose`)
 WORKER_LOST = "worker lost while running; re-run it"
 MESSAGE_LOST = "its queue message was lost with a stopped worker before it started; re-run it"
 # Ids are never reused (SQLite AUTOINCREMENT; PostgreSQL sequences never go back): an old address

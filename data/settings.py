@@ -103,6 +103,9 @@ class Settings(BaseSettings):
     # "0=70GiB,1=70GiB,cpu=200GiB" ("" = accelerate's estimate); a model that does not fit is refused.
     max_memory: str = Field(default="", validation_alias="KVNOTES_MAX_MEMORY")
     task_time_limit_s: int = Field(default=3600, ge=1, validation_alias="KVNOTES_TASK_TIME_LIMIT")
+    # How long a running run or trajectory may run before it is failed and its worker freed
+    # (`data.jobs.deadline_s`; None: KVNOTES_TASK_TIME_LIMIT); replays have KVNOTES_REPLAY_DEADLINE.
+    job_deadline_s: float | None = Field(default=None, gt=0, validation_alias="KVNOTES_JOB_DEADLINE_S")
     visibility_timeout_s: int = Field(default=0, ge=0, validation_alias="KVNOTES_VISIBILITY_TIMEOUT")
 
     # Security (README "Security"). Sign-in is off only for a loopback client of a loopback bind

@@ -9,11 +9,15 @@ heartbeat, and riding out a storage fault.
   always did; a broker that cannot take that either (the embedded one lives on the same disk) leaves
   the row queued for the reaper, which fails it as "message lost" once a worker sits idle.
 - **The claim** (`claim`): the queued row that holds this message's token becomes `running` under
-  this worker, with its first heartbeat; any other message (its row deleted, never saved, or
-  holding another token) is dropped at once. Runs add their own rules on top
-  (`worker.run_rows.claim`: a run a dead worker left is restarted).
-- **Writes** (`write`): conditional on the row still being `running` under this worker, and each
-  one refreshes the heartbeat; False when the row was cancelled or reaped, so the task stops.
+  this worker, with its first heartbeat, by one conditional transition (`data.jobs.transition`); any
+  other message (its row deleted, cancelled, taken, or holding another token) is dropped at once. A
+  kind's hook runs in the same transaction (a run's: `worker.run_rows.restart`).
+- **Writes** (`write`, `finish`): conditional transitions on the row still being `running` under this
+  worker, each one refreshing the heartbeat; False when the row was cancelled or reaped, so the task
+  stops. A job's outcome (a run's with its results, in one transaction) is tried through a storage
+  fault for `FINAL_PATIENCE_S`: a database hiccup at the end of a job does not drop what it computed.
+- **Deadline**: `Heartbeat(deadline_s=…)` stops a job that ran past its kind's deadline
+  (`data.jobs.deadline_s`) at its next step; the reaper fails one stuck in a step.
 - **Heartbeat** (`Heartbeat`): a thread that looks at the row every `watch_s` and writes its
   heartbeat every `HEARTBEAT_S`, so a long silent stage is not mistaken for a dead worker, and that
   sets `stop` once the row is no longer running (a cancel stops a replay's streams within seconds).
@@ -28,11 +32,12 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
-from sqlalchemy import select, update
+from sqlalchemy import or_, select
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
 from data.db import get_sessionmaker
+from data.jobs import QUEUED, JobKind, deadline_s, transition
 from data.models import RunStatus
 
 log = logging.getLogger(__name__)
@@ -84,18 +89,26 @@ def claim_or_retry(task: Any, claim_fn: Callable[[], T], what: str, **context: A
         raise task.retry(countdown=delay, max_retries=CLAIM_RETRIES, exc=exc) from exc
 
 
-def claim(table: type, job_id: int, task_id: str | None, hostname: str, stage: str) -> Any | None:
-    """Mark the queued row of `table` that holds this message's token `running` under `hostname`;
-    the row (detached: its columns as claimed), or None when there is none to run."""
+def claim(kind: JobKind, job_id: int, task_id: str | None, hostname: str, stage: str,
+          on_claim: Callable[[Session, Any], None] | None = None) -> Any | None:
+    """Move the queued row of `kind` that holds this message's token to `running` under `hostname`
+    (one conditional transition: of two messages, or a message and a cancel, one wins), then, in the
+    same transaction, `on_claim(session, row)` (a run's restart hook); the row (detached: its
+    columns as claimed), or None when there is none to run (deleted, cancelled, taken, or holding
+    another token: the message is dropped)."""
+    table = kind.table
     with session() as s:
-        row = s.get(table, job_id, with_for_update=True)
-        if row is None or row.status != RunStatus.QUEUED.value or (task_id and row.task_id != task_id):
-            log.info("message dropped: its job is gone, taken or holds another token",
-                     extra={"job": table.__tablename__, "job_id": job_id, "task_id": task_id})
-            return None
         started = now()
-        row.status, row.stage, row.worker = RUNNING, stage, hostname
-        row.started_at = row.heartbeat_at = started
+        token = (or_(table.task_id.is_(None), table.task_id == task_id),) if task_id else ()
+        if not transition(s, kind, job_id, (QUEUED,), RUNNING, where=token, stage=stage, worker=hostname,
+                          started_at=started, heartbeat_at=started, finished_at=None):
+            s.rollback()
+            log.info("message dropped: its job is gone, taken, cancelled or holds another token",
+                     extra={"job": kind.name, "job_id": job_id, "task_id": task_id})
+            return None
+        row = s.get(table, job_id, populate_existing=True)
+        if on_claim is not None:
+            on_claim(s, row)
         s.commit()
         s.refresh(row)
         s.expunge(row)
@@ -103,35 +116,50 @@ def claim(table: type, job_id: int, task_id: str | None, hostname: str, stage: s
 
 
 def write(table: type, job_id: int, hostname: str | None, patience_s: float = WRITE_PATIENCE_S,
-          **values: Any) -> bool:
-    """Update a running row of `table` (under `hostname`, when given), refreshing its heartbeat,
-    through a storage fault for `patience_s`; False when it is no longer running (or ours)."""
+          to: RunStatus | None = None, also: Callable[[Session], None] | None = None, **values: Any) -> bool:
+    """Update a running row of `table` (under `hostname`, when given), refreshing its heartbeat
+    (with `to`, moving it to that status), through a storage fault for `patience_s`: one conditional
+    transition, and `also(session)` in the same transaction when it won (a run's results). False
+    when it is no longer running (or ours): cancelled, reaped, deleted."""
+    mine = (table.worker == hostname,) if hostname is not None else ()
 
     def once() -> bool:
         with session() as s:
-            query = update(table).where(table.id == job_id, table.status == RUNNING)
-            if hostname is not None:
-                query = query.where(table.worker == hostname)
-            changed = s.execute(query.values(heartbeat_at=now(), **values)).rowcount
+            moved = transition(s, table, job_id, (RUNNING,), to.value if to is not None else None,
+                               where=mine, heartbeat_at=now(), **values)
+            if moved and also is not None:
+                also(s)
             s.commit()
-        return changed == 1
+        return moved
 
     return through_faults(once, patience_s, f"write {table.__tablename__}", job_id=job_id)
 
 
-def finish(table: type, job_id: int, hostname: str | None, status: RunStatus, **values: Any) -> bool:
-    """Write a running job's outcome (`status`, `finished_at`, and `values`), kept trying through a
-    storage fault for `FINAL_PATIENCE_S`; False when it was no longer running (cancelled, reaped)."""
-    return write(table, job_id, hostname, FINAL_PATIENCE_S, status=status.value, finished_at=now(), **values)
+def finish(table: type, job_id: int, hostname: str | None, status: RunStatus,
+           also: Callable[[Session], None] | None = None, **values: Any) -> bool:
+    """Write a running job's outcome (`status`, `finished_at`, `values`, and `also` in the same
+    transaction), kept trying through a storage fault for `FINAL_PATIENCE_S`; False when it was no
+    longer running (cancelled, reaped): of a cancel and a success, exactly one is written."""
+    return write(table, job_id, hostname, FINAL_PATIENCE_S, to=status, also=also, **values)
+
+
+def past_deadline(kind: JobKind, started: float) -> bool:
+    """Whether a job of `kind` started at `started` (`time.monotonic()`) has run past its deadline."""
+    return time.monotonic() - started > deadline_s(kind)
 
 
 class Heartbeat:
     """While a job runs: look at its row every `watch_s`, write its heartbeat every `HEARTBEAT_S`,
-    and set `stop` once it is no longer running under this worker (cancelled, reaped, deleted)."""
+    and set `stop` once it is no longer running under this worker (cancelled, reaped, deleted) or,
+    with `deadline_s`, once it has run that long (`overdue` then says so: the task fails the job
+    saying it ran past its deadline)."""
 
-    def __init__(self, table: type, job_id: int, hostname: str | None, watch_s: float = HEARTBEAT_S) -> None:
+    def __init__(self, table: type, job_id: int, hostname: str | None, watch_s: float = HEARTBEAT_S,
+                 deadline_s: float | None = None) -> None:
         self.table, self.job_id, self.hostname, self.watch_s = table, job_id, hostname, watch_s
         self.stop = threading.Event()
+        self.overdue = threading.Event()
+        self.deadline = None if deadline_s is None else time.monotonic() + deadline_s
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True,
                                         name=f"{table.__tablename__}-{job_id}-heartbeat")
@@ -142,9 +170,17 @@ class Heartbeat:
             row = s.execute(select(table.status, table.worker).where(table.id == self.job_id)).first()
         return row is not None and row.status == RUNNING and self.hostname in (None, row.worker)
 
+    def check_deadline(self) -> bool:
+        """True (and `stop`, `overdue` set) once the job has run past its deadline."""
+        if self.deadline is not None and time.monotonic() > self.deadline:
+            self.overdue.set()
+            self.stop.set()
+        return self.overdue.is_set()
+
     def _run(self) -> None:
         last_beat = time.monotonic()
         while not self._done.wait(self.watch_s):
+            self.check_deadline()
             try:
                 if time.monotonic() - last_beat >= HEARTBEAT_S:
                     ours = write(self.table, self.job_id, self.hostname, patience_s=0.0)

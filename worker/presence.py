@@ -5,10 +5,13 @@ started it.
   process when that parent dies (`data.lifeline`), and exit at once if it is already gone:
   a killed `serve` leaves no orphan worker.
 - When ready (`start`, `starting` while it loads or converts its model, then `ready`): register
-  under the node name, then beat every `BEAT_S` seconds from a thread, and run the one reaper
-  (`data.watchdog.reap`) every `WATCH_EVERY_S`, so lost jobs of every kind are failed (no read
-  does it), and a sweep's lost edits are queued again once (`data.sweep_edits`). Health counts the
-  worker only once it is ready, and names what it still does before ("starting: converting smollm2-135m").
+  under the node name, then beat every `BEAT_S` seconds from a thread (the registry row and the
+  database's liveness row, `data.health.write_liveness`, that `/api/health` reads), and run the one
+  reaper (`data.watchdog.reap`) every `WATCH_EVERY_S` from ANOTHER thread, on a session of short
+  timeouts: a slow reap pass (a busy database, a broker that does not answer) never delays the beat,
+  so this worker never looks dead to the others for it (and the reaper trusts jobs' own heartbeats,
+  not the registry, anyway). Health counts the worker only once it is ready, and names what it
+  still does before ("starting: converting smollm2-135m").
 - A worker whose registration could not be written (a read-only database) or whose row was marked
   stopped while the database could not hear it registers again at its next beat, as it is then
   (starting or ready): a storage fault never leaves a live worker out of the registry.
@@ -32,9 +35,10 @@ from celery.signals import task_postrun, task_prerun, worker_init, worker_shutdo
 
 from data import workers
 from data.db import get_sessionmaker
+from data.health import write_liveness
 from data.lifeline import die_with_parent
 from data.settings import get_settings
-from data.watchdog import reap
+from data.watchdog import reap, reaper_session
 
 log = logging.getLogger(__name__)
 
@@ -47,10 +51,10 @@ _in_flight: dict[str, int] = {}  # task id -> its run id (0: not a run); several
 _tasks_lock = threading.Lock()
 
 
-def _write(what: str, action) -> bool:
+def _write(what: str, action, sessions=None) -> bool:
     """Run `action` on a session and commit; False (logged) when the database would not have it."""
     try:
-        with get_sessionmaker()() as session:
+        with (sessions or get_sessionmaker())() as session:
             action(session)
             session.commit()
             return True
@@ -74,10 +78,12 @@ def start(name: str, queues: list[str]) -> bool:
     def register(session) -> None:
         result["unique"] = workers.register(session, name, queues, socket.gethostname(), os.getpid(),
                                             starting="starting")
+        write_liveness(session)
 
     _write("register", register)
     _state["stop"].clear()
     threading.Thread(target=_beat_loop, args=(name,), daemon=True, name="kvnotes-presence").start()
+    threading.Thread(target=_reaper_loop, daemon=True, name="kvnotes-reaper").start()
     if not result["unique"]:
         log.error("another live worker has this name: give each worker its own --name",
                   extra={"worker": name})
@@ -110,18 +116,26 @@ def _beat_or_register(session, name: str) -> None:
 
 
 def _beat_loop(name: str) -> None:
+    """The registry beat and the liveness row, every `BEAT_S`: one short write, nothing else."""
     stop: threading.Event = _state["stop"]
-    since_watch = 0.0
     while not stop.wait(BEAT_S):
-        _write("beat", lambda s: _beat_or_register(s, name))
-        since_watch += BEAT_S
-        if since_watch >= WATCH_EVERY_S:
-            since_watch = 0.0
-            _write("run the reaper", _reap)
+        _write("beat", lambda s: _beat(s, name))
+
+
+def _beat(session, name: str) -> None:
+    _beat_or_register(session, name)
+    write_liveness(session)
+
+
+def _reaper_loop() -> None:
+    """The one reaper every `WATCH_EVERY_S`, apart from the beat (see the module's docstring)."""
+    stop: threading.Event = _state["stop"]
+    while not stop.wait(WATCH_EVERY_S):
+        _write("run the reaper", _reap, sessions=reaper_session)
 
 
 def _reap(session) -> None:
-    reap(session)  # the one reaper: every kind of job (commits; a sweep's lost edits queued again)
+    reap(session)  # the one reaper: every kind of job (commits; lost jobs queued again once)
     workers.forget_old(session)
 
 

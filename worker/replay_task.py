@@ -8,16 +8,28 @@ one request per turn) with progress written back as it goes, and stores the resu
 a replay that fails (the server unreachable or dying mid-replay, a prompt too long) ends as a
 `failed` row whose error names the problem and the request, with no result kept. A replay cancelled
 while it runs stops within seconds, mid-answer (its row is watched and the server's streams shut),
-and keeps nothing; one past `KVNOTES_REPLAY_DEADLINE` fails saying so.
+and keeps nothing; one past `KVNOTES_REPLAY_DEADLINE` fails saying so, and its thread is free.
+
+The threads are shared fairly across users (`FairShare`): a user's next replay is taken only while
+that user holds fewer than half of them; otherwise its message goes back to the queue for a few
+seconds and the thread serves the next message.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
+from collections import Counter
 from typing import Any
 
+from sqlalchemy import select
+from sqlalchemy.exc import SQLAlchemyError
+
+from data.db import get_sessionmaker
+from data.jobs import REPLAYS
 from data.models import RunStatus
+from data.queue import REPLAY_QUEUE
 from data.replays import Replay
 from data.settings import get_settings
 from serving import Bounds, ReplayError, ReplayStopped, replay, replay_trajectory
@@ -28,6 +40,7 @@ from worker.celery_app import app
 log = logging.getLogger(__name__)
 PROGRESS_EVERY_S = 0.5
 WATCH_EVERY_S = 1.0  # how often a running replay's row is read for a cancel
+DEFER_S = 2.0  # how long a replay waits, off the threads, while its user holds half of them
 
 
 class Cancelled(Exception):
@@ -61,14 +74,65 @@ def bounds() -> Bounds:
                   refused_ports=tuple(settings.service_ports))
 
 
+class FairShare:
+    """The replays' thread pool shared fairly across users: a user's next replay is taken only
+    while that user holds fewer than half the threads (`KVNOTES_REPLAY_THREADS`; at least one), so
+    eight replays hung on one user's server leave the other half to everyone else. Counted in
+    this process, whose threads are the pool."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._holding: Counter[str] = Counter()
+
+    def share(self) -> int:
+        return max(1, get_settings().replay_threads // 2)
+
+    def take(self, owner: str) -> bool:
+        with self._lock:
+            if self._holding[owner] >= self.share():
+                return False
+            self._holding[owner] += 1
+            return True
+
+    def give_back(self, owner: str) -> None:
+        with self._lock:
+            self._holding[owner] -= 1
+
+
+fair_share = FairShare()
+
+
+def _owner(replay_id: int) -> str:
+    """Who asked for the replay ("" when the row is gone or cannot be read now: its claim decides)."""
+    try:
+        with get_sessionmaker()() as session:
+            return session.scalar(select(Replay.created_by).where(Replay.id == replay_id)) or ""
+    except SQLAlchemyError:
+        return ""
+
+
 @app.task(name="kvnotes.replay", bind=True)
 def replay_task(self, replay_id: int) -> dict[str, Any]:
     """Run the replay `replay_id` and store what it measured (or why it failed). The row is
     committed before its message is sent, so a message without its row (the notebook deleted while
     the replay was queued) or for another token is dropped at once."""
+    owner = _owner(replay_id)
+    if not fair_share.take(owner):
+        # this user already holds half the threads: the message goes back (same token, a few seconds
+        # on), and this thread takes the next one, another user's
+        self.apply_async(kwargs={"replay_id": replay_id}, countdown=DEFER_S, task_id=self.request.id,
+                         queue=REPLAY_QUEUE)
+        return {"replay_id": replay_id, "status": "deferred"}
+    try:
+        return _run(self, replay_id)
+    finally:
+        fair_share.give_back(owner)
+
+
+def _run(self, replay_id: int) -> dict[str, Any]:
     hostname = self.request.hostname or "unknown"
     row = jobs.claim_or_retry(
-        self, lambda: jobs.claim(Replay, replay_id, self.request.id, hostname, "starting"), "replay",
+        self, lambda: jobs.claim(REPLAYS, replay_id, self.request.id, hostname, "starting"), "replay",
         job_id=replay_id)
     if row is None:
         return {"replay_id": replay_id, "status": "skipped"}

@@ -1,11 +1,13 @@
-"""A run's row while a worker has it: claiming it, progress and heartbeats, and the final write.
+"""A run's row while a worker has it: the claim (with its restart hook), progress and heartbeats,
+and the final write — the one job lifecycle's (`worker.jobs`), as for trajectories and replays.
 
-Every write is conditional on the run still being `running` under this worker: when the web has
-flipped it to `cancelled` (or a watchdog to `failed`) the write matches nothing and the task stops
-at the next progress point. A message delivered again (acks_late: the worker that had it died) finds
-its run `running` under a dead worker, or `failed` by the watchdog, and restarts it cleanly
-(partial results deleted). Each write is a short session of its own, so the web side sees progress
-while the engine works.
+Every write is a conditional transition on the run still being `running` under this worker: when the
+web has moved it to `cancelled` (or the reaper to `failed`, or queued it again) the write matches
+nothing and the task stops at the next progress point. A message whose run is not queued under its
+token is dropped at the claim: a lost run is queued again only by the reaper (`data.watchdog.lose`),
+under a fresh token. The success write stores the results and `succeeded` in one transaction, tried
+through a storage fault like every job's outcome. Each write is a short session of its own, so the
+web side sees progress while the engine works.
 """
 
 from __future__ import annotations
@@ -15,34 +17,30 @@ import time
 from datetime import UTC, datetime
 from typing import Any
 
-from celery.exceptions import SoftTimeLimitExceeded
-from sqlalchemy import delete
+from sqlalchemy import delete, select
+from sqlalchemy import inspect as sa_inspect
 from sqlalchemy.orm import Session
 
 from data.contracts import MechanismRecord, NotesMap, RunSnapshot
 from data.db import get_sessionmaker
+from data.jobs import RUNS, deadline_message, deadline_s
 from data.models import Run, RunResult, RunStatus, as_utc
-from data.settings import get_settings
-from data.sweep_edits import SWEEP_ATTEMPTS, lost_twice
-from data.watchdog import MESSAGE_LOST, WORKER_LOST, reap_worker
-from data.workers import dead_worker_names
+from data.watchdog import reap_worker
 from worker import jobs
-from worker.sweep_rows import refresh as refresh_sweep
 
 log = logging.getLogger(__name__)
 
 HEARTBEAT_S = jobs.HEARTBEAT_S
 PROGRESS_EVERY_S = 0.25  # at most this often a progress write (stage changes always write)
 ROW_WAIT_S = 10.0  # how long to wait for a row the web process has not committed yet
-LOST = (WORKER_LOST, MESSAGE_LOST)  # failed by the watchdog: a message that turns up restarts the run
-
-
-class OwnerMaybeAlive(Exception):
-    """The run is `running` under another worker that may still be alive."""
 
 
 class Stop(Exception):
     """The run was cancelled (or reaped) while it ran: stop without writing a result."""
+
+
+class PastDeadline(Exception):
+    """The run ran past its deadline (`data.jobs.deadline_s`): it is failed saying so."""
 
 
 def session() -> Session:
@@ -82,62 +80,29 @@ def reap_own_runs(hostname: str) -> list[int]:
     return reaped.runs
 
 
-def claim(run_id: int, hostname: str, task_id: str) -> RunSnapshot | None:
-    """Mark the run `running` under this worker and return its snapshot, or None to skip it.
+def claim(run_id: int, hostname: str, task_id: str | None) -> RunSnapshot | None:
+    """Mark the queued run that holds the token `task_id` `running` under this worker
+    (`worker.jobs.claim`, with `restart` in the same transaction) and return its snapshot, or None
+    to skip it: a run that does not exist (deleted, or never saved), holds another token (a message
+    the reaper replaced, or delivered again by the broker), or is no longer queued (cancelled,
+    finished, taken) is not run."""
+    row = jobs.claim(RUNS, run_id, task_id, hostname, "starting", on_claim=restart)
+    return None if row is None else row.snapshot
 
-    A message is for one run only: a run that does not exist (deleted, or never saved) or holds
-    another token than `task_id` (ids reused before 0006, a stray message) is skipped at once.
-    Restarts (deleting partial results) a run a dead worker left `running` or the watchdog
-    failed; skips a run that finished or was cancelled. A run `running` under another worker that
-    the registry does not (yet) know to be dead raises `OwnerMaybeAlive`: the task asks again
-    later, so a redelivered message is not used up while its first worker is only presumed dead."""
+
+def restart(s: Session, run: Run) -> None:
+    """The run's restart hook, in its claim's transaction: whatever an earlier attempt left (a run
+    the reaper queued again) is deleted, and the attempt counted."""
+    s.execute(delete(RunResult).where(RunResult.run_id == run.id))
+    run.attribution, run.mechanism, run.progress, run.error = None, None, 0.0, None
+    run.attempts = (run.attempts or 0) + 1
+    run.timings = {"queue_wait_ms": round(ms_since(run.created_at, as_utc(run.started_at) or now()), 1)}
+
+
+def sweep_of(run_id: int) -> int | None:
+    """The sweep a run belongs to (None: none, or the run is gone)."""
     with session() as s:
-        run = s.get(Run, run_id, with_for_update=True)
-        if run is None:
-            log.warning("run does not exist (deleted, or never saved): message dropped",
-                        extra={"run_id": run_id, "task_id": task_id})
-            return None
-        if run.task_id and task_id and run.task_id != task_id:
-            log.warning("message is not the run's (another token): dropped",
-                        extra={"task_id": task_id, "run_id": run_id, "run_token": run.task_id})
-            return None
-        heartbeat = run.heartbeat_at or run.started_at
-        age_s = ms_since(heartbeat, now()) / 1000 if heartbeat else float("inf")
-        dead_owner = (run.worker == hostname or age_s > get_settings().heartbeat_max_age_s
-                      or run.worker in dead_worker_names(s))
-        if run.status == RunStatus.RUNNING and not dead_owner:
-            raise OwnerMaybeAlive(f"run {run_id} is running under {run.worker}")
-        restart = ((run.status == RunStatus.RUNNING and dead_owner)
-                   or (run.status == RunStatus.FAILED and run.error in LOST))
-        if run.status != RunStatus.QUEUED and not restart:
-            log.info("run already taken: not running it again",
-                     extra={"run_id": run_id, "status": str(run.status), "worker": run.worker})
-            return None
-        if restart and run.sweep_id is not None and (run.attempts or 0) >= SWEEP_ATTEMPTS:
-            # a sweep's edit is retried once: lost again, it fails with the reason and the sweep
-            # finishes with what it has
-            reason = run.error if run.status == RunStatus.FAILED else WORKER_LOST
-            run.status, run.stage, run.finished_at = RunStatus.FAILED, "failed", now()
-            run.error = lost_twice(reason)
-            sweep_id = run.sweep_id
-            s.commit()
-            refresh_sweep(sweep_id)
-            return None
-        if restart:
-            log.warning("run restarting after its worker was lost",
-                        extra={"run_id": run_id, "worker": run.worker})
-            s.execute(delete(RunResult).where(RunResult.run_id == run_id))
-            run.attribution = None
-            run.mechanism = None
-        started = now()
-        run.status, run.stage, run.progress, run.error = RunStatus.RUNNING, "starting", 0.0, None
-        run.worker, run.task_id = hostname, task_id or run.task_id
-        run.attempts = (run.attempts or 0) + 1
-        run.started_at, run.heartbeat_at, run.finished_at = started, started, None
-        run.timings = {"queue_wait_ms": round(ms_since(run.created_at, started), 1)}
-        snapshot = run.snapshot
-        s.commit()
-        return snapshot
+        return s.scalar(select(Run.sweep_id).where(Run.id == run_id))
 
 
 def _write_if_ours(run_id: int, hostname: str, **values: Any) -> bool:
@@ -155,8 +120,7 @@ class RunReporter:
         self.run_id, self.hostname = run_id, hostname
         self.stage = "starting"
         self._last_write = 0.0
-        self._started = time.monotonic()
-        self._beat = jobs.Heartbeat(Run, run_id, hostname)
+        self._beat = jobs.Heartbeat(Run, run_id, hostname, deadline_s=deadline_s(RUNS))
 
     def __enter__(self) -> RunReporter:
         self._beat.__enter__()
@@ -167,11 +131,11 @@ class RunReporter:
 
     def progress(self, stage: str, fraction: float) -> None:
         """The engine's progress callback: write (throttled), and stop if the run was cancelled or
-        ran past the time limit (the solo pool does not enforce Celery's time limits itself)."""
+        ran past its deadline (the solo pool does not enforce Celery's time limits itself)."""
+        if self._beat.check_deadline():
+            raise PastDeadline(deadline_message(RUNS, self.stage))
         if self._beat.stop.is_set():
             raise Stop
-        if time.monotonic() - self._started > get_settings().task_time_limit_s:
-            raise SoftTimeLimitExceeded()
         moment = time.monotonic()
         if stage == self.stage and moment - self._last_write < PROGRESS_EVERY_S:
             return
@@ -190,21 +154,20 @@ def succeed(run_id: int, hostname: str, rows: list[RunResult], timings: dict[str
             attribution: NotesMap | None = None, dtype: str | None = None, device: str | None = None,
             mechanism: MechanismRecord | None = None) -> bool:
     """Results (and the notes map, the dtype and device it computed in) and `succeeded` in one
-    transaction; nothing is written if the run was cancelled."""
-    with session() as s:
-        run = s.get(Run, run_id, with_for_update=True)
-        if run is None or run.status != RunStatus.RUNNING or run.worker != hostname:
-            return False
+    transaction, only while the run is still running under this worker (`worker.jobs.finish`: kept
+    trying through a storage fault); False, nothing written, when it was cancelled or reaped."""
+    columns = [attr.key for attr in sa_inspect(RunResult).column_attrs if attr.key != "id"]
+    values = [{key: getattr(row, key) for key in columns} for row in rows]
+
+    def results(s: Session) -> None:  # fresh rows each try: a failed try's rows went with its rollback
         s.execute(delete(RunResult).where(RunResult.run_id == run_id))
-        s.add_all(rows)
-        run.status, run.stage, run.progress, run.error = RunStatus.SUCCEEDED, "done", 1.0, None
-        run.finished_at = run.heartbeat_at = now()
+        s.add_all(RunResult(**value) for value in values)
+        run = s.get(Run, run_id)
         run.timings = {**(run.timings or {}), **timings}
-        run.attribution = attribution
-        run.mechanism = mechanism
-        run.dtype, run.device = dtype or None, device or None
-        s.commit()
-        return True
+
+    return jobs.finish(Run, run_id, hostname, RunStatus.SUCCEEDED, also=results, stage="done", progress=1.0,
+                       error=None, attribution=attribution, mechanism=mechanism, dtype=dtype or None,
+                       device=device or None)
 
 
 def stopped(run_id: int) -> None:

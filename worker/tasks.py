@@ -26,8 +26,6 @@ from worker.mapping import mechanism_record, notes_map_record, result_rows, run_
 from worker.runtime import convert_bundled, describe_failure, get_engine, loading_stage
 
 log = logging.getLogger(__name__)
-OWNER_RETRY_S = 10  # the registry knows a silent worker is dead after KVNOTES_WORKER_STALE_S
-OWNER_RETRIES = 15  # past the heartbeat age (120 s), after which the owner counts as dead anyway
 
 
 @app.task(name="kvnotes.run", bind=True)
@@ -36,14 +34,11 @@ def run(self, run_id: int) -> dict[str, Any]:
     message runs only the run that holds its token (the task id); any other message is dropped at
     once (its run was deleted, or never saved)."""
     hostname = self.request.hostname or "unknown"
-    try:  # through a storage fault (read-only, full): the run stays queued, the message is not used up
-        snapshot = jobs.claim_or_retry(self, lambda: run_rows.claim(run_id, hostname, self.request.id), "run",
-                                       run_id=run_id)
-    except run_rows.OwnerMaybeAlive as exc:  # a redelivered message: ask again once the owner is known
-        log.info("run owner may be alive; asking again",
-                 extra={"run_id": run_id, "reason": str(exc), "retry_in_s": OWNER_RETRY_S})
-        raise self.retry(countdown=OWNER_RETRY_S, max_retries=OWNER_RETRIES, exc=exc) from exc
-    if snapshot is None:
+    # through a storage fault (read-only, full): the run stays queued, the message is not used up
+    snapshot = jobs.claim_or_retry(self, lambda: run_rows.claim(run_id, hostname, self.request.id), "run",
+                                   run_id=run_id)
+    if snapshot is None:  # a sweep's edit cancelled while queued: its sweep may have ended with it
+        sweep_rows.refresh(run_rows.sweep_of(run_id))
         return {"run_id": run_id, "status": "skipped"}
     t0 = time.perf_counter()
     reporter = run_rows.RunReporter(run_id, hostname)
@@ -79,6 +74,11 @@ def run(self, run_id: int) -> dict[str, Any]:
         run_rows.stopped(run_id)
         sweep_rows.refresh(snapshot.sweep_id)
         return {"run_id": run_id, "status": RunStatus.CANCELLED}
+    except run_rows.PastDeadline as exc:
+        log.warning("run stopped: past its deadline", extra={"run_id": run_id, "stage": reporter.stage})
+        run_rows.fail(run_id, hostname, str(exc))
+        sweep_rows.refresh(snapshot.sweep_id)
+        return {"run_id": run_id, "status": RunStatus.FAILED, "error": str(exc)}
     except run_rows.Stop:
         log.info("run stopped: cancelled", extra={"run_id": run_id})
         run_rows.stopped(run_id)

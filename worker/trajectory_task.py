@@ -6,7 +6,9 @@ loads the model, and runs every turn (`worker.engine.trajectory`), each strategy
 cache; after each turn the turn's results and `turns_done` are written, so progress is per turn and
 a cancelled or failed trajectory keeps the turns it read. Its row is watched while it runs: once it
 is no longer running (cancelled, reaped, or deleted with its notebook) the trajectory stops before
-its next turn. A refusal of the engine
+its next turn, and so is one past its deadline (`KVNOTES_JOB_DEADLINE_S`), failed saying so (one
+stuck inside a turn is failed by the reaper, and its worker replaced by its supervisor). A refusal
+of the engine
 (a prompt past the model's context at some turn, named with its length) fails the row with that
 sentence before any turn runs. The skills the turns place are read from the KV store where their
 rows keep compiled notes for the same text (`worker.mapping.stored_skill_notes`), else compiled
@@ -19,6 +21,7 @@ import logging
 import time
 from typing import Any
 
+from data.jobs import TRAJECTORIES, deadline_message, deadline_s
 from data.models import RunStatus
 from data.trajectories import Trajectory
 from vocabulary.trajectories import TurnRecord
@@ -33,6 +36,10 @@ log = logging.getLogger(__name__)
 WATCH_S = 1.0  # how often a running trajectory's row is read for a cancel (between turns)
 
 
+class PastDeadline(Exception):
+    """The trajectory ran past its deadline (`data.jobs.deadline_s`)."""
+
+
 def _write(trajectory_id: int, hostname: str, **values: Any) -> bool:
     """Update the row while it is still running under this worker; False when it is not."""
     return jobs.write(Trajectory, trajectory_id, hostname, **values)
@@ -42,7 +49,7 @@ def _write(trajectory_id: int, hostname: str, **values: Any) -> bool:
 def trajectory_task(self, trajectory_id: int) -> dict[str, Any]:
     """Run the trajectory `trajectory_id`, writing each turn as it is read."""
     hostname = self.request.hostname or "unknown"
-    row = jobs.claim_or_retry(self, lambda: jobs.claim(Trajectory, trajectory_id, self.request.id, hostname,
+    row = jobs.claim_or_retry(self, lambda: jobs.claim(TRAJECTORIES, trajectory_id, self.request.id, hostname,
                                                        "loading model"), "trajectory", job_id=trajectory_id)
     if row is None:
         return {"trajectory_id": trajectory_id, "status": "skipped"}
@@ -51,7 +58,11 @@ def trajectory_task(self, trajectory_id: int) -> dict[str, Any]:
     turns: list[TurnRecord] = []
     total = len(spec.turns)
     device, stage = "?", "loading model"
-    beat = jobs.Heartbeat(Trajectory, trajectory_id, hostname, watch_s=WATCH_S)
+    beat = jobs.Heartbeat(Trajectory, trajectory_id, hostname, watch_s=WATCH_S,
+                          deadline_s=deadline_s(TRAJECTORIES))
+
+    def stopping() -> bool:  # asked by the engine between steps: cancelled, reaped, or past the deadline
+        return beat.check_deadline() or beat.stop.is_set()
 
     def progress(index: int, turn: TurnRecord) -> None:
         turns.append(turn)
@@ -66,7 +77,13 @@ def trajectory_task(self, trajectory_id: int) -> dict[str, Any]:
             _write(trajectory_id, hostname, stage="prefill")
             stored = {s.name: stored_skill_notes(eng, s.skill_id, s.text) for s in spec.skills}
             request = request_of(spec, {name: notes for name, notes in stored.items() if notes is not None})
-            trajectory(eng, request, progress=progress, cancelled=beat.stop.is_set)
+            trajectory(eng, request, progress=progress, cancelled=stopping)
+            if beat.check_deadline():
+                raise PastDeadline(deadline_message(TRAJECTORIES, f"turn {len(turns) + 1} of {total}"))
+    except PastDeadline as exc:
+        log.warning("trajectory stopped: past its deadline", extra={"trajectory_id": trajectory_id})
+        jobs.finish(Trajectory, trajectory_id, hostname, RunStatus.FAILED, error=str(exc), stage="failed")
+        return {"trajectory_id": trajectory_id, "status": "failed", "error": str(exc)}
     except Exception as exc:
         if not isinstance(exc, EngineError):
             log.exception("trajectory failed", extra={"trajectory_id": trajectory_id, "stage": stage})

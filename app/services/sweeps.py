@@ -12,15 +12,15 @@ from __future__ import annotations
 
 import logging
 
-from sqlalchemy import func, select, text
+from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
-from app.services.errors import RunLimitReached, Unprocessable
-from app.services.jobs import enqueue_or_unsave
+from app.services.errors import Unprocessable
+from app.services.jobs import cancel, check_caps, enqueue_or_unsave
 from app.services.notebooks import check_served
 from app.services.sweep_input import PlannedEdits, SweepCreate, plan_edits
 from app.services.sweep_view import build_sweep_view
-from app.services.unit import action, saving
+from app.services.unit import action
 from data.accounts import LOCAL_USER
 from data.contracts import (
     FieldPolicy,
@@ -30,9 +30,9 @@ from data.contracts import (
     SnapshotQuestion,
     SweepEdit,
 )
-from data.models import RUN_ACTIVE, Notebook, Run, RunStatus, Sweep, utcnow
-from data.queue import SWEEP_PRIORITY, enqueue_run, revoke
-from data.settings import get_settings
+from data.jobs import SWEEPS
+from data.models import Notebook, Run, RunStatus, Sweep
+from data.queue import SWEEP_PRIORITY, enqueue_run
 from data.sweep_edits import STOPPED_CANCELLED, cancel_edits
 
 log = logging.getLogger(__name__)
@@ -72,17 +72,10 @@ def edit_snapshot(notebook: Notebook, question: SnapshotQuestion, strategies: li
 
 
 def check_sweep_caps(session: Session, created_by: str) -> None:
-    """Refuse a sweep past `KVNOTES_MAX_ACTIVE_SWEEPS_PER_USER` queued or running sweeps of one user
-    (called after the new row is flushed, so it counts itself; serialized as run creation is)."""
-    if session.get_bind().dialect.name == "postgresql":
-        session.execute(text("SELECT pg_advisory_xact_lock(7061505)"))  # "kvnotes sweeps"
-    limit = get_settings().max_active_sweeps_per_user
-    mine = session.scalar(select(func.count(Sweep.id)).where(
-        Sweep.status.in_(RUN_ACTIVE), Sweep.created_by == created_by)) or 0
-    if mine > limit:
-        raise RunLimitReached(
-            f"{created_by} has {mine - 1} sweeps queued or running; the limit is {limit} per user "
-            "(KVNOTES_MAX_ACTIVE_SWEEPS_PER_USER): wait for one to finish or cancel it")
+    """Refuse a sweep past `KVNOTES_MAX_ACTIVE_SWEEPS_PER_USER` queued or running sweeps of one user:
+    the jobs' cap (`app.services.jobs.check_caps`, under the jobs' lock), called after the new row
+    is flushed, so it counts itself."""
+    check_caps(session, created_by, kind=SWEEPS)
 
 
 def start_sweep(session: Session, notebook: Notebook, body: SweepCreate,
@@ -122,21 +115,23 @@ def start_sweep(session: Session, notebook: Notebook, body: SweepCreate,
 
 
 def cancel_sweep(session: Session, sweep: Sweep) -> int:
-    """Cancel the sweep's unfinished edits (finished ones are kept and counted); returns how many
-    were cancelled. A finished sweep is left as it is (0)."""
-    if sweep.status not in RUN_ACTIVE:
-        return 0
-    with saving(session):
-        tokens = cancel_edits(session, sweep.id)
+    """Cancel the sweep and its unfinished edits (finished ones are kept and counted) with the jobs'
+    cancel (`app.services.jobs.cancel`: conditional transitions, one transaction); returns how many
+    edits were cancelled. A finished sweep is left as it is (0)."""
+    cancelled: list[str | None] = []
+
+    def edits() -> list[str | None]:
+        cancelled.extend(cancel_edits(session, sweep.id))
         finished = session.scalar(select(func.count(Run.id)).where(
             Run.sweep_id == sweep.id, Run.status.in_((RunStatus.SUCCEEDED, RunStatus.FAILED)))) or 0
-        sweep.status, sweep.finished_at, sweep.edits_done = RunStatus.CANCELLED, utcnow(), finished
-        sweep.stopped = STOPPED_CANCELLED
-        sweep.error = f"cancelled after {finished} of {sweep.edits_total} edits; the finished ones are kept"
-    for token in tokens:
-        if token:
-            revoke(token)
-    return len(tokens)
+        session.execute(update(Sweep).where(Sweep.id == sweep.id).values(
+            edits_done=finished, stopped=STOPPED_CANCELLED,
+            error=f"cancelled after {finished} of {sweep.edits_total} edits; the finished ones are kept"))
+        return cancelled
+
+    if not cancel(session, sweep, also=edits):
+        return 0
+    return len(cancelled)
 
 
 @action

@@ -1,7 +1,8 @@
 """The live-worker registry and the watchdog rules built on it, on a real migrated SQLite database:
-a dead worker's runs fail at once, a queued run whose message is gone (a live worker of its model
-idle for longer than the grace) fails, a queued run with no worker at all waits, a duplicate
-worker name is noticed, and health names the models without a live worker."""
+a job is lost only when its own heartbeat is silent (a worker missing from the registry is not
+enough), a queued run whose message is gone (a live worker of its model idle for longer than the
+grace) is sent again once, a queued run with no worker at all waits, a duplicate worker name is
+noticed, and health names the models without a live worker."""
 
 from __future__ import annotations
 
@@ -18,8 +19,9 @@ from data.watchdog import (
     MESSAGE_LOST,
     QUEUED_GRACE_S,
     WORKER_LOST,
+    RESENT_STAGE,
     reap_lost_messages,
-    reap_runs_of_dead_workers,
+    reap_stale_runs,
 )
 from tests.conftest import migrate
 from tests.data.conftest import SNAPSHOT
@@ -55,19 +57,21 @@ def _run(session: Session, status: str, worker: str | None, age_s: float, now: d
     return run.id
 
 
-def test_a_dead_workers_runs_fail_at_once_a_live_ones_do_not(session: Session) -> None:
+def test_a_job_is_lost_by_its_own_heartbeat_not_by_the_registry(session: Session) -> None:
     now = datetime.now(UTC)
     _worker(session, "alive@h", beat_s_ago=2, idle_s=None, now=now)
-    _worker(session, "silent@h", beat_s_ago=60, idle_s=None, now=now)
+    _worker(session, "silent@h", beat_s_ago=60, idle_s=None, now=now)  # its registry beat is late
     alive = _run(session, "running", "alive@h", 30, now)
-    # its own heartbeat is fresh: only the registry knows
-    silent = _run(session, "running", "silent@h", 30, now)
-    assert reap_runs_of_dead_workers(session, now) == [silent]
+    beating = _run(session, "running", "silent@h", 30, now)  # ... but its job's own heartbeat is fresh
+    workers.mark_stopped(session, "alive@h")
     session.commit()
-    assert (session.get(Run, silent).status, session.get(Run, silent).error) == ("failed", WORKER_LOST)
-    assert session.get(Run, alive).status == "running"
-    workers.mark_stopped(session, "alive@h")  # what serve does the moment it sees its worker die
-    assert reap_runs_of_dead_workers(session, now) == [alive]
+    assert reap_stale_runs(session, now, max_age=120) == []
+    session.commit()
+    assert {session.get(Run, i).status for i in (alive, beating)} == {"running"}
+    later = now + timedelta(seconds=121)  # no heartbeat for 121 s: lost
+    assert sorted(reap_stale_runs(session, later, max_age=120)) == sorted([alive, beating])
+    session.commit()
+    assert (session.get(Run, beating).status, session.get(Run, beating).error) == ("failed", WORKER_LOST)
 
 
 def test_a_queued_run_whose_message_is_gone_fails_but_one_waiting_for_a_worker_does_not(
@@ -79,10 +83,16 @@ def test_a_queued_run_whose_message_is_gone_fails_but_one_waiting_for_a_worker_d
     _worker(session, "busy@h", beat_s_ago=1, idle_s=None, now=now)
     assert reap_lost_messages(session, now) == []  # a busy worker will take it next
     _worker(session, "idle@h", beat_s_ago=1, idle_s=QUEUED_GRACE_S + 30, now=now)
-    assert reap_lost_messages(session, now) == [old]
+    assert reap_lost_messages(session, now) == [old]  # queued again once (the one retry path) ...
     session.commit()
-    assert (session.get(Run, old).status, session.get(Run, old).error) == ("failed", MESSAGE_LOST)
+    assert (session.get(Run, old).status, session.get(Run, old).stage) == ("queued", RESENT_STAGE)
     assert session.get(Run, fresh).status == "queued"
+    later = now + timedelta(seconds=QUEUED_GRACE_S + 1)
+    _worker(session, "idle@h", beat_s_ago=0, idle_s=QUEUED_GRACE_S + 5, now=later)
+    assert old in reap_lost_messages(session, later)  # ... then failed: lost twice
+    session.commit()
+    assert session.get(Run, old).status == "failed"
+    assert MESSAGE_LOST.split(" with")[0] in session.get(Run, old).error
 
 
 def test_a_duplicate_name_is_noticed_and_health_names_models_without_a_worker(session: Session) -> None:

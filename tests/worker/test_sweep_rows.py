@@ -1,10 +1,9 @@
 """A sweep's side of the worker, on a real (SQLite) database and the tiny llama: the document's notes
 are prefilled once per sweep and worker (a second edit gets the same notes, document_prefills
-stays 1); a sweep's edit lost with its worker is taken again once, and lost a second time it is
-failed with the reason while the sweep finishes with what it has. Without the broker delivering
-the lost message again (the embedded broker never does): the watchdog's lost edit is queued again
-once under a fresh token (one new message on the model's queue; the old token is refused), its
-sweep reads running meanwhile, and lost a second time it is failed for good and the sweep ends."""
+stays 1). A lost edit is queued again by one path only, the reaper's: a message of its old token
+delivered again by the broker never restarts it; the reaper queues it again once under a fresh
+token (one new message on the model's queue; the old token is refused), its sweep reads running
+meanwhile, and lost a second time it is failed for good and the sweep ends with what it has."""
 
 from __future__ import annotations
 
@@ -43,9 +42,10 @@ def _sweep(session, n: int) -> tuple[int, list[int]]:
     return sweep.id, [r.id for r in runs]
 
 
-def test_a_lost_edit_is_retried_once_then_failed_and_the_sweep_finishes(isolated) -> None:
-    isolated()
+def test_a_message_delivered_again_never_restarts_a_lost_edit_only_the_reaper_does(isolated) -> None:
+    isolated(KVNOTES_MODELS="tiny-llama")
     from data.db import get_sessionmaker
+    from data.watchdog import reap
     from worker import run_rows
 
     migrate()
@@ -58,13 +58,22 @@ def test_a_lost_edit_is_retried_once_then_failed_and_the_sweep_finishes(isolated
         run.status, run.worker, run.task_id, run.attempts = RunStatus.RUNNING, "gone@host", "t1", 1
         run.started_at = run.heartbeat_at = long_ago
         s.commit()
-    assert run_rows.claim(first, "new@host", "t1") is not None  # taken again: its second attempt
+    assert run_rows.claim(first, "new@host", "t1") is None  # the broker's redelivery: not a retry path
+    with maker() as s:
+        assert (s.get(Run, first).status, s.get(Run, first).worker) == (RunStatus.RUNNING, "gone@host")
+        reap(s)
+    with maker() as s:
+        run = s.get(Run, first)
+        assert (run.status, run.attempts) == (RunStatus.QUEUED, 1) and run.task_id != "t1"
+        token = run.task_id
+    assert run_rows.claim(first, "new@host", "t1") is None
+    assert run_rows.claim(first, "new@host", token) is not None  # taken again: its second attempt
     with maker() as s:
         run = s.get(Run, first)
         assert (run.status, run.worker, run.attempts) == (RunStatus.RUNNING, "new@host", 2)
         run.started_at = run.heartbeat_at = long_ago  # and lost again
         s.commit()
-    assert run_rows.claim(first, "third@host", "t1") is None
+        reap(s)
     with maker() as s:
         run = s.get(Run, first)
         assert run.status == RunStatus.FAILED and run.error.startswith("lost twice (retried once")
@@ -101,9 +110,8 @@ def test_the_document_is_prefilled_once_per_sweep_and_worker(isolated, data_dir)
 
 
 def test_the_watchdogs_lost_edit_is_queued_again_once_then_failed_for_good(isolated, tmp_path) -> None:
-    isolated()
+    isolated(KVNOTES_MODELS="tiny-llama")
     from data.db import get_sessionmaker
-    from data.sweep_edits import retry_lost_edits
     from data.watchdog import reap
     from worker import run_rows
 
@@ -152,29 +160,35 @@ def test_the_watchdogs_lost_edit_is_queued_again_once_then_failed_for_good(isola
         assert sweep.error.startswith("1 of 2 edits; 1 failed: lost twice")
     assert len([m for _, m in _broker_messages(tmp_path) if m["run_id"] == lost]) == 1  # none sent again
     with maker() as s:  # nothing left to do: a second call changes nothing
-        assert (retry_lost_edits(s).requeued, retry_lost_edits(s).failed) == ([], [])
+        assert not reap(s) and not reap(s).resend
 
 
-def test_a_lost_message_counts_as_an_attempt_and_a_cancelled_sweep_is_left_alone(isolated) -> None:
-    isolated()
+def test_a_lost_message_counts_as_an_attempt(isolated) -> None:
+    isolated(KVNOTES_MODELS="tiny-llama")
+    from data import workers
     from data.db import get_sessionmaker
-    from data.sweep_edits import retry_lost_edits
-    from data.watchdog import MESSAGE_LOST, WORKER_LOST
+    from data.queue import queue_for
+    from data.watchdog import MESSAGE_LOST, QUEUED_GRACE_S, reap_lost_messages
 
     migrate()
     maker = get_sessionmaker()
+    now = datetime.now(UTC)
     with maker() as s:
-        sweep_id, (message_lost, worker_lost) = _sweep(s, 2)
-        s.get(Run, message_lost).status, s.get(Run, message_lost).error = RunStatus.FAILED, MESSAGE_LOST
+        sweep_id, (message_lost, _other) = _sweep(s, 2)
+        s.get(Run, message_lost).created_at = now - timedelta(seconds=QUEUED_GRACE_S + 60)
+        s.get(Run, _other).created_at = now
+        workers.register(s, "idle@h", [queue_for("tiny-llama")], "elsewhere", 1)
+        s.get(workers.Worker, "idle@h").idle_since = now - timedelta(seconds=QUEUED_GRACE_S + 30)
         s.commit()
-        assert retry_lost_edits(s).requeued == [message_lost]
-        assert s.get(Run, message_lost).attempts == 1  # the lost delivery counted: one retry only
+        assert reap_lost_messages(s, now) == [message_lost]
+        s.commit()
         run = s.get(Run, message_lost)
-        run.status, run.error = RunStatus.FAILED, MESSAGE_LOST
+        assert (run.status, run.attempts) == (RunStatus.QUEUED, 1)  # the lost delivery counted
+        later = now + timedelta(seconds=QUEUED_GRACE_S + 1)
+        s.get(workers.Worker, "idle@h").beat_at = later
         s.commit()
-        assert retry_lost_edits(s).failed == [message_lost]
-        s.get(Sweep, sweep_id).status = RunStatus.CANCELLED
-        run = s.get(Run, worker_lost)
-        run.status, run.error, run.attempts = RunStatus.FAILED, WORKER_LOST, 1
+        assert message_lost in reap_lost_messages(s, later)  # lost again: one retry only
         s.commit()
-        assert (retry_lost_edits(s).requeued, s.get(Run, worker_lost).status) == ([], RunStatus.FAILED)
+        run = s.get(Run, message_lost)
+        assert run.status == RunStatus.FAILED and run.error == "lost twice (retried once after its worker " \
+            "was lost): " + MESSAGE_LOST.removesuffix("; re-run it")
