@@ -80,6 +80,12 @@ class Settings(BaseSettings):
     gateway_max_body: int = Field(default=4 << 20, gt=0, validation_alias="KVNOTES_GATEWAY_MAX_BODY")
     gateway_keep_prompts: bool = Field(default=False, validation_alias="KVNOTES_GATEWAY_KEEP_PROMPTS")
     gateway_seed: int | None = Field(default=None, validation_alias="KVNOTES_GATEWAY_SEED")
+    # the gateway's shared state (redis://HOST:PORT/DB; "" = this process's memory, or under `serve` with
+    # several web processes the broker's Redis) and its tenants (serving/gateway/tenants.py)
+    gateway_state: str = Field(default="", validation_alias="KVNOTES_GATEWAY_STATE")
+    gateway_tenant_header: str = Field(default="", validation_alias="KVNOTES_GATEWAY_TENANT_HEADER")
+    gateway_shared_keys: str = Field(default="", validation_alias="KVNOTES_GATEWAY_SHARED_KEYS")  # comma-separated
+    gateway_rewrite_shared: bool = Field(default=False, validation_alias="KVNOTES_GATEWAY_REWRITE_SHARED")
 
     # A run whose worker has sent no heartbeat for this long is marked failed (the watchdog).
     heartbeat_max_age_s: float = Field(default=120.0, validation_alias="KVNOTES_HEARTBEAT_MAX_AGE")
