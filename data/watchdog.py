@@ -5,9 +5,9 @@ is failed with the reason (or, once, queued again), never left `queued` or `runn
 - **Silent** (`reap_stale`): a live worker refreshes its job's `heartbeat_at` every few seconds. A
   job `running` whose OWN heartbeat (before the first one, its start) is older than `max_age` is
   lost. The worker registry is not consulted: a worker whose registry beat is late (a slow disk, a
-  busy database) but whose job still beats keeps its job. `reap_worker` is the one exception, for a
-  worker known for certain to be gone: it starts afresh under the same name, or its supervisor saw
-  its process exit.
+  busy database) but whose job still beats keeps its job. The exceptions are workers known for
+  certain to be gone: one of this machine whose process no longer exists (`reap_gone`), and
+  `reap_worker`: it starts afresh under the same name, or its supervisor saw its process exit.
 - **Message lost** (`reap_lost`): a job still `queued` while a live worker of its queue has sat idle
   for `QUEUED_GRACE_S`: nothing of it ran.
 - **Past its deadline** (`reap_overdue`): a job `running` for longer than its kind's deadline
@@ -59,7 +59,7 @@ from data.models import MESSAGE_LOST, WORKER_LOST, Run, RunResult, RunStatus, as
 from data.queue import QueueUnavailable, queue_for
 from data.settings import get_settings
 from data.sweep_edits import REQUEUED_STAGE, SWEEP_ATTEMPTS, lost_twice, refresh_sweep
-from data.workers import live_workers
+from data.workers import Worker, live_workers
 
 log = logging.getLogger(__name__)
 QUEUED_GRACE_S = 30.0  # a live idle worker takes a waiting message within a second or two
@@ -147,6 +147,14 @@ def reap_stale(session: Session, kind: JobKind, now: datetime, max_age: float, r
         rule = (_last_sign(table) < now - timedelta(seconds=max_age),)
     rows = session.execute(select(table).where(table.status == RUNNING, *rule)).scalars().all()
     return [row.id for row in rows if lose(session, kind, row, WORKER_LOST, now, reaped, where=rule)]
+
+
+def reap_gone(session: Session, kind: JobKind, now: datetime, reaped: Reaped) -> list[int]:
+    """The kind's jobs `running` under a worker of this machine whose process no longer exists
+    (`data.workers.Worker.process_gone`: a `kill -9`, certain, unlike a late registry beat)."""
+    gone = [w.name for w in session.scalars(select(Worker).where(Worker.stopped_at.is_(None)))
+            if w.process_gone()]
+    return [job_id for name in gone for job_id in reap_stale(session, kind, now, 0.0, reaped, worker=name)]
 
 
 def reap_stale_runs(session: Session, now: datetime, max_age: float, worker: str | None = None) -> list[int]:
@@ -267,6 +275,7 @@ def watch(session: Session, now: datetime | None = None) -> Reaped:
             reaped.sweeps |= _sweeps_of(session, overdue)
         reaped.add(kind, overdue)
         reap_stale(session, kind, now, max_age, reaped)
+        reap_gone(session, kind, now, reaped)
         reap_lost(session, kind, now, reaped=reaped)
     for kind in DEADLINE_KINDS:
         reaped.add(kind, reap_past_deadline(session, kind, now))

@@ -18,8 +18,8 @@ from data.queue import queue_for
 from data.watchdog import (
     MESSAGE_LOST,
     QUEUED_GRACE_S,
-    WORKER_LOST,
     RESENT_STAGE,
+    WORKER_LOST,
     reap_lost_messages,
     reap_stale_runs,
 )
