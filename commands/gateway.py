@@ -4,7 +4,8 @@ vLLM (or SGLang) server that turns field changes into errata so its prefix cache
 
     kvnotes gateway --upstream http://127.0.0.1:8100/v1 [--port 8300] [--policy erratum]
                     [--notebook ID] [--check-rate 0.05] [--max-fields 4] [--timeout 120]
-                    [--idle-timeout 60]
+                    [--idle-timeout 60] [--state redis://HOST:PORT/DB] [--tenant-header NAME]
+                    [--shared-key KEY ...] [--rewrite-shared]
 
 The options become the gateway's settings (`KVNOTES_GATEWAY_*`, `data.settings`), which the web app
 read too when it mounts the gateway at `/gateway/v1`; the app is served by its import string.
@@ -61,6 +62,14 @@ def settings_env(args) -> dict[str, str]:
            "KVNOTES_GATEWAY_TIMEOUT": str(args.timeout), "KVNOTES_GATEWAY_MAX_BODY": str(args.max_body),
            "KVNOTES_GATEWAY_IDLE_TIMEOUT": str(args.idle_timeout),
            "KVNOTES_GATEWAY_KEEP_PROMPTS": "1" if args.keep_prompts else "0"}
+    env["KVNOTES_GATEWAY_STATE"] = args.state or "memory"  # standalone: no Redis unless told
+    env["KVNOTES_GATEWAY_TENANT_HEADER"] = args.tenant_header
+    env["KVNOTES_GATEWAY_SHARED_KEYS"] = ",".join(args.shared_key)
+    env["KVNOTES_GATEWAY_REWRITE_SHARED"] = "1" if args.rewrite_shared else "0"
+    if args.state and not args.state.startswith(("redis://", "rediss://", "unix://")):
+        raise GatewayUsage(f"--state: give redis://HOST:PORT/DB, not {args.state[:80]!r}")
+    if any("," in key for key in args.shared_key):
+        raise GatewayUsage("--shared-key: one key per option, without commas")
     if args.policy:
         env["KVNOTES_GATEWAY_POLICY"] = args.policy
     if args.threshold is not None:
@@ -132,4 +141,16 @@ def add_command(sub) -> None:
                         "a healthy stream has no deadline")
     p.add_argument("--max-body", type=int, default=4 << 20, help="largest request body in bytes (413 above)")
     p.add_argument("--keep-prompts", action="store_true", help="log the prompts sent (never, by default)")
+    p.add_argument("--state", default="", metavar="redis://HOST:PORT/DB",
+                   help="keep the bases, their errata, agreement and switches in this Redis, shared by every "
+                        "gateway process given it (default: this process's memory)")
+    p.add_argument("--tenant-header", default="", metavar="NAME",
+                   help="the header (set by your proxy) that names a request's tenant; a request without it "
+                        "is not rewritten (default: the tenant is the API key)")
+    p.add_argument("--shared-key", action="append", default=[], metavar="KEY",
+                   help="an API key many clients share (repeatable): its requests are not rewritten; "
+                        "placeholders such as 'unused' and 'EMPTY' always are shared")
+    p.add_argument("--rewrite-shared", action="store_true",
+                   help="rewrite requests with no key or a shared one too, as one tenant: only where every "
+                        "client may read every other's prompts")
     p.set_defaults(func=cmd_gateway)

@@ -3,7 +3,8 @@ streamed and not) in front of the one configured upstream, and `/metrics` in Pro
 
 `router` is served at `/v1` by `kvnotes gateway` (`app.gateway.main`) and at `/gateway/v1` by
 `kvnotes serve` (`app.main`, behind its accounts and tokens). Every answer carries
-`x-kvnotes-gateway`: the layout a request was rewritten with, or `pass-through; reason=…`.
+`x-kvnotes-gateway`: the layout a request was rewritten with, or `pass-through; reason=…`, and
+`x-kvnotes-tenant`: how its tenant was told (`serving.gateway.tenants`; `none`: no rewriting).
 
 Bad input and faults, in the OpenAI error shape (`{"error": {"message", "type", "param", "code"}}`):
 a body over the limit 413; not JSON (NaN, Infinity, numbers out of range), nested over `MAX_DEPTH`,
@@ -19,7 +20,6 @@ upstream connection, which cancels the request there.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import math
 from collections.abc import AsyncIterator
@@ -30,10 +30,12 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response, Streami
 from app.services.gateway import current
 from serving import ReplayError
 from serving.gateway import CHAT, COMPLETIONS, Gateway, Prepared
+from serving.gateway.tenants import Tenant
 from serving.relay import Relay, UpstreamError
 from vocabulary.text_rules import text_problem
 
 HEADER = "x-kvnotes-gateway"
+TENANT_HEADER = "x-kvnotes-tenant"  # how the request's tenant was told: user, header, key, shared, none
 MAX_DEPTH = 64  # JSON nesting a request may have (OpenAI's shapes nest a dozen levels, tool schemas more)
 PARSE_IN_THREAD = 256 << 10  # bytes of body above which it is parsed in a worker thread
 router = APIRouter(tags=["gateway"])
@@ -122,16 +124,12 @@ async def _body(request: Request, limit: int, gateway: Gateway) -> dict:
     return _parse(bytes(data))
 
 
-def _client(request: Request) -> str:
-    """Whose bases a request uses: the signed-in principal, else a hash of its API key, else its
-    address."""
+def _tenant(request: Request) -> Tenant:
+    """Whose bases a request may use (`serving.gateway.tenants`): the signed-in user under `serve`,
+    else the operator's tenant header or the API key; none for no key or a shared one."""
     principal = getattr(request.state, "principal", None)
-    if principal is not None:
-        return f"user:{principal.name}"
-    auth = request.headers.get("authorization", "")
-    if auth:
-        return "key:" + hashlib.sha256(auth.encode()).hexdigest()[:16]
-    return f"addr:{request.client.host if request.client else '-'}"
+    user = principal.name if principal is not None and principal.role != "share" else None
+    return current()[1].tenants.identify(user, request.headers)
 
 
 def _gateway() -> Gateway:
@@ -152,8 +150,9 @@ async def _forward(request: Request, route: str) -> Response:
                 raise BadRequest(400, f"'{name}' is a required property", name)
     except BadRequest as exc:
         return openai_error(exc.status, str(exc), exc.param)
-    prepared = await gateway.prepare(_client(request), route, body)
-    headers = {HEADER: prepared.plan.header}
+    tenant = _tenant(request)
+    prepared = await gateway.prepare(tenant, route, body)
+    headers = {HEADER: prepared.plan.header, TENANT_HEADER: tenant.header}
     relay = gateway.open(prepared)
     try:
         await relay.__aenter__()

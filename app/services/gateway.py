@@ -20,6 +20,7 @@ from data.models import Notebook
 from data.settings import get_settings
 from serving import ReplayError, connect
 from serving.gateway import LAYOUTS, PASS_THROUGH, Gateway, Rewriter, Settings, Slot, Template
+from serving.gateway.tenants import TenantRules
 
 DEFAULT_THRESHOLD = 0.9
 _made: dict[str, Gateway | GatewaySetup] = {}
@@ -40,6 +41,7 @@ class GatewaySetup:
     threshold: float
     check_rate: float
     problem: str = ""
+    tenants: TenantRules = TenantRules()
 
 
 def _policy(explicit: str, notebook: Notebook | None) -> tuple[str, str, float | None]:
@@ -86,8 +88,10 @@ def build() -> tuple[Gateway, GatewaySetup]:
     backend = connect(upstream, engine=settings.gateway_engine, timeout_s=settings.gateway_timeout_s)
     gateway = Gateway(backend, Rewriter(rules, template), settings.gateway_timeout_s,
                       settings.gateway_keep_prompts, idle_s=settings.gateway_idle_timeout_s)
+    tenants = TenantRules.of(settings.gateway_tenant_header, settings.gateway_shared_keys.split(","),
+                             settings.gateway_rewrite_shared)
     setup = GatewaySetup(backend.url, layout, note, settings.gateway_notebook, title, labels, threshold,
-                         settings.gateway_check_rate)
+                         settings.gateway_check_rate, tenants=tenants)
     return gateway, setup
 
 

@@ -21,6 +21,7 @@ from typing import TypeVar
 from serving.backend import Backend
 from serving.gateway.prompts import read_prompt, with_context
 from serving.gateway.rewrite import PLAN_FAILED, Plan, Rewriter
+from serving.gateway.tenants import Tenant
 from serving.relay import Relay, UpstreamError
 
 log = logging.getLogger("kvnotes.gateway")
@@ -75,11 +76,11 @@ class Gateway:
         the loop's default pool, which `/v1/models` and the pages use."""
         return await asyncio.get_running_loop().run_in_executor(self._planner, partial(work, *args))
 
-    async def prepare(self, client: str, route: str, body: dict) -> Prepared:
+    async def prepare(self, client: Tenant | str, route: str, body: dict) -> Prepared:
         """`plan`, off the event loop (`offload`)."""
         return await self.offload(self.plan, client, route, body)
 
-    def plan(self, client: str, route: str, body: dict) -> Prepared:
+    def plan(self, client: Tenant | str, route: str, body: dict) -> Prepared:
         """What to send for `body`. A plan that fails passes the request through as it came, logged
         (the rewriter has dropped the base when the failure was in one): never a 5xx of its own."""
         try:

@@ -45,6 +45,7 @@ from dataclasses import dataclass, field
 from serving.gateway.changes import Change, Template, common_head, common_tail, diff_changes
 from serving.gateway.prompts import Prompt
 from serving.gateway.stats import Stats
+from serving.gateway.tenants import Tenant
 from vocabulary import render_erratum
 from vocabulary.hoist import hoist
 from vocabulary.strategies import APPEND_ERRATUM, HOIST_FIELDS, REFRESH_ERRATUM, served
@@ -212,8 +213,14 @@ class Rewriter:
 
     # --- one request ---------------------------------------------------------------------------------
 
-    def plan(self, client: str, prompt: Prompt | None, why_not: str = "") -> Plan:
-        """What to send for `prompt` from `client` (None: not readable, for `why_not`)."""
+    def plan(self, tenant: Tenant | str, prompt: Prompt | None, why_not: str = "") -> Plan:
+        """What to send for `prompt` from `tenant` (None: not readable, for `why_not`). A request
+        with no tenant (`serving.gateway.tenants`) passes through: no base serves two tenants."""
+        if isinstance(tenant, str):
+            tenant = Tenant(tenant, "key")
+        if not tenant.id:
+            return self._passed(None, tenant.why_not)
+        client = tenant.id
         if prompt is None:
             return self._passed(None, why_not)
         if prompt.size < self.settings.min_context_chars:

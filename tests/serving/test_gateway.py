@@ -93,7 +93,8 @@ def test_a_stream_is_counted_when_its_client_closes_right_after_done(tmp_path):
             body = {"model": "smollm2-135m", "stream": True, "max_tokens": 8, "temperature": 0,
                     "messages": [{"role": "system", "content": SYSTEM.format(city)},
                                  {"role": "user", "content": ASK}]}
-            with httpx.stream("POST", f"{gateway.url}/v1/chat/completions", json=body, timeout=30) as raw:
+            with httpx.stream("POST", f"{gateway.url}/v1/chat/completions", json=body, timeout=30,
+                              headers={"Authorization": "Bearer sk-test"}) as raw:
                 lines = []
                 for line in raw.iter_lines():
                     lines.append(line)
