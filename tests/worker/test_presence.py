@@ -2,7 +2,7 @@
 SQLite database: it says what it does before it can take a run ("converting smollm2-135m" for a
 bundled model not yet converted, "loading ..." otherwise), and a worker whose registration failed
 (a read-only database) or whose row was marked stopped registers again at its next beat, as it is
-then (starting, ready, or busy with a run)."""
+then (starting, ready, or busy with a run); a hung reap pass never delays the beat."""
 
 from __future__ import annotations
 
@@ -83,3 +83,35 @@ def test_a_worker_the_registry_lost_registers_again_at_its_next_beat(db, presenc
         s.commit()
         assert health(s)["workers"] == "ok"
         assert workers.beat(s, NAME) is True
+
+
+def test_a_slow_reap_pass_never_delays_the_registry_beat(db, presence_state, monkeypatch) -> None:
+    """The reaper runs in a thread of its own (issue 41): a reap pass that hangs (a broker that does
+    not answer, a busy database) leaves the registry beat and the liveness row on time, so the
+    worker never looks dead to the others for it."""
+    import threading
+    import time
+
+    from data.health import HealthProbe
+    from data.models import as_utc
+    from worker import presence
+
+    hung, passes = threading.Event(), []
+    monkeypatch.setattr(presence, "BEAT_S", 0.1)
+    monkeypatch.setattr(presence, "WATCH_EVERY_S", 0.1)
+    monkeypatch.setattr(presence, "_reap", lambda _session: (passes.append(1), hung.wait(30)))
+    presence_state.update(name=None, task=None)
+    assert presence.start(NAME, [queue_for("tiny-llama")])
+    try:
+        time.sleep(0.5)
+        assert passes == [1]  # the reaper started its (hung) pass ...
+        with db() as s:
+            first = as_utc(s.get(workers.Worker, NAME).beat_at)
+            live = as_utc(s.get(HealthProbe, 1).checked_at)
+        time.sleep(1.5)
+        with db() as s:  # ... and the beat went on meanwhile: ~15 beats in 1.5 s
+            assert as_utc(s.get(workers.Worker, NAME).beat_at) > first
+            assert as_utc(s.get(HealthProbe, 1).checked_at) > live
+    finally:
+        presence_state["stop"].set()
+        hung.set()
