@@ -14,9 +14,11 @@ With `--turns` it replays a trajectory (`serving.trajectory`): the turns of the 
 changes are found as `kvnotes trajectory` finds them (`--field LABEL=TEXT`, else "LABEL: value" in
 the document). It prints each variant's hit rate and TTFT per turn, and over the turns.
 
-`--url` and `--model` default to `KVNOTES_VLLM_URL` and `KVNOTES_VLLM_MODEL`. Bad input and a replay
-that fails (server unreachable, model not served, prompt too long, a request that died) exit with
-status 2 and one line on stderr naming the problem (and the turn).
+`--url` and `--model` default to `KVNOTES_VLLM_URL` and `KVNOTES_VLLM_MODEL`; each answer may take
+`KVNOTES_REPLAY_REQUEST_TIMEOUT` seconds (120). Bad input and a replay that fails (server
+unreachable, model not served, prompt too long, a request that died) exit with status 2 and one
+line on stderr naming the problem (and the turn); a server that answered wrong is quoted (its HTTP
+status and the first 200 characters of its body, or the exception), as the web never does.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import json
 import sys
 from pathlib import Path
 
-from serving import VARIANTS, ReplayError, ReplaySpec, TrajectoryReplaySpec, replay, replay_trajectory
+from serving import VARIANTS, Bounds, ReplayError, ReplaySpec, TrajectoryReplaySpec, replay, replay_trajectory
 from serving.streams import field_label
 from vocabulary.trajectories import turns_from_jsonl
 
@@ -119,10 +121,13 @@ def cmd_replay(args: argparse.Namespace) -> int:
             raise ReplayError(f"document file not found: {args.document}")
         document = path.read_text(encoding="utf-8")
         progress = None if args.json else _progress
+        # the operator's own server: a failure quotes what it answered
+        bounds = Bounds(request_s=settings.replay_request_s, quote=True)
         if args.turns:
-            result = replay_trajectory(trajectory_from_args(args, document), url, model, on_progress=progress)
+            result = replay_trajectory(trajectory_from_args(args, document), url, model, on_progress=progress,
+                                       bounds=bounds)
         else:
-            result = replay(spec_from_args(args, document), url, model, on_progress=progress)
+            result = replay(spec_from_args(args, document), url, model, on_progress=progress, bounds=bounds)
     except ReplayError as exc:
         print(f"kvnotes: {exc}", file=sys.stderr)
         return 2

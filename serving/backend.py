@@ -21,7 +21,8 @@ Two engines implement it:
 - an answer constrained to choices: vLLM `structured_outputs: {choice: [...]}`, SGLang `regex`.
 
 `connect(url, ...)` is the one place a backend is constructed; `engine` names which ("vllm" unless
-told). Every failure is a `ReplayError` (`serving.server`), never a traceback.
+told). Every failure is a `ReplayError` (`serving.server`), never a traceback; with `quote` it says
+what the server answered (the status and the body's start, or the exception).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from collections.abc import Iterable
 from typing import Protocol, runtime_checkable
 
 from serving.relay import Relay, new_client, relay
-from serving.server import Completion, Counters, ReplayError, Server, ServerInfo, _messages
+from serving.server import Completion, Counters, ReplayError, Server, ServerInfo, _messages, answered
 
 _VLLM_COUNTER = re.compile(r"^vllm:prefix_cache_(queries|hits)_total\{[^}]*\}\s+([0-9.eE+-]+)\s*$",
                            re.MULTILINE)
@@ -81,7 +82,7 @@ class EngineBackend(Server):
         if status == 400 and b"chat template" in data.lower():
             return False
         if status != 200:
-            raise self._failure(f"POST {self.tokenize_path}", f"HTTP {status}: {data[:300]!r}")
+            raise self._failure(f"POST {self.tokenize_path}", answered(status, data))
         return True
 
     def prompt_tokens(self, content: str) -> list[int]:
@@ -92,7 +93,7 @@ class EngineBackend(Server):
         asked = f"POST {self.tokenize_path}"
         status, data = self._request("POST", self.tokenize_path, body)
         if status != 200:
-            raise self._failure(asked, f"HTTP {status}: {data[:300]!r}")
+            raise self._failure(asked, answered(status, data))
         tokens = self._json(data, asked).get("tokens")
         if not isinstance(tokens, list):
             raise self._failure(asked, "no token ids")
@@ -162,12 +163,13 @@ ENGINES: dict[str, type[EngineBackend]] = {"vllm": VllmBackend, "sglang": Sglang
 
 def connect(url: str, model: str | None = None, *, engine: str = "vllm", timeout_s: float = 600.0,
             chat: bool | None = None, connect_s: float = 10.0, deadline_s: float | None = None,
-            refused_ports: Iterable[int] = (), stop_event: threading.Event | None = None) -> EngineBackend:
+            refused_ports: Iterable[int] = (), stop_event: threading.Event | None = None,
+            quote: bool = False) -> EngineBackend:
     """The backend for the server at `url` (`engine`: "vllm" or "sglang"); see `serving.server.Server`
-    for the bounds. The one place a backend is constructed."""
+    for the bounds and `quote`. The one place a backend is constructed."""
     try:
         kind = ENGINES[engine.lower()]
     except KeyError:
         raise ReplayError(f"engine must be one of {', '.join(ENGINES)}, got {engine!r}", "engine") from None
     return kind(url, model, timeout_s=timeout_s, chat=chat, connect_s=connect_s, deadline_s=deadline_s,
-                refused_ports=refused_ports, stop_event=stop_event)
+                refused_ports=refused_ports, stop_event=stop_event, quote=quote)

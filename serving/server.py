@@ -12,7 +12,9 @@ a model without one (a base model), as plain text ending in `PLAIN_TAIL` (`/v1/c
 Every failure becomes a `ReplayError`, never a traceback. What the replay decides itself names
 the problem (the model not served, a prompt too long); anything the server does wrong (refused,
 reset, silent, an error status, not JSON) reads the same, "the server at … did not answer as vLLM
-does (what was asked)": nothing the server said is quoted back, so the replay cannot be used to
+does (what was asked)", and, with `quote` (the command line, run on the operator's own server), what
+came back: the HTTP status and the first `QUOTED` characters of the body, or the exception. Without
+it (the web and its worker) nothing the server said is quoted back, so a replay cannot be used to
 read or map other services. Addresses a replay may never reach are refused before any connection
 (`serving.targets`).
 """
@@ -89,6 +91,7 @@ class Counters:
 NETWORK_ERRORS = (httpx.HTTPError, httpx.InvalidURL, UnicodeError, OSError)
 MAX_BODY = 16 << 20  # the largest answer read from the server (token ids of a long prompt, /metrics)
 WATCH_EVERY_S = 0.2  # how often the watcher looks for a stop or a passed deadline
+QUOTED = 200  # the characters of a server's answer a quoting failure shows
 
 
 def base_url(url: str, refused_ports: Iterable[int] = (), resolve: bool = False) -> str:
@@ -135,13 +138,15 @@ class Server:
     Bounded: `connect_s` to connect, `request_s` for each answer (its first byte by the read timeout,
     its end by the watcher), `deadline_s` (None: none) for everything this server is asked. `stop()`
     or setting `stop_event` (another thread: a cancel) shuts every connection at once; the request in
-    flight raises `ReplayStopped`. Every failure reads the same, "the server at … did not answer as
-    vLLM does", with what was asked; what the server said goes to the log only, never to the caller."""
+    flight raises `ReplayStopped`. Every failure reads "the server at … did not answer as vLLM does",
+    with what was asked; what the server said goes to the log, and to the caller only with `quote`."""
 
     def __init__(self, url: str, model: str | None = None, timeout_s: float = 600.0,
                  chat: bool | None = None, connect_s: float = 10.0, deadline_s: float | None = None,
-                 refused_ports: Iterable[int] = (), stop_event: threading.Event | None = None):
+                 refused_ports: Iterable[int] = (), stop_event: threading.Event | None = None,
+                 quote: bool = False):
         self.url = base_url(url, refused_ports, resolve=True)
+        self.quote = quote
         self.model = model
         self.chat = chat
         self.request_s = timeout_s
@@ -217,7 +222,8 @@ class Server:
         if self._stopped:
             return ReplayStopped(self._stopped)
         log.info("replay server failed", extra={"url": self.url, "asked": asked, "detail": detail[:500]})
-        return ReplayError(f"the server at {self.url} did not answer as {self.engine} does ({asked})")
+        said = ": " + detail.replace("\r", "\\r").replace("\n", "\\n") if self.quote else ""
+        return ReplayError(f"the server at {self.url} did not answer as {self.engine} does ({asked}){said}")
 
     @contextmanager
     def _stream(self, method: str, path: str, body: dict | None = None) -> Iterator[httpx.Response]:
@@ -236,8 +242,8 @@ class Server:
                         self._due[sock] = due
                 yield response
         except NETWORK_ERRORS as exc:
-            late = " past the request's deadline" if time.monotonic() > due else ""
-            raise self._failure(asked, f"{type(exc).__name__}: {exc}{late}") from None
+            late = f" (past the request's bound of {self.request_s:g} s)" if time.monotonic() > due else ""
+            raise self._failure(asked, f"{type(exc).__name__}: {exc or 'no message'}{late}") from None
         finally:
             if sock is not None:
                 with self._lock:
@@ -256,14 +262,14 @@ class Server:
     def _get_json(self, path: str) -> dict:
         status, data = self._request("GET", path)
         if status != 200:
-            raise self._failure(f"GET {path}", f"HTTP {status}: {data[:300]!r}")
+            raise self._failure(f"GET {path}", answered(status, data))
         return self._json(data, f"GET {path}")
 
     def _json(self, data: bytes, asked: str) -> dict:
         try:
             parsed = json.loads(data)
         except ValueError:
-            raise self._failure(asked, f"not JSON: {data[:300]!r}") from None
+            raise self._failure(asked, f"not JSON: {_text(data)!r}") from None
         if not isinstance(parsed, dict):
             raise self._failure(asked, f"{type(parsed).__name__}, not a JSON object")
         return parsed
@@ -327,7 +333,7 @@ class Server:
         first, parts, usage = None, [], None
         with self._stream("POST", path, body) as response:
             if response.status_code != 200:
-                raise self._failure(asked, f"HTTP {response.status_code}: {response.read()[:300]!r}")
+                raise self._failure(asked, answered(response.status_code, response.read()))
             for chunk in self._events(response, asked):
                 usage = chunk.usage or usage
                 if first is None and chunk.token:
@@ -347,10 +353,20 @@ class Server:
             if chunk.done:
                 return
             if chunk.parsed is None:
-                raise self._failure(asked, f"a stream event that is not a JSON object: {event.data[:100]!r}")
+                raise self._failure(asked, f"an event that is not a JSON object: {event.data[:QUOTED]!r}")
             if chunk.error:
-                raise self._failure(asked, f"an error mid-stream: {event.data[:300]}")
+                raise self._failure(asked, f"an error mid-stream: {event.data[:QUOTED]!r}")
             yield chunk
+
+
+def _text(data: bytes) -> str:
+    """The first QUOTED characters of an answer's body, as text."""
+    return data[:QUOTED * 4].decode("utf-8", errors="replace")[:QUOTED]
+
+
+def answered(status: int, data: bytes) -> str:
+    """What a server answered, as a failure quotes it: the status and the body's first characters."""
+    return f"HTTP {status}: {_text(data)!r}"
 
 
 def _shut(sock: socket.socket) -> None:

@@ -17,19 +17,23 @@ from serving.server import Counters, ReplayError, ReplayStopped
 @dataclass(frozen=True)
 class Bounds:
     """How long a replay may take: to connect, for each answer, and in all (None: no overall bound);
-    and the ports it may never reach besides `serving.targets.SERVICE_PORTS`."""
+    the ports it may never reach besides `serving.targets.SERVICE_PORTS`; and whether a failure
+    quotes what the server answered (`quote`: the command line, on the operator's own server; never
+    on the web, where a replay must not read other services)."""
 
     connect_s: float = 10.0
     request_s: float = 120.0
     replay_s: float | None = None
     refused_ports: tuple[int, ...] = ()
+    quote: bool = False
 
 
 def open_backend(url: str, model: str | None, bounds: Bounds, stop: threading.Event | None = None,
                  engine: str = "vllm") -> EngineBackend:
     """The backend a replay talks to, bounded by `bounds`, stopped by `stop`."""
     return connect(url, model, engine=engine, timeout_s=bounds.request_s, connect_s=bounds.connect_s,
-                   deadline_s=bounds.replay_s, refused_ports=bounds.refused_ports, stop_event=stop)
+                   deadline_s=bounds.replay_s, refused_ports=bounds.refused_ports, stop_event=stop,
+                   quote=bounds.quote)
 
 
 def checked_lengths(server: Backend, prompts: Iterable[tuple[str, str, str]], max_tokens: int,
