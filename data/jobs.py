@@ -89,14 +89,18 @@ SWEEPS = JobKind("sweep", Sweep)  # its own state, cap and cancel; its edits are
 
 def deadline_s(kind: JobKind) -> float:
     """How long a job of `kind` may run (from its claim) before it is failed and its worker freed:
-    `KVNOTES_JOB_DEADLINE_S` (default `KVNOTES_TASK_TIME_LIMIT`); a replay has its own
-    `KVNOTES_REPLAY_DEADLINE`, which bounds its HTTP calls too."""
+    `KVNOTES_JOB_DEADLINE_S` for its kind ("trajectory=600"), else for every kind ("3600"), else
+    `KVNOTES_TASK_TIME_LIMIT`; a replay not named there has `KVNOTES_REPLAY_DEADLINE`, which bounds
+    its HTTP calls too."""
     from data.settings import get_settings  # (settings import nothing of this module)
 
     settings = get_settings()
+    deadlines = settings.job_deadlines_s
+    if kind.name in deadlines:
+        return deadlines[kind.name]
     if kind is REPLAYS:
         return settings.replay_deadline_s
-    return settings.job_deadline_s or float(settings.task_time_limit_s)
+    return deadlines.get("*", float(settings.task_time_limit_s))
 
 
 STUCK = "it did not come back from that step, so its worker is replaced"

@@ -109,9 +109,10 @@ class Settings(BaseSettings):
     # "0=70GiB,1=70GiB,cpu=200GiB" ("" = accelerate's estimate); a model that does not fit is refused.
     max_memory: str = Field(default="", validation_alias="KVNOTES_MAX_MEMORY")
     task_time_limit_s: int = Field(default=3600, ge=1, validation_alias="KVNOTES_TASK_TIME_LIMIT")
-    # How long a running run or trajectory may run before it is failed and its worker freed
-    # (`data.jobs.deadline_s`; None: KVNOTES_TASK_TIME_LIMIT); replays have KVNOTES_REPLAY_DEADLINE.
-    job_deadline_s: float | None = Field(default=None, gt=0, validation_alias="KVNOTES_JOB_DEADLINE_S")
+    # How long a running job may run before it is failed and its worker freed (`data.jobs.deadline_s`):
+    # seconds for every kind, and/or per kind where they differ: "3600", "trajectory=600",
+    # "3600,replay=900" ("" = KVNOTES_TASK_TIME_LIMIT; a replay, KVNOTES_REPLAY_DEADLINE).
+    job_deadline: str = Field(default="", validation_alias="KVNOTES_JOB_DEADLINE_S")
     visibility_timeout_s: int = Field(default=0, ge=0, validation_alias="KVNOTES_VISIBILITY_TIMEOUT")
 
     # Security (README "Security"). Sign-in is off only for a loopback client of a loopback bind
@@ -156,6 +157,17 @@ class Settings(BaseSettings):
     max_heavy_renders: int = Field(default=2, ge=1, le=64, validation_alias="KVNOTES_MAX_HEAVY_RENDERS")
     # Set by `kvnotes serve` for the worker it starts: the worker dies with this process.
     supervisor_pid: int = Field(default=0, ge=0, validation_alias="KVNOTES_SUPERVISOR_PID")
+
+    @field_validator("job_deadline")
+    @classmethod
+    def _deadlines(cls, value: str) -> str:
+        job_deadlines(value)  # refused at start, naming the part that is wrong
+        return value
+
+    @property
+    def job_deadlines_s(self) -> dict[str, float]:
+        """`KVNOTES_JOB_DEADLINE_S` by kind name ("*": every kind not named)."""
+        return job_deadlines(self.job_deadline)
 
     @field_validator("data_dir", mode="before")
     @classmethod
@@ -255,6 +267,24 @@ class Settings(BaseSettings):
         except OSError:  # not ours to change (a mounted volume): leave it
             pass
         return self.data_dir
+
+
+
+def job_deadlines(value: str) -> dict[str, float]:
+    """"3600,trajectory=600" -> {"*": 3600.0, "trajectory": 600.0}; ValueError naming a bad part."""
+    out: dict[str, float] = {}
+    for part in (p.strip() for p in value.split(",") if p.strip()):
+        kind, _, seconds = part.rpartition("=")
+        if kind.strip() not in ("", "run", "trajectory", "replay"):
+            raise ValueError(f"KVNOTES_JOB_DEADLINE_S: {part!r} names no kind (run, trajectory, replay)")
+        try:
+            number = float(seconds)
+        except ValueError:
+            number = -1.0
+        if not number > 0:
+            raise ValueError(f"KVNOTES_JOB_DEADLINE_S: {part!r} is not a number of seconds above 0")
+        out[kind.strip() or "*"] = number
+    return out
 
 
 @lru_cache(maxsize=1)
