@@ -27,7 +27,7 @@ from sqlalchemy import select
 from sqlalchemy.exc import SQLAlchemyError
 
 from data.db import get_sessionmaker
-from data.jobs import REPLAYS
+from data.jobs import REPLAYS, deadline_s
 from data.models import RunStatus
 from data.queue import REPLAY_QUEUE
 from data.replays import Replay
@@ -67,10 +67,11 @@ class _Progress:
 
 
 def bounds() -> Bounds:
-    """A replay's bounds from settings: `KVNOTES_REPLAY_DEADLINE` in all, `KVNOTES_REPLAY_REQUEST_TIMEOUT`
+    """A replay's bounds from settings: its deadline in all (`data.jobs.deadline_s`:
+    `KVNOTES_JOB_DEADLINE_S` "replay=…", else `KVNOTES_REPLAY_DEADLINE`), `KVNOTES_REPLAY_REQUEST_TIMEOUT`
     per answer, and never the app's own database or broker ports."""
     settings = get_settings()
-    return Bounds(connect_s=10.0, request_s=settings.replay_request_s, replay_s=settings.replay_deadline_s,
+    return Bounds(connect_s=10.0, request_s=settings.replay_request_s, replay_s=deadline_s(REPLAYS),
                   refused_ports=tuple(settings.service_ports))
 
 
