@@ -9,8 +9,8 @@ SQLAlchemy broker cannot â€” it marks a message invisible when it hands it out â
 watchdog marks the run failed instead).
 
 The solo pool does not enforce Celery's time limits (they are set for other pools and for
-introspection); `worker.run_rows` stops a run that passes `task_time_limit_s` at its next progress
-point.
+introspection); every task stops its job past its deadline (`data.jobs.deadline_s`) at its next
+step, and `kvnotes serve` replaces a worker stuck inside a step (`commands.supervisor`).
 
 The embedded SQLAlchemy broker cannot push: its worker polls it, once a second by kombu's default,
 which a run then waits half of on average. `_BrokerPolling` sets the consumer's transport to poll
