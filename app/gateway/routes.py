@@ -26,6 +26,7 @@ from collections.abc import AsyncIterator
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST
 
 from app.services.gateway import current
 from serving import ReplayError
@@ -227,7 +228,9 @@ async def models() -> Response:
 
 
 @metrics_router.get("/metrics", response_class=PlainTextResponse)
-async def metrics() -> PlainTextResponse:
+async def metrics() -> Response:
+    """prometheus_client's exposition, read from the gateway's state (off the event loop: it may be
+    Redis), the same numbers whichever process or replica answers."""
     gateway, _ = current()
-    text = gateway.stats.prometheus() if gateway is not None else ""
-    return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
+    text = await asyncio.to_thread(gateway.stats.prometheus) if gateway is not None else b""
+    return Response(text, media_type=CONTENT_TYPE_LATEST)

@@ -1,7 +1,12 @@
 """The erratum gateway of this process, built once from the settings (`data.settings`, which
 `kvnotes gateway`'s options set): the upstream's backend, the template and policy of the notebook
-named by `KVNOTES_GATEWAY_NOTEBOOK`, the rewriter. The routes (`app.gateway.routes`) and the Gateway
-page (`app.web.gateway`) read the same one; its bases and counts live in this process's memory.
+named by `KVNOTES_GATEWAY_NOTEBOOK`, the tenant rules, the state, the rewriter. The routes
+(`app.gateway.routes`) and the Gateway page (`app.web.gateway`) read the same one.
+
+The state (`serving.gateway.state`): `KVNOTES_GATEWAY_STATE` (`--state`) when given; `memory` is this
+process's memory (`kvnotes gateway` without `--state`); unset under `kvnotes serve`, the broker's
+Redis when the broker is Redis (every web process then shares one state, under a key prefix of this
+deployment's database, so two deployments on one Redis never meet), else this process's memory.
 
 The policy: `--policy` when given; else the notebook's adopted sweep policy (its threshold too);
 else `erratum`. A strategy with no gateway layout (`recompute`, `prefix_reuse`, `in_place`, any
@@ -10,6 +15,7 @@ other) passes every request through, saying so.
 
 from __future__ import annotations
 
+import hashlib
 import threading
 from dataclasses import dataclass
 
@@ -20,6 +26,8 @@ from data.models import Notebook
 from data.settings import get_settings
 from serving import ReplayError, connect
 from serving.gateway import LAYOUTS, PASS_THROUGH, Gateway, Rewriter, Settings, Slot, Template
+from serving.gateway.redis_state import PREFIX, open_state
+from serving.gateway.stats import Stats
 from serving.gateway.tenants import TenantRules
 
 DEFAULT_THRESHOLD = 0.9
@@ -42,6 +50,7 @@ class GatewaySetup:
     check_rate: float
     problem: str = ""
     tenants: TenantRules = TenantRules()
+    state: str = "memory"
 
 
 def _policy(explicit: str, notebook: Notebook | None) -> tuple[str, str, float | None]:
@@ -86,13 +95,24 @@ def build() -> tuple[Gateway, GatewaySetup]:
                      max_fields=settings.gateway_max_fields, check_rate=settings.gateway_check_rate,
                      threshold=threshold, seed=settings.gateway_seed)
     backend = connect(upstream, engine=settings.gateway_engine, timeout_s=settings.gateway_timeout_s)
-    gateway = Gateway(backend, Rewriter(rules, template), settings.gateway_timeout_s,
+    state = open_state(state_url(settings), rules.limits)
+    gateway = Gateway(backend, Rewriter(rules, template, Stats(state)), settings.gateway_timeout_s,
                       settings.gateway_keep_prompts, idle_s=settings.gateway_idle_timeout_s)
     tenants = TenantRules.of(settings.gateway_tenant_header, settings.gateway_shared_keys.split(","),
                              settings.gateway_rewrite_shared)
     setup = GatewaySetup(backend.url, layout, note, settings.gateway_notebook, title, labels, threshold,
-                         settings.gateway_check_rate, tenants=tenants)
+                         settings.gateway_check_rate, tenants=tenants, state=state.name)
     return gateway, setup
+
+
+def state_url(settings) -> str:
+    """The state's URL (see the module docstring): "" or "memory" for this process's memory."""
+    if settings.gateway_state:
+        return settings.gateway_state
+    if settings.broker_url.startswith(("redis://", "rediss://")):
+        deployment = hashlib.sha256(settings.database_url.encode()).hexdigest()[:8]
+        return f"{settings.broker_url}#{PREFIX}{deployment}:"
+    return ""
 
 
 def current() -> tuple[Gateway | None, GatewaySetup]:

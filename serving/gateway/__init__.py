@@ -3,7 +3,9 @@ changed spans is sent as the base plus an erratum (or field + erratum, or hoiste
 engine's prefix cache keeps hitting; a sampled share is also sent unchanged and compared.
 
 `serving.gateway.rewrite` (bases and layouts), `changes` (template and diff), `prompts` (the request's
-context), `stats` (counts, `/metrics`), `forward` (one request through the backend protocol). The
+context), `tenants` (whose bases a request may use), `state` and `redis_state` (where bases and counts
+live: memory, or one Redis shared by every process), `stats` (counts, `/metrics` from
+prometheus_client), `forward` (one request through the backend protocol). The
 HTTP side is `app.gateway`; `kvnotes gateway` serves it alone, `kvnotes serve` at `/gateway/v1`.
 """
 

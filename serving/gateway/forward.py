@@ -27,6 +27,8 @@ from serving.relay import Relay, UpstreamError
 log = logging.getLogger("kvnotes.gateway")
 FIRST_WORDS = 8  # the first answer words two answers must share to agree
 PLANNERS = 4  # worker threads that plan requests and parse long bodies (the GIL: more would not help)
+CHECKS_AT_ONCE = 2  # checks sent upstream at once (each is a full prefill: it competes with clients)
+CHECKS_WAITING = 16  # checks held at most (each holds its request's body); a check drawn past it is skipped
 T = TypeVar("T")
 _WORD = re.compile(r"\w+")
 
@@ -64,6 +66,8 @@ class Gateway:
         self.idle_s = idle_s  # between one piece of its answer and the next
         self.keep_prompts = keep_prompts
         self._checks: set[asyncio.Task] = set()
+        self._check_slots = asyncio.Semaphore(CHECKS_AT_ONCE)
+        self.checks_skipped = 0  # drawn while CHECKS_WAITING were held
         self._planner = ThreadPoolExecutor(max_workers=PLANNERS, thread_name_prefix="gateway-plan")
 
     @property
@@ -120,6 +124,9 @@ class Gateway:
                             out.prompt_tokens, out.cached_tokens)
         greedy = prepared.original.get("temperature") in (0, 0.0)
         if prepared.plan.check and prepared.plan.base_id and greedy:
+            if len(self._checks) >= CHECKS_WAITING:
+                self.checks_skipped += 1
+                return
             task = asyncio.get_running_loop().create_task(self._check(prepared, out.text))
             self._checks.add(task)
             task.add_done_callback(self._checks.discard)
@@ -128,14 +135,17 @@ class Gateway:
         body = {**prepared.original, "stream": False}
         body.pop("stream_options", None)
         try:
-            async with self.backend.relay("/v1" + prepared.route, body, self.timeout_s, self.idle_s) as relay:
+            async with self._check_slots, self.backend.relay("/v1" + prepared.route, body, self.timeout_s,
+                                                             self.idle_s) as relay:
                 await relay.read()
                 if relay.status != 200:
                     return
                 agreed = agree(rewritten_text, relay.outcome.text)
+                tokens = relay.outcome.prompt_tokens
         except UpstreamError:
             return
-        switched = self.rewriter.checked(prepared.plan.base_id or "", agreed)
+        # counted in the state (Redis, perhaps) off the event loop
+        switched = await self.offload(self.rewriter.checked, prepared.plan.base_id or "", agreed, tokens)
         log.info("gateway check", extra={"base": prepared.plan.base_id, "agreed": agreed,
                                          "pass_through": bool(switched)})
         if switched and not agreed:

@@ -1,8 +1,10 @@
 """The erratum gateway's rewrite: a request that equals a remembered base except for short changed
 spans is sent as the base plus an erratum, so the serving engine's prefix cache keeps hitting.
 
-**Bases.** Per client (a bounded LRU of clients, each a bounded LRU of bases, by count and by
-characters held), the first version of
+**Bases.** Per tenant (`serving.gateway.tenants`: a base never serves another tenant), kept in the
+gateway's state (`serving.gateway.state`: this process's memory, or one Redis that every process and
+replica shares; bounded by count and characters per tenant and overall, LRU and TTL), and planned
+under the tenant's lock there, the first version of
 each long prompt forwarded is its base: the texts of its context messages (`serving.gateway.prompts`)
 as first seen. A later message of the same conversation (a new turn) extends the base with its own
 first version. A request is matched to the client's base with the same model, route and roles whose
@@ -27,23 +29,22 @@ layout that strategy's descriptor declares (`StrategyInfo.serving_layout`), when
   (`vocabulary.hoist`); the lines moved stay moved for every later request of the base.
 
 **Safety.** A base whose sampled agreement's Wilson lower bound has fallen below the threshold after
-a disagreement (`Rewriter.checked`) passes through from then on. Prompts live only in these bases, in
-memory.
+a disagreement (`Rewriter.checked`) passes through from then on. Prompts live only in these bases. A
+state that cannot be reached passes the request through, saying so (`STATE_DOWN`), never a 5xx.
 """
 
 from __future__ import annotations
 
-import hashlib
-import itertools
 import logging
 import random
-import threading
-from collections import Counter, OrderedDict
+import uuid
+from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from serving.gateway.changes import Change, Template, common_head, common_tail, diff_changes
 from serving.gateway.prompts import Prompt
+from serving.gateway.state import Base, Limits, MemoryState, State
 from serving.gateway.stats import Stats
 from serving.gateway.tenants import Tenant
 from vocabulary import render_erratum
@@ -56,6 +57,7 @@ LAYOUT_OF: dict[str, str] = served(GATEWAY_LAYOUTS)  # {policy: its layout}, in 
 LAYOUTS = tuple(LAYOUT_OF)  # the policies that have a gateway layout (the first is the default)
 PASS_THROUGH = "pass-through"
 PLAN_FAILED = "the plan failed"  # a pass-through's reason: planning raised (logged), the base dropped
+STATE_DOWN = "the shared state is unreachable"  # a pass-through's reason: Redis did not answer (logged)
 NEW_BASE_BELOW = 0.8  # a request less similar than this to every base starts a new one
 MIN_CONTEXT_CHARS = 1000  # a shorter context is not worth a base
 
@@ -71,11 +73,18 @@ class Settings:
     max_share: float = 0.05
     check_rate: float = 0.05
     threshold: float = 0.9
-    clients: int = 256
+    clients: int = 256  # tenants
     bases_per_client: int = 16
-    chars_per_client: int = 1_000_000  # the bases' text a client may hold; the oldest go first
+    chars_per_client: int = 1_000_000  # the bases' text a tenant may hold; the oldest go first
+    chars_total: int = 64_000_000  # the bases' text all tenants may hold; the least recent tenants go
+    ttl_s: float = 24 * 3600.0  # a base unused this long is forgotten
     min_context_chars: int = MIN_CONTEXT_CHARS
     seed: int | None = None
+
+    @property
+    def limits(self) -> Limits:
+        return Limits(self.clients, self.bases_per_client, self.chars_per_client, self.chars_total,
+                      self.ttl_s)
 
 
 @dataclass(frozen=True)
@@ -85,25 +94,6 @@ class Span:
     start: int
     end: int
     new_value: str
-
-
-@dataclass
-class Base:
-    """One remembered prompt (see the module docstring)."""
-
-    base_id: str
-    model: str
-    route: str
-    roles: list[str]
-    texts: list[str]
-    errata: dict[int, str] = field(default_factory=dict)
-    told: dict[tuple[int, int, int], str] = field(default_factory=dict)
-    labels: dict[tuple[int, int, int], str] = field(default_factory=dict)
-    # the errata of the latest request's turn: (message, text, values told); kept once a later turn
-    # arrives, replaced while the same turn is asked again with other values
-    pending: tuple[int, str, dict[tuple[int, int, int], str]] | None = None
-    moved: dict[int, dict[tuple[int, int], str]] = field(default_factory=dict)
-    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
 
 @dataclass(frozen=True)
@@ -160,56 +150,28 @@ def _value_now(text: str, start: int, end: int, changes: list[Change]) -> str:
 
 
 class Rewriter:
-    """The bases of every client and the rewrite of one request (`plan`); thread-safe."""
+    """The bases of every tenant (in `state`) and the rewrite of one request (`plan`); thread-safe."""
 
     def __init__(self, settings: Settings, template: Template | None = None,
-                 stats: Stats | None = None) -> None:
+                 stats: Stats | None = None, state: State | None = None) -> None:
         self.settings = settings
         self.template = template
-        self.stats = stats or Stats()
-        self._clients: OrderedDict[str, OrderedDict[str, Base]] = OrderedDict()
-        self._lock = threading.Lock()
-        self._ids = itertools.count(1)
+        self.state = state or (stats.state if stats is not None else MemoryState(settings.limits))
+        self.stats = stats or Stats(self.state)
         self._random = random.Random(settings.seed)
 
     # --- bases ---------------------------------------------------------------------------------------
 
-    def _bases(self, client: str) -> OrderedDict[str, Base]:
-        with self._lock:
-            bases = self._clients.pop(client, None) or OrderedDict()
-            self._clients[client] = bases
-            while len(self._clients) > self.settings.clients:
-                self._clients.popitem(last=False)
-            return bases
-
-    def _match(self, client: str, prompt: Prompt) -> Base | None:
-        bases = self._bases(client)
-        with self._lock:
-            candidates = [b for b in bases.values() if b.model == prompt.model and b.route == prompt.route
-                          and b.roles[:len(prompt.roles)] == list(prompt.roles[:len(b.roles)])]
+    def _match(self, bases: list[Base], prompt: Prompt) -> Base | None:
+        candidates = [b for b in bases if b.model == prompt.model and b.route == prompt.route
+                      and b.roles[:len(prompt.roles)] == list(prompt.roles[:len(b.roles)])]
         best, score = None, 0.0
         for base in candidates:
             n = min(len(base.texts), len(prompt.context))
             ratio = min(_similarity(base.texts[i], prompt.context[i]) for i in range(n))
             if ratio > score:
                 best, score = base, ratio
-        if best is not None and score >= NEW_BASE_BELOW:
-            with self._lock:
-                bases.move_to_end(best.base_id)
-            return best
-        return None
-
-    def _new_base(self, client: str, prompt: Prompt) -> Base:
-        digest = hashlib.sha256(f"{client}\0{next(self._ids)}".encode()).hexdigest()[:10]
-        base = Base(digest, prompt.model, prompt.route, list(prompt.roles), list(prompt.context))
-        bases = self._bases(client)
-        with self._lock:
-            bases[base.base_id] = base
-            while len(bases) > 1 and (len(bases) > self.settings.bases_per_client or sum(
-                    sum(map(len, b.texts)) for b in bases.values()) > self.settings.chars_per_client):
-                bases.popitem(last=False)
-        self.stats.base(base.base_id)
-        return base
+        return best if best is not None and score >= NEW_BASE_BELOW else None
 
     # --- one request ---------------------------------------------------------------------------------
 
@@ -220,42 +182,54 @@ class Rewriter:
             tenant = Tenant(tenant, "key")
         if not tenant.id:
             return self._passed(None, tenant.why_not)
-        client = tenant.id
         if prompt is None:
             return self._passed(None, why_not)
         if prompt.size < self.settings.min_context_chars:
             return self._passed(None, f"context under {self.settings.min_context_chars} characters")
-        base = self._match(client, prompt)
+        try:
+            with self.state.lock(tenant.id):
+                return self._plan(tenant.id, prompt)
+        except self.state.errors as exc:
+            log.warning("gateway state unreachable: the request passes through",
+                        extra={"state": self.state.name, "error": str(exc)[:200]})
+            return self._passed(None, STATE_DOWN)
+
+    def _plan(self, client: str, prompt: Prompt) -> Plan:
+        """`plan` under the tenant's lock: match or start a base, then rewrite."""
+        base = self._match(self.state.bases(client), prompt)
         if base is None:
-            base = self._new_base(client, prompt)
+            base = Base(uuid.uuid4().hex[:12], prompt.model, prompt.route, list(prompt.roles),
+                        list(prompt.context))
+            self.state.save(client, base, texts=True)
             if self.settings.layout == PASS_THROUGH:
                 return self._passed(base.base_id, self.settings.policy_reason)
             return self._first(client, base, prompt)
         if self.settings.layout == PASS_THROUGH:
+            self.state.save(client, base, texts=False)
             return self._passed(base.base_id, self.settings.policy_reason)
-        switched = self.stats.base(base.base_id).switched
+        switched = self.stats.switched(base.base_id)
         if switched:
+            self.state.save(client, base, texts=False)
             return self._passed(base.base_id, switched)
         return self._guarded(client, base, prompt, self._rewrite)
 
     def _guarded(self, client: str, base: Base, prompt: Prompt, step: Callable[[Base, Prompt], Plan]) -> Plan:
-        """`step(base, prompt)` under the base's lock; a plan that fails (a bug, a base in a state
-        nobody foresaw) drops the base and passes the request through, logged: never a 5xx, and
-        never the same failure on every later request of the base."""
+        """`step(base, prompt)`, then the base saved with what it changed; a plan that fails (a bug,
+        a base in a state nobody foresaw) drops the base and passes the request through, logged:
+        never a 5xx, and never the same failure on every later request of the base. (A state that
+        fails is not the plan's fault: `plan` passes that request through and keeps the base.)"""
+        turns = len(base.texts)
         try:
-            with base.lock:
-                return step(base, prompt)
+            plan = step(base, prompt)
+        except self.state.errors:
+            raise
         except Exception:
             log.exception("gateway plan failed: the base is dropped, the request passes through",
                           extra={"base": base.base_id})
-            self._forget(client, base.base_id)
+            self.state.drop(client, base.base_id)
             return self._passed(None, PLAN_FAILED)
-
-    def _forget(self, client: str, base_id: str) -> None:
-        with self._lock:
-            bases = self._clients.get(client)
-            if bases is not None:
-                bases.pop(base_id, None)
+        self.state.save(client, base, texts=len(base.texts) != turns)
+        return plan
 
     def _passed(self, base_id: str | None, reason: str) -> Plan:
         self.stats.request(base_id, reason)
@@ -297,7 +271,7 @@ class Rewriter:
         else:
             context = self._with_errata(base, prompt, changes, refreshed=LAYOUT_OF[layout] == REFRESH_ERRATUM)
         labels = tuple(dict.fromkeys(c.label for c in changes))
-        self.stats.base(base.base_id).labels.update(labels)
+        self.stats.labels(base.base_id, labels)
         self.stats.request(base.base_id, "")
         check = self._random.random() < self.settings.check_rate
         return Plan(context, "", base.base_id, check, labels, layout)
@@ -361,14 +335,7 @@ class Rewriter:
             out.append(hoist(text, fields).text)
         return out
 
-    def checked(self, base_id: str, agreed: bool) -> str:
-        """Count one sampled check; the reason the base now passes through ("" while it does not)."""
-        stats = self.stats.base(base_id)
-        with self.stats.lock:
-            stats.checks += 1
-            stats.agreed += int(agreed)
-            low = stats.interval[0] if stats.interval else 1.0
-            if not stats.switched and stats.agreed < stats.checks and low < self.settings.threshold:
-                stats.switched = (f"sampled agreement {stats.agreed}/{stats.checks}, lower bound {low:.2f} "
-                                  f"under {self.settings.threshold:g}")
-            return stats.switched
+    def checked(self, base_id: str, agreed: bool, prompt_tokens: int = 0) -> str:
+        """Count one sampled check (and the prompt tokens it sent); the reason the base now passes
+        through ("" while it does not)."""
+        return self.stats.checked(base_id, agreed, prompt_tokens, self.settings.threshold)

@@ -65,7 +65,7 @@ def test_the_openai_client_through_the_gateway_streamed_and_not(tmp_path, engine
         assert sent[1:] == [base + render_erratum("destination", "Oslo", c) for c in CITIES[1:]]
         assert engine.completions[-1]["messages"][1]["content"] == ASK  # the last message never changes
         assert gateway.metric("kvnotes_gateway_rewrites_total") == 4
-        assert gateway.metric("kvnotes_gateway_pass_through_total", reason="new base") == 1
+        assert gateway.metric("kvnotes_gateway_pass_through_total", reason="new_base") == 1
         # the four rewrites reused the base's prefix and the errata before theirs (the first: a miss)
         reused = gateway.metric("kvnotes_gateway_prefix_tokens_reused_total")
         first = len(engine.render(engine.completions[0]))
@@ -126,7 +126,7 @@ def test_a_sampled_check_that_disagrees_switches_the_base_to_pass_through(tmp_pa
         assert after.headers["x-kvnotes-gateway"] == ("pass-through; reason=sampled agreement 0/1, lower "
                                                        "bound 0.00 under 0.9")
         assert after.parse().choices[0].message.content == "The destination is Rome."
-        assert gateway.metric("kvnotes_gateway_checks_total", base=_base(gateway), agreed="false") == 1
+        assert gateway.metric("kvnotes_gateway_base_checks_total", agreed="false", base=_base(gateway)) == 1
         assert "gateway base switched to pass-through" in gateway.log.read_text()
         assert "destination: Madrid" not in gateway.log.read_text()  # prompts are never logged
     finally:
@@ -136,7 +136,7 @@ def test_a_sampled_check_that_disagrees_switches_the_base_to_pass_through(tmp_pa
 
 def _base(gateway: Gateway) -> str:
     text = httpx.get(f"{gateway.url}/metrics").text
-    return re.search(r'kvnotes_gateway_requests_total\{base="(\w+)"\}', text)[1]
+    return re.search(r'kvnotes_gateway_base_requests_total\{base="(\w+)"\}', text)[1]
 
 
 def test_faults_come_back_as_openai_errors(tmp_path):

@@ -78,4 +78,4 @@ def test_template_mode_under_serve_behind_tokens(tmp_path, engine):
         assert "<td>3</td><td>1</td><td>2</td>" in bases  # requests, rewrites, pass-throughs
         assert 'href="/gateway"' in web.get("/notebooks/1/serving").text
         metrics = web.get("/gateway/metrics").text
-        assert "kvnotes_gateway_rewrites_total 1" in metrics
+        assert "kvnotes_gateway_rewrites_total 1.0" in metrics

@@ -6,8 +6,10 @@ its bases, live.
 
 Per base: the fields seen, requests, rewrites and pass-throughs, the engine's hit rate, TTFT p50/p90
 of rewritten requests beside the passed-through ones, and the sampled agreement with its interval;
-a base switched to pass-through says why. Each web process keeps its own bases (`--web-workers 1`
-shows them all).
+a base switched to pass-through says why. Totals: requests, rewrites, pass-throughs by reason, and
+what the sampled checks cost (the prompt tokens sent for checks beside those sent for clients). Every
+web process reads the same state (`app.services.gateway`: the broker's Redis, or
+`KVNOTES_GATEWAY_STATE`), so every process shows the same bases.
 """
 
 from __future__ import annotations
@@ -23,9 +25,14 @@ router = APIRouter()
 
 def _view() -> dict:
     gateway, setup = current()
-    rows = sorted(gateway.stats.rows(), key=lambda r: -r.requests) if gateway is not None else []
-    reasons = dict(gateway.stats.reasons) if gateway is not None else {}
-    return {"setup": setup, "rows": rows, "reasons": reasons}
+    if gateway is None:
+        return {"setup": setup, "rows": [], "totals": None}
+    totals = gateway.stats.totals()
+    try:
+        rows = [] if totals.problem else gateway.stats.rows()
+    except gateway.stats.state.errors:  # gone since the totals were read: the totals say so next time
+        rows = []
+    return {"setup": setup, "rows": rows, "totals": totals}
 
 
 @router.get("/gateway")

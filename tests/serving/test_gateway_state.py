@@ -1,0 +1,194 @@
+"""The gateway's shared state (issue 39 items 1 and 5) on the real Redis at 127.0.0.1:6379 (each test
+under its own key prefix, removed after it), and in memory (the same interface):
+
+- two `kvnotes gateway` processes on one `--state`, requests alternating between them: one base, the
+  upstream gets it unchanged once and every later request rewritten; both `/metrics` agree, exactly;
+- a Redis that cannot be reached: every request passes through saying so, never a 5xx;
+- bounds: 40 bases of one tenant leave 16, and /metrics (prometheus_client's parser: each family
+  once) has at most 16 base series; statistics go with their base; tenants past the overall bound go
+  least recent first; a base past its TTL is gone;
+- eight threads of two rewriters (two processes' worth) asking the same new prompt at once start one
+  base, not one each.
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+
+import httpx
+import pytest
+import redis
+from prometheus_client.parser import text_string_to_metric_families
+
+from serving.gateway.prompts import CHAT, read_prompt
+from serving.gateway.redis_state import RedisState
+from serving.gateway.rewrite import Rewriter, Settings
+from serving.gateway.state import MemoryState
+from serving.gateway.stats import Stats
+from tests.serving.engines import Engine, Gateway
+
+REDIS = "redis://127.0.0.1:6379/0"
+LOG = "\n".join(f"2026-03-01 08:{i:02d} The carrier confirmed step {i} of the booking." for i in range(30))
+SYSTEM = "You are the shipping agent.\nrecord_id: SR-20417\ndestination: {}\ncarrier: NordFreight\n\n" + LOG
+CITIES = ["Oslo", "Madrid", "Rome", "Lisbon", "Paris", "Bergen", "Turin", "Porto", "Lyon", "Malmo"]
+
+
+@pytest.fixture
+def prefix():
+    """A key prefix of this test's own, and its keys removed after it."""
+    name = f"kvnotes-test:{uuid.uuid4().hex[:10]}:"
+    client = redis.Redis.from_url(REDIS)
+    try:
+        client.ping()
+    except redis.RedisError as exc:
+        pytest.skip(f"no Redis at {REDIS}: {exc}")
+    yield name
+    keys = list(client.scan_iter(f"{name}*"))
+    if keys:
+        client.delete(*keys)
+    client.close()
+
+
+def _chat(city: str, topic: str = "") -> dict:
+    return {"model": "smollm2-135m", "max_tokens": 8, "temperature": 0,
+            "messages": [{"role": "system", "content": topic or SYSTEM.format(city)},
+                         {"role": "user", "content": "What is the destination of this shipment?"}]}
+
+
+def _families(text: str) -> dict[str, list]:
+    families = list(text_string_to_metric_families(text))
+    names = [f.name for f in families]
+    assert len(names) == len(set(names)), names  # each family once
+    return {f.name: f.samples for f in families}
+
+
+def _value(families: dict[str, list], sample: str, **labels: str) -> float:
+    return sum(s.value for f in families.values() for s in f if s.name == sample
+               and all(s.labels.get(k) == v for k, v in labels.items()))
+
+
+def test_two_gateway_processes_on_one_state_send_one_base(tmp_path, prefix):
+    engine = Engine("vllm")
+    state = f"{REDIS}#{prefix}"
+    gateways = [Gateway(tmp_path / f"g{i}", f"{engine.url}/v1", "--check-rate", "0", "--state", state,
+                        wait=False) for i in range(2)]
+    try:
+        for gateway in gateways:
+            gateway.ready()
+        headers, answers = [], []
+        for i, city in enumerate(CITIES):
+            answer = httpx.post(f"{gateways[i % 2].url}/v1/chat/completions", json=_chat(city),
+                                headers={"Authorization": "Bearer sk-shipping"}, timeout=30)
+            assert answer.status_code == 200, answer.text
+            headers.append(answer.headers["x-kvnotes-gateway"])
+            answers.append(answer.json()["choices"][0]["message"]["content"])
+        assert headers == ["pass-through; reason=new base"] + ["erratum"] * 9
+        assert answers == [f"The destination is {c}." for c in CITIES]
+        sent = [b["messages"][0]["content"] for b in engine.completions]
+        assert sum(s == SYSTEM.format("Oslo") for s in sent) == 1  # the base went upstream once
+        assert all(s.startswith(SYSTEM.format("Oslo")) for s in sent)  # every request on that one base
+        seen = [_families(httpx.get(f"{g.url}/metrics").text) for g in gateways]
+        for families in seen:  # either process reports the same exact numbers
+            assert _value(families, "kvnotes_gateway_requests_total") == 10
+            assert _value(families, "kvnotes_gateway_rewrites_total") == 9
+            assert _value(families, "kvnotes_gateway_bases") == 1
+            assert _value(families, "kvnotes_gateway_base_requests_total") == 10
+    finally:
+        for gateway in gateways:
+            gateway.stop()
+        engine.close()
+
+
+def test_an_unreachable_state_passes_through_and_says_so(tmp_path):
+    engine = Engine("vllm")
+    gateway = Gateway(tmp_path, f"{engine.url}/v1", "--check-rate", "0", "--state", "redis://127.0.0.1:9/0")
+    try:
+        for city in CITIES[:3]:
+            answer = httpx.post(f"{gateway.url}/v1/chat/completions", json=_chat(city),
+                                headers={"Authorization": "Bearer sk-shipping"}, timeout=30)
+            assert answer.status_code == 200
+            assert answer.headers["x-kvnotes-gateway"] == ("pass-through; reason=the shared state is "
+                                                           "unreachable")
+            assert answer.json()["choices"][0]["message"]["content"] == f"The destination is {city}."
+        metrics = httpx.get(f"{gateway.url}/metrics")
+        assert metrics.status_code == 200
+        assert _value(_families(metrics.text), "kvnotes_gateway_state_up") == 0
+        assert "gateway state unreachable: the request passes through" in gateway.log.read_text()
+    finally:
+        gateway.stop()
+        engine.close()
+
+
+def _topic(i: int) -> str:
+    return f"TOPIC {i}\n" + "".join(f"{i} line {n}: the subject {i} is discussed.\n" for n in range(30))
+
+
+def _plan(rewriter: Rewriter, tenant: str, text: str):
+    prompt, why = read_prompt(CHAT, _chat("", text))
+    return rewriter.plan(tenant, prompt, why)
+
+
+@pytest.mark.parametrize("where", ["memory", "redis"])
+def test_forty_bases_leave_sixteen_and_their_statistics_go_with_them(prefix, where):
+    settings = Settings(check_rate=0)
+    state = MemoryState(settings.limits) if where == "memory" else RedisState(REDIS, settings.limits, prefix)
+    rewriter = Rewriter(settings, stats=Stats(state))
+    first = _plan(rewriter, "tenant-a", _topic(0))
+    rewriter.checked(first.base_id, True, 100)
+    for i in range(1, 40):
+        assert _plan(rewriter, "tenant-a", _topic(i)).reason == "new base"
+    assert state.sizes() == (1, 16)
+    families = _families(rewriter.stats.prometheus().decode())
+    bases = {s.labels["base"] for f in families.values() for s in f if "base" in s.labels}
+    assert len(bases) == 16 and first.base_id not in bases
+    assert state.read(first.base_id) == [{}]  # its counts went with it
+    assert _value(families, "kvnotes_gateway_requests_total") == 40
+    assert _value(families, "kvnotes_gateway_check_prompt_tokens_total") == 100  # the totals stay
+    assert _plan(rewriter, "tenant-a", _topic(0)).reason == "new base"  # forgotten
+    assert _plan(rewriter, "tenant-a", _topic(39)).header == "erratum"  # kept
+    assert _plan(rewriter, "tenant-b", _topic(39)).reason == "new base"  # another tenant's: never shared
+    state.close()
+
+
+@pytest.mark.parametrize("where", ["memory", "redis"])
+def test_tenants_past_the_overall_bound_and_bases_past_the_ttl_go(prefix, where):
+    settings = Settings(check_rate=0, clients=2)
+    state = MemoryState(settings.limits) if where == "memory" else RedisState(REDIS, settings.limits, prefix)
+    rewriter = Rewriter(settings, stats=Stats(state))
+    for tenant in ("a", "b", "c"):
+        _plan(rewriter, tenant, _topic(1))
+    assert state.sizes() == (2, 2)
+    assert _plan(rewriter, "a", _topic(1)).reason == "new base"  # a, the least recent, went whole
+    assert _plan(rewriter, "c", _topic(1)).header == "erratum"
+    old = _plan(rewriter, "c", _topic(2)).base_id
+    if where == "memory":
+        state._used[old] -= 2 * settings.ttl_s
+    else:
+        state.r.zadd(f"{prefix}u:c", {old: 1.0})  # last used in 1970
+    assert _plan(rewriter, "c", _topic(2)).reason == "new base"  # past the TTL: gone
+    assert state.read(old) == [{}]
+    state.close()
+
+
+def test_two_processes_asking_the_same_new_prompt_at_once_start_one_base(prefix):
+    """Two rewriters on one Redis (as two processes), eight threads, the same new prompt: the
+    tenant's lock makes one of them the base, and the others rewrite on it."""
+    settings = Settings(check_rate=0)
+    rewriters = [Rewriter(settings, stats=Stats(RedisState(REDIS, settings.limits, prefix)))
+                 for _ in range(2)]
+    plans: list = []
+    start = threading.Barrier(8)
+
+    def ask(i: int) -> None:
+        start.wait()
+        plans.append(_plan(rewriters[i % 2], "tenant-a", SYSTEM.format(CITIES[i])))
+
+    threads = [threading.Thread(target=ask, args=(i,)) for i in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sorted(p.header for p in plans) == ["erratum"] * 7 + ["pass-through; reason=new base"]
+    assert len({p.base_id for p in plans}) == 1
+    assert rewriters[0].state.sizes() == (1, 1)
