@@ -13,6 +13,14 @@ the changes is sent once, unmeasured (the loop's steady state, as the replay's w
 the gateway's own overhead with a warm cache (the same prompt, alternately straight and through the
 gateway), and the issue's Done-when check (10 requests in turn, the destination changing every
 time). Everything is written between the `bench:gateway` markers of docs/gateway.md.
+
+    .venv/bin/python bench/bench_gateway.py --upstream http://127.0.0.1:8100/v1 --replicas 2 \
+        --requests 24 --rates 0.1,0.25,0.5 --tokens 1200
+
+With `--replicas 2`: the arms straight, one gateway (its memory) and two gateway processes sharing
+one Redis state (`--state`, the Redis at `--redis`), the requests alternating between the two; per
+arm also the prefill tokens the upstream computed (vLLM's prompt tokens less its prefix-cache hits).
+Written between the `bench:gateway-replicas` markers (the overhead and Done-when are not run).
 """
 
 from __future__ import annotations
@@ -45,7 +53,7 @@ STATUSES = ("loading", "in transit", "held at customs", "delayed", "at the port"
 PAPER = "98.5% against 1.0% hit rate, p90 TTFT 85.8 ms against 22.5 s (262×), throughput up to 14.5×"
 
 
-def start_gateway(upstream: str, data: Path) -> tuple[subprocess.Popen, str]:
+def start_gateway(upstream: str, data: Path, *options: str) -> tuple[subprocess.Popen, str]:
     port = _free_port()
     env = {
         **os.environ,
@@ -69,6 +77,7 @@ def start_gateway(upstream: str, data: Path) -> tuple[subprocess.Popen, str]:
             "0",
             "--timeout",
             "600",
+            *options,
         ],
         env=env,
         cwd=REPO,
@@ -126,16 +135,18 @@ def one(client: openai.OpenAI, model: str, system: str, max_tokens: int) -> dict
 def run_arm(client, backend, model: str, warm: str, prompts: list[str], times: list[float],
             max_tokens: int) -> dict:
     """The prefix cache emptied, the warm request (unmeasured, as the replay's), then prompt i sent
-    at times[i] (seconds after the first), each on its own thread."""
+    at times[i] (seconds after the first), each on its own thread. `client` may be a list (replicas):
+    request i goes to client i mod its length (the warm request to the first)."""
+    clients = client if isinstance(client, list) else [client]
     backend.reset_cache()
-    one(client, model, warm, max_tokens)  # the loop's steady state: the prompt before the changes
+    one(clients[0], model, warm, max_tokens)  # the loop's steady state: the prompt before the changes
     before = backend.counters()
     results: list[dict | None] = [None] * len(prompts)
     start = time.perf_counter()
 
     def send(i: int) -> None:
         time.sleep(max(0.0, times[i] - (time.perf_counter() - start)))
-        results[i] = one(client, model, prompts[i], max_tokens)
+        results[i] = one(clients[i % len(clients)], model, prompts[i], max_tokens)
 
     with ThreadPoolExecutor(max_workers=len(prompts)) as pool:
         list(pool.map(send, range(len(prompts))))
@@ -145,6 +156,7 @@ def run_arm(client, backend, model: str, warm: str, prompts: list[str], times: l
     return {
         "requests": len(prompts),
         "hit_rate": (after.hits - before.hits) / max(1.0, after.queries - before.queries),
+        "prefill": (after.queries - before.queries) - (after.hits - before.hits),
         "p50": percentile(ttfts, 50),
         "p90": percentile(ttfts, 90),
         "rps": len(prompts) / elapsed,
@@ -206,24 +218,27 @@ def main() -> None:
     parser.add_argument("--overhead-rounds", type=int, default=10)
     parser.add_argument("--skip-arms", action="store_true", help="only the overhead and the Done-when check")
     parser.add_argument("--out", default=str(REPO / "docs" / "gateway.md"))
+    parser.add_argument("--replicas", type=int, default=1, help="2: also two gateways on one Redis state")
+    parser.add_argument("--redis", default="redis://127.0.0.1:6379/0", help="the replicas' shared state")
     args = parser.parse_args()
     backend = connect(args.upstream, args.model, timeout_s=900)
     record = shipment_log(backend, args.tokens)
     tokens = len(backend.prompt_tokens(record))
     assert "status: in transit" in record and "destination: Oslo" in record
+    if args.replicas > 1:
+        replicas(args, backend, record, tokens)
+        return
     with tempfile.TemporaryDirectory() as data:
         proc, url = start_gateway(args.upstream, Path(data))
         try:
             straight = openai.OpenAI(base_url=args.upstream, api_key="none", max_retries=0, timeout=900)
-            gated = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0, timeout=900)
+            # a key of its own: a placeholder key ("none") has no tenant, and is never rewritten
+            gated = openai.OpenAI(base_url=f"{url}/v1", api_key="sk-bench-agent", max_retries=0, timeout=900)
             arms = []
             rates = [float(r) for r in args.rates.split(",") if r] + [0.0]
             for rate in [] if args.skip_arms else rates:
                 times = arrivals(args.requests, rate, seed=1) if rate else [0.0] * args.requests
-                prompts = [
-                    record.replace("status: in transit", f"status: {STATUSES[i % len(STATUSES)]} (check {i})")
-                    for i in range(args.requests)
-                ]
+                prompts = _prompts(record, args.requests)
                 for name, client in (("straight", straight), ("gateway", gated)):
                     result = run_arm(client, backend, args.model, record, prompts, times, 16)
                     arms.append((rate, name, result))
@@ -237,6 +252,60 @@ def main() -> None:
             proc.terminate()
             proc.wait(timeout=30)
     write_block(Path(args.out), "gateway", report(args, tokens, arms, cost, check, metrics))
+
+
+def _prompts(record: str, n: int) -> list[str]:
+    return [record.replace("status: in transit", f"status: {STATUSES[i % len(STATUSES)]} (check {i})")
+            for i in range(n)]
+
+
+def replicas(args, backend, record: str, tokens: int) -> None:
+    """Straight, one gateway, and `--replicas` gateways on one Redis state, alternating (see the
+    module docstring)."""
+    import uuid
+
+    load = [os.getloadavg()[0]]
+    state = f"{args.redis}#kvnotes-bench:{uuid.uuid4().hex[:8]}:"
+    with tempfile.TemporaryDirectory() as data:
+        procs = [start_gateway(args.upstream, Path(data) / "one")]
+        procs += [start_gateway(args.upstream, Path(data) / f"r{i}", "--state", state)
+                  for i in range(args.replicas)]
+        try:
+            def client(url: str) -> openai.OpenAI:
+                return openai.OpenAI(base_url=url, api_key="sk-bench-agent", max_retries=0, timeout=900)
+
+            arms_clients = [("straight", client(args.upstream)), ("gateway", client(f"{procs[0][1]}/v1")),
+                            (f"{args.replicas} gateways, one Redis",
+                             [client(f"{u}/v1") for _, u in procs[1:]])]
+            arms = []
+            rates = [float(r) for r in args.rates.split(",") if r] + [0.0]
+            for rate in rates:
+                times = arrivals(args.requests, rate, seed=1) if rate else [0.0] * args.requests
+                prompts = _prompts(record, args.requests)
+                for name, arm_client in arms_clients:
+                    result = run_arm(arm_client, backend, args.model, record, prompts, times, 16)
+                    arms.append((rate, name, result))
+                    load.append(os.getloadavg()[0])
+                    print(rate, name, {k: v for k, v in result.items() if k != "headers"}, flush=True)
+        finally:
+            for proc, _ in procs:
+                proc.terminate()
+                proc.wait(timeout=30)
+    write_block(Path(args.out), "gateway-replicas", replicas_report(args, tokens, arms, load))
+
+
+def replicas_report(args, tokens: int, arms: list, load: list[float]) -> str:
+    lines = [f"Measured {time.strftime('%Y-%m-%d %H:%M')} UTC on {platform.machine()} ({os.cpu_count()} "
+             f"cores shared with other work, load average {min(load):.1f}–{max(load):.1f} during the run), "
+             f"vLLM CPU build, {args.model}, a {tokens}-token system message whose status line changes every "
+             f"request, {args.requests} requests per arm, 16 tokens answered.", "",
+             "| arrivals | arm | requests | vLLM hit rate | prefill tokens | TTFT p50 | TTFT p90 | req/s |",
+             "|---|---|---|---|---|---|---|---|"]
+    for rate, name, r in arms:
+        where = f"Poisson {rate:g}/s" if rate else "saturation (all at once)"
+        lines.append(f"| {where} | {name} | {r['requests']} | {r['hit_rate']:.1%} | {r['prefill']:.0f} | "
+                     f"{r['p50'] / 1000:.2f} s | {r['p90'] / 1000:.2f} s | {r['rps']:.3f} |")
+    return "\n".join(lines)
 
 
 def report(args, tokens: int, arms: list, cost: dict, check: dict, metrics: str) -> str:

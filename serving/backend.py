@@ -118,6 +118,17 @@ class EngineBackend(Server):
             pools[id(loop)] = new_client(timeout_s)
         return relay(self.url, path, body, timeout_s, pools[id(loop)], idle_s)
 
+    async def aclose(self) -> None:
+        """Close the connection pools `relay` kept (the gateway's shutdown); a pool of an event loop
+        already closed is dropped with it."""
+        pools = self.__dict__.get("_pools", {})
+        while pools:
+            pool = pools.popitem()[1]
+            try:
+                await pool.aclose()
+            except RuntimeError:  # its loop is gone, and its sockets with it
+                pass
+
 
 class VllmBackend(EngineBackend):
     """vLLM's OpenAI-compatible server (`scripts/vllm.sh` starts one with what kvnotes reads)."""

@@ -5,14 +5,24 @@ Gateway page is in the web app (`kvnotes serve`), which also mounts the same rou
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 
 from app.gateway.routes import metrics_router, openai_error, router
+from app.services.gateway import aclose
+
+
+@asynccontextmanager
+async def _lifespan(_app: FastAPI) -> AsyncIterator[None]:
+    yield
+    await aclose()  # the upstream's connection pools, the state's connections
 
 
 def create_app() -> FastAPI:
-    app = FastAPI(title="kvnotes gateway", docs_url=None, redoc_url=None)
+    app = FastAPI(title="kvnotes gateway", docs_url=None, redoc_url=None, lifespan=_lifespan)
     app.include_router(router, prefix="/v1")
     app.include_router(metrics_router)
 

@@ -127,6 +127,15 @@ def current() -> tuple[Gateway | None, GatewaySetup]:
         return _made["gateway"], _made["setup"]  # type: ignore[return-value]
 
 
+async def aclose() -> None:
+    """Close this process's gateway, when it was built (the app's shutdown: its pools and state)."""
+    with _lock:
+        gateway = _made.pop("gateway", None)
+        _made.pop("setup", None)
+    if isinstance(gateway, Gateway):
+        await gateway.aclose()
+
+
 def reset() -> None:
     """Forget this process's gateway (tests; the next request builds it from the settings again)."""
     with _lock:

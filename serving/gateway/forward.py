@@ -152,6 +152,18 @@ class Gateway:
             log.warning("gateway base switched to pass-through",
                         extra={"base": prepared.plan.base_id, "reason": switched})
 
+    async def aclose(self) -> None:
+        """Shut down: the checks in flight cancelled, the upstream's connection pools closed, the
+        planner threads stopped, the state's connections closed."""
+        for task in list(self._checks):
+            task.cancel()
+        await asyncio.gather(*list(self._checks), return_exceptions=True)
+        close = getattr(self.backend, "aclose", None)
+        if close is not None:
+            await close()
+        self._planner.shutdown(wait=False, cancel_futures=True)
+        self.rewriter.state.close()
+
     async def drain(self) -> None:
         """Wait for the checks in flight (tests, shutdown)."""
         while self._checks:
