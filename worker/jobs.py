@@ -103,8 +103,7 @@ def claim(kind: JobKind, job_id: int, task_id: str | None, hostname: str, stage:
         if not transition(s, kind, job_id, (QUEUED,), RUNNING, where=token, stage=stage, worker=hostname,
                           started_at=started, heartbeat_at=started, finished_at=None):
             s.rollback()
-            log.info("message dropped: its job is gone, taken, cancelled or holds another token",
-                     extra={"job": kind.name, "job_id": job_id, "task_id": task_id})
+            _dropped(s, kind, job_id, task_id)
             return None
         row = s.get(table, job_id, populate_existing=True)
         if on_claim is not None:
@@ -113,6 +112,19 @@ def claim(kind: JobKind, job_id: int, task_id: str | None, hostname: str, stage:
         s.refresh(row)
         s.expunge(row)
         return row
+
+
+def _dropped(s: Session, kind: JobKind, job_id: int, task_id: str | None) -> None:
+    """Say why a message was dropped at its claim (a lost race, a deleted row, another token)."""
+    table, context = kind.table, {"job": kind.name, "job_id": job_id, "task_id": task_id}
+    row = s.execute(select(table.status, table.task_id).where(table.id == job_id)).first()
+    if row is None:
+        log.warning("job does not exist (deleted, or never saved): message dropped", extra=context)
+    elif task_id and row.task_id and row.task_id != task_id:
+        log.warning("message is not the job's (another token): dropped",
+                    extra={**context, "token": row.task_id})
+    else:
+        log.info("job already taken or finished: message dropped", extra={**context, "status": row.status})
 
 
 def write(table: type, job_id: int, hostname: str | None, patience_s: float = WRITE_PATIENCE_S,

@@ -349,11 +349,12 @@ def test_a_deleted_queued_run_never_starts_or_delays_another(worker: Worker) -> 
     # B's message is dropped either by the broadcast revoke (Redis, when it reaches the worker
     # first) or by the missing row (always on SQLite, which has no broadcast); never run
     # the worker logs key=value lines (data.logs): the message, then the facts as fields
-    dropped = (f'does not exist (deleted, or never saved): message dropped" run_id={deleted_run} ' in log
+    gone = 'does not exist (deleted, or never saved): message dropped"'
+    dropped = (f"{gone} job=run job_id={deleted_run} " in log
                or f"Discarding revoked task: kvnotes.run[{deleted_token}]" in log)
     assert dropped, f"run {deleted_run}'s message (token {deleted_token}) was not dropped"
     assert f'msg="run succeeded" run_id={deleted_run} ' not in log
-    assert f"""is not the run's (another token): dropped" task_id={stray} run_id={own_id} """ in log
+    assert f"""is not the job's (another token): dropped" job=run job_id={own_id} task_id={stray} """ in log
     assert log.count(f'msg="run succeeded" run_id={own_id} ') == 1  # started once, by its own message
     with get_sessionmaker()() as s:
         assert s.get(Run, deleted_run) is None
