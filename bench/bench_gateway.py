@@ -55,6 +55,7 @@ PAPER = "98.5% against 1.0% hit rate, p90 TTFT 85.8 ms against 22.5 s (262×), t
 
 def start_gateway(upstream: str, data: Path, *options: str) -> tuple[subprocess.Popen, str]:
     port = _free_port()
+    data.mkdir(parents=True, exist_ok=True)
     env = {
         **os.environ,
         "PYTHONPATH": str(REPO),

@@ -127,6 +127,11 @@ def test_a_sampled_check_that_disagrees_switches_the_base_to_pass_through(tmp_pa
                                                        "bound 0.00 under 0.9")
         assert after.parse().choices[0].message.content == "The destination is Rome."
         assert gateway.metric("kvnotes_gateway_base_checks_total", agreed="false", base=_base(gateway)) == 1
+        # what the check cost: its prompt, as the engine counted it, beside the clients' three
+        prompts = [len(engine.render(body)) for body in engine.completions]
+        assert gateway.metric("kvnotes_gateway_check_requests_total") == 1
+        assert gateway.metric("kvnotes_gateway_check_prompt_tokens_total") == prompts[2]  # Madrid, unchanged
+        assert gateway.metric("kvnotes_gateway_prompt_tokens_total") == prompts[0] + prompts[1] + prompts[3]
         assert "gateway base switched to pass-through" in gateway.log.read_text()
         assert "destination: Madrid" not in gateway.log.read_text()  # prompts are never logged
     finally:

@@ -76,6 +76,10 @@ def test_template_mode_under_serve_behind_tokens(tmp_path, engine):
         bases = web.get("/gateway/bases").text
         assert 'hx-trigger="every 2s"' in bases
         assert "<td>3</td><td>1</td><td>2</td>" in bases  # requests, rewrites, pass-throughs
+        assert "for 0 sampled checks" in bases and "Prompt tokens sent for clients" in bases  # their cost
+        words = " ".join(page.text.replace("&#39;", "'").split())
+        assert "State: this web process's memory" in words
+        assert "with no tenant (no API key, or a shared one) is passed through, never rewritten" in words
         assert 'href="/gateway"' in web.get("/notebooks/1/serving").text
         metrics = web.get("/gateway/metrics").text
         assert "kvnotes_gateway_rewrites_total 1.0" in metrics

@@ -192,3 +192,18 @@ def test_two_processes_asking_the_same_new_prompt_at_once_start_one_base(prefix)
     assert sorted(p.header for p in plans) == ["erratum"] * 7 + ["pass-through; reason=new base"]
     assert len({p.base_id for p in plans}) == 1
     assert rewriters[0].state.sizes() == (1, 1)
+
+
+def test_serve_uses_the_brokers_redis_under_a_prefix_of_its_deployment():
+    from types import SimpleNamespace
+
+    from app.services.gateway import state_url
+
+    def url(state: str = "", broker: str = "redis://10.0.0.5:6379/1", database: str = "postgresql://db/a"):
+        return state_url(SimpleNamespace(gateway_state=state, broker_url=broker, database_url=database))
+
+    assert url().startswith("redis://10.0.0.5:6379/1#kvnotes:gateway:")
+    assert url() != url(database="postgresql://db/b")  # two deployments on one Redis never meet
+    assert url("redis://other:6379/3") == "redis://other:6379/3"
+    assert url("memory") == "memory"
+    assert url(broker="sqla+sqlite:///var/broker.db") == ""  # each process's memory
