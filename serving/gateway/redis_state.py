@@ -79,8 +79,8 @@ class RedisState(State):
 
     def _bound_tenant(self, tenant: str) -> None:
         sizes = self._sizes(tenant)
-        while len(sizes) > 1 and (len(sizes) > self.limits.bases_per_tenant
-                                  or sum(s for _, s in sizes) > self.limits.chars_per_tenant):
+        while sizes and (len(sizes) > self.limits.bases_per_tenant
+                         or sum(s for _, s in sizes) > self.limits.chars_per_tenant):
             self.drop(tenant, sizes.pop(0)[0])
         pipe = self.r.pipeline()
         pipe.hset(f"{self.p}sizes", tenant, sum(s for _, s in sizes))

@@ -75,7 +75,7 @@ class Settings:
     threshold: float = 0.9
     clients: int = 256  # tenants
     bases_per_client: int = 16
-    chars_per_client: int = 1_000_000  # the bases' text a tenant may hold; the oldest go first
+    chars_per_client: int = 4_500_000  # the bases' text a tenant may hold (a 4 MiB body); oldest go first
     chars_total: int = 64_000_000  # the bases' text all tenants may hold; the least recent tenants go
     ttl_s: float = 24 * 3600.0  # a base unused this long is forgotten
     min_context_chars: int = MIN_CONTEXT_CHARS

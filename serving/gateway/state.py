@@ -10,7 +10,8 @@ two implementations:
 
 Bounds (`Limits`), the same in both: per tenant, `bases_per_tenant` bases and `chars_per_tenant`
 characters held (the least recently used go first); overall, `tenants` tenants and `chars_total`
-characters (the least recently used tenants go whole); a base unused for `ttl_s` is gone. A base's
+characters (the least recently used tenants go whole); a base unused for `ttl_s` is gone. The bounds
+are applied at every save, so a base that grows past them by new turns goes too. A base's
 counts and samples live and die with it (`drop`). Sizes are set, not added, so a tenant dropped
 while one of its requests was planned comes back consistent.
 
@@ -40,7 +41,7 @@ class Limits:
 
     tenants: int = 256
     bases_per_tenant: int = 16
-    chars_per_tenant: int = 1_000_000
+    chars_per_tenant: int = 4_500_000
     chars_total: int = 64_000_000
     ttl_s: float = 24 * 3600.0
 
@@ -185,9 +186,9 @@ class MemoryState(State):
             held.move_to_end(base.base_id)
             self._used[base.base_id] = time.time()
             self._counts.setdefault(base.base_id, Counter())
-            while len(held) > 1 and (len(held) > self.limits.bases_per_tenant
-                                     or sum(b.size for b in held.values()) > self.limits.chars_per_tenant):
-                self._drop_base(tenant, next(iter(held)))
+            while held and (len(held) > self.limits.bases_per_tenant
+                            or sum(b.size for b in held.values()) > self.limits.chars_per_tenant):
+                self._drop_base(tenant, next(iter(held)))  # the base just saved last: alone over, it goes
             while len(self._tenants) > 1 and (len(self._tenants) > self.limits.tenants or sum(
                     b.size for h in self._tenants.values() for b in h.values()) > self.limits.chars_total):
                 self._drop_tenant(next(iter(self._tenants)))

@@ -207,3 +207,24 @@ def test_serve_uses_the_brokers_redis_under_a_prefix_of_its_deployment():
     assert url("redis://other:6379/3") == "redis://other:6379/3"
     assert url("memory") == "memory"
     assert url(broker="sqla+sqlite:///var/broker.db") == ""  # each process's memory
+
+
+@pytest.mark.parametrize("where", ["memory", "redis"])
+def test_a_base_that_grows_past_the_cap_by_new_turns_goes(prefix, where):
+    """The cap was checked only for new bases: a conversation's turns grew its base past it."""
+    settings = Settings(check_rate=0, chars_per_client=3000)
+    state = MemoryState(settings.limits) if where == "memory" else RedisState(REDIS, settings.limits, prefix)
+    rewriter = Rewriter(settings, stats=Stats(state))
+
+    def turns(n: int) -> dict:
+        messages = [{"role": "system", "content": _topic(1)}]
+        for i in range(n):
+            messages += [{"role": "user", "content": f"question {i}"},
+                         {"role": "assistant", "content": "x" * 1000}]
+        return {"model": "m", "messages": messages + [{"role": "user", "content": "?"}]}
+
+    for n, kept in ((0, 1), (1, 1), (2, 0)):  # 1.2k characters, then 2.2k, then 3.2k: over 3,000
+        prompt, why = read_prompt(CHAT, turns(n))
+        rewriter.plan("tenant-a", prompt, why)
+        assert state.sizes()[1] == kept
+    state.close()
