@@ -38,7 +38,7 @@ class RedisState(State):
         self.name = url.split("@")[-1]  # no password in the page or the log
         self.p = prefix
         self.r = redis.Redis.from_url(url, decode_responses=True, socket_connect_timeout=1.0,
-                                      socket_timeout=5.0, health_check_interval=30)
+                                      socket_timeout=2.0, health_check_interval=30)
 
     def _ttl(self) -> int:
         return max(1, int(self.limits.ttl_s))

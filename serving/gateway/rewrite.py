@@ -186,10 +186,13 @@ class Rewriter:
             return self._passed(None, why_not)
         if prompt.size < self.settings.min_context_chars:
             return self._passed(None, f"context under {self.settings.min_context_chars} characters")
+        if self.state.down:
+            return self._passed(None, STATE_DOWN)
         try:
             with self.state.lock(tenant.id):
                 return self._plan(tenant.id, prompt)
         except self.state.errors as exc:
+            self.state.failed()
             log.warning("gateway state unreachable: the request passes through",
                         extra={"state": self.state.name, "error": str(exc)[:200]})
             return self._passed(None, STATE_DOWN)

@@ -104,9 +104,20 @@ class State:
 
     name = "memory"
     errors: tuple[type[BaseException], ...] = ()
+    RETRY_S = 5.0  # after a failure, the state is not asked again for this long (requests pass through)
 
     def __init__(self, limits: Limits) -> None:
         self.limits = limits
+        self._down_until = 0.0
+
+    def failed(self) -> None:
+        """Note a failure: `down` for `RETRY_S`, so a Redis that hangs costs one timeout, not one per
+        request and count."""
+        self._down_until = time.monotonic() + self.RETRY_S
+
+    @property
+    def down(self) -> bool:
+        return time.monotonic() < self._down_until
 
     # --- bases (called under the tenant's `lock`) ----------------------------------------------------
     def lock(self, tenant: str):  # a context manager

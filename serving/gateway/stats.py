@@ -101,10 +101,14 @@ class Stats:
         self.registry.register(_Collector(self))
 
     def _safely(self, write, *args) -> object:
+        if self.state.down:
+            self.state_errors += 1
+            return {}
         try:
             return write(*args)
         except self.state.errors as exc:
             self.state_errors += 1
+            self.state.failed()
             log.warning("gateway state unreachable: a count is lost", extra={"error": str(exc)[:200]})
             return {}
 
