@@ -108,6 +108,15 @@ class Settings(BaseSettings):
     # With KVNOTES_DEVICE=auto (a model spread over the GPUs): what each device may hold,
     # "0=70GiB,1=70GiB,cpu=200GiB" ("" = accelerate's estimate); a model that does not fit is refused.
     max_memory: str = Field(default="", validation_alias="KVNOTES_MAX_MEMORY")
+    # The KV store's shared tier (issue 40): s3://BUCKET/PREFIX ("" = the local folder only), the S3
+    # endpoint ("" = AWS; credentials from AWS_*), its byte budget (evicted least-recently-used), the
+    # Redis URL of its index ("" = the broker's when it is Redis) and the per-request timeout.
+    store_url: str = Field(default="", pattern=r"^(s3://[a-z0-9][a-z0-9.-]{2,62}(/.*)?)?$",
+                           validation_alias="KVNOTES_STORE_URL")
+    s3_endpoint: str = Field(default="", validation_alias="KVNOTES_S3_ENDPOINT")
+    store_shared_bytes: int = Field(default=64 * 2**30, gt=0, validation_alias="KVNOTES_STORE_SHARED_BYTES")
+    store_index_url: str = Field(default="", validation_alias="KVNOTES_STORE_INDEX")
+    store_timeout_s: float = Field(default=5.0, gt=0, validation_alias="KVNOTES_STORE_TIMEOUT")
     task_time_limit_s: int = Field(default=3600, ge=1, validation_alias="KVNOTES_TASK_TIME_LIMIT")
     # How long a running job may run before it is failed and its worker freed (`data.jobs.deadline_s`):
     # seconds for every kind, and/or per kind where they differ: "3600", "trajectory=600",

@@ -250,6 +250,14 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     _stop_shared(lambda name: True)  # a run stopped early (-x, Ctrl-C)
 
 
+@pytest.fixture
+def s3_server(tmp_path_factory):
+    """The run's SeaweedFS S3 server from scripts/s3.sh (tests/s3.py), started once and shared."""
+    from tests.s3 import seaweedfs
+
+    return shared("s3_server", lambda: seaweedfs(tmp_path_factory.mktemp("s3")))
+
+
 @contextmanager
 def _chromium() -> Iterator[Any]:
     sync_api = chromium()
@@ -415,6 +423,7 @@ def api_call(url: str, method: str = "GET", body: dict | None = None) -> dict:
 
 # what starts a server the run should start once: the session's vLLM server, Chromium
 VLLM_FIXTURES = frozenset({"vllm_url", "base_model_url"})
+S3_FIXTURES = frozenset({"s3_server"})  # the run's SeaweedFS (tests/s3.py), started once like vLLM
 CHROMIUM_FIXTURES = frozenset({"browser", "browser_page"})
 SERVERS = "servers"  # the group of every test that needs vLLM or Chromium
 
@@ -457,7 +466,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         files.setdefault(_file_of(item), []).append(item)
     ranked = []
     for position, (path, its) in enumerate(files.items()):
-        vllm = any(_uses(item, VLLM_FIXTURES) for item in its)
+        vllm = any(_uses(item, VLLM_FIXTURES | S3_FIXTURES) for item in its)
         browser = any(_uses(item, CHROMIUM_FIXTURES) or item.get_closest_marker("browser") for item in its)
         if vllm or browser:
             group, rank = SERVERS, (0, 1 if vllm and browser else 2 if browser else 0)

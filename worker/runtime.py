@@ -4,6 +4,7 @@ and how a failure is told to a person.
 
 from __future__ import annotations
 
+import atexit
 import logging
 from collections.abc import Callable
 from functools import lru_cache
@@ -16,14 +17,33 @@ from worker.engine import Engine, EngineError, load
 from worker.engine.devices import parse_max_memory
 from worker.engine.models import TensorProgress, conversion_stage, ensure_converted, needs_conversion
 from worker.engine.store import KVStore
+from worker.engine.store_s3 import SharedConfig
 
 log = logging.getLogger(__name__)
 
 
 @lru_cache(maxsize=1)
 def get_store() -> KVStore:
-    """The process's KV store under `<data>/kv`."""
-    return KVStore(get_settings().data_dir / "kv")
+    """The process's KV store under `<data>/kv`, with the shared tier of `KVNOTES_STORE_URL` behind
+    it when set (its background writes are waited for, a bounded while, when the process exits)."""
+    store = KVStore(get_settings().data_dir / "kv", shared=shared_config())
+    if store.shared is not None:
+        atexit.register(store.flush, 30.0)
+    return store
+
+
+def shared_config() -> SharedConfig | None:
+    """The settings' shared KV tier as the engine takes it, or None when KVNOTES_STORE_URL is unset.
+    Its index is KVNOTES_STORE_INDEX, else the broker's Redis (none: no budget is enforced)."""
+    settings = get_settings()
+    if not settings.store_url:
+        return None
+    index = settings.store_index_url
+    if not index and settings.broker_url.startswith(("redis://", "rediss://")):
+        index = settings.broker_url
+    return SharedConfig(url=settings.store_url, endpoint=settings.s3_endpoint,
+                        budget_bytes=settings.store_shared_bytes, index_url=index,
+                        timeout_s=settings.store_timeout_s)
 
 
 def get_engine(alias: str, say: Callable[[str], None] | None = None) -> Engine:

@@ -26,27 +26,34 @@ dtype they were given (float32 on CPU, bfloat16 on GPU); they are returned on th
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
 import sqlite3
-import struct
 import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from safetensors.torch import load as st_load
-from safetensors.torch import save as st_save
 
+from worker.engine.store_files import (
+    Layers,
+    check_shapes,
+    concat,
+    file_bytes,
+    hash_parts,
+    ids_bytes,
+    layer_tensors,
+    squeeze,
+    verified,
+)
 from worker.engine.store_guard import CacheGuard, is_damaged_index, quarantine, scan_files
 from worker.engine.store_index import StoreIndex
+from worker.engine.store_s3 import SharedConfig
+from worker.engine.store_tiers import Reuse, Shared
 
 log = logging.getLogger(__name__)
-
-Layers = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: (keys, values), each [kv_heads, T, head_dim]
 
 @dataclass
 class _File:
@@ -79,7 +86,8 @@ class KVStore:
         >>> store.get(key)                                     # the whole sequence again, exactly
     """
 
-    def __init__(self, root: Path, block_tokens: int = 64, budget_bytes: int = 4 * 2**30) -> None:
+    def __init__(self, root: Path, block_tokens: int = 64, budget_bytes: int = 4 * 2**30,
+                 shared: SharedConfig | None = None) -> None:
         if block_tokens < 1:
             raise ValueError(f"block_tokens must be at least 1, got {block_tokens}")
         self.root = Path(root)
@@ -87,6 +95,10 @@ class KVStore:
         self.budget_bytes = budget_bytes
         self.guard = CacheGuard()
         self._index: StoreIndex | None = None
+        # the shared tier behind the local folder (issue 40), and what the last lookup found
+        self.shared = Shared(shared) if shared is not None else None
+        self.last_reuse = Reuse()
+        self._reuse = Reuse()
         self._guarded("open", None, self._open)
 
     @property
@@ -143,8 +155,8 @@ class KVStore:
         Full blocks already present are only touched (LRU), not rewritten. `segments` (one word per
         token) and `first_position` are kept with the sequence and returned by `get_entry`."""
         ids = [int(t) for t in token_ids]
-        layers = _squeeze(layers)
-        _check_shapes(layers, len(ids))
+        layers = squeeze(layers)
+        check_shapes(layers, len(ids))
         if segments and (len(segments) != len(ids) or any("," in s for s in segments)):
             raise ValueError(f"segments: one comma-free word per token ({len(ids)}), got {len(segments)}")
         return self._guarded("writing notes", None, self._put, model_key, ids, layers, segments,
@@ -162,12 +174,12 @@ class KVStore:
                 kept.append(bkey)
                 continue
             s, e = i * self.block_tokens, (i + 1) * self.block_tokens
-            tensors = _layer_tensors(layers, s, e)
+            tensors = layer_tensors(layers, s, e)
             tensors["token_ids"] = torch.tensor(ids[s:e], dtype=torch.int64, device="cpu")  # for the file
-            written.append((bkey, "block", self._write(path, tensors, {"model_key": model_key})))
-        seq_key = _hash(b"seq", model_key.encode(), str(self.block_tokens).encode(), _ids_bytes(ids))
+            written.append((bkey, "block", self._write("block", bkey, tensors, {"model_key": model_key})))
+        seq_key = hash_parts(b"seq", model_key.encode(), str(self.block_tokens).encode(), ids_bytes(ids))
         tail_start = len(block_keys) * self.block_tokens
-        tail = _layer_tensors(layers, tail_start, len(ids))
+        tail = layer_tensors(layers, tail_start, len(ids))
         tail["token_ids"] = torch.tensor(ids, dtype=torch.int64, device="cpu")
         meta = {
             "model_key": model_key,
@@ -176,7 +188,7 @@ class KVStore:
             "segments": ",".join(segments),
             "first_position": str(int(first_position)),
         }
-        written.append((seq_key, "seq", self._write(self._path("seq", seq_key), tail, meta)))
+        written.append((seq_key, "seq", self._write("seq", seq_key, tail, meta)))
         self.index.record(written, touched=kept)
         self._evict()
         return seq_key
@@ -184,9 +196,16 @@ class KVStore:
     def get_prefix(self, model_key: str, token_ids: Sequence[int]) -> tuple[int, Layers | None]:
         """The longest stored block prefix of `token_ids`: (n_tokens, layers cut to n_tokens).
 
-        Counts one hit per block found and one miss per full block of the query not found."""
-        return self._guarded("reading notes", (0, None), self._get_prefix, model_key,
-                             [int(t) for t in token_ids])
+        Counts one hit per block found and one miss per full block of the query not found.
+        `last_reuse` says how many tokens came from which tier and what the shared tier did."""
+        self._reuse = Reuse()
+        found = self._guarded("reading notes", (0, None), self._get_prefix, model_key,
+                              [int(t) for t in token_ids])
+        self._reuse.tokens = found[0]
+        if found[0] and not self._reuse.tier:
+            self._reuse.tier = "local"
+        self.last_reuse = self._reuse
+        return found
 
     def _get_prefix(self, model_key: str, ids: list[int]) -> tuple[int, Layers | None]:
         block_keys = self._block_keys(model_key, ids)
@@ -203,7 +222,7 @@ class KVStore:
         self.index.after_read(read, hits=len(found), misses=len(block_keys) - len(found))
         if not found:
             return 0, None
-        return len(found) * self.block_tokens, _concat(found)
+        return len(found) * self.block_tokens, concat(found)
 
     def get(self, key: str) -> Layers | None:
         """The whole sequence stored under `key` (as returned by `put`), or None if any part of it
@@ -213,7 +232,13 @@ class KVStore:
 
     def get_entry(self, key: str) -> StoredNotes | None:
         """Like `get`, with the sequence's token ids, segments and first position."""
-        return self._guarded("reading notes", None, self._get_entry, key)
+        self._reuse = Reuse()
+        entry = self._guarded("reading notes", None, self._get_entry, key)
+        if entry is not None:
+            self._reuse.tokens = len(entry.token_ids)
+            self._reuse.tier = self._reuse.tier or "local"
+        self.last_reuse = self._reuse
+        return entry
 
     def _get_entry(self, key: str) -> StoredNotes | None:
         seq = self._load("seq", key)
@@ -236,13 +261,22 @@ class KVStore:
         token_ids = tail.pop("token_ids").tolist()
         parts.append(tail)
         segments = meta.get("segments", "")
-        return StoredNotes(token_ids, _concat(parts), segments.split(",") if segments else [],
+        return StoredNotes(token_ids, concat(parts), segments.split(",") if segments else [],
                            int(meta.get("first_position", "0")))
 
     def stats(self) -> dict[str, int]:
         """Counters since the store was created: hits, misses, blocks, bytes, evictions, corrupt
         (empty when the store cannot be read)."""
         return self._guarded("reading its counters", {}, lambda: self.index.stats())
+
+    def shared_stats(self) -> dict[str, int | str]:
+        """The shared tier's size, budget and counters (all workers' from its index, this process's
+        own as process_*), or {} when there is no shared tier."""
+        return self.shared.stats() if self.shared is not None else {}
+
+    def flush(self, timeout_s: float = 60.0) -> bool:
+        """Wait for the shared tier's background writes (a worker stopping, tests); False on timeout."""
+        return self.shared.tier.flush(timeout_s) if self.shared is not None else True
 
     def _heal(self, keys: list[str]) -> None:
         """After a damaged or missing block: check the rest of the chain too, so every damaged
@@ -256,10 +290,10 @@ class KVStore:
     def _block_keys(self, model_key: str, ids: list[int]) -> list[str]:
         """Chained hashes: block i's key covers the model, the block size and ids[: (i+1)*B]."""
         keys: list[str] = []
-        prev = _hash(b"root", model_key.encode(), str(self.block_tokens).encode())
+        prev = hash_parts(b"root", model_key.encode(), str(self.block_tokens).encode())
         for i in range(len(ids) // self.block_tokens):
             chunk = ids[i * self.block_tokens : (i + 1) * self.block_tokens]
-            prev = _hash(b"block", prev.encode(), _ids_bytes(chunk))
+            prev = hash_parts(b"block", prev.encode(), ids_bytes(chunk))
             keys.append(prev)
         return keys
 
@@ -269,10 +303,17 @@ class KVStore:
 
     # ---- files ------------------------------------------------------------------------------
 
-    def _write(self, path: Path, tensors: dict[str, torch.Tensor], meta: dict[str, str]) -> int:
-        """Write atomically (temp file + os.replace) with a checksum; return the bytes written."""
-        meta = {**meta, "sha256": _checksum(tensors)}
-        data = st_save(tensors, metadata=meta)
+    def _write(self, kind: str, key: str, tensors: dict[str, torch.Tensor], meta: dict[str, str]) -> int:
+        """Write atomically (temp file + os.replace) with a checksum, then queue the same bytes for the
+        shared tier (never waited for); return the bytes written."""
+        data = file_bytes(tensors, meta)
+        self._write_bytes(self._path(kind, key), data)
+        if self.shared is not None:
+            self.shared.publish(kind, key, data)
+        return len(data)
+
+    @staticmethod
+    def _write_bytes(path: Path, data: bytes) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
         try:
@@ -282,22 +323,20 @@ class KVStore:
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise
-        return len(data)
 
     def _load(self, kind: str, key: str) -> _File | None:
         """Read and verify one file, or None when absent. A file that fails verification is
-        deleted, dropped from the index and counted as corrupt. The caller records the access."""
+        deleted, dropped from the index and counted as corrupt. A file absent here is looked up in
+        the shared tier and, when it verifies, kept here (a damaged shared object is deleted there).
+        The caller records the access."""
         path = self._path(kind, key)
         try:
             data = path.read_bytes()
         except FileNotFoundError:
             self.index.forget([key])
-            return None
+            return self._load_shared(kind, key)
         try:
-            meta = _header_metadata(data)
-            tensors = st_load(data)
-            if meta.get("sha256") != _checksum(tensors):
-                raise ValueError("checksum mismatch")
+            tensors, meta = verified(data)
         except Exception as exc:  # any parse error of a damaged file is the same event: corrupt
             log.warning("kv store: dropping a corrupt entry",
                         extra={"kind": kind, "key": key[:12], "reason": str(exc)})
@@ -305,6 +344,21 @@ class KVStore:
             self.index.forget([key])
             self.index.count(corrupt=1)
             return None
+        return _File(tensors, meta, len(data))
+
+    def _load_shared(self, kind: str, key: str) -> _File | None:
+        if self.shared is None:
+            return None
+        data = self.shared.fetch(kind, key, self._reuse)
+        if data is None:
+            return None
+        try:
+            tensors, meta = verified(data)
+        except Exception:  # damaged or truncated in the shared tier: a miss, and deleted there
+            self.shared.drop_damaged(kind, key, self._reuse)
+            return None
+        self._write_bytes(self._path(kind, key), data)  # kept locally; the caller indexes it
+        self._reuse.tier = "shared"
         return _File(tensors, meta, len(data))
 
     def _evict(self) -> None:
@@ -315,86 +369,3 @@ class KVStore:
         if victims:
             log.info("kv store: evicted files to fit",
                      extra={"files": len(victims), "budget_bytes": self.budget_bytes})
-
-
-# ---- tensor helpers -----------------------------------------------------------------------------
-
-
-def _hash(*parts: bytes) -> str:
-    h = hashlib.sha256()
-    for p in parts:
-        h.update(len(p).to_bytes(8, "little"))
-        h.update(p)
-    return h.hexdigest()
-
-
-def _ids_bytes(ids: Sequence[int]) -> bytes:
-    return struct.pack(f"<{len(ids)}q", *ids)
-
-
-def _tensor_bytes(t: torch.Tensor) -> bytes:
-    """Raw bytes of any dtype (bfloat16 has no numpy twin, so view it as bytes first)."""
-    return t.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
-
-
-def _checksum(tensors: dict[str, torch.Tensor]) -> str:
-    h = hashlib.sha256()
-    for name in sorted(tensors):
-        t = tensors[name]
-        h.update(f"{name}:{t.dtype}:{tuple(t.shape)};".encode())
-        h.update(_tensor_bytes(t))
-    return h.hexdigest()
-
-
-def _header_metadata(data: bytes) -> dict[str, str]:
-    """The `__metadata__` of a safetensors file, read from its JSON header."""
-    if len(data) < 8:
-        raise ValueError("file shorter than its header length")
-    (n,) = struct.unpack("<Q", data[:8])
-    if 8 + n > len(data):
-        raise ValueError("truncated header")
-    return json.loads(data[8 : 8 + n]).get("__metadata__", {})
-
-
-def _squeeze(layers: Layers) -> Layers:
-    """Accept [1, kv_heads, T, head_dim] too (a transformers cache layer) and drop the batch dim."""
-    out: Layers = []
-    for k, v in layers:
-        if k.dim() == 4:
-            if k.shape[0] != 1:
-                raise ValueError(f"the KV store holds one sequence, got batch size {k.shape[0]}")
-            k, v = k[0], v[0]
-        out.append((k, v))
-    return out
-
-
-def _check_shapes(layers: Layers, n_tokens: int) -> None:
-    if not layers:
-        raise ValueError("no layers to store")
-    for i, (k, v) in enumerate(layers):
-        if k.dim() != 3 or k.shape[1] != n_tokens or v.shape[1] != n_tokens:
-            raise ValueError(
-                f"layer {i}: expected keys and values [kv_heads, {n_tokens}, head_dim], "
-                f"got {tuple(k.shape)} and {tuple(v.shape)}"
-            )
-
-
-def _layer_tensors(layers: Layers, start: int, end: int) -> dict[str, torch.Tensor]:
-    """Positions [start, end) of every layer as named, contiguous CPU tensors (k.0, v.0, k.1, …)."""
-    out: dict[str, torch.Tensor] = {}
-    for i, (k, v) in enumerate(layers):
-        out[f"k.{i}"] = k[:, start:end, :].detach().to("cpu").contiguous().clone()
-        out[f"v.{i}"] = v[:, start:end, :].detach().to("cpu").contiguous().clone()
-    return out
-
-
-def _concat(parts: list[dict[str, torch.Tensor]]) -> Layers:
-    """Join blocks along the token axis back into per-layer (keys, values)."""
-    n_layers = sum(1 for name in parts[0] if name.startswith("k."))
-    return [
-        (
-            torch.cat([p[f"k.{i}"] for p in parts], dim=1),  # [kv_heads, T, head_dim]
-            torch.cat([p[f"v.{i}"] for p in parts], dim=1),
-        )
-        for i in range(n_layers)
-    ]

@@ -1,0 +1,83 @@
+"""A real SeaweedFS S3 server for the tests, started from `scripts/s3.sh` (issue 40).
+
+`s3_server` (tests/conftest.py) is one server per test run, shared; a test that stops the server or
+damages its objects starts its own with `seaweedfs(folder)`. Every test writes under a prefix of its
+own (`S3Server.store_url()`), so tests sharing the server never see each other's objects.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tests.conftest import REPO, free_port, missing
+
+SCRIPT = REPO / "scripts" / "s3.sh"
+REDIS_URL = os.environ.get("KVNOTES_TEST_REDIS", "redis://127.0.0.1:6379/0")
+
+
+@dataclass
+class S3Server:
+    """One `scripts/s3.sh` server: its folder, port, the variables it printed, its process."""
+
+    folder: Path
+    port: int
+    env: dict[str, str] = field(default_factory=dict)
+    proc: subprocess.Popen | None = None
+
+    @property
+    def endpoint(self) -> str:
+        return self.env["KVNOTES_S3_ENDPOINT"]
+
+    def store_url(self) -> str:
+        """A fresh s3://BUCKET/PREFIX for one test."""
+        return f"{self.env['KVNOTES_STORE_URL']}/{uuid.uuid4().hex[:12]}"
+
+    def start(self) -> S3Server:
+        """Start (or start again, on the same folder and port) and wait for its `export` lines."""
+        self.proc = subprocess.Popen([str(SCRIPT), "--port", str(self.port), "--dir", str(self.folder)],
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                     start_new_session=True)
+        assert self.proc.stdout is not None
+        lines = [self.proc.stdout.readline() for _ in range(5)]
+        if not all(line.startswith("export ") for line in lines):
+            err = self.proc.stderr.read() if self.proc.stderr else ""
+            self.stop()
+            missing(f"scripts/s3.sh did not start: {''.join(lines)} {err}")
+        self.env = dict(line.removeprefix("export ").strip().split("=", 1) for line in lines)
+        return self
+
+    def stop(self) -> None:
+        """Stop the script and the weed it started (their own process group)."""
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        self.proc = None
+
+
+@contextmanager
+def seaweedfs(folder: Path) -> Iterator[S3Server]:
+    """A server of its own on a free port (its other parts take the 7 ports above it and +10000)."""
+    port = free_port()
+    while port + 10007 > 65535 or port < 1024:
+        port = free_port()
+    server = S3Server(folder, port).start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def aws_env(server: S3Server) -> dict[str, str]:
+    """The credential variables a client of `server` needs."""
+    return {k: v for k, v in server.env.items() if k.startswith("AWS_")}

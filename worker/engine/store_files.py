@@ -1,0 +1,111 @@
+"""The KV store's file format and key helpers: chained SHA-256 keys over token ids, safetensors bytes
+with a checksum of their tensors, and the layer slicing and joining around them (worker.engine.store).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import struct
+from collections.abc import Sequence
+
+import torch
+from safetensors.torch import load as st_load
+from safetensors.torch import save as st_save
+
+Layers = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: (keys, values), each [kv_heads, T, head_dim]
+
+
+def hash_parts(*parts: bytes) -> str:
+    h = hashlib.sha256()
+    for p in parts:
+        h.update(len(p).to_bytes(8, "little"))
+        h.update(p)
+    return h.hexdigest()
+
+
+def ids_bytes(ids: Sequence[int]) -> bytes:
+    return struct.pack(f"<{len(ids)}q", *ids)
+
+
+def tensor_bytes(t: torch.Tensor) -> bytes:
+    """Raw bytes of any dtype (bfloat16 has no numpy twin, so view it as bytes first)."""
+    return t.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+
+
+def checksum(tensors: dict[str, torch.Tensor]) -> str:
+    h = hashlib.sha256()
+    for name in sorted(tensors):
+        t = tensors[name]
+        h.update(f"{name}:{t.dtype}:{tuple(t.shape)};".encode())
+        h.update(tensor_bytes(t))
+    return h.hexdigest()
+
+
+def header_metadata(data: bytes) -> dict[str, str]:
+    """The `__metadata__` of a safetensors file, read from its JSON header."""
+    if len(data) < 8:
+        raise ValueError("file shorter than its header length")
+    (n,) = struct.unpack("<Q", data[:8])
+    if 8 + n > len(data):
+        raise ValueError("truncated header")
+    return json.loads(data[8 : 8 + n]).get("__metadata__", {})
+
+
+def squeeze(layers: Layers) -> Layers:
+    """Accept [1, kv_heads, T, head_dim] too (a transformers cache layer) and drop the batch dim."""
+    out: Layers = []
+    for k, v in layers:
+        if k.dim() == 4:
+            if k.shape[0] != 1:
+                raise ValueError(f"the KV store holds one sequence, got batch size {k.shape[0]}")
+            k, v = k[0], v[0]
+        out.append((k, v))
+    return out
+
+
+def check_shapes(layers: Layers, n_tokens: int) -> None:
+    if not layers:
+        raise ValueError("no layers to store")
+    for i, (k, v) in enumerate(layers):
+        if k.dim() != 3 or k.shape[1] != n_tokens or v.shape[1] != n_tokens:
+            raise ValueError(
+                f"layer {i}: expected keys and values [kv_heads, {n_tokens}, head_dim], "
+                f"got {tuple(k.shape)} and {tuple(v.shape)}"
+            )
+
+
+def layer_tensors(layers: Layers, start: int, end: int) -> dict[str, torch.Tensor]:
+    """Positions [start, end) of every layer as named, contiguous CPU tensors (k.0, v.0, k.1, …)."""
+    out: dict[str, torch.Tensor] = {}
+    for i, (k, v) in enumerate(layers):
+        out[f"k.{i}"] = k[:, start:end, :].detach().to("cpu").contiguous().clone()
+        out[f"v.{i}"] = v[:, start:end, :].detach().to("cpu").contiguous().clone()
+    return out
+
+
+def concat(parts: list[dict[str, torch.Tensor]]) -> Layers:
+    """Join blocks along the token axis back into per-layer (keys, values)."""
+    n_layers = sum(1 for name in parts[0] if name.startswith("k."))
+    return [
+        (
+            torch.cat([p[f"k.{i}"] for p in parts], dim=1),  # [kv_heads, T, head_dim]
+            torch.cat([p[f"v.{i}"] for p in parts], dim=1),
+        )
+        for i in range(n_layers)
+    ]
+
+
+def verified(data: bytes) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """The tensors and metadata of a file's bytes; ValueError (or a parse error) when the bytes are
+    damaged: a bad header, truncated tensors, or a checksum that does not match."""
+    meta = header_metadata(data)
+    tensors = st_load(data)
+    if meta.get("sha256") != checksum(tensors):
+        raise ValueError("checksum mismatch")
+    return tensors, meta
+
+
+def file_bytes(tensors: dict[str, torch.Tensor], meta: dict[str, str]) -> bytes:
+    """A file's bytes: the tensors as safetensors, the checksum of them in the metadata."""
+    return st_save(tensors, metadata={**meta, "sha256": checksum(tensors)})
