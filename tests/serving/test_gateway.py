@@ -208,6 +208,8 @@ def test_a_client_that_goes_away_mid_stream_cancels_the_upstream_request(tmp_pat
     (["--upstream", "http://127.0.0.1:5432/v1"], "kvnotes: --upstream: port 5432 is a database's"),
     (["--upstream", "http://127.0.0.1:8100/v1", "--check-rate", "2"],
      "--check-rate: must be between 0 and 1"),
+    (["--upstream", "http://127.0.0.1:8100/v1", "--state", "mysql://db/1"],
+     "--state: give redis://HOST:PORT/DB, not 'mysql://db/1'"),
 ])
 def test_bad_options_exit_2_naming_them(tmp_path, options, says):
     env = {**os.environ, **kvnotes_env(tmp_path), "PYTHONPATH": str(REPO), "KVNOTES_VLLM_URL": ""}
