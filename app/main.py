@@ -35,6 +35,7 @@ from app.api.routes import (
     trajectories,
 )
 from app.gateway import routes as gateway_routes
+from app.gateway.main import lifespan as gateway_lifespan
 from app.security.guard import authorize
 from app.security.middleware import SecurityMiddleware
 from data.lifeline import die_with_parent
@@ -60,6 +61,7 @@ def create_app() -> FastAPI:
         dependencies=[Depends(authorize)],
         docs_url=None,
         redoc_url=None,
+        lifespan=gateway_lifespan,  # the gateway's pools and state connections closed at shutdown
     )
     api = APIRouter(prefix="/api")
     for module in (notebooks, fields, errata, skills, placements, runs, replays, shares, health, sweeps,

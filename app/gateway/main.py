@@ -16,13 +16,15 @@ from app.services.gateway import aclose
 
 
 @asynccontextmanager
-async def _lifespan(_app: FastAPI) -> AsyncIterator[None]:
+async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+    """At shutdown, this process's gateway closes its upstream pools and state connections (also
+    the web app's lifespan, which mounts the same gateway)."""
     yield
-    await aclose()  # the upstream's connection pools, the state's connections
+    await aclose()
 
 
 def create_app() -> FastAPI:
-    app = FastAPI(title="kvnotes gateway", docs_url=None, redoc_url=None, lifespan=_lifespan)
+    app = FastAPI(title="kvnotes gateway", docs_url=None, redoc_url=None, lifespan=lifespan)
     app.include_router(router, prefix="/v1")
     app.include_router(metrics_router)
 
