@@ -228,3 +228,44 @@ def test_a_base_that_grows_past_the_cap_by_new_turns_goes(prefix, where):
         rewriter.plan("tenant-a", prompt, why)
         assert state.sizes()[1] == kept
     state.close()
+
+
+BODY = "record_id: SR-20417\ndestination: {}\nstatus: {}\n\n" + "\n".join(
+    f"2026-03-01 08:{i:02d} The carrier confirmed step {i}." for i in range(40))
+
+
+def _turns(*contents: str) -> dict:
+    roles = ["system"] + ["user", "assistant"] * len(contents)
+    return {"model": "m", "messages": [{"role": r, "content": c} for r, c in zip(roles, contents)]}
+
+
+def test_errata_and_hoisted_spans_survive_the_trip_between_processes(prefix):
+    """Two rewriters on one Redis, taking turns: the errata told in earlier turns, the pending turn's
+    errata and the hoisted spans are read back by the other exactly as the one process kept them."""
+    from vocabulary import render_erratum
+
+    def two(layout: str) -> list[Rewriter]:
+        settings = Settings(layout=layout, check_rate=0)
+        return [Rewriter(settings, stats=Stats(RedisState(REDIS, settings.limits, f"{prefix}{layout}:")))
+                for _ in range(2)]
+
+    rewriters = two("erratum")
+    asks = [_turns(BODY.format("Oslo", "open"), "Where to?"),
+            _turns(BODY.format("Rome", "open"), "Where to?"),
+            _turns(BODY.format("Rome", "held"), "Where to?", "To Rome.", "Status?"),
+            _turns(BODY.format("Oslo", "held"), "Where to?", "To Rome.", "Status?")]
+    plans = [rewriters[i % 2].plan("tenant-a", *read_prompt(CHAT, body)) for i, body in enumerate(asks)]
+    told = render_erratum("destination", "Oslo", "Rome")
+    assert plans[1].context == [BODY.format("Oslo", "open") + told]
+    assert plans[2].context == [BODY.format("Oslo", "open") + told, "Where to?",
+                                "To Rome." + render_erratum("status", "open", "held")]
+    assert plans[3].context[2].endswith(render_erratum("destination", "Rome", "Oslo"))
+    hoisting = two("hoist")
+    body = "record_id: SR-20417\ndeparture: {}\nstatus: open\n\n" + "\n".join(
+        f"2026-03-01 log line {i} of the booking." for i in range(40))
+    times = ["08:07", "09:07", "08:12", "09:12", "10:30", "08:07"]
+    plans = [hoisting[i % 2].plan("tenant-a", *read_prompt(CHAT, _turns(body.format(t), "When?")))
+             for i, t in enumerate(times)]
+    assert [p.header for p in plans] == ["pass-through; reason=new base"] + ["hoist"] * 5
+    assert [p.context[0].rstrip("\n").rsplit("\n", 1)[1] for p in plans[1:]] == [
+        f"departure: {t}" for t in times[1:]]
