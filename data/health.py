@@ -9,8 +9,8 @@ otherwise drive writes. Writability is judged without writing (`database_status`
 read (the liveness row), a SQLite file must be writable by this process and not opened read-only,
 its disk must have room, a PostgreSQL database must not be read-only. The liveness row
 (`health_probe`) is written by the workers' beat (`write_liveness`, every few seconds) and read
-here: while a worker of this machine is alive but its beat has not been written for
-`LIVENESS_STALE_S`, writes are not landing, and health says so.
+here: while a worker of this machine is alive but neither its beat nor the liveness row has been
+written for `LIVENESS_STALE_S`, writes are not landing, and health says so.
 """
 
 from __future__ import annotations
@@ -102,6 +102,10 @@ def _beat_not_landing(session: Session, last: datetime | None) -> str | None:
                if not w.process_gone() and w.pid > 0 and w.host and not _elsewhere(w)]
     if not beating:
         return None
+    beats = [as_utc(w.beat_at) for w in beating if w.beat_at is not None]
+    last = max([moment for moment in (last, *beats) if moment is not None], default=None)
+    if last is not None and (now - last).total_seconds() < LIVENESS_STALE_S:
+        return None  # a registry beat landed (the same write; a worker of an older version beats so)
     ago = "never" if last is None else f"{(now - last).total_seconds():.0f} s ago"
     return f"the workers' beat has not been written for {LIVENESS_STALE_S:.0f} s (last: {ago})"
 
