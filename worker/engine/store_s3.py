@@ -13,7 +13,7 @@ interface is SGLang HiCache's storage tier: `get`, `set`, `batch_get`, `batch_se
   (a full queue drops the write, counted). `flush` waits for the queue (tests; a worker stopping).
 - A fault is a miss: every request has a timeout and no retries; an unreachable endpoint, a missing
   bucket or any other error marks the tier down (logged once), and it is tried again after
-  `RETRY_S`, so it comes back without a restart.
+  `retry_s`, so it comes back without a restart.
 - The index (which objects exist, their sizes, last use, shared counters) is in Redis
   (`SharedIndex`, worker.engine.store_tiers): listing 2,000 objects took 147 ms against 16 ms for
   Redis, and a listing knows no last use. The byte budget is enforced by whichever worker finds the
@@ -34,7 +34,6 @@ from urllib.parse import urlparse
 
 log = logging.getLogger("worker.engine.store")
 
-RETRY_S = 5.0  # a tier found down is skipped this long, then tried again
 QUEUE_MAX = 4096  # pending background writes; beyond it a write is dropped (counted)
 
 
@@ -58,6 +57,7 @@ class SharedConfig:
     index_url: str = ""
     timeout_s: float = 5.0
     threads: int = 16
+    retry_s: float = 5.0  # a tier found down is skipped this long (each skip a miss), then tried again
 
     @property
     def bucket(self) -> str:
@@ -123,7 +123,7 @@ class SharedTier:
     # ---- availability -----------------------------------------------------------------------
 
     def available(self) -> bool:
-        """False for RETRY_S after a fault (the caller counts that as the tier unreachable)."""
+        """False for `retry_s` after a fault (the caller counts that as the tier unreachable)."""
         return time.monotonic() >= self._down_until
 
     def _fault(self, exc: BaseException) -> TierFault:
@@ -131,7 +131,7 @@ class SharedTier:
         reason = "missing bucket" if "NoSuchBucket" in text else "unreachable"
         self.counters.faults += 1
         self.counters.last_fault = reason
-        self._down_until = time.monotonic() + RETRY_S
+        self._down_until = time.monotonic() + self.config.retry_s
         if not self._logged:
             self._logged = True
             log.warning("kv store: shared tier %s; runs prefill without it", reason,
