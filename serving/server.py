@@ -92,6 +92,7 @@ NETWORK_ERRORS = (httpx.HTTPError, httpx.InvalidURL, UnicodeError, OSError)
 MAX_BODY = 16 << 20  # the largest answer read from the server (token ids of a long prompt, /metrics)
 WATCH_EVERY_S = 0.2  # how often the watcher looks for a stop or a passed deadline
 QUOTED = 200  # the characters of a server's answer a quoting failure shows
+EXTRA_EVENTS = 8  # events of an answer besides one per token (its role, finish reason, usage)
 
 
 def base_url(url: str, refused_ports: Iterable[int] = (), resolve: bool = False) -> str:
@@ -135,8 +136,12 @@ class Server:
     serves). `chat`: send prompts through the model's chat template (None: when it has one, which
     `info` finds out).
 
-    Bounded: `connect_s` to connect, `request_s` for each answer (its first byte by the read timeout,
-    its end by the watcher), `deadline_s` (None: none) for everything this server is asked. `stop()`
+    Bounded: `connect_s` to connect, `request_s` for each answer to its first token and then between
+    its tokens (by the read timeout and the watcher), at most `max_tokens` + `EXTRA_EVENTS` events in
+    an answer, and `deadline_s` (None: none) for everything this server is asked. A streaming answer
+    is never cut while its tokens come: behind other requests' prefills, each of its tokens may wait
+    for theirs (issue 44: 6 in-place edits of a 2.7k-token record, the first answer's 16 tokens took
+    32 s after its first one on 2 busy cores; the whole answer had 120 s and was cut). `stop()`
     or setting `stop_event` (another thread: a cancel) shuts every connection at once; the request in
     flight raises `ReplayStopped`. Every failure reads "the server at … did not answer as vLLM does",
     with what was asked; what the server said goes to the log, and to the caller only with `quote`."""
@@ -227,8 +232,8 @@ class Server:
 
     @contextmanager
     def _stream(self, method: str, path: str, body: dict | None = None) -> Iterator[httpx.Response]:
-        """One request, its answer streamed, bounded by `request_s` from now; a `ReplayError` when
-        it cannot be sent, breaks off or runs past a bound."""
+        """One request, its answer streamed, bounded by `request_s` from now (`_going_on` moves the
+        bound on); a `ReplayError` when it cannot be sent, breaks off or runs past a bound."""
         self._check_stopped()
         asked = f"{method} {path}"
         due = time.monotonic() + self.request_s
@@ -242,12 +247,24 @@ class Server:
                         self._due[sock] = due
                 yield response
         except NETWORK_ERRORS as exc:
-            late = f" (past the request's bound of {self.request_s:g} s)" if time.monotonic() > due else ""
-            raise self._failure(asked, f"{type(exc).__name__}: {exc or 'no message'}{late}") from None
+            with self._lock:
+                due = self._due.get(sock, due) if sock is not None else due
+            said = f"{type(exc).__name__}: {exc or 'no message'}"
+            if time.monotonic() > due:  # the read timeout, or the watcher shut the socket
+                said = f"nothing came within the request's bound of {self.request_s:g} s ({said})"
+            raise self._failure(asked, said) from None
         finally:
             if sock is not None:
                 with self._lock:
                     self._due.pop(sock, None)
+
+    def _going_on(self, response: httpx.Response) -> None:
+        """A token came: the answer has `request_s` again for its next one."""
+        stream = response.extensions.get("network_stream")
+        sock = stream.get_extra_info("socket") if stream is not None else None
+        with self._lock:
+            if sock in self._due:
+                self._due[sock] = time.monotonic() + self.request_s
 
     def _request(self, method: str, path: str, body: dict | None = None) -> tuple[int, bytes]:
         """The status and body (at most MAX_BODY bytes) of one request."""
@@ -322,7 +339,9 @@ class Server:
     def complete(self, content: str, max_tokens: int, choices: tuple[str, ...] = ()) -> Completion:
         """Stream one greedy completion (chat or plain, as the model takes prompts), constrained to one
         of `choices` when there are any (vLLM's structured outputs: the decision over the choices, as
-        kvnotes reads it); raises `ReplayError` when it fails, breaks off or runs past its bound."""
+        kvnotes reads it); raises `ReplayError` when it fails, breaks off or runs past its bounds: its
+        first token within `request_s`, each next one within `request_s` of the last, and at most
+        `max_tokens` + `EXTRA_EVENTS` events."""
         body = {"model": self.model, **self._prompt(content), "max_tokens": max_tokens,
                 "temperature": 0.0, "stream": True, "stream_options": {"include_usage": True}}
         if choices:  # a base model's answer follows "Answer:" after a space, as Frame.choice_text writes it
@@ -330,16 +349,23 @@ class Server:
         path = "/v1/completions" if self.chat is False else "/v1/chat/completions"
         asked = f"POST {path}"
         sent = time.perf_counter()
-        first, parts, usage = None, [], None
+        first, parts, usage, last = None, [], None, sent
         with self._stream("POST", path, body) as response:
             if response.status_code != 200:
                 raise self._failure(asked, answered(response.status_code, response.read()))
-            for chunk in self._events(response, asked):
+            for events, chunk in enumerate(self._events(response, asked), 1):
+                if events > max_tokens + EXTRA_EVENTS:
+                    raise self._failure(asked, f"more than {max_tokens + EXTRA_EVENTS} events for an answer "
+                                               f"of at most {max_tokens} tokens")
                 usage = chunk.usage or usage
-                if first is None and chunk.token:
-                    first = time.perf_counter()
+                if chunk.token:
+                    last = time.perf_counter()
+                    first = first or last
+                    self._going_on(response)
                 parts.append(chunk.text)
         if first is None or usage is None:
+            if time.perf_counter() - last > self.request_s:  # the watcher shut it
+                raise self._failure(asked, f"nothing came within the request's bound of {self.request_s:g} s")
             raise self._failure(asked, "the stream ended before an answer and its usage arrived")
         done = time.perf_counter()
         return Completion((first - sent) * 1000, (done - sent) * 1000, "".join(parts),

@@ -1,10 +1,12 @@
 """What the command-line tests share: a small record, the launcher run as a subprocess, and a
-fixture writing the record and a skill to files."""
+fixture writing the record and a skill to files; and the immutable flag (`chattr +i`) the storage
+fault tests use."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -23,3 +25,28 @@ def doc(tmp_path):
     skill = tmp_path / "skill.txt"
     skill.write_text("Answer in one word.\n")
     return path, skill
+
+
+def _chattr(flag: str, *paths: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(["chattr", flag, *map(str, paths)], capture_output=True, text=True)
+
+
+def _immutable_flag_binds(folder: Path) -> None:
+    """Skip, saying why, unless `chattr +i` works here and stops a write (root included)."""
+    probe = folder / "chattr-probe"
+    probe.write_text("x")
+    try:
+        done = _chattr("+i", probe)
+    except FileNotFoundError:
+        pytest.skip("chattr is not installed (e2fsprogs)")
+    if done.returncode != 0:
+        pytest.skip(f"chattr +i does not work on this file system or as this user: {done.stderr.strip()}")
+    try:
+        with probe.open("a") as f:
+            f.write("y")
+        pytest.skip("chattr +i does not stop a write here")
+    except PermissionError:
+        pass
+    finally:
+        _chattr("-i", probe)
+        probe.unlink()

@@ -17,7 +17,7 @@ from sqlalchemy import create_engine, func, select, text
 from data.models import Run, RunResult, RunStatus
 from tests.conftest import PG_ADMIN_URL, migrate
 from tests.data.conftest import SNAPSHOT
-from tests.worker.test_storage_heals import _chattr, _immutable_flag_binds
+from tests.worker.conftest import _chattr, _immutable_flag_binds
 
 FAULT_S = 15.0
 WORKER = "kvnotes-tiny-llama-fault@host"

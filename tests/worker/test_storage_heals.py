@@ -23,6 +23,7 @@ import httpx
 import pytest
 
 from tests.conftest import free_port, kvnotes_env
+from tests.worker.conftest import _chattr, _immutable_flag_binds
 
 pytestmark = pytest.mark.slow
 
@@ -30,31 +31,6 @@ REPO = Path(__file__).resolve().parents[2]
 MODEL = "tiny-llama"
 DOC = "The customer record: name Alice, age 31, status active. Only active accounts may log in. "
 FILES = ("kvnotes.db", "kvnotes.db-wal", "kvnotes.db-shm")
-
-
-def _chattr(flag: str, *paths: Path) -> subprocess.CompletedProcess:
-    return subprocess.run(["chattr", flag, *map(str, paths)], capture_output=True, text=True)
-
-
-def _immutable_flag_binds(folder: Path) -> None:
-    """Skip, saying why, unless `chattr +i` works here and stops a write (root included)."""
-    probe = folder / "chattr-probe"
-    probe.write_text("x")
-    try:
-        done = _chattr("+i", probe)
-    except FileNotFoundError:
-        pytest.skip("chattr is not installed (e2fsprogs)")
-    if done.returncode != 0:
-        pytest.skip(f"chattr +i does not work on this file system or as this user: {done.stderr.strip()}")
-    try:
-        with probe.open("a") as f:
-            f.write("y")
-        pytest.skip("chattr +i does not stop a write here")
-    except PermissionError:
-        pass
-    finally:
-        _chattr("-i", probe)
-        probe.unlink()
 
 
 def _health(url: str) -> tuple[int, dict] | str:
