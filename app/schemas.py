@@ -43,7 +43,15 @@ from app.schema_types import (
     Value,
     at_most,
 )
-from data.contracts import FieldPolicy, MechanismRecord, NotesMap, RunSnapshot, StrategyMetrics, TokenRecord
+from data.contracts import (
+    FieldPolicy,
+    MechanismRecord,
+    NotesMap,
+    RunSnapshot,
+    StoreReuse,
+    StrategyMetrics,
+    TokenRecord,
+)
 from data.models import RunStatus
 from data.replays import Replay
 from data.settings import get_settings
@@ -269,6 +277,8 @@ class RunOut(BaseModel):
     results: dict[str, StrategyResultOut]
     attribution: NotesMap | None = None
     mechanism: MechanismRecord | None = None  # knockout, selective@K, logit lens (asked with `mechanism`)
+    # the document's tokens read from the KV store and the tier ("local" | "shared" | "none"; issue 40)
+    store_reuse: StoreReuse | None = None
     # the decision's attention by region, mean over layers and heads: {strategy: {region: share}}
     # (`vocabulary.regions.REGIONS`, each summing to 1); filled by GET /runs/{id} only
     attention_regions: dict[str, dict[str, float]] = {}

@@ -8,7 +8,7 @@ writes and the worker reads one class, never a dict indexed by key. No torch, no
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, create_model
 
@@ -201,6 +201,17 @@ class KCurve(_Frozen):
     points: list[KPoint]
     k_star: int | None
     note: str = ""
+
+
+class StoreReuse(_Frozen):
+    """How many of a run's document tokens its notes were read from the KV store, and from which
+    tier (`runs.store_reuse`, issue 40): "local" (this worker's folder), "shared" (the S3 tier, another
+    worker's notes) or "none"; `shared_tier` names a fault of the shared tier that made it a miss
+    ("unreachable", "missing bucket", "damaged"; "" when none)."""
+
+    tokens: int
+    tier: Literal["local", "shared", "none"]
+    shared_tier: str = ""
 
 
 class MechanismRecord(_Frozen):

@@ -51,6 +51,7 @@ from data.contracts import (
     NotesMap,
     RunSnapshot,
     SnapshotQuestion,
+    StoreReuse,
     SweepEdit,
     TokenRecord,
 )
@@ -310,6 +311,8 @@ class Run(Base):
     attribution: Mapped[NotesMap | None] = mapped_column(Typed(NotesMap))
     # knockout, selective@K and the logit lens (asked for with the snapshot's `mechanism`); None otherwise
     mechanism: Mapped[MechanismRecord | None] = mapped_column(Typed(MechanismRecord))
+    # how many document tokens came from the KV store, from which tier (issue 40); None until it ran
+    store_reuse: Mapped[StoreReuse | None] = mapped_column(Typed(StoreReuse))
     # an edit of a sweep: the sweep, what the edit sets, and how many times a worker took it
     sweep_id: Mapped[int | None] = mapped_column(ForeignKey("sweeps.id", ondelete="CASCADE"), index=True)
     sweep_edit: Mapped[SweepEdit | None] = mapped_column(Typed(SweepEdit))

@@ -13,6 +13,7 @@ from data.contracts import (
     NotesSpan,
     RunSnapshot,
     SnapshotPlacement,
+    StoreReuse,
     TokenRecord,
 )
 from data.models import RunResult, Skill
@@ -30,6 +31,7 @@ from worker.engine import (
     StrategyResult,
 )
 from worker.engine.mechanism.types import Mechanism
+from worker.engine.store_tiers import Reuse
 from worker.engine.types import Attention, Attribution
 from worker.run_rows import session
 
@@ -109,6 +111,13 @@ def mechanism_record(mechanism: Mechanism | None) -> MechanismRecord | None:
     if mechanism is None:
         return None
     return MechanismRecord.model_validate(mechanism, from_attributes=True)
+
+
+def store_reuse_record(reuse: Reuse | None) -> StoreReuse | None:
+    """The engine's store lookup for the run's document as the `runs.store_reuse` record."""
+    if reuse is None:
+        return None
+    return StoreReuse(tokens=reuse.tokens, tier=reuse.tier or "none", shared_tier=reuse.shared_fault)
 
 
 def notes_map_record(attribution: Attribution | None) -> NotesMap | None:

@@ -21,7 +21,7 @@ from sqlalchemy import delete, select
 from sqlalchemy import inspect as sa_inspect
 from sqlalchemy.orm import Session
 
-from data.contracts import MechanismRecord, NotesMap, RunSnapshot
+from data.contracts import MechanismRecord, NotesMap, RunSnapshot, StoreReuse
 from data.db import get_sessionmaker
 from data.jobs import RUNS, deadline_message, deadline_s
 from data.models import Run, RunResult, RunStatus, as_utc
@@ -152,7 +152,7 @@ def fail(run_id: int, hostname: str, message: str) -> bool:
 
 def succeed(run_id: int, hostname: str, rows: list[RunResult], timings: dict[str, float],
             attribution: NotesMap | None = None, dtype: str | None = None, device: str | None = None,
-            mechanism: MechanismRecord | None = None) -> bool:
+            mechanism: MechanismRecord | None = None, store_reuse: StoreReuse | None = None) -> bool:
     """Results (and the notes map, the dtype and device it computed in) and `succeeded` in one
     transaction, only while the run is still running under this worker (`worker.jobs.finish`: kept
     trying through a storage fault); False, nothing written, when it was cancelled or reaped."""
@@ -167,7 +167,7 @@ def succeed(run_id: int, hostname: str, rows: list[RunResult], timings: dict[str
 
     return jobs.finish(Run, run_id, hostname, RunStatus.SUCCEEDED, also=results, stage="done", progress=1.0,
                        error=None, attribution=attribution, mechanism=mechanism, dtype=dtype or None,
-                       device=device or None)
+                       device=device or None, store_reuse=store_reuse)
 
 
 def stopped(run_id: int) -> None:

@@ -22,7 +22,7 @@ from data.settings import get_settings
 from worker import jobs, presence, run_rows, sweep_rows
 from worker.celery_app import app
 from worker.engine import EngineError
-from worker.mapping import mechanism_record, notes_map_record, result_rows, run_request
+from worker.mapping import mechanism_record, notes_map_record, result_rows, run_request, store_reuse_record
 from worker.runtime import convert_bundled, describe_failure, get_engine, loading_stage
 
 log = logging.getLogger(__name__)
@@ -66,7 +66,8 @@ def run(self, run_id: int) -> dict[str, Any]:
         notes_map = notes_map_record(report.attribution)
         if run_rows.succeed(run_id, hostname, result_rows(run_id, report), timings, notes_map,
                             dtype=report.dtype, device=report.device,
-                            mechanism=mechanism_record(report.mechanism)):
+                            mechanism=mechanism_record(report.mechanism),
+                            store_reuse=store_reuse_record(report.store_reuse)):
             log.info("run succeeded",
                      extra={"run_id": run_id, "duration_ms": round((time.perf_counter() - t0) * 1000)})
             sweep_rows.refresh(snapshot.sweep_id)

@@ -19,6 +19,7 @@ from worker.engine.readout import make_frame
 from worker.engine.rope import NotPortableError, RopeLayout, rope_layout
 from worker.engine.split_attention import install as install_split_attention
 from worker.engine.store import KVStore
+from worker.engine.store_tiers import Reuse
 from worker.engine.types import EngineError
 
 log = logging.getLogger(__name__)
@@ -38,6 +39,7 @@ class LoadedModel:
         except NotPortableError as exc:
             self.rope, self.rope_error = None, str(exc)
         self._warm = False
+        self.last_reuse = Reuse()  # the last prefill's store lookup: tokens read, tier, shared fault
 
     @property
     def device(self) -> torch.device:
@@ -81,8 +83,10 @@ class LoadedModel:
     def _prefill_ids(self, ids: list[int]) -> list:
         """Full K/V of `ids`, reusing the longest prefix the KV store holds."""
         cached_n, cached = (0, None)
+        self.last_reuse = Reuse()
         if self.store is not None:
             cached_n, cached = self.store.get_prefix(self.model_key, ids)
+            self.last_reuse = self.store.last_reuse
         if cached_n and cached is not None:
             layers = on_layer_devices(cached, self.model)
             if cached_n < len(ids):

@@ -93,6 +93,7 @@ def run(engine: LoadedModel, request: RunRequest, notes: Notes | None = None,
         strategy.follow(request.policy)
     report_progress("prefill", 0.02)
     old = notes if notes is not None else engine.prefill(request.document)
+    reuse = engine.last_reuse if notes is None else None
     engine.warm_up()
     case, bench = _plan(engine, request, old, report_progress)
     runners = EDITS.runners(strategies)
@@ -109,7 +110,7 @@ def run(engine: LoadedModel, request: RunRequest, notes: Notes | None = None,
     chosen = {name: s.outcome(outcomes) for name, s in strategies.items()}
     report = Report(model=engine.info.alias, document_tokens=len(old.token_ids),
                     dtype=dtype_name(engine.model.dtype), device=describe_device(engine.model),
-                    timed=request.timing)
+                    timed=request.timing, store_reuse=reuse)
     if request.timing and request.check_reference:
         report.exact_reference_kl = _exact_reference_kl(engine, editor, bench, ref)
     for name, out in chosen.items():

@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from worker.engine.store_tiers import Reuse
+
 if TYPE_CHECKING:
     from worker.engine.mechanism.types import Mechanism
 
@@ -165,6 +167,9 @@ class Report:
     # readout, the same notes (prefix_reuse off the reference's, computed exactly from the field on)
     orders_read: dict[str, int] = field(default_factory=dict)
     read_from: dict[str, str] = field(default_factory=dict)
+    # the document's notes: how many tokens came from the KV store, from which tier (None: the run
+    # was given notes, e.g. a sweep's, and looked nothing up)
+    store_reuse: Reuse | None = None
 
     def to_dict(self) -> dict:
         out = {
@@ -181,6 +186,8 @@ class Report:
             out["orders_read"] = dict(self.orders_read)
         if self.read_from:
             out["read_from"] = dict(self.read_from)
+        if self.store_reuse is not None:
+            out["store_reuse"] = self.store_reuse.to_dict()
         if self.attribution is not None:
             out["attribution"] = self.attribution.to_dict()
         if self.mechanism is not None:
