@@ -10,6 +10,9 @@ writers a worker and a web request run).
   then its heartbeat landed: the reaper's write changes nothing. And with its worker's registry
   beat 40 s late, a job whose own heartbeat is fresh is never reaped (a worker writing heartbeats
   in a thread while the reaper runs over and over).
+- **A sweep's cancel against its last edit** (100 tries per database): the sweep ends cancelled or
+  exhausted, never a cancelled sweep rewritten as exhausted, never an edit cancelled with results
+  (the old code gave both).
 """
 
 from __future__ import annotations
@@ -160,3 +163,54 @@ def test_a_late_registry_beat_never_gets_a_job_with_a_fresh_heartbeat_reaped(dat
         run = s.get(Run, run_id)
         assert (run.status, run.error) == (RunStatus.RUNNING, None)
     assert beats[0] > 0
+
+
+def test_a_sweep_cancelled_as_its_last_edit_ends_is_never_rewritten(database) -> None:
+    """A sweep's cancel against its last edit's success and the refresh that follows (100 tries):
+    the sweep ends cancelled or exhausted, each consistent (a cancelled sweep is never rewritten as
+    exhausted), and its edit is never cancelled with results."""
+    from app.services.sweeps import cancel_sweep
+    from data.contracts import SweepEdit
+    from data.models import Notebook, Sweep
+    from data.sweep_edits import STOPPED_CANCELLED, STOPPED_EXHAUSTED, refresh_sweep
+    from worker import run_rows
+
+    ends = {"cancelled": 0, "succeeded": 0}
+    for _ in range(TRIES // 2):
+        with database() as s:
+            nb = Notebook(title="t", model=SNAPSHOT.model, document=SNAPSHOT.document)
+            s.add(nb)
+            s.flush()
+            sweep = Sweep(notebook_id=nb.id, model=SNAPSHOT.model, question=SNAPSHOT.question,
+                          strategies=["recompute"], status="running", edits_total=1, edits_done=0)
+            s.add(sweep)
+            s.flush()
+            snapshot = SNAPSHOT.model_copy(update={"sweep_id": sweep.id})
+            run = Run(notebook_id=nb.id, snapshot=snapshot, strategies=["recompute"], status="running",
+                      worker=WORKER, sweep_id=sweep.id, started_at=datetime.now(UTC), timings={},
+                      sweep_edit=SweepEdit(position=0, group="status", values={"status": "x"}))
+            s.add(run)
+            s.commit()
+            sweep_id, run_id = sweep.id, run.id
+
+        def cancelling(sweep_id: int = sweep_id) -> int:
+            with database() as s:
+                return cancel_sweep(s, s.get(Sweep, sweep_id))
+
+        def ending(run_id: int = run_id, sweep_id: int = sweep_id) -> bool:
+            done = run_rows.succeed(run_id, WORKER, _results(run_id)[:1], {"engine_ms": 1.0})
+            with database() as s:
+                refresh_sweep(s, sweep_id)
+            return done
+
+        _together(cancelling, ending)
+        with database() as s:
+            sweep, run = s.get(Sweep, sweep_id), s.get(Run, run_id)
+            results = s.scalar(select(func.count(RunResult.id)).where(RunResult.run_id == run_id))
+        assert (sweep.status, sweep.stopped, run.status, results) in (
+            ("cancelled", STOPPED_CANCELLED, "cancelled", 0),  # the cancel won: the edit with it
+            ("cancelled", STOPPED_CANCELLED, "succeeded", 1),  # the edit ended first, the sweep was cancelled
+            ("succeeded", STOPPED_EXHAUSTED, "succeeded", 1),  # the edit and the sweep's end first
+        ), (sweep.status, sweep.stopped, run.status, results)
+        ends[sweep.status] += 1
+    print(f"\nsweep cancel against its last edit, {TRIES // 2} tries: {ends}")
