@@ -78,7 +78,7 @@ def trajectory_task(self, trajectory_id: int) -> dict[str, Any]:
             stored = {s.name: stored_skill_notes(eng, s.skill_id, s.text) for s in spec.skills}
             request = request_of(spec, {name: notes for name, notes in stored.items() if notes is not None})
             trajectory(eng, request, progress=progress, cancelled=stopping)
-            if beat.check_deadline():
+            if len(turns) < total and beat.check_deadline():  # stopped by it, not done
                 raise PastDeadline(deadline_message(TRAJECTORIES, f"turn {len(turns) + 1} of {total}"))
     except PastDeadline as exc:
         log.warning("trajectory stopped: past its deadline", extra={"trajectory_id": trajectory_id})
