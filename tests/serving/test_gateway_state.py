@@ -269,3 +269,33 @@ def test_errata_and_hoisted_spans_survive_the_trip_between_processes(prefix):
     assert [p.header for p in plans] == ["pass-through; reason=new base"] + ["hoist"] * 5
     assert [p.context[0].rstrip("\n").rsplit("\n", 1)[1] for p in plans[1:]] == [
         f"departure: {t}" for t in times[1:]]
+
+
+def test_web_processes_under_serve_share_the_state(tmp_path, prefix):
+    """Two web processes of `kvnotes serve` (two uvicorns here) given one KVNOTES_GATEWAY_STATE: the
+    signed-in user's requests, alternating between them, start one base; both Gateway pages and
+    /gateway/metrics show the same numbers."""
+    from tests.conftest import ServedApp
+
+    engine = Engine("vllm")
+    env = {"KVNOTES_GATEWAY_UPSTREAM": f"{engine.url}/v1", "KVNOTES_GATEWAY_CHECK_RATE": "0",
+           "KVNOTES_GATEWAY_STATE": f"{REDIS}#{prefix}"}
+    try:
+        with ServedApp(tmp_path / "one", "tiny-llama", **env) as one, \
+                ServedApp(tmp_path / "two", "tiny-llama", **env) as two:
+            headers = []
+            for i, city in enumerate(CITIES[:6]):
+                app = (one, two)[i % 2]
+                answer = httpx.post(f"{app.url}/gateway/v1/chat/completions", json=_chat(city), timeout=30)
+                assert answer.status_code == 200, answer.text
+                headers.append(answer.headers["x-kvnotes-gateway"])
+                assert answer.headers["x-kvnotes-tenant"] == "user"
+            assert headers == ["pass-through; reason=new base"] + ["erratum"] * 5
+            for app in (one, two):
+                families = _families(httpx.get(f"{app.url}/gateway/metrics").text)
+                assert _value(families, "kvnotes_gateway_rewrites_total") == 5
+                assert _value(families, "kvnotes_gateway_bases") == 1
+                bases = httpx.get(f"{app.url}/gateway/bases").text
+                assert "<td>6</td><td>5</td><td>1</td>" in bases  # requests, rewrites, pass-throughs
+    finally:
+        engine.close()
