@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
+from worker.engine.decode import answer_all
 from worker.engine.forward import Deferred, fill
 from worker.engine.notes import KV, cache_from_layers
 from worker.engine.orders import (
@@ -190,7 +191,10 @@ def decide_all(model, tokenizer, frame: Frame, rows: Sequence[Row], suffix_ids: 
     read over its orders, on a model one mask carries: the rows go through as few batched forwards
     as pays (`batches`, `rows_forward`), each row seeing only its own notes, and each reads only as
     many orders as its decision needs (`_settled_rows`: the decision is the one every order gives;
-    `Readout.orders_read`); anything else, one `decide` each."""
+    `Readout.orders_read`). A free answer: every row's tokens decoded in the same batched steps
+    (`worker.engine.decode.answer_all`). Anything else, one `decide` each."""
+    if not question.choices and not question.cot:  # a free answer: every row decoded in the same steps
+        return answer_all(model, tokenizer, frame, rows, suffix_ids, question)
     together = bool(question.choices) and not question.cot and bool(orders) and not has_sliding_window(model)
     out: list[Readout | None] = [None] * len(rows)
     if not together:

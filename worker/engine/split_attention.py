@@ -341,6 +341,8 @@ def split_attention_forward(module, query: torch.Tensor, key: torch.Tensor, valu
             key, value = torch.cat([k_c, k_n], dim=2), torch.cat([v_c, v_n], dim=2)
         if attention_mask is None and query.shape[2] > 1 and key.shape[2] > query.shape[2] and not dropout:
             return joined_causal(query, key, value, scaling)
+        if _padded_step(query, key, value, attention_mask, dropout, kwargs):
+            return _grouped_step(query, key, value, attention_mask, scaling)
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
                                       scaling=scaling, is_causal=is_causal, **kwargs)
     cut = _cut(attention_mask, p, query.shape[2], query.dtype, query.shape[1] // k_c.shape[1])
@@ -350,3 +352,20 @@ def split_attention_forward(module, query: torch.Tensor, key: torch.Tensor, valu
     w_c, w_n = torch.exp(lse_c - lse)[..., None], torch.exp(lse_n - lse)[..., None]  # [B, H, L, 1]
     out = out_c.float() * w_c + out_n.float() * w_n
     return out.to(query.dtype).transpose(1, 2).contiguous(), None
+
+
+def _padded_step(query, key, value, attention_mask, dropout, kwargs) -> bool:
+    """A one-token step of a full-attention layer under a mask, grouped query heads: what a batched
+    decode makes (`worker.engine.decode`), its mask only hiding the padding after a shorter row."""
+    return (attention_mask is not None and query.shape[2] == 1 and not dropout
+            and kwargs.get("sliding_window") is None and query.shape[1] != key.shape[1]
+            and query.shape[-1] == value.shape[-1] <= 256)
+
+
+def _grouped_step(query, key, value, attention_mask, scaling) -> tuple[torch.Tensor, None]:
+    """SDPA with the query heads grouped in the kernel (`enable_gqa`), as transformers attends a lone
+    row's unmasked step: a masked step would fold the heads into the query rows instead, which rounds
+    differently in bfloat16 and changed a greedy token (gemma3-270m); masked keys add exact zeros."""
+    out = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask,
+                                                           scale=scaling, enable_gqa=True)
+    return out.transpose(1, 2).contiguous(), None
