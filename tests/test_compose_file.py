@@ -67,6 +67,22 @@ def test_the_default_services_stay_cpu_and_profile_free(services):
         assert "profiles" not in services[name] and "deploy" not in services[name], name
 
 
+def test_two_workers_with_their_own_volumes_share_one_object_store(services):
+    """Issue 40: the second worker is another host's (its own /data), and both reach the seaweedfs
+    service's bucket as the KV store's shared tier; the bucket is not published to the host."""
+    first, second, s3 = services["worker"], services["worker-2"], services["seaweedfs"]
+    assert second["command"] == first["command"]
+    assert first["volumes"] == ["kvdata:/data"] and second["volumes"] == ["kvdata2:/data"]
+    for worker in (first, second):
+        env = worker["environment"]
+        assert env["KVNOTES_STORE_URL"] == "s3://kvnotes/kv"
+        assert env["KVNOTES_S3_ENDPOINT"] == "http://seaweedfs:8333" and env["AWS_SECRET_ACCESS_KEY"]
+        assert "seaweedfs" in worker["depends_on"]
+    assert s3["command"][0] == "mini" and "-bucket=kvnotes" in s3["command"]
+    assert "ports" not in s3 and s3["volumes"] == ["s3data:/data"]
+    assert s3["environment"]["AWS_ACCESS_KEY_ID"] == first["environment"]["AWS_ACCESS_KEY_ID"]
+
+
 def test_the_dockerfile_takes_the_torch_index_as_a_build_argument():
     text = (REPO / "Dockerfile").read_text()
     assert re.search(r"^ARG TORCH_INDEX=https://download\.pytorch\.org/whl/cpu$", text, re.M)
