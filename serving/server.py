@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 import socket
 import threading
 import time
@@ -36,19 +35,10 @@ import httpcore
 import httpx
 
 from serving import sse
-from serving.targets import TargetRefused, check_target
+from serving.failures import QUOTED, ReplayError, ReplayStopped, answered, base_url, quoted
 from vocabulary.prompt import PLAIN_TAIL, choice_text
 
 log = logging.getLogger(__name__)
-
-
-class ReplayError(Exception):
-    """A replay that cannot run or did not finish, with a message for the user; `field` names what
-    to change: "url" (the server), "model", "document" (a prompt too long) or the spec's field."""
-
-    def __init__(self, message: str, field: str = "url") -> None:
-        super().__init__(message)
-        self.field = field
 
 
 @dataclass(frozen=True)
@@ -91,29 +81,7 @@ class Counters:
 NETWORK_ERRORS = (httpx.HTTPError, httpx.InvalidURL, UnicodeError, OSError)
 MAX_BODY = 16 << 20  # the largest answer read from the server (token ids of a long prompt, /metrics)
 WATCH_EVERY_S = 0.2  # how often the watcher looks for a stop or a passed deadline
-QUOTED = 200  # the characters of a server's answer a quoting failure shows
 EXTRA_EVENTS = 8  # events of an answer besides one per token (its role, finish reason, usage)
-
-
-def base_url(url: str, refused_ports: Iterable[int] = (), resolve: bool = False) -> str:
-    """The server's root from what a user pastes: `http://h:p`, `http://h:p/v1` or with a slash;
-    `ReplayError` for an address a replay may never reach (`serving.targets`), checked before any
-    connection (by the name's addresses too with `resolve`)."""
-    url = url.strip().rstrip("/")
-    if not re.match(r"^https?://[^/\s]+", url):
-        raise ReplayError(f"server URL must start with http:// or https://, got {url[:200]!r}")
-    try:
-        httpx.URL(url).host.encode("idna")
-        check_target(url, refused_ports, resolve=resolve)
-    except TargetRefused as exc:
-        raise ReplayError(str(exc)) from None
-    except (httpx.InvalidURL, UnicodeError, ValueError) as exc:
-        raise ReplayError(f"server URL {url[:200]!r} is not a valid address: {exc}") from None
-    return url[:-3] if url.endswith("/v1") else url
-
-
-class ReplayStopped(ReplayError):
-    """The replay was stopped from outside (`Server.stop`: cancelled, or past its deadline)."""
 
 
 class _TrackingBackend(httpcore.SyncBackend):
@@ -286,7 +254,7 @@ class Server:
         try:
             parsed = json.loads(data)
         except ValueError:
-            raise self._failure(asked, f"not JSON: {_text(data)!r}") from None
+            raise self._failure(asked, f"not JSON: {quoted(data)!r}") from None
         if not isinstance(parsed, dict):
             raise self._failure(asked, f"{type(parsed).__name__}, not a JSON object")
         return parsed
@@ -383,16 +351,6 @@ class Server:
             if chunk.error:
                 raise self._failure(asked, f"an error mid-stream: {event.data[:QUOTED]!r}")
             yield chunk
-
-
-def _text(data: bytes) -> str:
-    """The first QUOTED characters of an answer's body, as text."""
-    return data[:QUOTED * 4].decode("utf-8", errors="replace")[:QUOTED]
-
-
-def answered(status: int, data: bytes) -> str:
-    """What a server answered, as a failure quotes it: the status and the body's first characters."""
-    return f"HTTP {status}: {_text(data)!r}"
 
 
 def _shut(sock: socket.socket) -> None:
