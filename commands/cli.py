@@ -93,9 +93,14 @@ def _load(args):
     from worker.engine.devices import parse_max_memory
 
     settings = get_settings()
+    store = None
+    if getattr(args, "store", None) or settings.store_url:  # the KV store, with its shared tier (issue 40)
+        from worker.runtime import open_store
+
+        store = open_store(getattr(args, "store", None) or "")
     return load(args.model, device=args.device or settings.device or None,
                 dtype=args.dtype or settings.dtype or None, data_dir=settings.data_dir,
-                max_memory=parse_max_memory(args.max_memory or settings.max_memory))
+                max_memory=parse_max_memory(args.max_memory or settings.max_memory), store=store)
 
 
 def cmd_models(args) -> None:
@@ -232,6 +237,12 @@ def _fields(document: str, replaces) -> list:
     return fields
 
 
+def _store_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--store", default=None, metavar="s3://BUCKET/PREFIX",
+                   help="read and keep notes in the KV store under KVNOTES_DATA with this shared tier behind "
+                        "it (default: KVNOTES_STORE_URL; unset: no store)")
+
+
 def _common(p: argparse.ArgumentParser) -> None:
     from vocabulary import DEFAULT_MODEL
 
@@ -276,6 +287,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mechanism", action="store_true",
                    help="also knockout, selective@K with K*, and a logit lens per strategy")
     _common(p)
+    _store_option(p)
     p.set_defaults(func=cmd_edit)
 
     p = sub.add_parser("compose", help="splice compiled skills into a context, against recompute")
@@ -287,6 +299,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--strategies", default=None,
                    help=_strategy_help(COMPOSE_INFO, ",".join(DEFAULT_COMPOSE_STRATEGIES)))
     _common(p)
+    _store_option(p)
     p.set_defaults(func=cmd_compose)
 
     p = sub.add_parser("attribute", help="which notes carry the decision: patch spans from recompute")
@@ -319,6 +332,9 @@ def build_parser() -> argparse.ArgumentParser:
     from commands.gateway import add_command as add_gateway_command
 
     add_gateway_command(sub)
+    from commands.store import add_command as add_store_command
+
+    add_store_command(sub)
     return parser
 
 

@@ -25,23 +25,31 @@ log = logging.getLogger(__name__)
 @lru_cache(maxsize=1)
 def get_store() -> KVStore:
     """The process's KV store under `<data>/kv`, with the shared tier of `KVNOTES_STORE_URL` behind
-    it when set (its background writes are waited for, a bounded while, when the process exits)."""
-    store = KVStore(get_settings().data_dir / "kv", shared=shared_config())
+    it when set."""
+    return open_store()
+
+
+def open_store(url: str = "") -> KVStore:
+    """A KV store under `<data>/kv` with the shared tier of `url` (else `KVNOTES_STORE_URL`) behind
+    it; its background writes are waited for, a bounded while, when the process exits."""
+    store = KVStore(get_settings().data_dir / "kv", shared=shared_config(url))
     if store.shared is not None:
         atexit.register(store.flush, 30.0)
     return store
 
 
-def shared_config() -> SharedConfig | None:
-    """The settings' shared KV tier as the engine takes it, or None when KVNOTES_STORE_URL is unset.
-    Its index is KVNOTES_STORE_INDEX, else the broker's Redis (none: no budget is enforced)."""
+def shared_config(url: str = "") -> SharedConfig | None:
+    """The shared KV tier at `url` (else the settings' KVNOTES_STORE_URL) as the engine takes it, or
+    None when neither is set. Its index is KVNOTES_STORE_INDEX, else the broker's Redis (none: no
+    budget is enforced)."""
     settings = get_settings()
-    if not settings.store_url:
+    url = url or settings.store_url
+    if not url:
         return None
     index = settings.store_index_url
     if not index and settings.broker_url.startswith(("redis://", "rediss://")):
         index = settings.broker_url
-    return SharedConfig(url=settings.store_url, endpoint=settings.s3_endpoint,
+    return SharedConfig(url=url, endpoint=settings.s3_endpoint,
                         budget_bytes=settings.store_shared_bytes, index_url=index,
                         timeout_s=settings.store_timeout_s)
 

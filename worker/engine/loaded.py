@@ -39,7 +39,7 @@ class LoadedModel:
         except NotPortableError as exc:
             self.rope, self.rope_error = None, str(exc)
         self._warm = False
-        self.last_reuse = Reuse()  # the last prefill's store lookup: tokens read, tier, shared fault
+        self.last_reuse: Reuse | None = None  # the last prefill's store lookup (None: no store)
 
     @property
     def device(self) -> torch.device:
@@ -83,7 +83,7 @@ class LoadedModel:
     def _prefill_ids(self, ids: list[int]) -> list:
         """Full K/V of `ids`, reusing the longest prefix the KV store holds."""
         cached_n, cached = (0, None)
-        self.last_reuse = Reuse()
+        self.last_reuse = None
         if self.store is not None:
             cached_n, cached = self.store.get_prefix(self.model_key, ids)
             self.last_reuse = self.store.last_reuse
