@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
+from vocabulary.agreement import FIRST_TOKEN, WORDS, agreement, by_verdict
 from vocabulary.hoist import hoist
 from vocabulary.strategies import EDIT_INFO, FLOOR, FOLLOWS_POLICY, REFERENCE, StrategyInfo
 from vocabulary.sweeps import wilson
@@ -214,6 +215,9 @@ class StrategyTurn:
     cumulative_tokens: int
     errata: int  # errata the cache holds
     tokens_spliced: int = 0  # a placed skill's tokens spliced in: none computed, their keys re-rotated
+    # what `agrees` compared (`vocabulary.agreement`): "value", "choice", "first token", "words";
+    # "" on turns stored before the rule, which `judged` re-reads
+    basis: str = ""
 
 
 @dataclass
@@ -226,24 +230,56 @@ class TurnRecord:
     results: dict[str, StrategyTurn] = field(default_factory=dict)
 
 
-def summaries(turns: Sequence[TurnRecord]) -> dict[str, Summary]:
+def judged(turns: Sequence[TurnRecord], spec: TrajectorySpec | None = None) -> list[TurnRecord]:
+    """`turns` with every `agrees` under the one rule (`vocabulary.agreement`). Turns stored before
+    it compared the wording: with `spec`, each is judged again from its answers and the values the
+    fields have held so far ("The account status is suspended." and "The account is suspended."
+    name the same value); without it, from the stored verdicts. Where recompute's answer names no
+    value, the stored comparison stands, labelled."""
+    held = [spec.document[f.start:f.end] for f in spec.fields] if spec is not None else []
+    out = []
+    for i, t in enumerate(turns):
+        turn = spec.turns[i] if spec is not None and i < len(spec.turns) else None
+        if turn is not None:
+            held.extend(v for v in turn.fields.values() if v not in held)
+        choices = (turn.choices or ()) if turn is not None and turn.question else \
+            (spec.choices if spec is not None else ())
+        ref = t.results.get(REFERENCE)
+        results = {}
+        for k, r in t.results.items():
+            if ref is not None and k != REFERENCE and (spec is not None or not r.basis):
+                stored = r.basis if r.basis in (FIRST_TOKEN, WORDS) else WORDS
+                a = agreement(r.decision, ref.decision, choices=choices, values=held) \
+                    if spec is not None else by_verdict(r.edit_followed, ref.edit_followed, r.agrees,
+                                                        fallback_basis=stored)
+                if a.basis in (FIRST_TOKEN, WORDS) and r.basis in (FIRST_TOKEN,):
+                    a = replace(a, agrees=r.agrees, basis=r.basis)  # the engine's first-token reading
+                r = replace(r, agrees=a.agrees, basis=a.basis)
+            results[k] = r
+        out.append(replace(t, results=results))
+    return out
+
+
+def summaries(turns: Sequence[TurnRecord], spec: TrajectorySpec | None = None) -> dict[str, Summary]:
     """Each strategy's summary over `turns`, against the reference's, with its agreement on the
     turns that changed recompute's decision (`decisive_turns`)."""
+    turns = judged(turns, spec)
     keys = list(turns[0].results) if turns else []
     points = {k: [TurnPoint(r.agrees, r.kl_to_recompute, r.cumulative_ttft_ms, r.cumulative_tokens)
                   for r in (t.results[k] for t in turns)] for k in keys}
-    decisive = decisive_turns(turns)
+    decisive = decisive_turns(turns, judge=False)
     return {k: summarize(points[k], points.get(REFERENCE, []), decisive) for k in keys}
 
 
-def decisive_turns(turns: Sequence[TurnRecord]) -> list[bool] | None:
+def decisive_turns(turns: Sequence[TurnRecord], spec: TrajectorySpec | None = None,
+                   judge: bool = True) -> list[bool] | None:
     """Per turn: whether its changes so far changed recompute's decision, as a sweep counts its
     changed edits: recompute's decision there differs from the floor's (stale keeps the document's
     own values under the same turns). A turn with no change of decision (no edit, or a value set
     back) is trivial: every strategy that ignores the edits agrees on it. None without the floor."""
     if not turns or any(FLOOR not in t.results for t in turns):
         return None
-    return [not t.results[FLOOR].agrees for t in turns]
+    return [not t.results[FLOOR].agrees for t in (judged(turns, spec) if judge else turns)]
 
 
 @dataclass(frozen=True)

@@ -51,6 +51,7 @@ from vocabulary.trajectories import (
     TurnSpec,
     carried,
     composite,
+    judged,
     split_variant,
     summaries,
     unknown_keys,
@@ -213,7 +214,7 @@ class TrajectoryView(BaseModel):
 
 def trajectory_view(session: Session, row: Trajectory) -> TrajectoryView:
     """The one view of `row`."""
-    turns = list(row.turns or [])
+    turns = judged(list(row.turns or []), row.spec)  # the one agreement rule, on old rows too
     summary = summaries(turns)
     return TrajectoryView(
         id=row.id, notebook_id=row.notebook_id, model=row.model, status=row.status, stage=row.stage,

@@ -89,8 +89,11 @@ def run(engine: LoadedModel, request: RunRequest, notes: Notes | None = None,
     """The report of `request`; `notes` are the document's cached notes (prefilled when None)."""
     report_progress = progress or (lambda stage, fraction: None)
     strategies = EDITS.build(_checked(request))
+    values = tuple([request.document[f.start:f.end] for f in request.fields]
+                   + [f.new_value for f in request.fields])
     for strategy in strategies.values():
         strategy.follow(request.policy)
+        strategy.judge_by(values, tuple(request.question.choices))
     report_progress("prefill", 0.02)
     old = notes if notes is not None else engine.prefill(request.document)
     reuse = engine.last_reuse if notes is None else None

@@ -44,6 +44,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from vocabulary import DEFAULT_TEMPLATE, REFERENCE, render_erratum
+from vocabulary.agreement import Agreement, agreement
 from vocabulary.strategies import FIELDS_LAST, FOLLOWS_POLICY, WHOLE_PROMPT
 from vocabulary.trajectories import (
     StrategyTurn,
@@ -59,7 +60,7 @@ from vocabulary.trajectories import (
 )
 from vocabulary.verdicts import edit_followed
 from worker.engine.carry import Carried, advance, document_with, lay_out_hoisted
-from worker.engine.compare import fidelity, same_answer
+from worker.engine.compare import fidelity
 from worker.engine.loaded import LoadedModel
 from worker.engine.notes import Notes, cache_from_layers
 from worker.engine.readout import decide, orders_suffixes
@@ -224,6 +225,7 @@ def trajectory(engine: LoadedModel, request: TrajectoryRequest, notes: Notes | N
     report = TrajectoryReport(model=engine.info.alias, document_tokens=len(old.token_ids))
     texts = {s.name: s.text for s in request.skills}
     values, appended, previous = dict(first), "", dict(first)
+    held: list[str] = []  # every value a field has held so far: what an answer may name
     for index, turn in enumerate(request.turns):
         if cancelled():
             break
@@ -242,6 +244,12 @@ def trajectory(engine: LoadedModel, request: TrajectoryRequest, notes: Notes | N
                 return None
             return edit_followed(answer, [previous[m] for m in moved], [values[m] for m in moved], q.choices)
 
+        held.extend(v for v in values.values() if v not in held)
+
+        def judged(answer: str, reference: str, first_token: bool, q: Question = question,
+                   known: tuple[str, ...] = tuple(held)) -> Agreement:  # the one rule
+            return agreement(answer, reference, choices=q.choices, values=known, first_token=first_token)
+
         tr = TurnRecord(index=index, prompt_tokens=len(full[0]), changed=changed)
         readouts = {}
         for key, state in states.items():
@@ -257,8 +265,9 @@ def trajectory(engine: LoadedModel, request: TrajectoryRequest, notes: Notes | N
         ref = readouts[REFERENCE][0]
         for key, (readout, computed, ttft) in readouts.items():
             state, fid = states[key], fidelity(ref.logits, readout.logits)
+            judgement = judged(readout.decision, ref.decision, fid.top1_agrees)
             tr.results[key] = StrategyTurn(
-                decision=readout.decision, agrees=same_answer(readout.decision, ref.decision),
+                decision=readout.decision, agrees=judgement.agrees, basis=judgement.basis,
                 edit_followed=followed(readout.decision), kl_to_recompute=fid.kl_to_recompute,
                 logit_cosine=fid.logit_cosine, tokens_computed=computed, ttft_ms=ttft,
                 cumulative_ttft_ms=state.cumulative_ttft_ms, cache_tokens=len(state.ids),

@@ -9,6 +9,7 @@ from __future__ import annotations
 import difflib
 import re
 from dataclasses import dataclass
+from typing import Any
 
 from app.services.attention import align_tokens, head_differences  # noqa: F401 (the run page's names for them)
 from app.web.runs.verdict_view import (
@@ -20,11 +21,13 @@ from app.web.runs.verdict_view import (
     mark,
     speedup_range,
     timing,
+    values_of,
     verdict_applies,
 )
 from data.contracts import RunSnapshot, SnapshotField, SnapshotPlacement
 from data.models import Run, RunResult
 from vocabulary import FLOOR, REFERENCE
+from vocabulary.agreement import agreement, by_verdict
 
 
 @dataclass
@@ -64,7 +67,7 @@ def decision_rows(run: Run) -> list[DecisionRow]:
     for name in order:
         r = by_name.get(name)
         mine = followed(r, snapshot) if judged and r is not None else None
-        agrees = _agrees(name, r, mine, ref_followed)
+        agrees = _agrees(name, r, ref, snapshot, mine, ref_followed)
         pct = speed = None
         if r is not None and ref is not None:
             if ref.tokens_computed:
@@ -89,16 +92,23 @@ def _stored_verdict(ref: RunResult | None) -> bool:
     return getattr(ref, "edit_followed", None) in ("new", "old", "both")
 
 
-def _agrees(name: str, result: RunResult | None, mine: str | None, reference: str | None) -> bool:
-    """Recompute agrees with itself; when recompute's answer names a value, a strategy agrees when
-    it names the same side (whatever its wording); otherwise when its decision is recompute's."""
+def _agrees(name: str, result: RunResult | None, ref: RunResult | None, snapshot: Any,
+            mine: str | None, reference: str | None) -> bool:
+    """The one agreement rule (`vocabulary.agreement`): recompute agrees with itself; with the
+    snapshot, from the answers and the fields' values (the same choice, or the same values named,
+    whatever the wording); without it, from the stored verdicts. Where recompute's answer names no
+    value: the first answer token."""
     if name == REFERENCE:
         return True
     if result is None:
         return False
-    if reference in ("new", "old", "both"):
-        return mine == reference
-    return bool(result.decision_matches_recompute)
+    first = getattr(result, "top1_agrees", None)
+    if snapshot is not None and ref is not None:
+        old, new = values_of(snapshot)
+        return agreement(result.decision or "", ref.decision or "", choices=snapshot.question.choices,
+                         values=[*old, *new] if reference is not None else [], first_token=first).agrees
+    fallback = first if first is not None else bool(result.decision_matches_recompute)
+    return by_verdict(mine, reference, fallback).agrees
 
 
 def _first_token_ms(result: RunResult) -> float:

@@ -62,6 +62,11 @@ class Strategy(Generic[CaseT]):
         """The strategy a notebook adopted from a sweep's policy (None: none); only a composite
         that picks among others (auto) reads it."""
 
+    def judge_by(self, values: tuple[str, ...], choices: tuple[str, ...]) -> None:
+        """What the agreement rule (`vocabulary.agreement`) needs to compare two answers: the
+        fields' old and new values and the question's choices; only a composite that compares its
+        parts' decisions (auto) reads them."""
+
     def prepare(self, case: CaseT) -> None:
         """Work done once, before and outside the timings (nothing by default)."""
 

@@ -1,6 +1,7 @@
 """`auto`: a composite. It runs no surgery of its own. With no adopted policy it is an oracle pick:
 it measures `field_erratum` (the robust default) and its cheaper parts, and picks the cheapest part
-whose decision matches field_erratum's; its cost is every probe it had to run, field_erratum's
+that agrees with field_erratum under the one rule (`vocabulary.agreement`: the same choice, or the
+same value named, whatever the wording); its cost is every probe it had to run, field_erratum's
 included, honestly summed: its time and its tokens computed. With a policy the notebook adopted
 from a sweep (`follow`), it runs only that strategy and its cost is that strategy's alone."""
 
@@ -9,8 +10,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 from vocabulary import StrategyInfo
+from vocabulary.agreement import agreement
 from vocabulary.strategies import FOLLOWS_POLICY
-from worker.engine.compare import same_answer
 from worker.engine.strategies.base import Strategy
 from worker.engine.strategies.edit import EditCase, _summed
 from worker.engine.strategies.edits.field_erratum import FieldErratum
@@ -27,9 +28,21 @@ class Auto(Strategy[EditCase]):
     )
     TARGET = FieldErratum.info.name
     policy: str | None = None
+    values: tuple[str, ...] = ()  # the fields' old and new values: a probe agrees naming the same ones
+    choices: tuple[str, ...] = ()
 
     def follow(self, policy: str | None) -> None:
         self.policy = policy
+
+    def judge_by(self, values: tuple[str, ...], choices: tuple[str, ...]) -> None:
+        self.values, self.choices = values, choices
+
+    def _agrees(self, probe: Outcome, target: Outcome) -> bool:
+        """The one rule (`vocabulary.agreement`): the same choice, or the same values named whatever
+        the wording; where the target names none, the same first answer token."""
+        first = int(probe.readout.logits.argmax()) == int(target.readout.logits.argmax())
+        return agreement(probe.readout.decision, target.readout.decision, choices=self.choices,
+                         values=self.values, first_token=first).agrees
 
     def needs(self) -> tuple[str, ...]:
         if self.policy is not None:
@@ -41,12 +54,12 @@ class Auto(Strategy[EditCase]):
             chosen = outcomes[self.policy]
             surgery = replace(chosen.surgery, detail=f"adopted policy: {self.policy}")
             return replace(chosen, surgery=surgery, samples=list(chosen.samples), picked=self.policy)
-        target = outcomes[self.TARGET].readout.decision
+        target = outcomes[self.TARGET]
         probes = sorted(self.info.parts, key=lambda n: outcomes[n].surgery.tokens_computed)
         picked, spent = self.TARGET, []
         for name in probes:
             spent.append(name)
-            if same_answer(outcomes[name].readout.decision, target):
+            if self._agrees(outcomes[name], target):
                 picked = name
                 break
         spent.append(self.TARGET)

@@ -1,0 +1,90 @@
+"""One meaning of "agrees" (issue 43), used by every view: the run table, sweeps, trajectories,
+`auto`, the sweep policy, the gateway's checks and the mechanism views.
+
+Two answers agree when they *decide* the same:
+- a choice question: the same choice (`vocabulary.verdicts.chosen`, so "Active." is "active");
+- a free answer whose reference names a field's value: the same `edit_followed` verdict naming the
+  same values. "The account status is suspended." agrees with "The account is suspended.": a pure
+  wording difference never counts;
+- a free answer whose reference names no value (no field changed, or recompute names neither): the
+  decision cannot be read from the words, so the rule falls back to the first answer token (the
+  most likely first token is recompute's) and says so (`basis` = FIRST_TOKEN). Where that token is
+  not known (an answer read back without logits), the normalised words are compared (`WORDS`).
+
+Stdlib only: the engine fills `agrees`, the web app reads the words.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from vocabulary.verdicts import _inside, _phrases, _spans, chosen, words
+
+NAMED = ("new", "old", "both")  # verdicts that name a value: only these decide a free answer
+
+CHOICE, VALUE, FIRST_TOKEN, WORDS = "choice", "value", "first token", "words"
+BASIS_WORDS = {
+    CHOICE: "the same choice",
+    VALUE: "names the same value",
+    FIRST_TOKEN: "first-token comparison: recompute's answer names no value",
+    WORDS: "same words: recompute's answer names no value",
+}
+
+
+@dataclass(frozen=True)
+class Agreement:
+    """Whether an answer decides as the reference does, and on what basis (`BASIS_WORDS`)."""
+
+    agrees: bool
+    basis: str
+
+    @property
+    def words(self) -> str:
+        return BASIS_WORDS[self.basis]
+
+
+def named_values(answer: str, values: Sequence[str]) -> frozenset[tuple[str, ...]]:
+    """The values (as normalised phrases) that `answer` names; a value read only inside a longer
+    named one ("New York" in "New York City") is not named."""
+    said = words(answer)
+    spans = {tuple(p): _spans(said, p) for p in _phrases(values)}
+    every = [s for found in spans.values() for s in found]
+    return frozenset(p for p, found in spans.items()
+                     if any(not _inside(span, every) for span in found))
+
+
+def by_verdict(mine: str | None, reference: str | None, fallback: bool | None, *,
+               same_values: bool = True, fallback_basis: str = FIRST_TOKEN) -> Agreement:
+    """The rule on stored verdicts (no answer text at hand): when the reference's `edit_followed`
+    names a value, the same verdict (and `same_values`, where known) agrees whatever the wording;
+    otherwise `fallback` decides (the first-token comparison, or the words when no token was kept)
+    under its label."""
+    if reference in NAMED:
+        return Agreement(mine == reference and same_values, VALUE)
+    return Agreement(bool(fallback), fallback_basis)
+
+
+def agreement(answer: str, reference: str, *, choices: Sequence[str] = (), values: Sequence[str] = (),
+              first_token: bool | None = None) -> Agreement:
+    """Does `answer` decide as `reference` does? `choices`: a choice question's; `values`: every
+    value the fields hold or held (old and new); `first_token`: whether the two answers' most likely
+    first tokens are the same (the fallback where the reference names no value). Where the
+    reference names values, the answer agrees when it names the same ones: the same
+    `edit_followed` verdict naming the same value, whatever else it says."""
+    if choices:
+        mine, theirs = chosen(answer, choices), chosen(reference, choices)
+        if words(theirs) in [words(c) for c in choices]:
+            return Agreement(words(mine) == words(theirs), CHOICE)
+    named = named_values(reference, values)
+    if named:
+        return Agreement(named_values(answer, values) == named, VALUE)
+    if first_token is not None:
+        return Agreement(first_token, FIRST_TOKEN)
+    return Agreement(words(answer) == words(reference), WORDS)
+
+
+def agrees(answer: str, reference: str, *, choices: Sequence[str] = (), values: Sequence[str] = (),
+           first_token: bool | None = None) -> bool:
+    """`agreement(...).agrees`: the one test every view calls."""
+    return agreement(answer, reference, choices=choices, values=values, first_token=first_token).agrees
