@@ -1,8 +1,9 @@
 """The database engine and sessions, built from settings.
 
 SQLite (the embedded default) gets `check_same_thread=False` (FastAPI serves from a thread pool),
-WAL journaling (the web app reads while a worker writes) and enforced foreign keys (without them
-SQLite ignores ON DELETE CASCADE / SET NULL).
+enforced foreign keys (without them SQLite ignores ON DELETE CASCADE / SET NULL), no memory-mapped
+I/O (`mmap_size=0`) and, by default, the rollback journal (`KVNOTES_SQLITE_JOURNAL=delete`; see
+"What cannot be recovered in-process" for why not WAL, and docs/load.md for what it costs).
 
 Capacity: the web app lets `KVNOTES_DB_POOL_SIZE` requests in at once (`app.api.capacity`) and the
 pool holds that many connections plus as many again for a request's own short second transaction
@@ -23,14 +24,17 @@ that need the database answer 503 (nothing read-only is ever opened), and the fi
 it is read-write. An error saying the database is not writable also starts a new generation of
 connections (the failing one dropped, idle ones closed, ones in use replaced at their next checkout).
 
-What cannot be recovered in-process: in WAL mode every SQLite connection memory-maps the WAL index
-(`-shm`), shared between processes; `mmap_size` (0 here, SQLite's default) is about the database
-file and does not change that, and only `locking_mode=EXCLUSIVE` would avoid it, locking every other
-process out. When storage takes `-shm` away under a mapping (it goes read-only after an error, or
-is made immutable), the next touch of that memory is a SIGBUS, which no Python code can catch. So
-the processes that hold connections are supervised instead: `kvnotes serve` restarts a web process
-or a worker that died (`commands.web`, `commands.supervisor`) and holds no connection itself
-(`release_connections`); a restarted process opens the files afresh once they can be written.
+What cannot be recovered in-process, and so is never mapped: in WAL mode every SQLite connection
+memory-maps the WAL index (`-shm`), shared between processes (`mmap_size` is about the database file
+and does not change that; only `locking_mode=EXCLUSIVE` avoids it, locking every other process
+out). When storage takes `-shm` away under a mapping (it goes read-only after an error, or is made
+immutable: ext4 answers a write to an immutable file's mapped page with SIGBUS), the next touch of
+that memory is a SIGBUS, which no Python code can catch: web processes and workers died so, and
+requests in flight lost their connection. So the default journal is the rollback journal, which
+maps nothing: a file storage took away is an I/O error, answered 503, and the process stays up. WAL
+remains a choice (`KVNOTES_SQLITE_JOURNAL=wal`: faster reads beside a writer), under the
+supervision that restarts a process such a fault kills (`commands.web`, `commands.supervisor`;
+`kvnotes serve` holds no connection itself: `release_connections`).
 """
 
 from __future__ import annotations
@@ -62,10 +66,27 @@ _generation = [0]  # connections opened before the last "not writable" error are
 
 def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
     cursor = dbapi_connection.cursor()
-    cursor.execute("PRAGMA journal_mode=WAL")
+    cursor.execute("PRAGMA mmap_size=0")  # the database file read by read(), never through a mapping
+    if get_settings().sqlite_journal == "wal":
+        cursor.execute("PRAGMA journal_mode=WAL")
+    else:
+        _leave_wal(cursor)
     cursor.execute("PRAGMA foreign_keys=ON")
     cursor.execute("PRAGMA busy_timeout=5000")
     cursor.close()
+
+
+def _leave_wal(cursor: Any) -> None:
+    """A database left in WAL (it persists in the file) goes back to the rollback journal; only a
+    connection alone on the file can do that (`kvnotes serve` migrates alone first), so another's
+    open connections leave it in WAL for now (no wait: busy_timeout 0), said once in the log."""
+    if cursor.execute("PRAGMA journal_mode").fetchone()[0].lower() != "wal":
+        return
+    cursor.execute("PRAGMA busy_timeout=0")
+    try:
+        cursor.execute("PRAGMA journal_mode=DELETE")
+    except Exception as exc:  # noqa: BLE001 - sqlite3.OperationalError: another process holds it open
+        log.warning("database stays in WAL until it is opened alone", extra={"reason": str(exc)})
 
 
 def _stamp(_dbapi_connection: Any, record: Any) -> None:

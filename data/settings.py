@@ -158,6 +158,10 @@ class Settings(BaseSettings):
     # at once; how many more may wait for one, and for how long. Beyond that: 503 with Retry-After at
     # once (never a 500 after a 30 s pool timeout). /api/health has connections of its own.
     db_pool_size: int = Field(default=8, ge=1, le=200, validation_alias="KVNOTES_DB_POOL_SIZE")
+    # SQLite's journal (`data.db`): "delete", a rollback journal, maps no shared memory, so storage that
+    # takes the files away gives 503s, never a SIGBUS; "wal" reads beside a writer faster (docs/load.md)
+    sqlite_journal: Literal["delete", "wal"] = Field(default="delete",
+                                                     validation_alias="KVNOTES_SQLITE_JOURNAL")
     request_queue: int = Field(default=256, ge=0, validation_alias="KVNOTES_REQUEST_QUEUE")
     request_wait_s: float = Field(default=15.0, gt=0, validation_alias="KVNOTES_REQUEST_WAIT_S")
     # Heavy renders of a run (its report, exports, painted attention views) built at once, per signed-in
