@@ -13,7 +13,6 @@ episode kills the web process (checked by hand: see docs/load.md)."""
 
 from __future__ import annotations
 
-import subprocess
 import time
 from collections import Counter
 from pathlib import Path
@@ -22,34 +21,11 @@ import httpx
 import pytest
 
 from tests.conftest import ServedApp
+from tests.worker.conftest import _chattr, _immutable_flag_binds
 
 pytestmark = pytest.mark.slow
 EPISODES, FAULT_S = 3, 15.0
 DOC = "Customer record. status: active. age: 34. Only active customers may log in."
-
-
-def _chattr(flag: str, *paths: Path) -> subprocess.CompletedProcess:
-    return subprocess.run(["chattr", flag, *map(str, paths)], capture_output=True, text=True)
-
-
-def _immutable_flag_binds(folder: Path) -> None:
-    probe = folder / "chattr-probe"
-    probe.write_text("x")
-    try:
-        done = _chattr("+i", probe)
-    except FileNotFoundError:
-        pytest.skip("chattr is not installed (e2fsprogs)")
-    if done.returncode != 0:
-        pytest.skip(f"chattr +i does not work here: {done.stderr.strip()}")
-    try:
-        with probe.open("a") as f:
-            f.write("y")
-        pytest.skip("chattr +i does not stop a write here")
-    except PermissionError:
-        pass
-    finally:
-        _chattr("-i", probe)
-        probe.unlink()
 
 
 def _ask(client: httpx.Client, i: int, seen: Counter) -> None:
