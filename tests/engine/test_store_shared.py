@@ -44,6 +44,8 @@ def test_a_second_host_reads_the_first_hosts_notes_exactly_and_keeps_them(tmp_pa
     b = shared_store(tmp_path / "b", s3_server, url)
     ids = list(range(1000, 1070))  # 70 tokens: 4 blocks of 16 + a 6-token tail
     layers = notes(70, seed=3)
+    assert a.put(MODEL, ids, layers) is not None  # the skill's prefill, then the skill kept (segments)
+    assert a.flush(60)
     skill_key = a.put(MODEL, ids, layers, segments=["sink"] + ["skill"] * 69, first_position=2)
     assert a.flush(60)
     assert len(objects(s3_server, url)) == 5  # 4 blocks + the sequence's manifest

@@ -161,8 +161,10 @@ class Shared:
 
     def publish(self, kind: str, key: str, data: bytes) -> None:
         path = self.tier.path(kind, key)
-        if self.index is not None and self.index.known(path):
-            self.index.touch([path])  # another worker wrote it: one object, one more use
+        # a block's bytes are its key's (another worker wrote it: one object, one more use); a
+        # sequence's manifest is written again, since a skill saved after its prefill adds segments
+        if kind == "block" and self.index is not None and self.index.known(path):
+            self.index.touch([path])
             return
         self.tier.put_later(path, data)
 
