@@ -109,3 +109,25 @@ def finished_run(session: Session, notebook: Notebook, strategies=("recompute", 
         ))
     session.commit()
     return run
+
+
+def mechanism_record():
+    """A mechanism record as the worker stores one: a knockout row, a selective@K curve, a 30-layer lens."""
+    from data.contracts import KCurve, KnockoutRow, KPoint, MechanismRecord, MechControl, MechReading
+
+    reading = MechReading(decision="suspended", p_answer=0.4, kl=0.0123)
+    control = MechControl(size=8, draws=5, p_answer=0.7, p_answer_spread=0.01, kl=0.01, kl_spread=0.0,
+                          agreement=0.8)
+    rows = [KnockoutRow(strategy="recompute", region="downstream_top10", layers="all", size=8,
+                        control=control, reading=MechReading(decision="active", p_answer=0.2, kl=0.9),
+                        agrees=False)]
+    points = [KPoint(k=k, reading=reading, agrees=k >= 4) for k in (0, 1, 2, 4, 8, 11)]
+    lens = [min(1.0, (i / 29) ** 3) for i in range(30)]
+    return MechanismRecord(answer="sus", decision="suspended", shown="stale",
+                           unmasked={"recompute": MechReading(decision="suspended", p_answer=0.4, kl=0.0)},
+                           knockout=rows, downstream=11,
+                           selective_k=[KCurve(ranking="notes_map", points=[], k_star=None,
+                                               note="the notes map was not measured on this run"),
+                                        KCurve(ranking="attention", points=points, k_star=4)],
+                           logit_lens={"recompute": lens, "stale": [p / 2 for p in lens]},
+                           costs={"knockout": 0.4, "selective_k": 10.5, "logit_lens": 0.1})

@@ -10,6 +10,7 @@ import pytest
 
 from tests.conftest import ServedApp, chromium
 from tests.web.conftest import ARTIFACTS, LONG_DOC
+from tests.web.finished_run import mechanism_record
 
 sync_api = chromium()
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
@@ -26,28 +27,6 @@ TABLE_BOX = """() => {
           speedRight: Math.max(...speed), rows: speed.length, page: document.scrollingElement.scrollWidth,
           width: innerWidth};
 }"""
-
-
-def _mechanism():
-    """A mechanism record as the worker stores one: a knockout row, a selective@K curve, a 30-layer lens."""
-    from data.contracts import KCurve, KnockoutRow, KPoint, MechanismRecord, MechControl, MechReading
-
-    reading = MechReading(decision="suspended", p_answer=0.4, kl=0.0123)
-    control = MechControl(size=8, draws=5, p_answer=0.7, p_answer_spread=0.01, kl=0.01, kl_spread=0.0,
-                          agreement=0.8)
-    rows = [KnockoutRow(strategy="recompute", region="downstream_top10", layers="all", size=8,
-                        control=control, reading=MechReading(decision="active", p_answer=0.2, kl=0.9),
-                        agrees=False)]
-    points = [KPoint(k=k, reading=reading, agrees=k >= 4) for k in (0, 1, 2, 4, 8, 11)]
-    lens = [min(1.0, (i / 29) ** 3) for i in range(30)]
-    return MechanismRecord(answer="sus", decision="suspended", shown="stale",
-                           unmasked={"recompute": MechReading(decision="suspended", p_answer=0.4, kl=0.0)},
-                           knockout=rows, downstream=11,
-                           selective_k=[KCurve(ranking="notes_map", points=[], k_star=None,
-                                               note="the notes map was not measured on this run"),
-                                        KCurve(ranking="attention", points=points, k_star=4)],
-                           logit_lens={"recompute": lens, "stale": [p / 2 for p in lens]},
-                           costs={"knockout": 0.4, "selective_k": 10.5, "logit_lens": 0.1})
 
 
 @pytest.fixture(scope="module")
@@ -78,7 +57,7 @@ def site(tmp_path_factory):
                                "1,254 tokens computed in all")
         rows["auto"].picked = "stale"
         rows["field_erratum"].speedup, rows["field_erratum"].speedup_range = 12.4, [11.0, 14.1]
-        run.mechanism = _mechanism()
+        run.mechanism = mechanism_record()
         s.commit()
         ids["run"], ids["notebook"] = run.id, nb.id
         ids["plain_run"] = finished_run(s, nb, strategies=("recompute", "stale")).id  # no notes map
@@ -192,7 +171,7 @@ def test_the_trajectory_plots_read_in_seconds_with_numbered_turns_and_legible_le
         assert plot["minLeft"] >= plot["left"] - 0.5 and plot["maxRight"] <= plot["right"] + 0.5, plot
     assert all(p["legend"] >= 11 for p in plots[:2]), plots  # legend text at least 11 px tall on screen
     expect(page.locator("svg.trajectory-plot >> nth=1")).to_contain_text("40 s")
-    expect(page.locator(".turn-tick")).to_have_count(8)  # turns 1..4 on the drift and cumulative plots
+    expect(page.locator(".turn-tick")).to_have_count(12)  # turns 1..4 on each of the three plots
     page.context.close()
 
 

@@ -40,7 +40,14 @@ from app.web.trajectories.turns_form import (
     rows_from_form,
     values_as_of,
 )
-from app.web.trajectories.view import csv_text, cumulative_svg, drift_svg, set_back, timeline_svg
+from app.web.trajectories.view import (
+    csv_text,
+    cumulative_svg,
+    decisive_of,
+    drift_svg,
+    set_back,
+    timeline_svg,
+)
 from data.models import RUN_ACTIVE, Notebook, Skill
 from data.queue import QueueUnavailable
 from data.settings import get_settings
@@ -71,7 +78,7 @@ def trajectory_page(request: Request, trajectory_id: int, session: SessionDep) -
     view = _view(session, trajectory_id)
     return render(request, "trajectory.html", trajectory=view, active=_active(view), drift=drift_svg(view),
                   cumulative=cumulative_svg(view), timeline=timeline_svg(view), reverted=set_back(view),
-                  nav="runs")
+                  decisive=decisive_of(view), REFERENCE=REFERENCE, nav="runs")
 
 
 @router.get("/trajectories/{trajectory_id}/progress")
@@ -131,8 +138,8 @@ def _report(session, row: Trajectory, download: str) -> Response:
     page = templates.get_template("trajectory_report.html").render(
         trajectory=view, css=css, drift=_svg_inline(drift_svg(view)),
         cumulative=_svg_inline(cumulative_svg(view)), timeline=_svg_inline(timeline_svg(view)),
-        reverted=set_back(view), generated=datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
-        REFERENCE=REFERENCE)
+        reverted=set_back(view), decisive=decisive_of(view),
+        generated=datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"), REFERENCE=REFERENCE)
     policy = ("default-src 'none'; style-src 'unsafe-inline'; img-src data:; base-uri 'none'; "
               "form-action 'none'; frame-ancestors 'none'")
     headers = {"Content-Security-Policy": policy}

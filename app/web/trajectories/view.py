@@ -11,7 +11,7 @@ from html import escape
 
 from app.services.trajectories import TrajectoryView
 from vocabulary import EDIT_INFO
-from vocabulary.trajectories import split_variant
+from vocabulary.trajectories import decisive_turns, split_variant
 
 W, H, PAD = 640, 220, 52  # PAD: room for the y axis's top value ("40.6 s")
 COLUMNS = ("trajectory_id", "turn", "strategy", "decision", "agrees", "edit_followed", "kl_to_recompute",
@@ -35,29 +35,51 @@ FONT = 13  # the plots' text, in the drawing's units (drawn about 1:1 at the pag
 
 
 def _frame(title: str, y_label: str, top: float, n: int, changed: list[int],
-           legend_rows: int = 1, unit=lambda v: f"{v:.3g}") -> list[str]:
+           legend_rows: int = 1, unit=lambda v: f"{v:.3g}", decisive: list[int] = ()) -> list[str]:
     height = H + 40 + 16 * max(legend_rows - 1, 0)  # every legend row inside the drawing
     axis = H - PAD + 20
     parts = [f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {W} {height}" role="img" '
              f'aria-label="{escape(title)}" class="trajectory-plot">',
-             f'<text x="{PAD}" y="15" font-size="{FONT}">{escape(title)}</text>',
-             f'<line x1="{PAD}" y1="{axis}" x2="{W - 10}" y2="{axis}" stroke="#999"/>',
-             f'<line x1="{PAD}" y1="24" x2="{PAD}" y2="{axis}" stroke="#999"/>',
-             f'<text x="{PAD - 4}" y="32" font-size="{FONT - 2}" '
-             f'text-anchor="end">{escape(unit(top))}</text>',
-             f'<text x="{PAD - 4}" y="{axis}" font-size="{FONT - 2}" text-anchor="end">0</text>',
-             f'<text x="{W // 2}" y="{H + 14}" font-size="{FONT - 2}" text-anchor="middle">turn · '
-             f'{escape(y_label)}</text>']
-    for i in _ticks(n):  # the turn axis, numbered
+             f'<text x="{PAD}" y="15" font-size="{FONT}">{escape(title)}</text>']
+    band = (W - PAD - 20) / max(n - 1, 1) if n > 1 else 24
+    for i in decisive:  # the turns the first verdict column counts: recompute's decision moved
         x = _x(i, n)
-        parts.append(f'<line x1="{x:.1f}" y1="{axis}" x2="{x:.1f}" y2="{axis + 4}" stroke="#999"/>'
-                     f'<text class="turn-tick" x="{x:.1f}" y="{axis + 16}" font-size="{FONT - 2}" '
-                     f'text-anchor="middle">{i + 1}</text>')
+        parts.append(f'<rect class="decisive-turn" x="{x - band / 2:.1f}" y="24" width="{band:.1f}" '
+                     f'height="{axis - 24}" fill="#e6b800" fill-opacity="0.14"><title>turn {i + 1}: '
+                     "recompute's decision differs from the document's (stale's)</title></rect>")
+    parts += [f'<line x1="{PAD}" y1="{axis}" x2="{W - 10}" y2="{axis}" stroke="#999"/>',
+              f'<line x1="{PAD}" y1="24" x2="{PAD}" y2="{axis}" stroke="#999"/>',
+              f'<text x="{W // 2}" y="{H + 14}" font-size="{FONT - 2}" text-anchor="middle">turn · '
+              f'{escape(y_label)}</text>']
+    parts += _y_ticks(top, 24 + 8, axis, unit)
+    parts += _turn_ticks(n, axis)
     for i in changed:  # where fields changed
         x = _x(i, n)
-        parts.append(f'<line x1="{x:.1f}" y1="24" x2="{x:.1f}" y2="{axis}" stroke="#c33" '
-                     'stroke-dasharray="2 3"><title>fields changed</title></line>')
+        parts.append(f'<line class="field-change" x1="{x:.1f}" y1="24" x2="{x:.1f}" y2="{axis}" '
+                     'stroke="#c33" stroke-dasharray="2 3"><title>a field changed</title></line>')
     return parts
+
+
+def _y_ticks(top: float, y_top: float, y_zero: float, unit, count: int = 4, at: float = PAD) -> list[str]:
+    """Numbered ticks on a y axis at x `at`: 0, a quarter, a half, … and the top."""
+    out = []
+    for j in range(count + 1):
+        y = y_zero - (y_zero - y_top) * j / count
+        out.append(f'<line x1="{at - 3:.1f}" y1="{y:.1f}" x2="{at:.1f}" y2="{y:.1f}" stroke="#999"/>'
+                   f'<text class="y-tick" x="{at - 5:.1f}" y="{y + 4:.1f}" font-size="{FONT - 2}" '
+                   f'text-anchor="end">{escape(unit(top * j / count) if j else "0")}</text>')
+    return out
+
+
+def _turn_ticks(n: int, axis: float) -> list[str]:
+    """The turn axis, numbered, at the x every chart of the page shares (`_x`)."""
+    out = []
+    for i in _ticks(n):
+        x = _x(i, n)
+        out.append(f'<line x1="{x:.1f}" y1="{axis}" x2="{x:.1f}" y2="{axis + 4}" stroke="#999"/>'
+                   f'<text class="turn-tick" x="{x:.1f}" y="{axis + 16}" font-size="{FONT - 2}" '
+                   f'text-anchor="middle">{i + 1}</text>')
+    return out
 
 
 def _ticks(n: int, most: int = 12) -> list[int]:
@@ -93,8 +115,9 @@ def _plot(view: TrajectoryView, value, title: str, y_label: str, crosses: bool,
     if not n:
         return ""
     changed = [t.index for t in turns if t.changed]
+    decisive = [i for i, d in enumerate(decisive_turns(turns, judge=False) or []) if d]
     top = max((value(t.results[k]) for t in turns for k in keys if k in t.results), default=0.0) or 1.0
-    parts = _frame(title, y_label, top, n, changed, -(-len(keys) // LEGEND_COLUMNS), unit)
+    parts = _frame(title, y_label, top, n, changed, -(-len(keys) // LEGEND_COLUMNS), unit, decisive)
     for k in keys:
         points = [(_x(i, n), _y(value(t.results[k]), top)) for i, t in enumerate(turns) if k in t.results]
         path = " ".join(f"{x:.1f},{y:.1f}" for x, y in points)
@@ -125,73 +148,81 @@ def cumulative_svg(view: TrajectoryView) -> str:
 
 
 def timeline_svg(view: TrajectoryView) -> str:
-    """The turns in order, one column each: recompute's prompt length (a bar), where fields changed
-    (a red diamond, "label → value"), where a turn asked its own question (?) or placed a skill (S),
-    and per strategy that appends errata, the errata its cache holds after each change (an erratum
-    strategy's count grows, its one_per_field variant's stays at one per field)."""
+    """The turns in order on the x axis the drift and cost charts share (`_x`, numbered ticks):
+    recompute's prompt length (a bar, its y axis numbered), where fields changed (a red diamond,
+    "label → value"), where a turn asked its own question (?) or placed a skill (S), and per strategy
+    that appends errata, the errata its cache holds after each change (an erratum strategy's count
+    grows, its one_per_field variant's stays at one per field). Each lane's name sits above it, so
+    no name runs into a number."""
     turns, specs = view.turns, view.spec.turns
     n = len(turns)
     if not n:
         return ""
     keys = [k for k in view.strategies if any(t.results.get(k) and t.results[k].errata for t in turns)]
-    left, right, lane, top, bars_h = 110, 16, 24, 40, 60
-
-    def x(i: int) -> float:  # the middle of turn i's column
-        return left + (W - left - right) * (i + 0.5) / n
-
+    lane, top, bars_h = 34, 44, 70
     base = top + bars_h
-    height = base + lane * (2 + len(keys)) + 4
+    axis = base + 6
+    height = axis + 22 + lane * (1 + len(keys)) + 8
     most = max(t.prompt_tokens for t in turns) or 1
-    width = max(2.0, min(24.0, (W - left - right) / n * 0.6))
+    # narrow bars: turn 1 sits on the shared axis x, half a bar left of it, the y axis just left of that
+    width = max(2.0, min(12.0, (W - PAD - 20) / n * 0.4))
     parts = [f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {W} {height}" role="img" '
-             'aria-label="Timeline of the turns" class="trajectory-plot">',
-             f'<text x="{PAD}" y="14" font-size="12">Timeline: prompt length, field changes and errata per '
-             'turn</text>',
-             f'<text x="4" y="{top + 4}" font-size="11">prompt tokens</text>'
-             f'<text x="4" y="{top + 16}" font-size="11" fill="#666">(recompute\'s)</text>'
-             f'<text x="{left - 6}" y="{top + 4}" font-size="11" text-anchor="end">{most}</text>'
-             f'<text x="{left - 6}" y="{base}" font-size="11" text-anchor="end">0</text>']
+             'aria-label="Timeline of the turns" class="trajectory-plot timeline">',
+             f'<text x="{PAD}" y="15" font-size="{FONT}">Timeline: recompute\'s prompt tokens, field changes '
+             'and errata per turn</text>',
+             f'<line x1="{PAD}" y1="{base}" x2="{W - 10}" y2="{base}" stroke="#999"/>']
     for i, t in enumerate(turns):
         h = bars_h * t.prompt_tokens / most
-        parts.append(f'<rect x="{x(i) - width / 2:.1f}" y="{base - h:.1f}" width="{width:.1f}" '
+        parts.append(f'<rect x="{_x(i, n) - width / 2:.1f}" y="{base - h:.1f}" width="{width:.1f}" '
                      f'height="{h:.1f}" fill="#b8c2d6"><title>turn {i + 1}: {t.prompt_tokens} prompt '
                      'tokens</title></rect>')
-    y = base + lane
-    parts.append(f'<text x="4" y="{y + 4}" font-size="11">turns (1..{n})</text>'
-                 f'<line x1="{left}" y1="{y}" x2="{W - right}" y2="{y}" stroke="#ccc"/>')
+    parts.append(f'<line x1="{PAD - width / 2 - 2:.1f}" y1="{top - 8}" x2="{PAD - width / 2 - 2:.1f}" '
+                 f'y2="{base}" stroke="#999"/>')  # the y axis, left of turn 1's bar
+    parts += _y_ticks(float(most), top, base, lambda v: f"{v:.0f}", count=2, at=PAD - width / 2 - 2)
+    parts += _turn_ticks(n, base)
+    y = axis + 22 + lane * 0.6
+    parts.append(f'<text x="4" y="{y - 12:.1f}" font-size="11">fields changed</text>'
+                 f'<line x1="{PAD}" y1="{y:.1f}" x2="{W - 10}" y2="{y:.1f}" stroke="#ccc"/>')
     for i, t in enumerate(turns):
         spec = specs[t.index] if t.index < len(specs) else None
-        parts.append(f'<line x1="{x(i):.1f}" y1="{y - 3}" x2="{x(i):.1f}" y2="{y + 3}" stroke="#999"/>')
+        x = _x(i, n)
         if t.changed and spec is not None:
             what = ", ".join(f"{label} → {spec.fields.get(label, '')}" for label in t.changed)
-            anchor = "end" if x(i) > W * 0.6 else "start"
+            anchor = "end" if x > W * 0.6 else "start"
             dx = -9 if anchor == "end" else 9
-            parts.append(f'<path d="M{x(i):.1f},{y - 7} l6,7 l-6,7 l-6,-7 z" fill="#c33">'
+            parts.append(f'<path d="M{x:.1f},{y - 7:.1f} l6,7 l-6,7 l-6,-7 z" fill="#c33">'
                          f'<title>turn {i + 1}: {escape(what)}</title></path>'
-                         f'<text x="{x(i) + dx:.1f}" y="{y + 4 - 12 * (i % 2)}" font-size="11" fill="#c33" '
+                         f'<text x="{x + dx:.1f}" y="{y + 4 - 12 * (i % 2):.1f}" font-size="11" fill="#c33" '
                          f'text-anchor="{anchor}">{escape(what[:32])}</text>')
         marks = ("?" if spec is not None and spec.question is not None else "") + \
                 ("S" if spec is not None and getattr(spec, "skill", None) else "")
         if marks:
-            parts.append(f'<text x="{x(i):.1f}" y="{y + 16}" font-size="11" text-anchor="middle">{marks}'
+            parts.append(f'<text x="{x:.1f}" y="{y + 18:.1f}" font-size="11" text-anchor="middle">{marks}'
                          f'<title>turn {i + 1}: {"asks its own question " if "?" in marks else ""}'
                          f'{"places a skill" if "S" in marks else ""}</title></text>')
     for j, k in enumerate(keys):
-        y = base + lane * (2 + j)
-        parts.append(f'<text x="4" y="{y + 4}" font-size="11" fill="{colour(k)}">{escape(k[:20])}'
-                     f'<title>{escape(k)}: errata in its cache after each change</title></text>'
-                     f'<line x1="{left}" y1="{y}" x2="{W - right}" y2="{y}" stroke="{colour(k)}" '
+        y = axis + 22 + lane * (1.6 + j)
+        parts.append(f'<text x="4" y="{y - 10:.1f}" font-size="11" fill="{colour(k)}">{escape(k)}: errata '
+                     f'in its cache<title>{escape(k)}: errata in its cache after each change</title></text>'
+                     f'<line x1="{PAD}" y1="{y:.1f}" x2="{W - 10}" y2="{y:.1f}" stroke="{colour(k)}" '
                      f'stroke-opacity="0.35"{_dash(k)}/>')
         for i, t in enumerate(turns):
             r = t.results.get(k)
             if r is None or not t.changed:
                 continue
-            parts.append(f'<circle cx="{x(i):.1f}" cy="{y}" r="7" fill="{colour(k)}"><title>{escape(k)} '
+            x = _x(i, n)
+            parts.append(f'<circle cx="{x:.1f}" cy="{y:.1f}" r="7" fill="{colour(k)}"><title>{escape(k)} '
                          f'after turn {i + 1}: {r.errata} errata in its cache</title></circle>'
-                         f'<text x="{x(i):.1f}" y="{y + 3.5}" font-size="9" fill="#fff" text-anchor="middle">'
-                         f'{r.errata}</text>')
+                         f'<text x="{x:.1f}" y="{y + 3.5:.1f}" font-size="9" fill="#fff" '
+                         f'text-anchor="middle">{r.errata}</text>')
     parts.append("</svg>")
     return "".join(parts)
+
+
+def decisive_of(view: TrajectoryView) -> set[int]:
+    """The turn indices where recompute's decision differs from the document's (stale's): the
+    turns the summary's first column counts (a field change need not be one of them)."""
+    return {i for i, d in enumerate(decisive_turns(view.turns, judge=False) or []) if d}
 
 
 def set_back(view: TrajectoryView) -> dict[int, list[str]]:

@@ -1,0 +1,96 @@
+"""Issue 43 in real Chromium: one meaning of "agrees" on the trajectory page (a wording difference
+is not a disagreement, on the page, in the JSON and in the verdict sentence), the turns that
+changed recompute's decision told apart from the turns where a field changed, the three charts on
+one numbered turn axis, and the run and trajectory pages at 390 px without a sideways page scroll.
+Screenshots: test-artifacts/43-*.png."""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+
+import pytest
+
+from tests.conftest import ServedApp, chromium
+from tests.web.conftest import ARTIFACTS, LONG_DOC
+from tests.web.finished_run import mechanism_record
+
+sync_api = chromium()
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+expect = sync_api.expect
+
+PAGE_WIDTH = "() => document.scrollingElement.scrollWidth"
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory):
+    """A served app (no worker) holding the wording trajectory and a run with a mechanism record."""
+    from app.services.notebooks import add_field
+    from data.models import Notebook, Question
+    from tests.web.finished_run import finished_run
+    from tests.web.wording_trajectory import wording_trajectory
+
+    server = ServedApp(tmp_path_factory.mktemp("agreement"), "smollm2-135m")
+    with server.db() as s:
+        nb = Notebook(title="Long record", model="smollm2-135m", document=LONG_DOC)
+        s.add(nb)
+        s.flush()
+        at = nb.document.index("active")
+        add_field(s, nb, at, at + 6, "suspended", "status")
+        nb.questions.append(Question(text="What is the status?", choices=[]))
+        s.commit()
+        run = finished_run(s, nb, strategies=("recompute", "stale", "in_place", "field_erratum", "hoist"),
+                           notes_map=True)
+        run.mechanism = mechanism_record()
+        s.commit()
+        ids = {"run": run.id, "trajectory": wording_trajectory(s)}
+    ARTIFACTS.mkdir(exist_ok=True)
+    yield server, ids
+    server.stop()
+
+
+def test_a_wording_difference_agrees_on_the_page_in_the_json_and_in_the_verdict(site, browser) -> None:
+    server, ids = site
+    tid = ids["trajectory"]
+    page = browser.new_context(viewport={"width": 1280, "height": 900}, bypass_csp=True).new_page()
+    page.goto(f"{server.url}/trajectories/{tid}")
+    hoist = page.locator("details.turn tr[data-strategy='hoist'] td.agrees-cell")
+    expect(hoist).to_have_count(4)
+    assert [t.strip() for t in hoist.all_text_contents()] == ["yes"] * 4
+    verdict = page.locator("ul.verdicts li[data-strategy='hoist']")
+    expect(verdict).to_contain_text("hoist agreed on 2 (4 of 4 turns in all)")
+    # stale matches recompute where both name "active" (turns 1 and 4), whatever the wording
+    expect(page.locator("ul.verdicts li[data-strategy='stale']")).to_contain_text("(2 of 4 turns in all)")
+    # the turns that changed recompute's decision (2, 3) are told apart from the field changes (2, 4)
+    badges = page.locator("details.turn:has(.decisive-badge)")
+    assert [d.get_attribute("id") for d in badges.all()] == ["turn-2", "turn-3"]
+    drift = page.locator("svg.trajectory-plot >> nth=0")
+    expect(drift.locator("rect.decisive-turn")).to_have_count(2)
+    expect(drift.locator("line.field-change")).to_have_count(2)
+    # one numbered turn axis, shared: the timeline's ticks stand under the drift chart's
+    xs = page.evaluate("""() => [...document.querySelectorAll('svg.trajectory-plot')].map(svg =>
+        [...svg.querySelectorAll('.turn-tick')].map(t => Math.round(t.getBoundingClientRect().x
+            + t.getBoundingClientRect().width / 2)))""")
+    assert len(xs) == 3 and xs[0] == xs[2] and len(xs[2]) == 4, xs
+    ticks = page.locator("svg.trajectory-plot >> nth=2").locator(".y-tick")
+    assert ticks.count() >= 3  # the timeline's y axis numbered between 0 and its top
+    page.locator(".trajectory-plots").scroll_into_view_if_needed()
+    page.screenshot(path=str(ARTIFACTS / "43-trajectory-1280.png"), full_page=True)
+    with urllib.request.urlopen(f"{server.url}/trajectories/{tid}/export.json") as response:
+        body = json.load(response)
+    assert [t["results"]["hoist"]["agrees"] for t in body["turns"]] == [True] * 4
+    assert [t["results"]["stale"]["agrees"] for t in body["turns"]] == [True, False, False, True]
+    assert "hoist agreed on 2 (4 of 4 turns in all)" in body["verdicts"]["hoist"]
+    page.context.close()
+
+
+@pytest.mark.parametrize("what", ["run", "trajectory"])
+def test_the_run_and_trajectory_pages_fit_390_px(site, browser, what: str) -> None:
+    server, ids = site
+    page = browser.new_context(viewport={"width": 390, "height": 844}, bypass_csp=True).new_page()
+    page.goto(f"{server.url}/{what}s/{ids[what]}")
+    page.wait_for_load_state("networkidle")
+    page.screenshot(path=str(ARTIFACTS / f"43-{what}-390.png"), full_page=True)
+    width = page.evaluate(PAGE_WIDTH)
+    assert width <= 390, f"the {what} page is {width} px wide at 390 px"
+    page.context.close()
