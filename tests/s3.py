@@ -16,7 +16,12 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import obstore
+from obstore.store import S3Store
+
 from tests.conftest import REPO, free_port, missing
+from worker.engine.store import KVStore
+from worker.engine.store_s3 import SharedConfig, parse_store_url
 
 SCRIPT = REPO / "scripts" / "s3.sh"
 REDIS_URL = os.environ.get("KVNOTES_TEST_REDIS", "redis://127.0.0.1:6379/0")
@@ -81,3 +86,18 @@ def seaweedfs(folder: Path) -> Iterator[S3Server]:
 def aws_env(server: S3Server) -> dict[str, str]:
     """The credential variables a client of `server` needs."""
     return {k: v for k, v in server.env.items() if k.startswith("AWS_")}
+
+
+def shared_store(root: Path, server: S3Server, url: str, **kw) -> KVStore:
+    """A store under `root` with `url` on `server` behind it (credentials from its variables)."""
+    os.environ.update(aws_env(server))  # obstore reads the credentials from the environment
+    config = SharedConfig(url=url, endpoint=server.endpoint, index_url=REDIS_URL, **kw)
+    return KVStore(root, block_tokens=16, shared=config)
+
+
+def objects(server: S3Server, url: str) -> dict[str, int]:
+    """Every object under the store URL's prefix: path → size."""
+    bucket, prefix = parse_store_url(url)
+    s3 = S3Store(bucket, endpoint=server.endpoint, region="us-east-1", virtual_hosted_style_request=False,
+                 client_options={"allow_http": True})
+    return {o["path"]: o["size"] for batch in obstore.list(s3, prefix + "/") for o in batch}

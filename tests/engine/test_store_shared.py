@@ -10,32 +10,11 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from pathlib import Path
-
-import obstore
-from obstore.store import S3Store
 
 from tests.conftest import REPO
 from tests.engine.conftest import MODEL, assert_same, block_files, cut, notes
-from tests.s3 import REDIS_URL, S3Server
-from worker.engine.store import KVStore
-from worker.engine.store_s3 import SharedConfig, parse_store_url
+from tests.s3 import REDIS_URL, objects, shared_store
 from worker.engine.store_tiers import SharedIndex
-
-
-def shared_store(root: Path, server: S3Server, url: str, **kw) -> KVStore:
-    """A store under `root` with `url` on `server` behind it (credentials from its variables)."""
-    os.environ.update({k: v for k, v in server.env.items() if k.startswith("AWS_")})
-    config = SharedConfig(url=url, endpoint=server.endpoint, index_url=REDIS_URL, **kw)
-    return KVStore(root, block_tokens=16, shared=config)
-
-
-def objects(server: S3Server, url: str) -> dict[str, int]:
-    """Every object under the store URL's prefix: path → size."""
-    bucket, prefix = parse_store_url(url)
-    s3 = S3Store(bucket, endpoint=server.endpoint, region="us-east-1", virtual_hosted_style_request=False,
-                 client_options={"allow_http": True})
-    return {o["path"]: o["size"] for batch in obstore.list(s3, prefix + "/") for o in batch}
 
 
 def test_a_second_host_reads_the_first_hosts_notes_exactly_and_keeps_them(tmp_path, s3_server) -> None:

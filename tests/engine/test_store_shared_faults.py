@@ -16,8 +16,7 @@ import pytest
 from obstore.store import S3Store
 
 from tests.engine.conftest import MODEL, assert_same, block_files, cut, notes
-from tests.engine.test_store_shared import objects, shared_store
-from tests.s3 import REDIS_URL, S3Server, seaweedfs
+from tests.s3 import REDIS_URL, S3Server, objects, seaweedfs, shared_store
 from worker.engine.store import KVStore
 from worker.engine.store_s3 import SharedConfig, parse_store_url
 from worker.engine.store_tiers import SharedIndex
