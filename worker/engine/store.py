@@ -20,6 +20,12 @@ The store is a cache (`worker.engine.store_guard`): every public method turns an
 a damaged index is quarantined and rebuilt from the files; every damaged block a lookup meets is
 deleted (so the caller's `put` writes it again), not only the first.
 
+With a `SharedConfig` (KVNOTES_STORE_URL=s3://BUCKET/PREFIX; issue 40) the folder is the near tier
+of two: a file absent here is read from the shared tier (`worker.engine.store_tiers`, S3-compatible
+storage), verified and kept here; every file written here is queued for the shared tier and written
+in the background. `last_reuse` says how many tokens a lookup read and from which tier, and what a
+fault of the shared tier (unreachable, missing bucket, damaged object: each a miss) cost it.
+
 Tensors come in and go out as [kv_heads, T, head_dim] per layer (batch dimension squeezed), in the
 dtype they were given (float32 on CPU, bfloat16 on GPU); they are returned on the CPU.
 """
