@@ -2,7 +2,8 @@
 children on one listening socket, and starts a new child at once when one dies; `serve` itself only
 supervises (it holds no database connection: `data.db.release_connections`).
 
-Why a supervised child even for one process: in WAL mode every SQLite connection memory-maps the
+Why a supervised child even for one process: SQLite keeps its rollback journal by default, which
+maps nothing (`data.db`), but in WAL mode (`KVNOTES_SQLITE_JOURNAL=wal`) every connection memory-maps the
 WAL index (`-shm`); when storage takes that file away under the mapping (a file system that turns
 read-only after an error, `chattr +i`), the next touch is a SIGBUS, which no Python code can catch
 (`data.db` says more). A web process killed so is replaced within a second, and the replacement

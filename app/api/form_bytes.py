@@ -80,12 +80,17 @@ def check_multipart(body: bytes, boundary: bytes) -> None:
         parts[-1]["headers"][header["field"].lower()] = header["value"]
         header["field"], header["value"] = b"", b""
 
+    def on_headers_finished() -> None:
+        _, options = parse_options_header(parts[-1]["headers"].get(b"content-disposition", b""))
+        parts[-1]["options"] = options
+
     def on_part_data(data: bytes, start: int, end: int) -> None:
-        if len(parts[-1]["data"]) <= len(body):
+        if b"filename" not in parts[-1]["options"]:  # a file's bytes are `upload_text`'s to check
             parts[-1]["data"] += data[start:end]
 
     parser = MultipartParser(boundary, {"on_part_begin": on_part_begin, "on_header_field": on_header_field,
                                         "on_header_value": on_header_value, "on_header_end": on_header_end,
+                                        "on_headers_finished": on_headers_finished,
                                         "on_part_data": on_part_data})
     try:
         parser.write(body)
@@ -93,7 +98,7 @@ def check_multipart(body: bytes, boundary: bytes) -> None:
     except Exception:  # noqa: BLE001 - a malformed body is Starlette's to refuse (its 400, our 422)
         return
     for part in parts:
-        _, options = parse_options_header(part["headers"].get(b"content-disposition", b""))
+        options = part.get("options", {})
         raw_name = options.get(b"name", b"")
         field = _decoded(raw_name, _readable(raw_name), "the field's name")
         if b"filename" in options:
