@@ -73,3 +73,31 @@ def test_one_users_hung_replays_hold_half_the_threads_and_another_users_replay_r
     finally:
         hung.close()
         healthy.close()
+
+
+def test_a_hung_replays_deadline_frees_its_thread_for_the_next(tmp_path: Path) -> None:
+    """Two threads (a share of one each user): Alice's first replay hangs until its deadline (6 s),
+    fails saying so, and its thread takes her second, which waited meanwhile."""
+    hung = Engine(fault="trickle", delay_s=0.5)
+    try:
+        with ServedApp(tmp_path, "tiny-llama", replays=True, KVNOTES_VLLM_URL=f"{hung.url}/v1",
+                       KVNOTES_REPLAY_THREADS="2", KVNOTES_REPLAY_DEADLINE="6") as app:
+            client = httpx.Client(base_url=app.url, timeout=60)
+            nid = make_notebook(client)
+            ids = [client.post(f"/api/notebooks/{nid}/replays", json={}).json()["id"] for _ in range(2)]
+
+            def rows() -> list[dict]:
+                return [client.get(f"/api/replays/{i}").json() for i in ids]
+
+            t0, seen = time.monotonic(), set()
+            while (now := rows())[1]["status"] == "queued" or now[0]["status"] in ("queued", "running"):
+                seen.add(tuple(r["status"] for r in now))
+                assert ("running", "running") not in seen  # one thread each user: a share of one
+                assert time.monotonic() - t0 < 60, now
+                time.sleep(0.5)
+            first, second = rows()
+            assert first["status"] == "failed" and "KVNOTES_REPLAY_DEADLINE" in first["error"], first
+            assert second["status"] in ("running", "failed"), second  # it got the thread
+            client.post(f"/api/replays/{ids[1]}/cancel")
+    finally:
+        hung.close()
