@@ -84,7 +84,8 @@ class Settings(BaseSettings):
     # several web processes the broker's Redis) and its tenants (serving/gateway/tenants.py)
     gateway_state: str = Field(default="", validation_alias="KVNOTES_GATEWAY_STATE")
     gateway_tenant_header: str = Field(default="", validation_alias="KVNOTES_GATEWAY_TENANT_HEADER")
-    gateway_shared_keys: str = Field(default="", validation_alias="KVNOTES_GATEWAY_SHARED_KEYS")  # comma-separated
+    # comma-separated keys that name no tenant (shared by many clients)
+    gateway_shared_keys: str = Field(default="", validation_alias="KVNOTES_GATEWAY_SHARED_KEYS")
     gateway_rewrite_shared: bool = Field(default=False, validation_alias="KVNOTES_GATEWAY_REWRITE_SHARED")
 
     # A run whose worker has sent no heartbeat for this long is marked failed (the watchdog).
