@@ -231,6 +231,7 @@ class MechanismRecord(_Frozen):
     logit_lens: dict[str, list[float]] = {}
     costs: dict[str, float] = {}
     notes: list[str] = []
+    read_at: str = ""  # which answer token the views read, and why there (issue 43; "" before it)
 
 
 def _metric_fields() -> dict[str, Any]:

@@ -16,6 +16,7 @@ Stdlib only: the engine fills `agrees`, the web app reads the words.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -88,3 +89,57 @@ def agrees(answer: str, reference: str, *, choices: Sequence[str] = (), values: 
            first_token: bool | None = None) -> bool:
     """`agreement(...).agrees`: the one test every view calls."""
     return agreement(answer, reference, choices=choices, values=values, first_token=first_token).agrees
+
+
+def decision_key(decision: str, followed: str | None, choice: bool) -> str | None:
+    """What a sweep counts under the rule: a choice question's choice (normalised words), or a free
+    answer's `edit_followed` verdict when it names one side ("new" or "old"; None, undetermined,
+    otherwise: a sweep's edit counts only where recompute's answer names a value)."""
+    if choice:
+        return " ".join(words(decision)) or None
+    return followed if followed in ("new", "old") else None
+
+
+@dataclass(frozen=True)
+class DecidingToken:
+    """Where the mechanism views read a free answer (issue 43): the answer token `index` (0: the
+    first), teacher-forcing the reference's answer before it, and why there (`why`, for people)."""
+
+    index: int
+    why: str
+
+
+def value_token(prefixes: Sequence[str], values: Sequence[str]) -> int | None:
+    """The answer token where the answer first names one of `values`: `prefixes[t]` is the decoded
+    text of the answer's tokens 0..t. The token holding the value's first character (found as a
+    whole word, any case); failing that (a value named in other words: "three" for "3"), the token
+    that completes it. None when the answer names no value."""
+    if not prefixes:
+        return None
+    full = prefixes[-1]
+    starts = [m.start() for value in values if value.strip() for m in
+              [re.search(r"(?<!\w)" + re.escape(value.strip()) + r"(?!\w)", full, re.IGNORECASE)] if m]
+    if starts:
+        first = min(starts)
+        return next((t for t, text in enumerate(prefixes) if len(text) > first), len(prefixes) - 1)
+    return next((t for t, text in enumerate(prefixes) if named_values(text, values)), None)
+
+
+def deciding_token(prefixes: Sequence[str], values: Sequence[str], reference_ids: Sequence[int],
+                   floor_ids: Sequence[int] | None) -> DecidingToken:
+    """Where to read a free answer's decision: the token where the reference's answer first names
+    a value; else the first token where the reference's and the floor's (stale's) answers differ;
+    else the first token. Each says which it is."""
+    at = value_token(prefixes, values)
+    if at is not None:
+        return DecidingToken(at, "where recompute's answer first names a value")
+    if floor_ids is not None:
+        differ = next((t for t, (a, b) in enumerate(zip(reference_ids, floor_ids, strict=False)) if a != b),
+                      None)
+        if differ is None and len(reference_ids) != len(floor_ids):
+            differ = min(len(reference_ids), len(floor_ids))
+        if differ is not None and differ < len(reference_ids):
+            return DecidingToken(differ, "recompute's answer names no value: the first token where "
+                                         "recompute's and stale's answers differ")
+    return DecidingToken(0, "recompute's answer names no value and stale's does not differ: the first "
+                            "answer token")

@@ -12,6 +12,7 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from vocabulary.agreement import decision_key as agreement_key
 from vocabulary.confidence import confidence_sequence
 from vocabulary.strategies import EDIT_INFO, FLOOR, REFERENCE
 from vocabulary.verdicts import words
@@ -91,10 +92,9 @@ class EditRecord:
 
 
 def decision_key(outcome: Outcome, choices: bool) -> str | None:
-    """What is compared: the choice, or the free answer's verdict (None when it names no side)."""
-    if choices:
-        return outcome.decision.strip().lower() or None
-    return outcome.followed if outcome.followed in DETERMINED else None
+    """What is compared, under the one agreement rule (`vocabulary.agreement.decision_key`): the
+    choice, or the free answer's verdict (None when it names no side)."""
+    return agreement_key(outcome.decision, outcome.followed, choices)
 
 
 def matches_expected(answer: str, expected: str, choices: bool) -> bool:

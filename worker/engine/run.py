@@ -130,7 +130,8 @@ def run(engine: LoadedModel, request: RunRequest, notes: Notes | None = None,
         report.mechanism = explain(engine, editor, chosen, report.strategies, bench.suffix_ids,
                                    request.question, [(f.start, f.end) for f in request.fields],
                                    report.attribution,
-                                   progress=lambda stage, f: report_progress(stage, 0.73 + 0.02 * f))
+                                   progress=lambda stage, f: report_progress(stage, 0.73 + 0.02 * f),
+                                   values=values)
     wanted = list(strategies) if request.attention is True else \
         [s for s in (request.attention or ()) if s in strategies]
     for i, name in enumerate(wanted):

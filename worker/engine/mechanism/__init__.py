@@ -1,10 +1,13 @@
 """Mechanism: why a decision moved, causally — knockout with a random control, selective@K with
 its K*, and a logit lens per strategy (the paper's mechanism experiments, on one run).
 
-Everything is read at the first answer token, as the notes map reads it: recompute's answer token
-(`Mechanism.answer`) and recompute's decision there (with choices: the choice whose first token is
-most probable) are what every variant is measured against, with KL(recompute ‖ variant). With chain
-of thought that token is the reasoning's first, not the final answer.
+Everything is read at the deciding token (issue 43): a choice question's first answer token (the
+choice whose first token is most probable); a free answer's token where recompute's answer first
+names a field's value, recompute's answer up to there teacher-forced (appended to the question's
+tokens), else the first token where recompute's and stale's answers differ (`Mechanism.read_at`
+says which). Recompute's token there (`Mechanism.answer`) and its decision are what every variant
+is measured against, with KL(recompute ‖ variant). With chain of thought the first answer token is
+the reasoning's first, not the final answer.
 
 Cost (`Mechanism.costs`, in recomputes: tokens run through the model over the tokens of one
 recompute of the document and question): knockout is a few dozen question-length forwards per
@@ -14,12 +17,13 @@ one question-length forward per strategy.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 import torch
 
-from vocabulary import REFERENCE
+from vocabulary import FLOOR, REFERENCE
+from vocabulary.agreement import DecidingToken, deciding_token
 from worker.engine.attention import capture_attention
 from worker.engine.edit import Editor
 from worker.engine.mechanism.knockout import knockout, regions_of
@@ -44,15 +48,20 @@ def explain(engine: LoadedModel, editor: Editor, chosen: dict[str, Outcome],
             results: dict[str, StrategyResult],
             suffix_ids: list[int], question: Question, fields: list[tuple[int, int]],
             attribution: Attribution | None = None, seed: int = SEED,
-            progress: Callable[[str, float], None] | None = None) -> Mechanism:
+            progress: Callable[[str, float], None] | None = None, values: Sequence[str] = ()) -> Mechanism:
     """The three views of a run from its measured outcomes (`chosen`, by strategy, recompute's
-    among them), their results, the question's tokens and the fields' document spans."""
+    among them), their results, the question's tokens and the fields' document spans; `values`:
+    the fields' old and new values (a free answer is read where recompute's names one)."""
     step = progress or (lambda stage, fraction: None)
     model, ref = engine.model, chosen[REFERENCE]
     if not ref.readout.answer_ids:
         return Mechanism("", "", None, notes=["recompute gave no answer token, so there is no decision "
                                              "to explain (an empty answer)"])
-    answer_id = ref.readout.answer_ids[0]
+    at = _deciding(engine, chosen, question, values)
+    answer_ids = ref.readout.answer_ids
+    answer_id = answer_ids[at.index]
+    # teacher-force recompute's answer up to the deciding token: every view reads the token after it
+    suffix_ids = list(suffix_ids) + list(answer_ids[:at.index])
     firsts = [(c, engine.tokenizer(engine.frame.choice_text(c), add_special_tokens=False)["input_ids"][0])
               for c in question.choices]
     recompute_layers = ref.surgery.layers
@@ -60,6 +69,10 @@ def explain(engine: LoadedModel, editor: Editor, chosen: dict[str, Outcome],
     probe = Probe.of(reference, answer_id, firsts, engine.tokenizer.decode)
     shown = _shown(results)
     out = Mechanism(engine.tokenizer.decode([answer_id]), probe.decision(reference), shown)
+    forced = engine.tokenizer.decode(list(answer_ids[:at.index]))
+    out.read_at = f"answer token {at.index + 1} ({out.answer.strip()!r}), {at.why}"
+    if at.index:
+        out.read_at += f"; recompute's answer before it ({forced.strip()!r}) teacher-forced"
     if firsts and not probe.choices:
         out.notes.append("the choices share their first token, so the decision there is the most "
                          "probable token")
@@ -117,6 +130,20 @@ def explain(engine: LoadedModel, editor: Editor, chosen: dict[str, Outcome],
         rows += len(prompt)
     out.costs["logit_lens"] = rows / total
     return out
+
+
+def _deciding(engine: LoadedModel, chosen: dict[str, Outcome], question: Question,
+              values: Sequence[str]) -> DecidingToken:
+    """Where to read: a choice question at its first answer token (the choices are told apart
+    there); a free answer where recompute's answer first names a value, else where recompute's and
+    stale's answers first differ (`vocabulary.agreement.deciding_token`)."""
+    ids = chosen[REFERENCE].readout.answer_ids
+    if question.choices or question.cot:
+        first = "the first answer token" + (" (the reasoning's first)" if question.cot else "")
+        return DecidingToken(0, first)
+    prefixes = [engine.tokenizer.decode(ids[:t + 1]) for t in range(len(ids))]
+    floor = chosen.get(FLOOR)
+    return deciding_token(prefixes, values, ids, floor.readout.answer_ids if floor is not None else None)
 
 
 def _shown(results: dict[str, StrategyResult]) -> str | None:

@@ -86,6 +86,7 @@ class Mechanism:
     logit_lens: dict[str, list[float]] = field(default_factory=dict)
     costs: dict[str, float] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    read_at: str = ""  # which answer token the views read, and why there (`vocabulary.agreement`)
 
     def to_dict(self) -> dict:
         return asdict(self)
