@@ -143,3 +143,29 @@ def deciding_token(prefixes: Sequence[str], values: Sequence[str], reference_ids
                                          "recompute's and stale's answers differ")
     return DecidingToken(0, "recompute's answer names no value and stale's does not differ: the first "
                             "answer token")
+
+
+def around(text: str, values: Sequence[str], width: int = 40) -> tuple[str, str, str]:
+    """`text` cut to about `width` characters around the first value it names (issue 43: a cut
+    answer still shows its value), as (before, value, after) with "…" where it was cut. Naming none:
+    (the text cut from its end, "", "")."""
+    found = [m for value in values if value.strip() for m in
+             [re.search(r"(?<!\w)" + re.escape(value.strip()) + r"(?!\w)", text, re.IGNORECASE)] if m]
+    if not found:
+        return (text if len(text) <= width else text[:width - 1].rstrip() + "…"), "", ""
+    m = min(found, key=lambda m: m.start())
+    before, value, after = text[:m.start()], m.group(), text[m.end():]
+    room = max(width - len(value), 0)
+    keep_after = min(len(after), room // 2)
+    keep_before = min(len(before), room - keep_after)
+    keep_after = min(len(after), room - keep_before)
+    if keep_before < len(before):  # cut at a word boundary, never inside a word
+        kept = before[len(before) - keep_before:]
+        if " " in kept and not before[-keep_before - 1:].startswith(" "):
+            kept = kept[kept.find(" ") + 1:]
+        before = "…" + kept.lstrip()
+    if keep_after < len(after):
+        kept = after[:keep_after]
+        kept = kept[:kept.rfind(" ")] if " " in kept and not after[keep_after:].startswith(" ") else kept
+        after = kept.rstrip() + "…"
+    return before, value, after

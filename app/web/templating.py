@@ -17,13 +17,14 @@ from typing import Any
 
 from fastapi import Request
 from fastapi.templating import Jinja2Templates
-from markupsafe import Markup
+from markupsafe import Markup, escape
 from sqlalchemy import event
 from sqlalchemy.orm import ORMExecuteState, Session
 
 from app.web.strategy_css import cached_strategy_css
 from data.models import as_utc
 from vocabulary import DEFAULT_STRATEGIES, EDIT_INFO, FLOOR, REFERENCE, STRATEGIES, STRATEGY_HELP, text_rules
+from vocabulary.agreement import around
 from vocabulary.regions import MARKED_SEGMENTS
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -105,8 +106,17 @@ def shown_safely(value: Any) -> Any:
 
 
 templates.env.finalize = shown_safely
+def answer_around(text: str | None, values: Any, width: int = 40) -> Markup:
+    """An answer cut around the value it names, the value marked (`vocabulary.agreement.around`):
+    wherever an answer is cut, its value stays in sight. `values`: a list, or a dict's values."""
+    listed = list(values.values()) if isinstance(values, dict) else list(values or [])
+    before, value, after = around(text or "", [str(v) for v in listed], width)
+    marked = Markup('<mark class="answer-value">{}</mark>').format(value) if value else Markup("")
+    return escape(before) + marked + escape(after)
+
+
 templates.env.filters.update(approx_tokens=approx_tokens, ms=fmt_ms, f=fmt_float, when=fmt_when, count=count,
-                             word_tail=word_tail, word_head=word_head)
+                             word_tail=word_tail, word_head=word_head, around=answer_around)
 templates.env.globals.update(
     STRATEGIES=STRATEGIES, STRATEGY_HELP=STRATEGY_HELP, DEFAULT_STRATEGIES=DEFAULT_STRATEGIES,
     HTMX_FILE=HTMX_FILE,

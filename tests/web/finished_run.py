@@ -131,3 +131,44 @@ def mechanism_record():
                                         KCurve(ranking="attention", points=points, k_star=4)],
                            logit_lens={"recompute": lens, "stale": [p / 2 for p in lens]},
                            costs={"knockout": 0.4, "selective_k": 10.5, "logit_lens": 0.1})
+
+
+SWEEP_DOC = "Customer record. status: active. age: 34. Only active customers may log in."
+YES_NO = {"recompute": ("no", 40), "erratum": ("no", 24), "stale": ("yes", 0)}
+
+
+def finished_sweep(server, decided: dict[str, tuple[str, str | None, int]] | None = None,
+                   question: str = "Can this customer log in?", choices: tuple[str, ...] = ("yes", "no"),
+                   ) -> tuple[int, int]:
+    """A notebook with a status field and a finished 3-edit sweep (banned, closed, gone) of
+    recompute and erratum, its edits' results written as a worker writes them: (notebook, sweep).
+    `decided`: per strategy, (decision, edit_followed, tokens computed); by default a yes/no
+    question on which erratum follows recompute at 24 of 40 tokens."""
+    from sqlalchemy import select
+
+    from data.models import Run, RunResult, Sweep
+    from tests.conftest import api_call
+
+    decided = decided or {k: (d, None, t) for k, (d, t) in YES_NO.items()}
+    nb = api_call(f"{server.url}/api/notebooks", "POST",
+                  {"title": "policy", "model": "smollm2-135m", "text": SWEEP_DOC})["id"]
+    start = SWEEP_DOC.index("active")
+    api_call(f"{server.url}/api/notebooks/{nb}/fields", "POST",
+             {"start": start, "end": start + 6, "new_value": "banned", "label": "status"})
+    sweep = api_call(f"{server.url}/api/notebooks/{nb}/sweeps", "POST",
+                     {"question": question, "choices": list(choices), "strategies": ["recompute", "erratum"],
+                      "values": {"status": ["banned", "closed", "gone"]}})
+    with server.db() as s:
+        for run in s.scalars(select(Run).where(Run.sweep_id == sweep["id"])):
+            run.status, run.stage, run.progress = "succeeded", "done", 1.0
+            for name, (decision, followed, tokens) in decided.items():
+                s.add(RunResult(run_id=run.id, strategy=name, decision=decision, choice_probs={decision: 0.8},
+                                kl_to_recompute=0.0, top1_agrees=True, topk_overlap=10, logit_cosine=1.0,
+                                decision_matches_recompute=decision == decided["recompute"][0],
+                                tokens_computed=tokens, latency_ms=10.0, ttft_ms=9.0, decode_ms=1.0,
+                                answer_f1=1.0, prefix_cache_share=0.5, text="", detail="", tokens=[],
+                                edit_followed=followed))
+        row = s.get(Sweep, sweep["id"])
+        row.status, row.edits_done = "succeeded", 3
+        s.commit()
+    return nb, sweep["id"]

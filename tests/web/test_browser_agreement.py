@@ -13,20 +13,26 @@ import pytest
 
 from tests.conftest import ServedApp, chromium
 from tests.web.conftest import ARTIFACTS, LONG_DOC
-from tests.web.finished_run import mechanism_record
+from tests.web.finished_run import finished_sweep, mechanism_record
 
 sync_api = chromium()
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 expect = sync_api.expect
 
 PAGE_WIDTH = "() => document.scrollingElement.scrollWidth"
+LONG_ANSWERS = {  # the value at the end of a long answer: a cut from the start would hide it
+    "recompute": "The account holder's status, according to the record as it was updated this morning, "
+                 "is suspended.",
+    "hoist": "According to the record as it was updated this morning, the account holder's status is "
+             "suspended.",
+}
 
 
 @pytest.fixture(scope="module")
 def site(tmp_path_factory):
     """A served app (no worker) holding the wording trajectory and a run with a mechanism record."""
     from app.services.notebooks import add_field
-    from data.models import Notebook, Question
+    from data.models import Notebook, Question, RunResult
     from tests.web.finished_run import finished_run
     from tests.web.wording_trajectory import wording_trajectory
 
@@ -42,8 +48,15 @@ def site(tmp_path_factory):
         run = finished_run(s, nb, strategies=("recompute", "stale", "in_place", "field_erratum", "hoist"),
                            notes_map=True)
         run.mechanism = mechanism_record()
+        for r in s.query(RunResult).filter_by(run_id=run.id):  # long answers: the value comes last
+            r.decision = LONG_ANSWERS.get(r.strategy, r.decision)
         s.commit()
         ids = {"run": run.id, "trajectory": wording_trajectory(s)}
+    review = "after the review of the record and of the notes and of the history"
+    free = {"recompute": (f"The customer's account, {review}, is banned.", "new", 40),
+            "erratum": (f"The customer's account is now banned, {review}.", "new", 24),
+            "stale": ("The customer's account is active.", "old", 0)}
+    ids["sweep"] = finished_sweep(server, free, question="What is the account's status?", choices=())[1]
     ARTIFACTS.mkdir(exist_ok=True)
     yield server, ids
     server.stop()
@@ -93,4 +106,26 @@ def test_the_run_and_trajectory_pages_fit_390_px(site, browser, what: str) -> No
     page.screenshot(path=str(ARTIFACTS / f"43-{what}-390.png"), full_page=True)
     width = page.evaluate(PAGE_WIDTH)
     assert width <= 390, f"the {what} page is {width} px wide at 390 px"
+    page.context.close()
+
+
+def test_cut_answers_keep_their_value_on_the_slide_and_in_the_sweep_table(site, browser) -> None:
+    server, ids = site
+    page = browser.new_context(viewport={"width": 1280, "height": 720}, bypass_csp=True).new_page()
+    page.goto(f"{server.url}/runs/{ids['run']}/present/2")
+    for name in LONG_ANSWERS:
+        value = page.locator(f".decision-card.s-{name} .decision-big mark.answer-value")
+        expect(value).to_have_text("suspended")
+        expect(value).to_be_visible()  # not clamped away
+        box = value.bounding_box()
+        shown = page.locator(f".decision-card.s-{name} .decision-big").bounding_box()  # clamped to 2 lines
+        assert box["y"] + box["height"] <= shown["y"] + shown["height"] + 1, (box, shown)
+    page.screenshot(path=str(ARTIFACTS / "43-present-step2-1280.png"))
+    page.goto(f"{server.url}/sweeps/{ids['sweep']}")
+    cells = page.locator("#edits tbody tr >> nth=0").locator("td")
+    expect(page.locator("#edits tbody tr >> nth=0").locator("mark.answer-value")).to_have_count(2)
+    marks = page.locator("#edits tbody tr >> nth=0").locator(".agree-mark")
+    # erratum names banned as recompute does, stale keeps "active"
+    assert marks.all_text_contents() == ["✓", "✗"], marks.all_text_contents()
+    assert "banned" in cells.all_text_contents()[-3]  # erratum's cut answer, stale's after it
     page.context.close()

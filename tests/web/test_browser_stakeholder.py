@@ -10,7 +10,7 @@ import pytest
 
 from tests.conftest import ServedApp, chromium
 from tests.web.conftest import ARTIFACTS, LONG_DOC
-from tests.web.finished_run import mechanism_record
+from tests.web.finished_run import finished_sweep, mechanism_record
 
 sync_api = chromium()
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
@@ -85,47 +85,13 @@ def test_a_nine_strategy_decision_table_fits_1280_without_a_sideways_scroll(site
     page.context.close()
 
 
-def _finished_sweep(server) -> tuple[int, int]:
-    """A notebook with a field and a finished 3-edit sweep on which erratum follows recompute at 24
-    of 40 tokens (its edits' results written as a worker writes them): (notebook, sweep)."""
-    from sqlalchemy import select
-
-    from data.models import Run, RunResult, Sweep
-    from tests.conftest import api_call
-
-    doc = "Customer record. status: active. age: 34. Only active customers may log in."
-    nb = api_call(f"{server.url}/api/notebooks", "POST",
-                  {"title": "policy", "model": "smollm2-135m", "text": doc})["id"]
-    start = doc.index("active")
-    api_call(f"{server.url}/api/notebooks/{nb}/fields", "POST",
-             {"start": start, "end": start + 6, "new_value": "banned", "label": "status"})
-    sweep = api_call(f"{server.url}/api/notebooks/{nb}/sweeps", "POST",
-                     {"question": "Can this customer log in?", "choices": ["yes", "no"],
-                      "strategies": ["recompute", "erratum"],
-                      "values": {"status": ["banned", "closed", "gone"]}})
-    decided = {"recompute": ("no", 40), "erratum": ("no", 24), "stale": ("yes", 0)}
-    with server.db() as s:
-        for run in s.scalars(select(Run).where(Run.sweep_id == sweep["id"])):
-            run.status, run.stage, run.progress = "succeeded", "done", 1.0
-            for name, (decision, tokens) in decided.items():
-                s.add(RunResult(run_id=run.id, strategy=name, decision=decision, choice_probs={decision: 0.8},
-                                kl_to_recompute=0.0, top1_agrees=True, topk_overlap=10, logit_cosine=1.0,
-                                decision_matches_recompute=decision == "no", tokens_computed=tokens,
-                                latency_ms=10.0, ttft_ms=9.0, decode_ms=1.0, answer_f1=1.0,
-                                prefix_cache_share=0.5, text="", detail="", tokens=[]))
-        row = s.get(Sweep, sweep["id"])
-        row.status, row.edits_done = "succeeded", 3
-        s.commit()
-    return nb, sweep["id"]
-
-
 ON_SCREEN = """() => { const r = document.querySelector('#adopted-policy').getBoundingClientRect();
   return {top: r.top, bottom: r.bottom, height: innerHeight}; }"""
 
 
 def test_after_adopt_the_page_lands_on_the_confirmation_and_auto_names_the_policy(site, browser) -> None:
     server, _ = site
-    nb, sweep = _finished_sweep(server)
+    nb, sweep = finished_sweep(server)
     page = browser.new_context(viewport={"width": 1280, "height": 800}, bypass_csp=True).new_page()
     page.goto(f"{server.url}/sweeps/{sweep}?threshold=0.3")
     expect(page.locator(".auto-policy")).to_have_count(0)  # the sweep page has no run form
