@@ -1,8 +1,9 @@
 """`kvnotes` — the command line. JSON on stdout is the contract benchmarks and later tools rely on.
 
     kvnotes models [--convert]    (--convert: the bundled models converted ahead, as the install does)
-    kvnotes edit --model M --document doc.txt --replace OLD NEW [--replace OLD2 NEW2] \\
-        --question "..." [--choices "yes,no"] [--strategies recompute,erratum,...] [--cot] --json
+    kvnotes edit --model M --document doc.txt --replace OLD NEW [--label L] \\
+        [--replace OLD2 NEW2 --label L2] --question "..." [--choices "yes,no"] \\
+        [--strategies recompute,erratum,...] [--cot] --json
     kvnotes compose --model M --context ctx.txt --skill skill.txt [--skill s2.txt] [--at end|CHAR] \\
         [--seam K] --question "..." [--choices "..."] --json
     kvnotes attribute --model M --document doc.txt --replace OLD NEW --question "..." [--span-tokens 16]
@@ -136,7 +137,7 @@ def _convert_bundled(data_dir: Path) -> None:
 
 def cmd_edit(args) -> None:
     document = _read(args.document, "document")
-    fields = _fields(document, args.replace)
+    fields = _fields(document, args.replace, args.label)
     strategies = _names(args.strategies)
     eng = _load(args)
     kw = {"strategies": strategies} if strategies else {}
@@ -223,15 +224,26 @@ def _strategy_help(infos, default: str) -> str:
     return f"comma-separated (default: {default}). {names}"
 
 
-def _fields(document: str, replaces) -> list:
+# a field's name when --label gives none: the one `kvnotes sweep` uses, so both write the same erratum
+UNLABELLED = "the value"
+
+
+def _fields(document: str, replaces, labels: list[str] | None = None) -> list:
+    """One field per --replace OLD NEW, named by its --label (one per --replace, in order; none:
+    `UNLABELLED`, as a sweep names an unlabelled field), so `kvnotes edit --label destination`
+    writes the erratum a sweep on that field writes."""
     from worker.engine import Field
 
+    replaces, labels = replaces or [], labels or []
+    if labels and len(labels) != len(replaces):
+        raise UsageError(f"--label: give one per --replace ({len(replaces)} --replace, "
+                         f"{len(labels)} --label)")
     fields = []
-    for old, new in replaces or []:
+    for i, (old, new) in enumerate(replaces):
         start = document.find(old)
         if start < 0:
             raise UsageError(f"--replace: {old!r} is not in the document")
-        fields.append(Field(start, start + len(old), new, label=old))
+        fields.append(Field(start, start + len(old), new, label=labels[i] if labels else UNLABELLED))
     if not fields:
         raise UsageError("at least one --replace OLD NEW is needed")
     return fields
@@ -279,6 +291,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--document", required=True)
     p.add_argument("--replace", nargs=2, action="append", metavar=("OLD", "NEW"),
                    help="replace the first occurrence of OLD by NEW (repeatable)")
+    p.add_argument("--label", action="append", default=None, metavar="NAME",
+                   help="the field's name in its erratum, one per --replace in order (repeatable; default "
+                        f"{UNLABELLED!r}, as `kvnotes sweep` names an unlabelled field)")
     p.add_argument("--strategies", default=None, help=_strategy_help(EDIT_INFO, "all"))
     p.add_argument("--selective", type=float, default=0.15,
                    help="fraction of downstream tokens for `selective`")
