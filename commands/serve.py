@@ -27,6 +27,10 @@ import logging
 import os
 import signal
 import sys
+import threading
+import time
+import urllib.error
+import urllib.request
 
 from commands.supervisor import (
     WORKER_STOP_S,
@@ -89,6 +93,30 @@ def _exit_on_sigterm(signum: int, _frame: object) -> None:
     raise SystemExit(128 + signum)
 
 
+def announce_when_answering(host: str, port: int, every_s: float = 0.2) -> threading.Thread:
+    """Print "kvnotes: open http://HOST:PORT/" once the home page answers (issue 43: printed before,
+    the address led to a page that did not answer for many seconds), from a daemon thread that asks
+    every `every_s` seconds; any HTTP answer counts (a sign-in redirect or page too)."""
+    address = f"http://{host}:{port}/"
+    local = {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "[::1]"}.get(host, host)  # a wildcard: ask here
+    probe = f"http://{local}:{port}/"
+
+    def wait() -> None:
+        while True:
+            try:
+                with urllib.request.urlopen(probe, timeout=5):
+                    break
+            except urllib.error.HTTPError:  # an answer all the same (401, 403, …)
+                break
+            except OSError:
+                time.sleep(every_s)
+        print(f"kvnotes: open {address}", flush=True)
+
+    thread = threading.Thread(target=wait, name="announce-address", daemon=True)
+    thread.start()
+    return thread
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     """Migrate, check, start the supervised worker, serve the web app until Ctrl-C / SIGTERM, stop both."""
     from commands.web import serve_web
@@ -119,9 +147,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     reaper = Reaper()  # the one reaper, also when the workers run elsewhere (`--no-worker`)
     reaper.start()
     processes = args.web_workers or os.cpu_count() or 1
-    print(f"kvnotes: open http://{args.host}:{args.port}/  ({processes} web processes, "
+    print(f"kvnotes: starting the web app on port {args.port} ({processes} web processes, "
           f"{'no worker' if supervisor is None else f'worker {supervisor.name}'}, "
-          f"models {', '.join(models)})")
+          f"models {', '.join(models)}); the address follows once the page answers", flush=True)
+    announce_when_answering(args.host, args.port)
     settings = get_settings()
     if not settings.loopback_bind or settings.auth == "required":
         print(f"kvnotes: sign-in required; answering the host names {', '.join(settings.allowed_hosts)} "

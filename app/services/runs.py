@@ -19,7 +19,7 @@ from data.accounts import LOCAL_USER
 from data.contracts import RunSnapshot, SnapshotField, SnapshotPlacement, SnapshotQuestion
 from data.models import RUN_ACTIVE, Notebook, Question, Run, RunStatus
 from data.queue import enqueue_run
-from data.workers import models_without_worker
+from data.workers import models_starting, models_without_worker
 from vocabulary import by_role
 from vocabulary.sweep_policy import apply_policy
 from vocabulary.sweeps import Policy
@@ -116,6 +116,19 @@ def cancel_run(session: Session, run: Run) -> bool:
     """Mark an unfinished run cancelled (the worker checks between stages) and revoke its task;
     False (and nothing changed) when it already finished."""
     return cancel(session, run)
+
+
+def worker_step(session: Session, run: Run) -> str | None:
+    """What the worker that will take queued `run` still does before it can ("converting
+    gemma3-270m (first use): 120 of 236 tensors"), or None (not queued, or a ready worker serves its
+    model). Best effort: a database that cannot be read says nothing."""
+    if run.status != RunStatus.QUEUED:
+        return None
+    try:
+        return models_starting(session, [run.model]).get(run.model)
+    except SQLAlchemyError:
+        session.rollback()
+        return None
 
 
 def waits_without_worker(session: Session, run: Run) -> bool:

@@ -129,3 +129,27 @@ def test_cut_answers_keep_their_value_on_the_slide_and_in_the_sweep_table(site, 
     assert marks.all_text_contents() == ["✓", "✗"], marks.all_text_contents()
     assert "banned" in cells.all_text_contents()[-3]  # erratum's cut answer, stale's after it
     page.context.close()
+
+
+def test_a_queued_run_names_what_its_worker_still_does(site, browser) -> None:
+    """A worker for both models converting gemma3-270m first: the smollm2-135m run waiting behind it
+    says so, with the tensors converted so far, not only "Waiting for a worker"."""
+    from data import workers
+    from data.models import Run
+    from data.queue import queue_for
+
+    server, ids = site
+    step = "converting gemma3-270m (first use): 120 of 236 tensors"
+    with server.db() as s:
+        done = s.get(Run, ids["run"])
+        queued = Run(notebook_id=done.notebook_id, snapshot=done.snapshot, strategies=list(done.strategies),
+                     status="queued", stage="queued", progress=0.0)
+        s.add(queued)
+        workers.register(s, "kvnotes-both-43@host", [queue_for("smollm2-135m"), queue_for("gemma3-270m")],
+                         "host", 1, starting=step)
+        s.commit()
+        run_id = queued.id
+    page = browser.new_context(viewport={"width": 1280, "height": 800}, bypass_csp=True).new_page()
+    page.goto(f"{server.url}/runs/{run_id}")
+    expect(page.locator("#run-progress .worker-step")).to_contain_text(f"it is {step}")
+    page.context.close()

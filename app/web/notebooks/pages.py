@@ -21,7 +21,7 @@ from app.api.deps import PrincipalDep, SessionDep, get_or_404
 from app.schemas import ErratumCreate, ErratumPatch, FieldCreate, FieldPatch, PlacementCreate, RunCreate
 from app.services import notebooks as actions
 from app.services.errors import RunLimitReached, Unprocessable
-from app.services.runs import question_for, start_run, waits_without_worker
+from app.services.runs import question_for, start_run, waits_without_worker, worker_step
 from app.services.unit import saving
 from app.web.forms import lines, parse_int, validate
 from app.web.notebooks.context import decision_summary, latest_tokens, notebook_context, regions
@@ -332,4 +332,4 @@ def create_run(
         context["run_errors"] = {"form": f"The run was not started: {exc}"}
         return render(request, "_run_form.html", 429, **context)
     return render(request, "_run_started.html", **context, run=run, compact=True,
-                  no_live_worker=waits_without_worker(session, run))
+                  no_live_worker=waits_without_worker(session, run), worker_step=worker_step(session, run))

@@ -13,7 +13,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from app.services.errors import Unprocessable
-from app.services.runs import waits_without_worker
+from app.services.runs import waits_without_worker, worker_step
 from app.web.runs.heatmap_view import ViewParams, view_params
 from app.web.runs.mechanism_view import MechanismPanel, mechanism_panel
 from app.web.runs.notes_map_view import MapPiece, lead_parts, notes_map_pieces, remaining, top_spans
@@ -97,6 +97,7 @@ class RunPage:
     map_remaining: float
     previous_run_id: int | None
     regions: RegionsPanel | None = None
+    worker_step: str | None = None  # what the worker still does before it can take this queued run
 
     def keys(self) -> list[str]:
         return [f.name for f in fields(self)]
@@ -142,7 +143,7 @@ def run_context(session: Session, run: Run) -> RunPage:
         headline=headline(rows, bool(run.snapshot.fields)),
         snapshot=run.snapshot, pieces=snapshot_pieces(run.snapshot),
         notebook=session.get(Notebook, run.notebook_id) if run.notebook_id else None,
-        no_live_worker=waits_without_worker(session, run),
+        no_live_worker=waits_without_worker(session, run), worker_step=worker_step(session, run),
         attention_strategies=with_attention, attention_shape=_shape(run),
         default_strategy=default_strategy(rows, with_attention), note=run_note(rows, run.snapshot),
         order_flag=order_flag(rows),

@@ -12,7 +12,7 @@ from sqlalchemy import select
 
 from app.api.deps import SessionDep, get_or_404
 from app.services.attention import NoAttention, compare_heads, results_with_attention
-from app.services.runs import cancel_run, waits_without_worker
+from app.services.runs import cancel_run, waits_without_worker, worker_step
 from app.web.notebooks.context import decision_summary
 from app.web.paging import page_param, paginate
 from app.web.runs.context import ViewDep, checked_view, run_context
@@ -80,6 +80,7 @@ def run_progress(request: Request, run_id: int, session: SessionDep, compact: st
         extra["notebook_runs"] = list(session.scalars(notebook_runs(run.notebook_id).limit(10)))
         extra["summary"] = decision_summary(session, run)  # the decision summary, without a click
     extra["no_live_worker"] = waits_without_worker(session, run)  # asked here: templates never query
+    extra["worker_step"] = worker_step(session, run)
     response = render(request, "_run_progress.html", run=run, compact=bool(compact), **extra)
     if run.is_finished and not compact and request.headers.get("HX-Request") == "true":
         response.status_code = 286
