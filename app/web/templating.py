@@ -106,6 +106,28 @@ def shown_safely(value: Any) -> Any:
 
 
 templates.env.finalize = shown_safely
+# The run's Timings block in words (issue 43: raw keys with mixed units read "timed 1 ms")
+TIMING_WORDS = {"queue_wait_ms": "waited in the queue", "load_ms": "loading the model",
+                "engine_ms": "the measurement (every strategy, timed rounds included)",
+                "prefill": "prefill", "readout": "readout"}
+
+
+def timing_lines(timings: dict[str, Any] | None) -> list[tuple[str, str]]:
+    """(words, value) per stored timing: durations in ms or s, "timed" as yes / no (decisions
+    only), the decision-only reference's KL as a number; unknown keys by name."""
+    out = []
+    for key, value in (timings or {}).items():
+        if key == "timed":
+            out.append(("timed in paired rounds", "yes" if value else "no: decisions only"))
+        elif key == "exact_reference_kl":
+            out.append(("decision-only reference, KL to the true recompute", fmt_float(value, 2)))
+        elif isinstance(value, int | float):
+            out.append((TIMING_WORDS.get(key, key.removesuffix("_ms").replace("_", " ")), fmt_ms(value)))
+        else:
+            out.append((key.replace("_", " "), str(value)))
+    return out
+
+
 def answer_around(text: str | None, values: Any, width: int = 40) -> Markup:
     """An answer cut around the value it names, the value marked (`vocabulary.agreement.around`):
     wherever an answer is cut, its value stays in sight. `values`: a list, or a dict's values."""
@@ -116,7 +138,8 @@ def answer_around(text: str | None, values: Any, width: int = 40) -> Markup:
 
 
 templates.env.filters.update(approx_tokens=approx_tokens, ms=fmt_ms, f=fmt_float, when=fmt_when, count=count,
-                             word_tail=word_tail, word_head=word_head, around=answer_around)
+                             word_tail=word_tail, word_head=word_head, around=answer_around,
+                             timing_lines=timing_lines)
 templates.env.globals.update(
     STRATEGIES=STRATEGIES, STRATEGY_HELP=STRATEGY_HELP, DEFAULT_STRATEGIES=DEFAULT_STRATEGIES,
     HTMX_FILE=HTMX_FILE,

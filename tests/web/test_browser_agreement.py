@@ -153,3 +153,31 @@ def test_a_queued_run_names_what_its_worker_still_does(site, browser) -> None:
     page.goto(f"{server.url}/runs/{run_id}")
     expect(page.locator("#run-progress .worker-step")).to_contain_text(f"it is {step}")
     page.context.close()
+
+
+GROUPS = """() => {
+  const edges = [...document.querySelectorAll('.decision-table thead tr:not(.groups) th')]
+      .filter(th => th.offsetParent).map(th => th.getBoundingClientRect());
+  return [...document.querySelectorAll('.decision-table tr.groups th')].filter(th => th.offsetParent)
+      .map(th => { const r = th.getBoundingClientRect();
+        return {text: th.textContent, left: edges.some(e => Math.abs(e.left - r.left) < 1),
+                right: edges.some(e => Math.abs(e.right - r.right) < 1),
+                columns: edges.filter(e => e.left >= r.left - 1 && e.right <= r.right + 1).length}; });
+}"""
+
+
+def test_the_column_groups_the_timings_and_the_gateway_read_right(site, browser) -> None:
+    server, ids = site
+    page = browser.new_context(viewport={"width": 1280, "height": 800}, bypass_csp=True).new_page()
+    page.goto(f"{server.url}/runs/{ids['run']}")
+    page.get_by_label("All columns").check()
+    groups = page.evaluate(GROUPS)
+    assert all(g["left"] and g["right"] for g in groups), groups
+    first = next(g for g in groups if g["text"] == "First token")
+    assert first["columns"] == 2, groups  # KL and the top token, both first-token readings
+    expect(page.locator(".timing-line").first).to_have_text("prefill: 420 ms")
+    expect(page.locator(".decision-table th", has_text="Choice probabilities")).to_have_count(1)
+    page.get_by_role("navigation", name="Main").get_by_role("link", name="Gateway").click()
+    expect(page.locator(".gateway-setup")).to_contain_text("KVNOTES_GATEWAY_UPSTREAM=URL")
+    expect(page.locator("#gateway-bases")).not_to_contain_text("send a request")
+    page.context.close()
