@@ -177,6 +177,9 @@ def test_the_column_groups_the_timings_and_the_gateway_read_right(site, browser)
     assert first["columns"] == 2, groups  # KL and the top token, both first-token readings
     expect(page.locator(".timing-line").first).to_have_text("prefill: 420 ms")
     expect(page.locator(".decision-table th", has_text="Choice probabilities")).to_have_count(1)
+    page.goto(f"{server.url}/runs")  # the sweep's 3 edits are on its page, counted only
+    expect(page.locator(".runs-sweep-edits")).to_have_text("Not listed: 3 sweep edits that ran, on their "
+                                                           "sweeps' pages.")
     page.get_by_role("navigation", name="Main").get_by_role("link", name="Gateway").click()
     expect(page.locator(".gateway-setup")).to_contain_text("KVNOTES_GATEWAY_UPSTREAM=URL")
     expect(page.locator("#gateway-bases")).not_to_contain_text("send a request")

@@ -68,8 +68,8 @@ def notebook_context(session: Session, notebook: Notebook, history_number: int =
                                      keep=(("sweeps", "1"),) if sweeps else ())
     recent_runs = (history if history_page.number == 1 and not sweeps
                    else list(session.scalars(runs.limit(HISTORY_PER_PAGE))))
-    sweep_edits = session.scalar(select(func.count(Run.id)).where(
-        Run.notebook_id == notebook.id, Run.sweep_id.is_not(None))) or 0
+    sweep_edits = session.scalar(select(func.count(Run.id)).where(  # cancelled edits never ran: not counted
+        Run.notebook_id == notebook.id, Run.sweep_id.is_not(None), Run.status != "cancelled")) or 0
     context: dict[str, Any] = {
         "notebook": notebook,
         "example": example_named(notebook.example),  # its description heads the page

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import JSONResponse, Response
-from sqlalchemy import select
+from sqlalchemy import func, select
 
 from app.api.deps import SessionDep, get_or_404
 from app.services.attention import NoAttention, compare_heads, results_with_attention
@@ -39,8 +39,13 @@ RUNS_PER_PAGE = 50
 
 @router.get("/runs")
 def runs_page(request: Request, session: SessionDep, page: int = page_param()) -> Response:
-    pager, runs = paginate(session, select(Run).order_by(Run.id.desc()), page, RUNS_PER_PAGE, "/runs")
-    return render(request, "runs.html", recent_runs=runs, page=pager, nav="runs")
+    """The user's own runs, newest first; a sweep's edits are listed on their sweep's page (issue 43:
+    cancelled sweep edits stood above the user's run), only counted here (the cancelled ones not)."""
+    own = select(Run).where(Run.sweep_id.is_(None)).order_by(Run.id.desc())
+    pager, runs = paginate(session, own, page, RUNS_PER_PAGE, "/runs")
+    sweep_edits = session.scalar(select(func.count(Run.id)).where(
+        Run.sweep_id.is_not(None), Run.status != "cancelled")) or 0
+    return render(request, "runs.html", recent_runs=runs, page=pager, sweep_edits=sweep_edits, nav="runs")
 
 
 @router.get("/runs/{run_id}")
