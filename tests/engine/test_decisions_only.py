@@ -102,3 +102,30 @@ def test_a_sweep_lays_hoist_s_held_document_out_once():
         hoist_file.hoist = saved
     # the held layout (old values) once for the three edits; each edit's own layout with its value
     assert layouts.count("old") == 1 and layouts.count("new") == 3
+
+
+@pytest.mark.parametrize("alias", ["tiny-llama", "tiny-gemma3"])
+def test_a_free_answer_decision_only_run_decodes_together_and_reads_the_answers_likelihood(alias):
+    eng = load(alias)
+    notes = eng.prefill(DOC)
+    start = DOC.index("Oslo")
+    question = Question("What is the destination?", (), max_new_tokens=5)
+    request = RunRequest(DOC, question, fields=(Field(start, start + 4, "Madrid", "destination"),),
+                         strategies=("recompute", "prefix_reuse", "stale", "in_place", "erratum",
+                                     "field_erratum"))
+    timed = eng.run(request, notes=notes)
+    seen: list[tuple[int, int]] = []
+    hook = eng.model.register_forward_pre_hook(
+        lambda module, args, kwargs: seen.append(tuple(kwargs["input_ids"].shape)), with_kwargs=True)
+    try:
+        untimed = eng.run(RunRequest(**{**request.__dict__, "timing": False}), notes=notes)
+    finally:
+        hook.remove()
+    for name, a in timed.strategies.items():
+        b = untimed.strategies[name]
+        assert (a.decision, a.text) == (b.decision, b.text), name
+        assert b.recompute_answer_nll == pytest.approx(a.recompute_answer_nll, abs=1e-4), name
+    # the answers' steps batched: at most max_new_tokens - 1 one-token forwards of all 5 readouts
+    # (prefix_reuse reads recompute's), never one per strategy and token
+    steps = [shape for shape in seen if shape[1] == 1]
+    assert len(steps) <= 4 and all(batch == 5 for batch, _ in steps)

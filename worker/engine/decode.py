@@ -134,10 +134,11 @@ def _close(logits: torch.Tensor, margin: float) -> bool:
 
 @torch.inference_mode()
 def greedy_rows(model, tokenizer, started: Sequence[Started],
-                max_new_tokens: int) -> tuple[list[list[int]], list[bool]]:
+                max_new_tokens: int) -> tuple[list[list[int]], list[bool], list[list[float]]]:
     """Each row's greedy answer tokens after its prompt, until a stop token or `max_new_tokens`, all
     rows in one forward a step (a row that stopped rides along, its tokens dropped); and per row
-    whether one of its steps came within `tie_margin` of a tie."""
+    whether one of its steps came within `tie_margin` of a tie; and each answer token's
+    log-probability where it was chosen (its own answer's teacher-forced likelihood, read for free)."""
     stop, margin = _stop_ids(tokenizer), tie_margin(model)
     layers, lengths = _stacked(started)
     most = max(lengths)
@@ -145,6 +146,7 @@ def greedy_rows(model, tokenizer, started: Sequence[Started],
     logits = [s.logits for s in started]
     generated: list[list[int]] = [[] for _ in started]
     done, close = [False] * len(started), [False] * len(started)
+    logps: list[list[float]] = [[] for _ in started]
     for step in range(max_new_tokens):
         nxt = [int(row.argmax()) for row in logits]
         for b, token in enumerate(nxt):
@@ -154,6 +156,7 @@ def greedy_rows(model, tokenizer, started: Sequence[Started],
                     done[b] = True
                 else:
                     generated[b].append(token)
+                    logps[b].append(float(torch.log_softmax(logits[b], dim=-1)[token]))
         if all(done) or step == max_new_tokens - 1:
             break
         positions = torch.tensor([[length + step] for length in lengths], device=model.device)
@@ -161,7 +164,7 @@ def greedy_rows(model, tokenizer, started: Sequence[Started],
                     attention_mask=_step_mask(model, lengths, most, step), cache=cache, use_cache=True,
                     logits_to_keep=1)
         logits = list(out.logits[:, -1].float())
-    return generated, close
+    return generated, close, logps
 
 
 def answer_all(model, tokenizer, frame: Frame, rows: Sequence, suffix_ids: list[int],
@@ -170,9 +173,9 @@ def answer_all(model, tokenizer, frame: Frame, rows: Sequence, suffix_ids: list[
     whose decode came within `tie_margin` of a tie (where rounding could pick another token) is read
     again alone (`decide`), so every answer is the one its strategy's own readout gives."""
     started = start_rows(model, rows, suffix_ids)
-    answers, close = greedy_rows(model, tokenizer, started, question.max_new_tokens)
+    answers, close, logps = greedy_rows(model, tokenizer, started, question.max_new_tokens)
     out = []
-    for row, s, generated, again in zip(rows, started, answers, close):
+    for row, s, generated, again, logp in zip(rows, started, answers, close, logps):
         if again:
             out.append(decide(model, tokenizer, frame, cache_from_layers(row.base, model), suffix_ids,
                               question, pending=list(row.shared), deferred=row.deferred))
@@ -180,5 +183,5 @@ def answer_all(model, tokenizer, frame: Frame, rows: Sequence, suffix_ids: list[
         answer = tokenizer.decode(generated, skip_special_tokens=True).strip()
         out.append(Readout(logits=s.logits, decision=answer.split("\n")[0].strip(), choice_probs={},
                            text=answer, answer_ids=list(generated), first_token_at=s.first_token_at,
-                           deferred_kv=s.fresh))
+                           deferred_kv=s.fresh, answer_logp=logp))
     return out

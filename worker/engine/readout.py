@@ -96,6 +96,8 @@ class Readout:
     # how many of the choices' orders the decision read (a decision-only readout stops once no
     # order left could change it: `worker.engine.orders.settled`); 0 without choices
     orders_read: int = 0
+    # a free answer decoded in a batch: each answer token's log-probability (`worker.engine.decode`)
+    answer_logp: list[float] = field(default_factory=list)
 
 
 def _stop_ids(tokenizer) -> set[int]:

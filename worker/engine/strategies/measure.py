@@ -295,6 +295,8 @@ def score(bench: Bench, case: object, runners: dict[str, Strategy], outcomes: di
         key = id(s.layers) if not s.pending else None
         if ref.decision in out.readout.choice_logp and not bench.question.cot:  # read in the readout
             out.answer_nll = -out.readout.choice_logp[ref.decision] / len(answer)
+        elif out.readout.answer_logp and out.readout.answer_ids == answer:  # its own answer is recompute's
+            out.answer_nll = -sum(out.readout.answer_logp) / len(answer)
         elif key is not None and key in known:
             out.answer_nll = known[key]
         else:
