@@ -224,7 +224,14 @@ def main(argv: list[str] | None = None) -> int:
                                                        "of 200 ports)")
     parser.add_argument("--out", default=str(ROOT / "docs" / "sweeps.md"))
     parser.add_argument("--json", default=str(ROOT / "bench" / "data" / "sweeps.json"))
+    parser.add_argument("--case", default="yesno", choices=["yesno", "free", "choices13", "held-out"],
+                        help="yesno: the shipment log (above); free / choices13 / held-out (both): issue "
+                             "42's cases on a held-out record (bench/sweep_cases.py), a section of --out")
+    parser.add_argument("--check", type=int, default=1,
+                        help="held-out cases: values checked against a timed run")
     args = parser.parse_args(argv)
+    if args.case != "yesno":
+        return held_out(args, argv)
     from commands.sweep import SweepUsageError, checked_choices
 
     values = [v.strip() for v in args.values.split(",") if v.strip()] if args.values else list(PORTS)
@@ -243,6 +250,30 @@ def main(argv: list[str] | None = None) -> int:
     text = markdown(result, command.strip())
     Path(args.out).write_text(text)
     print(text)
+    return 0
+
+
+HELD_OUT = "## Held-out cases: a free answer and 13 choices (issue 42)"
+
+
+def held_out(args, argv: list[str] | None) -> int:
+    """Issue 42's cases, each alone in this process, written as a section of `args.out` (replacing
+    the section of an earlier run, the rest of the file kept)."""
+    from bench.sweep_cases import markdown as cases_markdown
+    from bench.sweep_cases import run_case
+
+    names = ["free", "choices13"] if args.case == "held-out" else [args.case]
+    results = [run_case(name, args.edits, args.check) for name in names]
+    command = "bench/bench_sweep.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    Path(args.json).with_name("sweeps-held-out.json").write_text(json.dumps(results, indent=1, default=str))
+    section = "\n".join([HELD_OUT, "", f"Written by `{command.strip()}` (bench/sweep_cases.py), "
+                         f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.", "",
+                         cases_markdown(results), ""])
+    out = Path(args.out)
+    text = out.read_text() if out.exists() else ""
+    head = text.split(HELD_OUT)[0].rstrip("\n")
+    out.write_text((head + "\n\n" if head else "") + section)
+    print(section)
     return 0
 
 
