@@ -124,6 +124,12 @@ def test_the_frontier_fits_with_no_label_on_another_the_threshold_and_intervals_
     mine = {b["text"] for b in fig["boxes"] if b["source"] == "this sweep"}
     assert mine == set(TOKENS)  # every strategy of the sweep labelled, in its colour
     assert "threshold 0.80" in {b["text"] for b in fig["boxes"]}
+    leaders = page.evaluate("""() => [...document.querySelectorAll('svg.frontier line.leader')].map(l =>
+        [l.getAttribute('stroke'), Math.hypot(l.x2.baseVal.value - l.x1.baseVal.value,
+                                              l.y2.baseVal.value - l.y1.baseVal.value)])""")
+    # each label beside its point (issue 43; in drawing units, the plot 344 wide): this sweep's closest
+    assert max((n for c, n in leaders if c == "#1f5fa8"), default=0) <= 125, leaders
+    assert max((n for _, n in leaders), default=0) <= 180, leaders
     xs = sorted(bar["x"] for bar in fig["bars"])
     assert len(xs) == len(TOKENS)  # one interval bar per strategy of the sweep
     assert min(b - a for a, b in zip(xs, xs[1:])) >= 3 * fig["width"] / 400  # bars apart

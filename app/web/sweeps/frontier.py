@@ -19,8 +19,8 @@ from html import escape
 
 from app.services.sweep_view import SweepView
 
-W, H = 400, 420
-LEFT, RIGHT, TOP = 44, 12, 14
+W, H = 480, 420  # RIGHT leaves room for the labels of the points at 100% (issue 43)
+LEFT, RIGHT, TOP = 44, 92, 14
 PLOT_BOTTOM = 332  # the plot's lower edge; the axis labels and the legend below it
 X_MIN = 1e-3  # cost share on a log axis: 0.1% .. 100%
 FONT = 11
@@ -70,7 +70,10 @@ def _box(text: str, x: float, y: float, anchor: str) -> Box:
 
 
 def _candidates(x: float, y: float):
-    """Places around a point, nearest first: (text x, baseline y, anchor, needs a leader)."""
+    """Places around a point, nearest first: (text x, baseline y, anchor, needs a leader). After the
+    eight next to it, every place within `NEAR` px on either side, by distance (issue 43: labels
+    went far up or down, on long crossing lines, even below the threshold line from points at
+    1.00); only then the far places."""
     yield x + 7, y + 4, "start", False
     yield x - 7, y + 4, "end", False
     yield x, y - 8, "middle", False
@@ -79,10 +82,18 @@ def _candidates(x: float, y: float):
     yield x + 7, y + 15, "start", False
     yield x - 7, y - 7, "end", False
     yield x - 7, y + 15, "end", False
+    near = sorted((math.hypot(dx, dy), x + sign * dx, y + dy + 4, anchor)
+                  for dy in range(-NEAR // 2, NEAR // 2 + 1, 12) for dx in (10, 24, 44, 70, 100)
+                  for sign, anchor in ((1, "start"), (-1, "end")) if math.hypot(dx, dy) <= NEAR)
+    for _, tx, ty, anchor in near:
+        yield tx, ty, anchor, True
     for step in range(1, 28):
         for dy in (-12 * step - 8, 12 * step + 16):
             for dx, anchor in ((10, "start"), (-10, "end"), (40, "start"), (-40, "end")):
                 yield x + dx, y + dy, anchor, True
+
+
+NEAR = 180  # drawing units: how far a label looks for a free place beside its point before going far
 
 
 def place_labels(points: list[tuple[str, float, float]], taken: list[Box]) -> list[Label]:
@@ -190,7 +201,7 @@ def frontier_svg(view: SweepView) -> str:
         if label.leader:
             lx, ly = label.leader
             out.append(f'<line x1="{lx:.1f}" y1="{ly:.1f}" x2="{label.x:.1f}" y2="{label.y - 4:.1f}" '
-                       f'stroke="{colour}" stroke-width="0.75" opacity="0.6"/>')
+                       f'stroke="{colour}" stroke-width="0.75" opacity="0.6" class="leader"/>')
         out.append(f'<text x="{label.x:.1f}" y="{label.y:.1f}" text-anchor="{label.anchor}" '
                    f'fill="{colour}" class="label" data-source="{source}">{escape(label.text)}</text>')
     ly = PLOT_BOTTOM + 56
