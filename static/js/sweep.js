@@ -4,6 +4,7 @@ document.addEventListener("DOMContentLoaded", () => {
   const slider = document.getElementById("threshold-slider");
   const box = document.getElementById("threshold");
   if (!slider || !box) return;
+  slider.value = box.value;  // start where the threshold is, never at the slider's minimum
   slider.addEventListener("input", () => { box.value = slider.value; });
   slider.addEventListener("change", () => { box.form.requestSubmit(); });
   box.addEventListener("input", () => { slider.value = box.value; });

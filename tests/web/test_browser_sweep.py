@@ -180,3 +180,13 @@ def test_the_policy_box_follows_the_count_while_the_sweep_runs(site, browser) ->
     assert page.locator("[data-policy-pending]").count() == 0
     assert page.locator("#policy").count() == 1  # swapped in place, not added beside the old one
     page.context.close()
+
+
+def test_the_threshold_slider_starts_at_the_threshold_beside_a_small_number_box(site, browser) -> None:
+    server, ids = site
+    page = browser.new_context(viewport={"width": 1280, "height": 900}).new_page()
+    page.goto(f"{server.url}/sweeps/{ids['finished']}?threshold=0.8")
+    slider, box = page.locator("#threshold-slider"), page.locator("#threshold")
+    assert slider.input_value() == box.input_value() == "0.8"
+    assert box.bounding_box()["width"] <= 120 < slider.bounding_box()["width"]  # not a full-width box
+    page.context.close()
