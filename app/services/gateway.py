@@ -77,7 +77,7 @@ def build() -> tuple[Gateway, GatewaySetup]:
     settings = get_settings()
     upstream = settings.gateway_upstream or next(iter(settings.vllm_urls), "")
     if not upstream:
-        raise ReplayError("no upstream: give --upstream URL (or set KVNOTES_VLLM_URL)", "upstream")
+        raise ReplayError("no upstream: set KVNOTES_GATEWAY_UPSTREAM (or KVNOTES_VLLM_URL)", "upstream")
     notebook = None
     if settings.gateway_notebook is not None:
         with get_sessionmaker()() as session:

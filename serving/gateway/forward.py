@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
@@ -23,6 +23,7 @@ from serving.gateway.prompts import read_prompt, with_context
 from serving.gateway.rewrite import PLAN_FAILED, Plan, Rewriter
 from serving.gateway.tenants import Tenant
 from serving.relay import Relay, UpstreamError
+from vocabulary.agreement import VALUE, agreement
 
 log = logging.getLogger("kvnotes.gateway")
 FIRST_WORDS = 8  # the first answer words two answers must share to agree
@@ -33,12 +34,15 @@ T = TypeVar("T")
 _WORD = re.compile(r"\w+")
 
 
-def agree(rewritten: str, unchanged: str, words: int = FIRST_WORDS) -> bool:
-    """Two answers agree when their first `words` words (case folded, punctuation dropped) are the
-    same: the same choice, or the same first answer tokens."""
-    a = _WORD.findall(rewritten.casefold())[:words]
-    b = _WORD.findall(unchanged.casefold())[:words]
-    return a == b
+def agree(rewritten: str, unchanged: str, values: Sequence[str] = (), words: int = FIRST_WORDS) -> bool:
+    """The check's verdict under the one rule (`vocabulary.agreement`): where the unchanged request's
+    answer names one of the changed `values`, the rewritten one agrees when it names the same ones,
+    whatever its wording; where it names none, their first `words` words (case folded, punctuation
+    dropped) must be the same (no logits come back to compare first tokens)."""
+    said = agreement(rewritten, unchanged, values=values)
+    if said.basis == VALUE:
+        return said.agrees
+    return _WORD.findall(rewritten.casefold())[:words] == _WORD.findall(unchanged.casefold())[:words]
 
 
 @dataclass(frozen=True)
@@ -140,7 +144,7 @@ class Gateway:
                 await relay.read()
                 if relay.status != 200:
                     return
-                agreed = agree(rewritten_text, relay.outcome.text)
+                agreed = agree(rewritten_text, relay.outcome.text, prepared.plan.values)
                 tokens = relay.outcome.prompt_tokens
         except UpstreamError:
             return

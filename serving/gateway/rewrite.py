@@ -113,6 +113,7 @@ class Plan:
         return self.layout_name if self.context is not None else f"{PASS_THROUGH}; reason={self.reason}"
 
     layout_name: str = ""
+    values: tuple[str, ...] = ()  # the changed spans' old and new values: what a check's answers name
 
 
 def _similarity(a: str, b: str) -> float:
@@ -277,7 +278,8 @@ class Rewriter:
         self.stats.labels(base.base_id, labels)
         self.stats.request(base.base_id, "")
         check = self._random.random() < self.settings.check_rate
-        return Plan(context, "", base.base_id, check, labels, layout)
+        values = tuple(dict.fromkeys(v.strip() for c in changes for v in (c.old, c.new) if v.strip()))
+        return Plan(context, "", base.base_id, check, labels, layout, values)
 
     def _over_limits(self, changes: list[Change], prompt: Prompt) -> str:
         if len(changes) > self.settings.max_fields:

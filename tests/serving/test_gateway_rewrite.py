@@ -215,3 +215,16 @@ def test_a_one_line_document_is_diffed_and_quoted_around_the_change():
     assert (change.base_start, change.base_end, change.start, change.end) == (at, at + 17, at, at + 13)
     assert change.label == "the line" and len(change.old) < 240 and len(change.new) < 240
     assert '"k2500": "value number 2500"' in change.old and '"k2500": "changed value"' in change.new
+
+
+def test_the_check_judges_by_the_one_agreement_rule():
+    """The sampled check agrees by `vocabulary.agreement` (issue 43): answers naming the same changed
+    value agree whatever their wording; naming the other value disagrees; where the unchanged
+    answer names no value, the first words decide (the old rule, which called the first pair apart)."""
+    from serving.gateway.forward import agree
+
+    values = ("active", "suspended")
+    assert agree("The account status is suspended.", "The account is suspended.", values)
+    assert not agree("The account is active.", "The account is suspended.", values)
+    assert not agree("The account status is suspended.", "The account is suspended.")  # no values: words
+    assert agree("Yes, it may log in now.", "Yes, it may log in now!", values)
