@@ -109,6 +109,8 @@ def test_notebook_editing_in_the_browser(tmp_path: Path, browser_page) -> None:
                         status="compiled", token_count=7, compile_ms=80.0))  # fmt: skip
             s.commit()
         page.reload()
+        choices_example = page.get_attribute("#q-choices", "placeholder")  # a new notebook, no field
+        assert choices_example.startswith("e.g. "), choices_example  # reads as an example, not a value
         make_field_and_erratum(page)
         drag_skill_in(page)
         # keyboard alternative: Enter on the palette skill, ↑ to the paragraph before, Enter
@@ -136,6 +138,7 @@ def test_notebook_editing_in_the_browser(tmp_path: Path, browser_page) -> None:
             "document.getElementById('hm-status').textContent.startsWith('layer 1, head 2')")
         shot(page, "05-finished-run")
         page.goto(f"{server.url}/notebooks/{nb_id}")
+        assert page.get_attribute("#q-choices", "placeholder") == choices_example  # same with a field
         page.hover("#document .t >> nth=0")
         shot(page, "06-notebook-after-run")
         assert not errors, errors

@@ -360,15 +360,21 @@ def test_first_page_gives_each_example_one_sentence_and_its_numbers_behind_detai
     assert 'class="narrow-only">below<' in page and 'class="wide-only">on the right<' in page
 
 
-def test_run_form_placeholders_come_from_the_notebooks_own_field(client) -> None:
+CHOICES_EXAMPLE = 'placeholder="e.g. “yes” and “no”, one per line (type your choices)"'
+
+
+def test_run_form_placeholders_read_as_examples_and_choices_stay_put_as_fields_are_made(client) -> None:
     nb = new_notebook(client)
+    before = client.get(f"/notebooks/{nb}").text  # no field yet
     add_field(client, nb)  # status: active → suspended
     page = client.get(f"/notebooks/{nb}").text
-    assert 'placeholder="active&#10;suspended"' in page and 'placeholder="What is the status?"' in page
+    assert 'placeholder="e.g. What is the status? (type your question)"' in page
+    assert CHOICES_EXAMPLE in before and CHOICES_EXAMPLE in page  # the same before and after the field
     other = new_notebook(client, text="Shipment to Oslo by NordFreight.", title="Shipment")
     at = "Shipment to Oslo by NordFreight.".index("Oslo")
     field = {"start": at, "end": at + 4, "selected": "Oslo", "new_value": "Madrid", "label": "destination"}
     client.post(f"/notebooks/{other}/fields", data=field, headers=HX)
     page = client.get(f"/notebooks/{other}").text
-    assert 'placeholder="Oslo&#10;Madrid"' in page and 'placeholder="What is the destination?"' in page
-    assert "active&#10;suspended" not in page
+    assert 'placeholder="e.g. What is the destination? (type your question)"' in page
+    assert CHOICES_EXAMPLE in page
+    assert "active&#10;suspended" not in page and "Oslo&#10;Madrid" not in page
