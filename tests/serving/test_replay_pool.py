@@ -48,7 +48,8 @@ def test_four_replays_held_by_a_hanging_server_never_delay_another_users_run(tmp
     upstream = fake_vllm()  # answers the preflight, then streams keep-alives and never an answer
     with ServedApp(tmp_path, "tiny-llama", worker=True, replays=True, KVNOTES_AUTH="required",
                    KVNOTES_SECRET_KEY=SECRET, KVNOTES_VLLM_URL=f"{upstream.url}/v1",
-                   KVNOTES_REPLAY_THREADS="4", KVNOTES_MAX_ACTIVE_RUNS_PER_USER="4") as app:
+                   # 8 threads: one user holds at most half (worker.replay_task.FairShare), so 4
+                   KVNOTES_REPLAY_THREADS="8", KVNOTES_MAX_ACTIVE_RUNS_PER_USER="4") as app:
         alice, bob = _signed_in(app, "alice"), _signed_in(app, "bob")
         _wait("both workers ready", lambda: _ready(app) == {"model.tiny-llama", "replays"}, 180)
         nid = make_notebook(alice)
