@@ -107,7 +107,8 @@ def read_spec(slug: str, directory: Path = EXAMPLES_DIR) -> ExampleSpec:
         data: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
         document = str(data["document"])
         fields = tuple(SpecField(at := _find(document, f["find"], "field", slug), at + len(f["find"]),
-                                 str(f["new_value"]), str(f.get("label", "")))
+                                 str(f["new_value"] if "new_value" in f else f["values"][0]),  # sweep: 1st
+                                 str(f.get("label", "")))
                        for f in data.get("fields", []))
         skills = tuple(SpecSkill(s["name"], s["text"], None if s.get("position_find") is None
                                  else _find(document, s["position_find"], "skill position", slug))

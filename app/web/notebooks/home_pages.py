@@ -18,6 +18,7 @@ from app.services.unit import saving
 from app.web.forms import upload_text, validate
 from app.web.notebooks.examples import ExampleError, list_examples, load_example, opened_examples
 from app.web.notebooks.home_view import notebook_cards
+from app.web.notebooks.sweep_examples import MARK, list_sweep_examples, load_sweep_example
 from app.web.paging import page_param
 from app.web.templating import render
 from data.queue import QueueUnavailable
@@ -29,12 +30,13 @@ router = APIRouter()
 def _index(request: Request, session: SessionDep, status: int = 200, page: int = 1, **extra) -> Response:
     settings = get_settings()
     pager, cards = notebook_cards(session, page)
-    examples = list_examples()
+    examples, sweep_examples = list_examples(), list_sweep_examples()
     context = {
         "notebooks": cards,
         "page": pager,
         "examples": examples,
-        "opened": opened_examples(session, [ex.slug for ex in examples]),
+        "sweep_examples": sweep_examples,
+        "opened": opened_examples(session, [ex.slug for ex in examples] + [ex.mark for ex in sweep_examples]),
         "models": settings.models,
         "max_upload_kb": settings.max_upload_bytes // 1024,
         "values": {},
@@ -97,6 +99,22 @@ async def create_notebook(
         return _index(request, session, 422, values=values, errors=exc.errors)
     notebook = create_notebook_action(session, body.title, body.model, body.text, principal.name)
     return RedirectResponse(f"/notebooks/{notebook.id}", status_code=303)
+
+
+@router.post("/examples/sweeps/{slug}")
+def create_from_sweep_example(request: Request, slug: str, session: SessionDep,
+                              principal: PrincipalDep) -> Response:
+    """Load a bundled sweep example (or open the notebook already made from it) at its Sweep panel,
+    which opens with the example's values filled in."""
+    existing = opened_examples(session, [MARK + slug]).get(MARK + slug)
+    if existing is not None:
+        return RedirectResponse(f"/notebooks/{existing.id}#sweep", status_code=303)
+    try:
+        with saving(session):
+            notebook = load_sweep_example(session, slug, created_by=principal.name)
+    except (ExampleError, KeyError, ValueError) as exc:
+        return _index(request, session, 422, errors={"form": f"Could not load the example: {exc}"})
+    return RedirectResponse(f"/notebooks/{notebook.id}#sweep", status_code=303)
 
 
 @router.post("/examples/{slug}")

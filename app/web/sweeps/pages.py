@@ -20,6 +20,7 @@ from app.services.sweep_input import SweepCreate, rows_from_upload
 from app.services.sweep_view import SweepView, build_sweep_view
 from app.services.sweeps import adopt_policy, cancel_sweep, drop_policy, start_sweep
 from app.web.forms import parse_int, parse_number, upload_text, validate
+from app.web.notebooks.sweep_examples import sweep_example_of
 from app.web.sweeps.view import csv_text, frontier_svg
 from app.web.templating import render
 from data.models import RUN_ACTIVE, Notebook, Sweep
@@ -132,12 +133,19 @@ def _panel(request: Request, session, notebook: Notebook, errors: dict[str, str]
     sweeps = session.scalars(select(Sweep).where(Sweep.notebook_id == notebook.id)
                              .order_by(Sweep.id.desc()).limit(10)).all()
     question = notebook.question
+    fields = [f for f in notebook.fields if f.label]
+    if form is None:
+        form = {"question": question.text if question else "",
+                "choices": ", ".join(question.choices) if question else "",
+                "strategies": list(SWEEP_STRATEGIES), "threshold": "0.95",
+                "stop_when_decided": True, "extend_choices": False}
+        example = sweep_example_of(notebook)
+        if example is not None and not sweeps:  # a sweep example, before its first sweep: its values
+            form.update({f"values_{i}": "\n".join(example.values.get(f.label, ()))
+                         for i, f in enumerate(fields)},
+                        strategies=list(example.strategies), threshold=f"{example.threshold:.2f}")
     return render(request, "_sweep_panel.html", status_code=status_code, notebook=notebook,
-                  fields=[f for f in notebook.fields if f.label], sweeps=sweeps, errors=errors or {},
-                  form=form or {"question": question.text if question else "",
-                                "choices": ", ".join(question.choices) if question else "",
-                                "strategies": list(SWEEP_STRATEGIES), "threshold": "0.95",
-                                "stop_when_decided": True, "extend_choices": False},
+                  fields=fields, sweeps=sweeps, errors=errors or {}, form=form,
                   strategies=list(SWEEP_STRATEGIES), active=RUN_ACTIVE, kinds=KIND_HELP,
                   max_edits=get_settings().max_sweep_edits)
 
