@@ -30,16 +30,17 @@ from __future__ import annotations
 import asyncio
 import re
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Protocol, runtime_checkable
+
+from prometheus_client.parser import text_string_to_metric_families
 
 from serving.relay import Relay, new_client, relay
 from serving.server import Completion, Counters, ReplayError, Server, ServerInfo, _messages, answered
 
-_VLLM_COUNTER = re.compile(r"^vllm:prefix_cache_(queries|hits)_total\{[^}]*\}\s+([0-9.eE+-]+)\s*$",
-                           re.MULTILINE)
-_SGLANG_COUNTER = re.compile(r"^sglang:(prompt|cached)_tokens_total\{[^}]*\}\s+([0-9.eE+-]+)\s*$",
-                             re.MULTILINE)
+# the counters each engine's /metrics carries, by sample name: what `counters` sums over every series
+_VLLM_COUNTERS = {"vllm:prefix_cache_queries_total": "queries", "vllm:prefix_cache_hits_total": "hits"}
+_SGLANG_COUNTERS = {"sglang:prompt_tokens_total": "prompt", "sglang:cached_tokens_total": "cached"}
 
 
 @runtime_checkable
@@ -99,14 +100,22 @@ class EngineBackend(Server):
             raise self._failure(asked, "no token ids")
         return tokens
 
-    def _metric_sums(self, pattern: re.Pattern) -> dict[str, float] | None:
-        """`/metrics` read with `pattern` (groups: the series' kind, its value), summed per kind over
-        every labelled series; None when no series matched (or the server has no /metrics)."""
+    def _metric_sums(self, samples: Mapping[str, str]) -> dict[str, float] | None:
+        """`/metrics` read by prometheus_client's parser: the `samples` named (sample name -> kind)
+        summed per kind over every labelled series; None when none was found, the server has no
+        /metrics, or it is not Prometheus' text format."""
         status, data = self._request("GET", "/metrics")
-        matches = pattern.findall(data.decode(errors="replace")) if status == 200 else []
+        if status != 200:
+            return None
         found: dict[str, float] = {}
-        for kind, value in matches:
-            found[kind] = found.get(kind, 0.0) + float(value)
+        try:
+            for family in text_string_to_metric_families(data.decode(errors="replace")):
+                for sample in family.samples:
+                    if sample.name in samples:
+                        kind = samples[sample.name]
+                        found[kind] = found.get(kind, 0.0) + float(sample.value)
+        except ValueError:  # not the text format: read as a server without the counters
+            return None
         return found or None
 
     def relay(self, path: str, body: dict, timeout_s: float, idle_s: float | None = None) -> Relay:
@@ -142,7 +151,7 @@ class VllmBackend(EngineBackend):
         return self._request("POST", "/reset_prefix_cache")[0] == 200
 
     def counters(self) -> Counters | None:
-        found = self._metric_sums(_VLLM_COUNTER)
+        found = self._metric_sums(_VLLM_COUNTERS)
         return None if found is None else Counters(found.get("queries", 0.0), found.get("hits", 0.0))
 
     def constraint(self, choices: tuple[str, ...]) -> dict:
@@ -162,7 +171,7 @@ class SglangBackend(EngineBackend):
         return self._request("POST", "/flush_cache")[0] == 200
 
     def counters(self) -> Counters | None:
-        found = self._metric_sums(_SGLANG_COUNTER)
+        found = self._metric_sums(_SGLANG_COUNTERS)
         return None if found is None else Counters(found.get("prompt", 0.0), found.get("cached", 0.0))
 
     def constraint(self, choices: tuple[str, ...]) -> dict:

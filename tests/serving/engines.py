@@ -34,6 +34,7 @@ from pathlib import Path
 
 import httpx
 import openai
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import REPO, LocalServer, free_port, kvnotes_env, listening
 
@@ -226,10 +227,8 @@ class Gateway:
 
     def metric(self, name: str, **labels: str) -> float:
         text = httpx.get(f"{self.url}/metrics").text
-        inner = ",".join(f'{k}="{v}"' for k, v in labels.items())
-        series = name + ("{" + inner + "}" if inner else "")
-        found = re.search(rf"^{re.escape(series)} (\S+)$", text, re.M)
-        return float(found.group(1)) if found else 0.0
+        return next((sample.value for family in text_string_to_metric_families(text)
+                     for sample in family.samples if sample.name == name and sample.labels == labels), 0.0)
 
     def eventually(self, name: str, value: float, **labels: str) -> bool:
         """Whether the series reaches `value` within 30 s (a stream is counted once its end passed)."""
