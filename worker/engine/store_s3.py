@@ -134,8 +134,8 @@ class SharedTier:
         self._down_until = time.monotonic() + self.config.retry_s
         if not self._logged:
             self._logged = True
-            log.warning("kv store: shared tier %s; runs prefill without it", reason,
-                        extra={"bucket": self.bucket, "reason": text.splitlines()[0][:300]})
+            log.warning("kv store: the shared tier faulted; runs prefill without it",
+                        extra={"bucket": self.bucket, "fault": reason, "reason": text.splitlines()[0][:300]})
         return TierFault(reason, text.splitlines()[0][:300])
 
     def _ok(self) -> None:
