@@ -331,6 +331,18 @@ def listening(port: int, seconds: float, alive: Callable[[], bool] = lambda: Tru
     return False
 
 
+def until(what: str, check: Callable[[], Any], timeout: float, every: float = 0.25) -> Any:
+    """Poll `check` every `every` s until it returns something true, and return that; an
+    AssertionError naming `what` after `timeout` s."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(every)
+    raise AssertionError(f"{what}: not within {timeout} s")
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

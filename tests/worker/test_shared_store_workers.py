@@ -10,7 +10,6 @@ a document B has not seen succeeds, prefilled, and its detail says the shared ti
 from __future__ import annotations
 
 import subprocess
-import time
 import urllib.request
 from pathlib import Path
 
@@ -18,7 +17,7 @@ import pytest
 import redis
 from sqlalchemy import select
 
-from tests.conftest import ServedApp, api_call
+from tests.conftest import ServedApp, api_call, until
 from tests.s3 import seaweedfs
 
 pytestmark = pytest.mark.slow
@@ -33,13 +32,7 @@ WAIT_S = 300
 
 
 def _until(what: str, check, timeout: float = WAIT_S, every: float = 0.25):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(every)
-    raise AssertionError(f"{what}: not within {timeout} s")
+    return until(what, check, timeout, every)
 
 
 def _worker(server: ServedApp, data: Path, name: str) -> subprocess.Popen:

@@ -20,7 +20,7 @@ import pytest
 
 from tests.conftest import free_port as _free_port
 from tests.conftest import kvnotes_cli as _kvnotes
-from tests.conftest import kvnotes_env
+from tests.conftest import kvnotes_env, until
 
 pytestmark = pytest.mark.slow
 
@@ -46,16 +46,6 @@ def _post(url: str, body: dict) -> tuple[int, dict]:
             return r.status, json.loads(r.read())
     except urllib.error.HTTPError as e:
         return e.code, json.loads(e.read() or b"{}")
-
-
-def _wait(what: str, check, timeout: float, every: float = 0.25):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(every)
-    raise AssertionError(f"{what}: not within {timeout} s")
 
 
 def _alive(pid: int) -> bool:
@@ -100,7 +90,7 @@ def test_serve_refuses_a_public_address_without_a_secret_key_or_a_user(tmp_path:
                               env=env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         base = f"http://127.0.0.1:{port}"
-        _wait("the app", lambda: _get_or_none(base + "/api/health"), 90)  # a loaded machine: slow imports
+        until("the app", lambda: _get_or_none(base + "/api/health"), 90)  # a loaded machine: slow imports
         assert _get(base + "/api/notebooks")[0] == 401  # a public bind: sign-in required even from loopback
         assert _get(base + "/api/notebooks", token.stdout.strip())[0] == 200
     finally:
@@ -123,7 +113,7 @@ def _restarted_health_does_not_trust_the_killed_worker(env: dict[str, str]) -> N
     again = subprocess.Popen(command, env=env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     health = f"http://127.0.0.1:{port}/api/health"
     try:
-        status, body = _wait("the restarted app", lambda: _get_or_none(health), 90)
+        status, body = until("the restarted app", lambda: _get_or_none(health), 90)
         assert status == 503 and body["workers"] == f"no live worker for {MODEL}", body
     finally:
         again.terminate()
@@ -140,16 +130,16 @@ def test_a_killed_worker_is_replaced_and_a_killed_serve_leaves_no_worker(tmp_pat
                               "--port", str(port), "--model", MODEL],
                              env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
     try:
-        _wait("a healthy start", lambda: (_get_or_none(base + "/api/health") or (0,))[0] == 200, 90)
-        _, replays_pid = _wait("the replays' worker", lambda: _worker_row(env, replays=True), 60)
+        until("a healthy start", lambda: (_get_or_none(base + "/api/health") or (0,))[0] == 200, 90)
+        _, replays_pid = until("the replays' worker", lambda: _worker_row(env, replays=True), 60)
         name, pid = _worker_row(env)
         os.kill(pid, signal.SIGKILL)
         t_kill = time.monotonic()
-        status, body = _wait("a 503 health", lambda: (r := _get(base + "/api/health"))[0] == 503 and r, 10)
+        status, body = until("a 503 health", lambda: (r := _get(base + "/api/health"))[0] == 503 and r, 10)
         assert body["workers"] == f"no live worker for {MODEL}" and body["status"] == "degraded"
         # a replacement boots, registers and loads its model before health is "ok" (a loaded
         # machine takes longer than the 30 s a quiet one needs)
-        _wait("a healthy replacement", lambda: _get(base + "/api/health")[0] == 200, 90)
+        until("a healthy replacement", lambda: _get(base + "/api/health")[0] == 200, 90)
         replaced_after = time.monotonic() - t_kill
         new_name, new_pid = _worker_row(env)
         assert new_name != name and new_pid != pid
@@ -162,15 +152,15 @@ def test_a_killed_worker_is_replaced_and_a_killed_serve_leaves_no_worker(tmp_pat
         run = _post(f"{base}/api/notebooks/{nb}/runs",
                     {"question": "Can Alice log in?", "choices": ["yes", "no"],
                      "strategies": ["recompute", "stale"]})[1]
-        done = _wait("the run", lambda: (r := _get(f"{base}/api/runs/{run['id']}")[1])["status"] in
+        done = until("the run", lambda: (r := _get(f"{base}/api/runs/{run['id']}")[1])["status"] in
                      ("succeeded", "failed") and r, 90)
         assert done["status"] == "succeeded", done["error"]
         assert done["worker"] == new_name
         print(f"\nworker replaced {replaced_after:.1f} s after SIGKILL")
         serve.send_signal(signal.SIGKILL)
         serve.wait()
-        _wait("the worker to die with serve", lambda: not _alive(new_pid), 10, every=0.1)
-        _wait("the replays' worker to die with serve", lambda: not _alive(replays_pid), 10, every=0.1)
+        until("the worker to die with serve", lambda: not _alive(new_pid), 10, every=0.1)
+        until("the replays' worker to die with serve", lambda: not _alive(replays_pid), 10, every=0.1)
         _restarted_health_does_not_trust_the_killed_worker(env)
     finally:
         if serve.poll() is None:

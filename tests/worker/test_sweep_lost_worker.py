@@ -19,14 +19,13 @@ import io
 import os
 import signal
 import subprocess
-import time
 import urllib.request
 from pathlib import Path
 
 import pytest
 from sqlalchemy import select
 
-from tests.conftest import ServedApp, api_call
+from tests.conftest import ServedApp, api_call, until
 
 pytestmark = pytest.mark.slow
 
@@ -38,13 +37,7 @@ WAIT_S = 240  # a worker's start (imports, the model) on a loaded 2-core machine
 
 
 def _until(what: str, check, timeout: float = WAIT_S, every: float = 0.05):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(every)
-    raise AssertionError(f"{what}: not within {timeout} s")
+    return until(what, check, timeout, every)
 
 
 class Workers:
