@@ -67,3 +67,52 @@ def test_every_row_decodes_the_tokens_its_own_readout_decodes(alias, dtype, data
         batched = [shape for shape in steps if shape == (len(rows), 1)]
         longest = max(len(got.answer_ids) for got in together)
         assert len(batched) <= QUESTION.max_new_tokens - 1 and len(batched) >= min(longest, 5) - 1
+
+
+@pytest.mark.parametrize("alias", ["smollm2-135m", "gemma3-270m"])
+def test_a_draft_changes_no_token_and_a_right_one_takes_no_step(alias, data_dir):
+    """Speculative decoding from a draft of the answer (a sweep's edit before): with the right answer
+    and its stop token, the answer alone, its first token wrong, half of it right and a long draft
+    of noise, every row answers what its own readout answers; the right draft ends every row in the
+    prompt forward (0 decode steps), a draft wrong from its first token takes the steps no draft takes."""
+    eng = load(alias, device="cpu", data_dir=data_dir)
+    notes = eng.prefill(DOC)
+    suffix = eng.encode(eng.frame.suffix(QUESTION))
+    rows = [row for row in _rows(eng, notes, "Madrid") if row.deferred is None]
+    alone = [decide(eng.model, eng.tokenizer, eng.frame, cache_from_layers(row.base, eng.model), suffix,
+                    QUESTION, pending=list(row.shared)) for row in rows]
+
+    def answered(drafts):
+        steps: list[tuple[int, int]] = []
+        hook = eng.model.register_forward_pre_hook(
+            lambda module, args, kwargs: steps.append(tuple(kwargs["input_ids"].shape)), with_kwargs=True)
+        try:
+            got = answer_all(eng.model, eng.tokenizer, eng.frame, rows, suffix, QUESTION, drafts)
+        finally:
+            hook.remove()
+        return got, [shape for shape in steps if shape[1] == 1]
+
+    plain, plain_steps = answered(())
+    assert [got.answer_ids for got in plain] == [a.answer_ids for a in alone]
+    assert len(plain_steps) >= 1  # the answers here are longer than one token
+    ends = [got.answer_end for got in plain]
+    noise = [t for t in eng.encode(" lorem ipsum dolor sit amet consectetur adipiscing elit sed do")
+             if all(t != a.answer_ids[0] for a in alone)]
+    guesses = {
+        "right": [a.answer_ids + ([end] if end is not None else []) for a, end in zip(alone, ends)],
+        "tokens only": [a.answer_ids for a in alone],
+        "first wrong": [noise[:1] + a.answer_ids[1:] for a in alone],
+        "half": [a.answer_ids[:len(a.answer_ids) // 2] + noise[:3] for a in alone],
+        "noise": [noise for _ in alone],
+    }
+    for name, drafts in guesses.items():
+        got, steps = answered(drafts)
+        assert [g.answer_ids for g in got] == [a.answer_ids for a in alone], (alias, name)
+        assert [g.decision for g in got] == [a.decision for a in alone], (alias, name)
+        for g, a in zip(got, alone):
+            assert torch.allclose(g.logits, a.logits, atol=1e-3), (alias, name)
+        if name == "right":
+            assert steps == [] and all(g.drafted > len(a.answer_ids) or g.answer_end is None
+                                       for g, a in zip(got, alone))
+        if name in ("first wrong", "noise"):
+            assert len(steps) == len(plain_steps) and all(g.drafted == 0 for g in got)

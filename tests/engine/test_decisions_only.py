@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from worker.engine import Field, Question, RunRequest, load
+from worker.engine.edit import Editor
 from worker.engine.strategies import EDITS
 
 DOC = ("Shipment record.\ncustomer: Halvorsen Marine\ndestination: Oslo\ncarrier: NordFreight\n"
@@ -73,8 +74,14 @@ def test_decisions_only_run_each_surgery_once_and_never_the_full_recompute():
     finally:
         for name, cls in classes.items():
             cls.surgery = saved[name]
-    # the reference and prefix_reuse share the exact notes from the field on (no surgery call)
-    assert sorted(calls) == ["erratum", "in_place"]
+    # the reference and prefix_reuse share the exact notes from the field on (no surgery call), and
+    # in_place reads its changed tokens off them (the same tokens after the same notes): no forward
+    assert sorted(calls) == ["erratum"]
+    moved = report.strategies["in_place"]
+    assert "read off the reference's" in moved.detail
+    new_ids, segments, offsets = eng.tokenize_document(DOC.replace("Oslo", "Riga"))
+    changed = Editor(eng.model, eng.rope, notes, new_ids, segments, offsets).changed()
+    assert moved.tokens_computed == len(changed) > 0  # still what in_place computes
     assert report.strategies["recompute"].tokens_computed == len(eng.tokenize_document(
         DOC.replace("Oslo", "Riga"))[0])
     assert report.strategies["prefix_reuse"].tokens_computed < report.strategies["recompute"].tokens_computed

@@ -85,6 +85,8 @@ def rows_forward(model, rows: Sequence[Row], suffixes: list[list[int]],
         mask[b, 0, pad:, most + pad:] = own[:, p:]
         idx = torch.arange(pad, device=device)
         mask[b, 0, idx, most + idx] = True
+        mask[b, 0, :pad, :p] = True  # a pad input also reads its row's notes: no one reads it, and every
+        # query of the row then sees the same first keys (`split_attention` attends them unmasked)
     layers = []
     for i in range(len(rows[0].base)):
         k0, v0 = rows[0].base[i]
@@ -185,16 +187,17 @@ def _settled_rows(model, rows: Sequence[Row], suffixes: list[list[int]], encoded
 
 
 def decide_all(model, tokenizer, frame: Frame, rows: Sequence[Row], suffix_ids: list[int], question: Question,
-               orders: Sequence[list[int]] = ()) -> list[Readout]:
+               orders: Sequence[list[int]] = (), drafts: Sequence[Sequence[int]] = ()) -> list[Readout]:
     """Each row's readout as `decide(..., orders_apart=False)` takes it (a run that times nothing):
     the row's notes `base`, its appended tokens `shared` and its deferred rows. A choice question
     read over its orders, on a model one mask carries: the rows go through as few batched forwards
     as pays (`batches`, `rows_forward`), each row seeing only its own notes, and each reads only as
     many orders as its decision needs (`_settled_rows`: the decision is the one every order gives;
     `Readout.orders_read`). A free answer: every row's tokens decoded in the same batched steps
-    (`worker.engine.decode.answer_all`). Anything else, one `decide` each."""
+    (`worker.engine.decode.answer_all`), after its guess at the answer in `drafts` where it has
+    one (speculative: the same answer whatever the guess). Anything else, one `decide` each."""
     if not question.choices and not question.cot:  # a free answer: every row decoded in the same steps
-        return answer_all(model, tokenizer, frame, rows, suffix_ids, question)
+        return answer_all(model, tokenizer, frame, rows, suffix_ids, question, drafts)
     together = bool(question.choices) and not question.cot and bool(orders) and not has_sliding_window(model)
     out: list[Readout | None] = [None] * len(rows)
     if not together:

@@ -149,6 +149,19 @@ class Editor:
             return None
         return self.from_first_change().layers
 
+    def first_change_kv(self, b: Block) -> list[KV] | None:
+        """The K/V of the changed block `b` as the reference already computed them
+        (`from_first_change`, when it has run), if `b` is the first change: the notes before it are
+        the old ones at their own positions, so computing `b` after them runs the same tokens at the
+        same positions after the same notes as the reference did (equal up to float rounding).
+        None otherwise (a later change follows re-rotated notes, not the reference's)."""
+        if b.reuse or self._from_change is None:
+            return None
+        p = min(common_prefix(self.old.token_ids, self.new_ids), len(self.new_ids))
+        if b.j1 != p or any(not x.reuse or x.i1 != x.j1 for x in self.blocks if x.j2 <= b.j1):
+            return None
+        return cut(self._from_change.layers, b.j1, b.j2)
+
     def reused(self, b: Block) -> list[KV]:
         """An equal block's old K/V, keys re-rotated to its new positions."""
         return shift(cut(self.old.layers, b.i1, b.i1 + b.j2 - b.j1), self.rope, b.j1 - b.i1)
@@ -184,5 +197,5 @@ def with_erratum(surgery: Surgery, erratum_ids: list[int]) -> Surgery:
     """`surgery` with an erratum's tokens appended, left to the readout's forward (`pending`)."""
     n = len(erratum_ids)
     return Surgery(surgery.layers, surgery.token_ids + erratum_ids, surgery.segments + [ERRATUM] * n,
-                   surgery.offsets + [(-1, -1)] * n, surgery.tokens_computed + n,
+                   surgery.offsets + [(-1, -1)] * n, surgery.tokens_computed + n, surgery.detail,
                    pending=list(erratum_ids), deferred=surgery.deferred)

@@ -96,8 +96,12 @@ class Readout:
     # how many of the choices' orders the decision read (a decision-only readout stops once no
     # order left could change it: `worker.engine.orders.settled`); 0 without choices
     orders_read: int = 0
-    # a free answer decoded in a batch: each answer token's log-probability (`worker.engine.decode`)
+    # a free answer decoded in a batch: each answer token's log-probability (`worker.engine.decode`),
+    # the stop token that ended it (None: cut at max_new_tokens, or not decoded in a batch), and how
+    # many of its tokens (its stop token included) came from a draft instead of a decode step
     answer_logp: list[float] = field(default_factory=list)
+    answer_end: int | None = None
+    drafted: int = 0
 
 
 def _stop_ids(tokenizer) -> set[int]:

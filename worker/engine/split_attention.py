@@ -190,11 +190,30 @@ class _Piece:
 
 @dataclass
 class _Cut:
-    """A forward's mask cut at the notes: the cached part as row pieces, and the new block's bias."""
+    """A forward's mask cut at the notes: the cached part as row pieces (or, `row_keys`, each batch
+    row seeing its own first keys, unmasked), and the new block's bias (or its `new_pieces`)."""
 
     pieces: list[_Piece]
     new_bias: torch.Tensor | None = None
     new_blind: torch.Tensor | None = None
+    row_keys: list[int] | None = None
+    new_pieces: list[_Block] | None = None
+
+
+@dataclass
+class _Block:
+    """New-block queries [start, end) against only the new keys any of them sees (`cols`), under
+    the mask's bias for those [B|1, 1, end − start, len(cols)]."""
+
+    start: int
+    end: int
+    cols: torch.Tensor
+    bias: torch.Tensor
+
+
+# the new block of a tree-masked forward (a readout over orders) is cut into query rows this many at
+# a time, each reading only the keys one of them sees: its order's question and the common beginning
+BLOCK_ROWS = 48
 
 
 def _visible(mask: torch.Tensor) -> torch.Tensor:
@@ -223,8 +242,16 @@ def _plan(mask: torch.Tensor | None, p: int, n: int, dtype: torch.dtype, rep: in
         return _Cut([_Piece(0, n, p)])
     sees_c, sees_n = _visible(mask[..., :p]), _visible(mask[..., p:])
     new_bias, new_blind = _bias_of(sees_n, dtype, 1)
+    blocks = _blocks(sees_n, new_bias) if new_blind is None else None
+    if blocks is not None:
+        new_bias = None
     if bool(sees_c.all()):
-        return _Cut([_Piece(0, n, p)], new_bias, new_blind)
+        return _Cut([_Piece(0, n, p)], new_bias, new_blind, new_pieces=blocks)
+    first = sees_c[:, 0, 0, :]  # [B|1, P]: a batch row whose every query sees its own first keys
+    keys = first.sum(dim=-1)
+    if first.shape[0] > 1 and bool(keys.min() > 0) and bool((sees_c == first[:, None, None, :]).all()) \
+            and bool((first == (torch.arange(p, device=mask.device)[None, :] < keys[:, None])).all()):
+        return _Cut([_Piece(0, n, p)], new_bias, new_blind, row_keys=keys.tolist(), new_pieces=blocks)
     last = torch.where(sees_c, torch.arange(p, device=mask.device), -1).amax(dim=-1).amax(dim=0)[0]  # [L]
     groups = max(1, min(ROW_GROUPS, n // 32))
     bounds = [round(i * n / groups) for i in range(groups + 1)]
@@ -233,7 +260,25 @@ def _plan(mask: torch.Tensor | None, p: int, n: int, dtype: torch.dtype, rep: in
         keys = int(last[start:end].max()) + 1
         bias, blind = _bias_of(sees_c[..., start:end, :keys], dtype, rep) if keys else (None, None)
         pieces.append(_Piece(start, end, keys, bias, blind))
-    return _Cut(pieces, new_bias, new_blind)
+    return _Cut(pieces, new_bias, new_blind, new_pieces=blocks)
+
+
+def _blocks(sees: torch.Tensor, bias: torch.Tensor | None) -> list[_Block] | None:
+    """The new block's queries `BLOCK_ROWS` at a time, each group against only the keys one of its
+    rows sees, when that skips at least half the block's query-key pairs (a tree of orders: each
+    order's rows see the common beginning and their own order only); None otherwise."""
+    if bias is None:
+        return None
+    n, t = sees.shape[-2], sees.shape[-1]
+    if n != t or n < 2 * BLOCK_ROWS:
+        return None
+    blocks, pairs = [], 0
+    for start in range(0, n, BLOCK_ROWS):
+        end = min(start + BLOCK_ROWS, n)
+        cols = sees[:, 0, start:end, :].any(dim=1).any(dim=0).nonzero().flatten()
+        blocks.append(_Block(start, end, cols, bias[:, :, start:end].index_select(-1, cols)))
+        pairs += (end - start) * len(cols)
+    return blocks if 2 * pairs <= n * t else None
 
 
 def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None,
@@ -250,12 +295,17 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tenso
     return out, lse
 
 
-def _cached_part(q, k, v, pieces: list[_Piece], scale):
+def _cached_part(q, k, v, pieces: list[_Piece], scale, row_keys: list[int] | None = None):
     """Every query against the cached K/V, query heads folded by group: q [B, H, L, d],
-    k/v [B, kv, P, d] → out [B, H, L, d], lse [B, H, L]."""
+    k/v [B, kv, P, d] → out [B, H, L, d], lse [B, H, L]. With `row_keys`, batch row b sees its first
+    row_keys[b] keys, each row attended on its own, unmasked."""
     b, h, _, d = q.shape
     kv = k.shape[1]
     rep = h // kv
+    if row_keys is not None:
+        parts = [_cached_part(q[i:i + 1], k[i:i + 1, :, :n], v[i:i + 1, :, :n], pieces, scale)
+                 for i, n in enumerate(row_keys)]
+        return torch.cat([o for o, _ in parts]), torch.cat([lse for _, lse in parts])
     outs, lses = [], []
     for piece in pieces:
         n = piece.end - piece.start
@@ -274,12 +324,17 @@ def _cached_part(q, k, v, pieces: list[_Piece], scale):
     return torch.cat(outs, dim=2), torch.cat(lses, dim=2)
 
 
-def _new_part(q, k, v, bias, blind, scale):
+def _new_part(q, k, v, bias, blind, scale, blocks: list[_Block] | None = None):
     """Queries (the last L of the new block) against the new block's K/V [B, kv, T, d]: causal,
-    aligned to the last key, unless `bias` [B|1, 1, L, T] says otherwise."""
+    aligned to the last key, unless `bias` [B|1, 1, L, T] says otherwise, or `blocks` (groups of
+    queries, each against the keys it sees)."""
     n, t = q.shape[2], k.shape[2]
     rep = q.shape[1] // k.shape[1]
     k, v = repeat_kv(k, rep), repeat_kv(v, rep)  # the new block only: small
+    if blocks is not None:
+        parts = [_attend(q[:, :, blk.start:blk.end], k.index_select(2, blk.cols), v.index_select(2, blk.cols),
+                         blk.bias, None, False, scale) for blk in blocks]
+        return torch.cat([o for o, _ in parts], dim=2), torch.cat([lse for _, lse in parts], dim=2)
     if bias is None and n == t:
         return _attend(q, k, v, None, blind, n > 1, scale)
     if bias is None and n > 1:
@@ -346,8 +401,8 @@ def split_attention_forward(module, query: torch.Tensor, key: torch.Tensor, valu
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
                                       scaling=scaling, is_causal=is_causal, **kwargs)
     cut = _cut(attention_mask, p, query.shape[2], query.dtype, query.shape[1] // k_c.shape[1])
-    out_c, lse_c = _cached_part(query, k_c, v_c, cut.pieces, scaling)
-    out_n, lse_n = _new_part(query, k_n, v_n, cut.new_bias, cut.new_blind, scaling)
+    out_c, lse_c = _cached_part(query, k_c, v_c, cut.pieces, scaling, cut.row_keys)
+    out_n, lse_n = _new_part(query, k_n, v_n, cut.new_bias, cut.new_blind, scaling, cut.new_pieces)
     lse = torch.logaddexp(lse_c, lse_n)
     w_c, w_n = torch.exp(lse_c - lse)[..., None], torch.exp(lse_n - lse)[..., None]  # [B, H, L, 1]
     out = out_c.float() * w_c + out_n.float() * w_n

@@ -55,6 +55,7 @@ from typing import TYPE_CHECKING
 from vocabulary.prefix import common_prefix
 from worker.engine.batched import Row, decide_all
 from worker.engine.compare import fidelity, same_answer, token_f1
+from worker.engine.decode import drafted_answer
 from worker.engine.edit import Surgery
 from worker.engine.forward import answer_nll
 from worker.engine.notes import cache_from_layers
@@ -70,6 +71,10 @@ MAX_ROUNDS = 9  # ... and in up to this many while the timing is cheap:
 CHEAP_TIMING_MS = 1500.0  # every first token timed so far adds up to less than this
 ROUND_BUDGET_MS = 100.0  # within a round, a strategy is timed again until its timings add up to this ...
 ROUND_SAMPLES = 3  # ... or it was timed this many times in the round
+# a decision-only free answer starts from a draft: the same strategy's answer at the edit before, its
+# field values replaced (`worker.engine.decode.start_rows` keeps what greedy decoding chooses of it,
+# so the answers are the same either way); bench/bench_sweep.py turns it off to show what it saves
+DRAFTS = True
 
 
 @dataclass(frozen=True)
@@ -225,13 +230,19 @@ def decisions(bench: Bench, case: object, runners: dict[str, Strategy]) -> dict[
         keys[name] = key
         if key not in todo and not (s.layers is lasting and key == id(lasting) and "notes" in memo):
             todo[key] = s
+    owner = {key: name for name, key in reversed(keys.items())}  # the first strategy of each notes
+    values = tuple(f.new_value for f in getattr(case, "fields", ()))
+    earlier = memo.get("answers", {}) if DRAFTS else {}
+    drafts = [drafted_answer(engine.tokenizer, *earlier[owner[key]][1:], earlier[owner[key]][0], values)
+              if owner[key] in earlier else [] for key in todo]
     got = decide_all(engine.model, engine.tokenizer, engine.frame,
                      [Row(s.layers, tuple(s.pending), s.deferred) for s in todo.values()], bench.suffix_ids,
-                     bench.question, bench.orders)
+                     bench.question, bench.orders, drafts)
     read: dict[object, Readout] = dict(zip(todo, got))
     if lasting is not None and id(lasting) in read:
         memo["notes"] = read[id(lasting)]
-    owner = {key: name for name, key in reversed(keys.items())}  # the first strategy of each notes
+    if not bench.question.choices and not bench.question.cot:  # the next edit's drafts
+        memo["answers"] = {owner[key]: (values, r.answer_ids, r.answer_end) for key, r in read.items()}
     out = {}
     for name, runner in runners.items():
         s = surgeries[name]

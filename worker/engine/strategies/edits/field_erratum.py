@@ -10,8 +10,9 @@ from worker.engine.strategies.edit import EditCase
 from worker.engine.strategies.edits.in_place import in_place
 
 
-def field_erratum(editor: Editor, erratum_ids: list[int], defer: bool = False) -> Surgery:
-    return with_erratum(in_place(editor, defer), erratum_ids)
+def field_erratum(editor: Editor, erratum_ids: list[int], defer: bool = False,
+                  reference: bool = False) -> Surgery:
+    return with_erratum(in_place(editor, defer, reference), erratum_ids)
 
 
 class FieldErratum(Strategy[EditCase]):
@@ -26,3 +27,7 @@ class FieldErratum(Strategy[EditCase]):
 
     def surgery(self, case: EditCase) -> Surgery:
         return field_erratum(case.editor, case.erratum_ids, defer=True)
+
+    def decision_surgery(self, case: EditCase) -> Surgery:
+        """Untimed, the refreshed field read off the reference (`in_place(reference=)`)."""
+        return field_erratum(case.editor, case.erratum_ids, defer=True, reference=True)

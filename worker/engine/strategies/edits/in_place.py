@@ -12,23 +12,34 @@ from worker.engine.strategies.base import Strategy
 from worker.engine.strategies.edit import EditCase
 
 
-def in_place(editor: Editor, defer: bool = False) -> Surgery:
+def in_place(editor: Editor, defer: bool = False, reference: bool = False) -> Surgery:
     """With `defer` (and a model without sliding windows) the changed tokens are left to the
-    readout's forward (`Surgery.deferred`): the same K/V, one pass over the weights fewer."""
+    readout's forward (`Surgery.deferred`): the same K/V, one pass over the weights fewer. With
+    `reference` (a run that times nothing, after the reference's notes were made), changed tokens
+    the reference already computed after the same notes are read off it
+    (`Editor.first_change_kv`): no forward, and nothing deferred when every change is read so."""
     changed = editor.changed()
-    if defer and changed and editor.can_defer():
+    read = {id(b): editor.first_change_kv(b) for b in editor.blocks if not b.reuse} if reference else {}
+    from_reference = bool(read) and all(kv is not None for kv in read.values())
+    if defer and changed and editor.can_defer() and not from_reference:
         return editor.deferring(editor.base(), changed)
     pieces: list[list[KV]] = []
     computed = 0
     for b in editor.blocks:
         if b.reuse:
             pieces.append(editor.reused(b))
+            continue
+        kv = read.get(id(b))
+        if kv is not None:
+            pieces.append(kv)
         else:
             before = join_all(pieces)
             pieces = [before, fresh(editor.model, before, editor.new_ids[b.j1:b.j2])] if before else \
                 [extend(editor.model, None, editor.new_ids[b.j1:b.j2])]
-            computed += b.j2 - b.j1
-    return editor.surgery(join_all(pieces), computed)
+        computed += b.j2 - b.j1
+    detail = ("its changed tokens' K/V read off the reference's (the same tokens after the same notes)"
+              if any(kv is not None for kv in read.values()) else "")
+    return editor.surgery(join_all(pieces), computed, detail)
 
 
 class InPlace(Strategy[EditCase]):
@@ -43,3 +54,7 @@ class InPlace(Strategy[EditCase]):
 
     def surgery(self, case: EditCase) -> Surgery:
         return in_place(case.editor, defer=True)
+
+    def decision_surgery(self, case: EditCase) -> Surgery:
+        """Untimed, the changed tokens the reference computed are read off it (`in_place(reference=)`)."""
+        return in_place(case.editor, defer=True, reference=True)
