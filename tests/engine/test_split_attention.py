@@ -129,3 +129,43 @@ def test_split_attention_equals_sdpa_under_a_selective_recompute_mask(alias):
     expected, _ = sdpa_attention_forward(module, q, k, v, sees[None, None], scaling=module.scaling)
     got, _ = split_attention_forward(module, q, k, v, sees[None, None], scaling=module.scaling)
     assert float((got - expected).abs().max()) <= 1e-5
+
+
+@pytest.mark.parametrize("alias", ["tiny-llama", "tiny-phi", "tiny-gemma3"])
+def test_split_attention_equals_sdpa_under_a_batched_tree_of_orders(alias):
+    """A decision-only readout's shape (`worker.engine.batched.rows_forward`): three batch rows whose
+    notes are 300, 260 and 231 keys long (the shorter padded with keys no one sees), each with a
+    common beginning of 20 inputs and then 6 orders of 40 side by side, each order seeing the
+    beginning and itself only. Each row's notes are attended on their own, unmasked, and the new
+    block 48 queries at a time against only the keys they see: the answer must not move."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    from worker.engine.split_attention import _cut, split_attention_forward
+
+    eng = load(alias)
+    module = first_attention(eng.model)
+    cfg = eng.model.config
+    heads, d = cfg.num_attention_heads, cfg.hidden_size // cfg.num_attention_heads
+    kv = getattr(cfg, "num_key_value_heads", None) or heads
+    notes, common, orders, each = [300, 260, 231], 20, 6, 40
+    most, length = max(notes), common + orders * each
+    group = torch.tensor([-1] * common + [o for o in range(orders) for _ in range(each)])
+    tree = torch.ones(length, length, dtype=torch.bool).tril() & \
+        ((group[:, None] == group[None, :]) | (group[None, :] == -1))
+    sees = torch.zeros(len(notes), 1, length, most + length, dtype=torch.bool)
+    for b, p in enumerate(notes):
+        sees[b, 0, :, :p] = True
+        sees[b, 0, :, most:] = tree
+    gen = torch.Generator().manual_seed(5)
+    q = torch.randn(len(notes), heads, length, d, generator=gen) * 2
+    k = torch.randn(len(notes), kv, most + length, d, generator=gen) * 2
+    v = torch.randn(len(notes), kv, most + length, d, generator=gen)
+    expected, _ = sdpa_attention_forward(module, q, k, v, sees, scaling=module.scaling)
+    got, _ = split_attention_forward(module, q, k, v, sees, scaling=module.scaling)
+    assert float((got - expected).abs().max()) <= 1e-5
+    cut = _cut(sees, most, length, q.dtype, heads // kv)
+    assert cut.row_keys == notes and cut.new_pieces is not None
+    # each group of 48 queries reads the beginning and the (parts of) orders it spans, not the block
+    assert max(len(block.cols) for block in cut.new_pieces) <= common + 48 + 2 * each < length
+    pairs = sum((block.end - block.start) * len(block.cols) for block in cut.new_pieces)
+    assert pairs < 0.45 * length * length

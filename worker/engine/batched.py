@@ -104,7 +104,6 @@ def rows_forward(model, rows: Sequence[Row], suffixes: list[list[int]],
     out = model(input_ids=inputs, position_ids=positions, attention_mask=mask, cache=cache, use_cache=True,
                 logits_to_keep=torch.tensor([shift + r for r in keep], device=device))
     logits = out.logits.float()  # [rows, len(keep), vocab]
-    logp = torch.log_softmax(logits, dim=-1)
     readings = []
     for b, (pad, lay, row) in enumerate(zip(pads, layouts, rows)):
         mine = {r - (pad - shift): i for r, i in at.items()}  # this row's own indices, same kept rows
@@ -113,7 +112,7 @@ def rows_forward(model, rows: Sequence[Row], suffixes: list[list[int]],
                                          layer.tail_values[b:b + 1, :, pad:pad + n_def])
                                         for layer in cache.layers]
         heads = [logits[b, mine[h]] for h in lay.heads]
-        readings.append(RowReading(heads, _scores(logp[b], mine, lay, encoded), fresh))
+        readings.append(RowReading(heads, _scores(logits[b], mine, lay, encoded), fresh))
     return readings
 
 
@@ -159,16 +158,18 @@ ORDERS_AFTER = 3  # orders read a forward once the first chunk left a decision o
 
 
 def _settled_rows(model, rows: Sequence[Row], suffixes: list[list[int]], encoded: list[list[int]],
-                  listed: Sequence[Sequence[str]]) -> list[RowReading]:
+                  listed: Sequence[Sequence[str]], at_once: bool = False) -> list[RowReading]:
     """What `rows_forward` reads for each row over the orders it needs: chunk by chunk
     (`order_chunks`), a row stops once its decision is `settled` (the choice leading after every
     order), so its scores cover the orders it read, the listed one first. A row's deferred rows are
     computed in the first chunk and written into its notes (`fill`: a deferring strategy's notes
-    are its own) for the next; its appended tokens go again with each chunk."""
+    are its own) for the next; its appended tokens go again with each chunk. `at_once`: every order
+    in one forward (when no decision is expected to settle early: one pass over the weights and one
+    common beginning fewer)."""
     total, choices = len(suffixes), list(listed[0])
     got: list[RowReading | None] = [None] * len(rows)
     todo, current, start = list(range(len(rows))), list(rows), 0
-    for size in order_chunks(total):
+    for size in ([total] if at_once else order_chunks(total)):
         read = rows_forward(model, [current[i] for i in todo], suffixes[start:start + size], encoded)
         for i, reading in zip(todo, read):
             if got[i] is None:
@@ -187,7 +188,8 @@ def _settled_rows(model, rows: Sequence[Row], suffixes: list[list[int]], encoded
 
 
 def decide_all(model, tokenizer, frame: Frame, rows: Sequence[Row], suffix_ids: list[int], question: Question,
-               orders: Sequence[list[int]] = (), drafts: Sequence[Sequence[int]] = ()) -> list[Readout]:
+               orders: Sequence[list[int]] = (), drafts: Sequence[Sequence[int]] = (),
+               orders_at_once: bool = False) -> list[Readout]:
     """Each row's readout as `decide(..., orders_apart=False)` takes it (a run that times nothing):
     the row's notes `base`, its appended tokens `shared` and its deferred rows. A choice question
     read over its orders, on a model one mask carries: the rows go through as few batched forwards
@@ -195,7 +197,9 @@ def decide_all(model, tokenizer, frame: Frame, rows: Sequence[Row], suffix_ids: 
     many orders as its decision needs (`_settled_rows`: the decision is the one every order gives;
     `Readout.orders_read`). A free answer: every row's tokens decoded in the same batched steps
     (`worker.engine.decode.answer_all`), after its guess at the answer in `drafts` where it has
-    one (speculative: the same answer whatever the guess). Anything else, one `decide` each."""
+    one (speculative: the same answer whatever the guess). Anything else, one `decide` each.
+    `orders_at_once`: every order read in one forward, no stopping (a sweep whose edit before read
+    every order for every row); the decisions are the same either way."""
     if not question.choices and not question.cot:  # a free answer: every row decoded in the same steps
         return answer_all(model, tokenizer, frame, rows, suffix_ids, question, drafts)
     together = bool(question.choices) and not question.cot and bool(orders) and not has_sliding_window(model)
@@ -208,7 +212,7 @@ def decide_all(model, tokenizer, frame: Frame, rows: Sequence[Row], suffix_ids: 
     encoded = _choice_ids(tokenizer, frame, question.choices)
     listed = reading_orders(question.choices)
     for group in batches([row_length(r, suffixes, encoded) for r in rows]):
-        readings = _settled_rows(model, [rows[i] for i in group], suffixes, encoded, listed)
+        readings = _settled_rows(model, [rows[i] for i in group], suffixes, encoded, listed, orders_at_once)
         first_token_at = time.perf_counter()
         for i, got in zip(group, readings):
             read = over_orders(listed[:len(got.scores)], _per_order(question.choices, got.scores))

@@ -200,18 +200,27 @@ def _layout(past: int, shared: list[int], suffixes: list[list[int]], encoded: li
     return _Layout(inputs, positions, group, parent, heads, rows)
 
 
-def _scores(logp: torch.Tensor, at: dict[int, int], layout: _Layout,
+def _scores(logits: torch.Tensor, at: dict[int, int], layout: _Layout,
             encoded: list[list[int]]) -> list[list[float]]:
-    """Per order, each choice's summed log-probability, read from `logp` [kept rows, vocab]."""
+    """Per order, each choice's summed log-probability, read from `logits` [kept rows, vocab]: only
+    the log-probabilities of the choices' own tokens, each a logit less its row's log-sum-exp (the
+    whole log-softmax of every kept row is not written out)."""
     n_choices = len(encoded)
-    scores = []
+    rows, tokens = [], []
     for k, head in enumerate(layout.heads):
-        first = logp[at[head]]
-        order_scores = []
         for c, seq in enumerate(encoded):
             seq_rows = layout.rows[k * n_choices + c]
-            order_scores.append(float(first[seq[0]]) + float(sum(logp[at[r], seq[j + 1]]
-                                                                for j, r in enumerate(seq_rows))))
+            rows += [at[head], *(at[r] for r in seq_rows)]
+            tokens += [seq[0], *seq[1:len(seq_rows) + 1]]
+    index = torch.tensor(rows, device=logits.device)
+    norm = torch.logsumexp(logits, dim=-1)
+    picked = logits[index, torch.tensor(tokens, device=logits.device)] - norm[index]
+    values, i, scores = picked.double().tolist(), 0, []
+    for _ in layout.heads:
+        order_scores = []
+        for seq in encoded:
+            order_scores.append(sum(values[i:i + len(seq)]))
+            i += len(seq)
         scores.append(order_scores)
     return scores
 
@@ -238,5 +247,5 @@ def orders_forward(model, base: list[KV], shared: list[int], suffixes: list[list
         logits_to_keep=torch.tensor(keep, device=model.device),
     )
     logits = out.logits[0].float()  # [len(keep), vocab]
-    scores = _scores(torch.log_softmax(logits, dim=-1), at, layout, encoded)
+    scores = _scores(logits, at, layout, encoded)
     return [logits[at[h]] for h in layout.heads], scores, cache

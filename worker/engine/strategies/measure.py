@@ -237,8 +237,10 @@ def decisions(bench: Bench, case: object, runners: dict[str, Strategy]) -> dict[
               if owner[key] in earlier else [] for key in todo]
     got = decide_all(engine.model, engine.tokenizer, engine.frame,
                      [Row(s.layers, tuple(s.pending), s.deferred) for s in todo.values()], bench.suffix_ids,
-                     bench.question, bench.orders, drafts)
+                     bench.question, bench.orders, drafts, orders_at_once=memo.get("read every order", False))
     read: dict[object, Readout] = dict(zip(todo, got))
+    if bench.orders:  # no row stopped early: the next edit reads every order in one forward
+        memo["read every order"] = all(r.orders_read > len(bench.orders) for r in got)
     if lasting is not None and id(lasting) in read:
         memo["notes"] = read[id(lasting)]
     if not bench.question.choices and not bench.question.cot:  # the next edit's drafts
