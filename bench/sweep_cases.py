@@ -45,6 +45,7 @@ def run_case(name: str, edits: int, check: int) -> dict:
     from commands.sweep import run_sweep
     from data.settings import get_settings
     from worker.engine import Field, Question, RunRequest, load
+    from worker.engine.strategies import measure
 
     spec = CASES[name]
     eng = load(spec["model"], device="cpu", data_dir=get_settings().data_dir)
@@ -63,16 +64,30 @@ def run_case(name: str, edits: int, check: int) -> dict:
         eng.prefill(document)
         prefills.append(time.perf_counter() - t0)
 
-    def sweep(vals):
+    def sweep(vals, drafts=True):
+        notes.derived.clear()  # each sweep starts afresh: nothing kept from the sweep before
+        measure.DRAFTS = drafts
         t0 = time.perf_counter()
-        out, seen = _counted(eng, lambda: run_sweep(eng, document, old, old, vals, question,
-                                                      spec["strategies"], timed_edits=0, notes=notes))
+        try:
+            out, seen = _counted(eng, lambda: run_sweep(eng, document, old, old, vals, question,
+                                                          spec["strategies"], timed_edits=0, notes=notes))
+        finally:
+            measure.DRAFTS = True
         return out, seen, time.perf_counter() - t0
 
     one, one_seen, one_s = sweep(values[:1])
     loads.append(os.getloadavg()[0])
     many, many_seen, many_s = sweep(values)
     loads.append(os.getloadavg()[0])
+    undrafted = None
+    if not choices:  # the same sweep with no drafts: what speculative decoding saves, in this run
+        bare, bare_seen, bare_s = sweep(values, drafts=False)
+        loads.append(os.getloadavg()[0])
+        undrafted = {"many_s": bare_s, "per_edit_s": (bare_s - one_s) / (len(values) - 1),
+                     "decode_steps": (sum(t == 1 for _, t in bare_seen) - sum(t == 1 for _, t in one_seen))
+                     / (len(values) - 1),
+                     "same_decisions": [e["decisions"] for e in bare["edits"]]
+                     == [e["decisions"] for e in many["edits"]]}
     for _ in range(2):
         t0 = time.perf_counter()
         eng.prefill(document)
@@ -98,6 +113,7 @@ def run_case(name: str, edits: int, check: int) -> dict:
             "prefill_s": prefills, "one_s": one_s, "many_s": many_s, "per_edit_s": per_edit_s,
             "ratio": per_edit_s / prefill, "forwards": forwards, "inputs": inputs, "decode_steps": steps,
             "orders_read": many.get("orders_read"), "cost": many["cost"], "checked": checked,
+            "undrafted": undrafted and {**undrafted, "ratio": undrafted["per_edit_s"] / prefill},
             "loads": loads, "decisions": [e["decisions"] for e in many["edits"]]}
 
 
@@ -117,6 +133,13 @@ def markdown(results: list[dict]) -> str:
             f"| ≤ {r['goal']}× | {r['forwards']:.1f} | {r['inputs'] / r['tokens']:.2f}× "
             f"| {r['decode_steps']:.1f} | {orders} | {min(r['loads']):.1f}–{max(r['loads']):.1f} |")
     lines.append("")
+    for r in results:
+        bare = r.get("undrafted")
+        if bare:
+            same = "the same" if bare["same_decisions"] else "DIFFERENT"
+            lines.append(f"- {r['case']} without drafts (the same sweep, this run): "
+                         f"{bare['per_edit_s']:.2f} s per edit, {bare['ratio']:.2f}× one prefill, "
+                         f"{bare['decode_steps']:.1f} decode steps per edit; decisions {same} as with drafts")
     for r in results:
         same = sum(c["sweep"][k] == c["edit"].get(k) for c in r["checked"] for k in c["sweep"])
         total = sum(len(c["sweep"]) for c in r["checked"])
