@@ -99,3 +99,11 @@ def test_batched_stopping_readouts_decide_what_reading_every_order_decides(n_cho
         for readout, every in zip(got, full):
             assert readout.decision == _full_decision(listed[0], _per_order(question.choices, every.scores))
             assert earliest_stop(len(listed)) <= readout.orders_read <= len(listed)
+            assert readout.orders_needed == readout.orders_read
+        # every order in one forward (a sweep whose edit before needed them all): the same decisions,
+        # every order read, and what the stopping reading needed still said
+        at_once = decide_all(eng.model, eng.tokenizer, eng.frame, rows, suffix, question, orders,
+                             orders_at_once=True)
+        for one, stopped in zip(at_once, got):
+            assert one.decision == stopped.decision and one.orders_read == len(listed)
+            assert one.orders_needed == stopped.orders_read

@@ -18,6 +18,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import accumulate
 
 import torch
 
@@ -198,8 +199,8 @@ def decide_all(model, tokenizer, frame: Frame, rows: Sequence[Row], suffix_ids: 
     `Readout.orders_read`). A free answer: every row's tokens decoded in the same batched steps
     (`worker.engine.decode.answer_all`), after its guess at the answer in `drafts` where it has
     one (speculative: the same answer whatever the guess). Anything else, one `decide` each.
-    `orders_at_once`: every order read in one forward, no stopping (a sweep whose edit before read
-    every order for every row); the decisions are the same either way."""
+    `orders_at_once`: every order read in one forward, no stopping (a sweep whose edit before needed
+    every order for every row: `Readout.orders_needed`); the decisions are the same either way."""
     if not question.choices and not question.cot:  # a free answer: every row decoded in the same steps
         return answer_all(model, tokenizer, frame, rows, suffix_ids, question, drafts)
     together = bool(question.choices) and not question.cot and bool(orders) and not has_sliding_window(model)
@@ -214,9 +215,13 @@ def decide_all(model, tokenizer, frame: Frame, rows: Sequence[Row], suffix_ids: 
     for group in batches([row_length(r, suffixes, encoded) for r in rows]):
         readings = _settled_rows(model, [rows[i] for i in group], suffixes, encoded, listed, orders_at_once)
         first_token_at = time.perf_counter()
+        checkpoints = list(accumulate(order_chunks(len(suffixes))))
         for i, got in zip(group, readings):
-            read = over_orders(listed[:len(got.scores)], _per_order(question.choices, got.scores))
+            per_order = _per_order(question.choices, got.scores)
+            read = over_orders(listed[:len(got.scores)], per_order)
             readout = _chosen(read, got.heads[0], encoded, question, first_token_at, got.deferred_kv)
             readout.choice_logp = dict(zip(question.choices, got.scores[0]))
+            readout.orders_needed = next(k for k in checkpoints if k >= len(per_order)
+                                         or settled(question.choices, per_order[:k], len(suffixes)))
             out[i] = readout
     return out  # type: ignore[return-value]

@@ -239,8 +239,8 @@ def decisions(bench: Bench, case: object, runners: dict[str, Strategy]) -> dict[
                      [Row(s.layers, tuple(s.pending), s.deferred) for s in todo.values()], bench.suffix_ids,
                      bench.question, bench.orders, drafts, orders_at_once=memo.get("read every order", False))
     read: dict[object, Readout] = dict(zip(todo, got))
-    if bench.orders:  # no row stopped early: the next edit reads every order in one forward
-        memo["read every order"] = all(r.orders_read > len(bench.orders) for r in got)
+    if bench.orders and got:  # no row could stop early: the next edit reads every order in one forward
+        memo["read every order"] = all(r.orders_needed > len(bench.orders) for r in got)
     if lasting is not None and id(lasting) in read:
         memo["notes"] = read[id(lasting)]
     if not bench.question.choices and not bench.question.cot:  # the next edit's drafts
