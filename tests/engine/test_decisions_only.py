@@ -136,3 +136,35 @@ def test_a_free_answer_decision_only_run_decodes_together_and_reads_the_answers_
     # (prefix_reuse reads recompute's), never one per strategy and token
     steps = [shape for shape in seen if shape[1] == 1]
     assert len(steps) <= 4 and all(batch == 5 for batch, _ in steps)
+
+
+@pytest.mark.parametrize("alias", ["tiny-llama", "tiny-gemma3"])
+def test_a_free_answer_after_an_edit_of_the_same_notes_starts_from_its_draft(alias):
+    """The second decision-only edit of a sweep (the same notes and question) drafts each strategy's
+    answer from its answer at the edit before: the same answer as without drafts, and the run JSON's
+    detail says how many tokens the draft gave."""
+    from worker.engine.strategies import measure
+
+    eng = load(alias)
+    start = DOC.index("Oslo")
+    question = Question("What is the destination?", (), max_new_tokens=4)
+    names = ("recompute", "in_place", "erratum", "field_erratum")
+
+    def edits(drafts: bool) -> list:
+        notes = eng.prefill(DOC)
+        measure.DRAFTS = drafts
+        try:
+            return [eng.run(RunRequest(DOC, question, fields=(Field(start, start + 4, value, "destination"),),
+                                       strategies=names, timing=False), notes=notes)
+                    for value in ("Riga", "Riga", "Madrid")]
+        finally:
+            measure.DRAFTS = True
+
+    drafted, plain = edits(True), edits(False)
+    for with_draft, without in zip(drafted, plain):
+        for name in names:
+            assert with_draft.strategies[name].decision == without.strategies[name].decision, name
+            assert "draft" not in without.strategies[name].detail
+    assert all("draft" not in r.detail for r in drafted[0].strategies.values())  # nothing before it
+    # the same value again: every strategy's draft is its whole answer
+    assert all("kept from a draft" in r.detail for r in drafted[1].strategies.values())

@@ -253,9 +253,14 @@ def decisions(bench: Bench, case: object, runners: dict[str, Strategy]) -> dict[
         if runner.reads_notes:
             s.tokens_computed += bench.overhead_tokens
         source = owner[keys[name]] if owner[keys[name]] != name else None
+        notes = [s.detail]
         if source is not None:  # said where it shows: the run JSON's detail and `Report.read_from`
-            s = replace(s, detail="; ".join(part for part in (
-                s.detail, f"its decision read off {source}'s readout (the same notes)") if part))
+            notes.append(f"its decision read off {source}'s readout (the same notes)")
+        if readout.drafted:
+            notes.append(f"{readout.drafted} answer token(s) kept from a draft (its answer at the edit "
+                         "before, checked token by token: the same answer as decoding them)")
+        if len(notes) > 1:
+            s = replace(s, detail="; ".join(part for part in notes if part))
         out[name] = Outcome(s, readout, [Sample(0.0, 0.0, 0)], timed=False, read_from=source)
     return out
 
