@@ -8,7 +8,9 @@ own (`S3Server.store_url()`), so tests sharing the server never see each other's
 from __future__ import annotations
 
 import os
+import random
 import signal
+import socket
 import subprocess
 import uuid
 from collections.abc import Iterator
@@ -19,7 +21,7 @@ from pathlib import Path
 import obstore
 from obstore.store import S3Store
 
-from tests.conftest import REPO, free_port, missing
+from tests.conftest import REPO, missing
 from worker.engine.store import KVStore
 from worker.engine.store_s3 import SharedConfig, parse_store_url
 
@@ -70,13 +72,35 @@ class S3Server:
         self.proc = None
 
 
+def _bindable(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def server_port() -> int:
+    """A port P for `scripts/s3.sh` whose 16 ports (P..P+7 and P+10000..P+10007) are all free and all
+    below the kernel's ephemeral range (32768 up): a port from bind(0) lies inside it, where any
+    client's outgoing connection may take P+7 before weed binds it (seen: "port 49470 for WebDAV
+    ... is not available"), or while a stopped server is down, before it starts again."""
+    lowest = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0]) \
+        if Path("/proc/sys/net/ipv4/ip_local_port_range").exists() else 32768
+    rng = random.Random()
+    for _ in range(200):
+        port = rng.randrange(11000, min(22000, lowest - 10008))
+        if all(_bindable(p) for base in (port, port + 10000) for p in range(base, base + 8)):
+            return port
+    raise RuntimeError("no 16 free ports for SeaweedFS below the ephemeral range")
+
+
 @contextmanager
 def seaweedfs(folder: Path) -> Iterator[S3Server]:
-    """A server of its own on a free port (its other parts take the 7 ports above it and +10000)."""
-    port = free_port()
-    while port + 10007 > 65535 or port < 1024:
-        port = free_port()
-    server = S3Server(folder, port).start()
+    """A server of its own (its other parts take the 7 ports above it and +10000), out of the
+    ephemeral port range (`server_port`)."""
+    server = S3Server(folder, server_port()).start()
     try:
         yield server
     finally:

@@ -140,7 +140,8 @@ def test_split_attention_equals_sdpa_under_a_batched_tree_of_orders(alias):
     block 48 queries at a time against only the keys they see: the answer must not move."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    from worker.engine.split_attention import _cut, split_attention_forward
+    from worker.engine.attention_plan import mask_plan
+    from worker.engine.split_attention import split_attention_forward
 
     eng = load(alias)
     module = first_attention(eng.model)
@@ -163,7 +164,7 @@ def test_split_attention_equals_sdpa_under_a_batched_tree_of_orders(alias):
     expected, _ = sdpa_attention_forward(module, q, k, v, sees, scaling=module.scaling)
     got, _ = split_attention_forward(module, q, k, v, sees, scaling=module.scaling)
     assert float((got - expected).abs().max()) <= 1e-5
-    cut = _cut(sees, most, length, q.dtype, heads // kv)
+    cut = mask_plan(sees, most, length, q.dtype, heads // kv)
     assert cut.row_keys == notes and cut.new_pieces is not None
     # each group of 48 queries reads the beginning and the (parts of) orders it spans, not the block
     assert max(len(block.cols) for block in cut.new_pieces) <= common + 48 + 2 * each < length

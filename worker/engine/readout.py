@@ -96,12 +96,9 @@ class Readout:
     # how many of the choices' orders the decision read (a decision-only readout stops once no
     # order left could change it: `worker.engine.orders.settled`); 0 without choices
     orders_read: int = 0
-    # how many the decision needed, at the points a decision-only readout may stop (the orders read,
-    # or fewer when every order was read in one forward and fewer would have settled it)
-    orders_needed: int = 0
-    # a free answer decoded in a batch: each answer token's log-probability (`worker.engine.decode`),
-    # the stop token that ended it (None: cut at max_new_tokens, or not decoded in a batch), and how
-    # many of its tokens (its stop token included) came from a draft instead of a decode step
+    orders_needed: int = 0  # of those, what it needed where a reading may stop (read at once: fewer)
+    # a free answer decoded in a batch (`worker.engine.decode`): each answer token's log-probability,
+    # the stop token that ended it (None: max_new_tokens), the tokens (stop included) a draft gave
     answer_logp: list[float] = field(default_factory=list)
     answer_end: int | None = None
     drafted: int = 0

@@ -37,7 +37,6 @@ one.
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
 
 import torch
 from torch.nn.attention.bias import causal_lower_right
@@ -45,6 +44,8 @@ from transformers import AttentionInterface
 from transformers.cache_utils import DynamicLayer
 from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, causal_mask_function, sdpa_mask
+
+from worker.engine.attention_plan import Block, Piece, mask_plan
 
 SPLIT = "kvnotes_split"
 
@@ -172,115 +173,6 @@ def _take_notes(module, key: torch.Tensor) -> NotesLayer | None:
 
 # ---- the two parts ------------------------------------------------------------------------------
 
-# a masked cached part is cut into this many row groups, each reading keys up to its last visible one
-ROW_GROUPS = 8
-
-
-@dataclass
-class _Piece:
-    """Queries [start, end) against the cached keys [0, keys): the bias already repeated for the
-    folded query heads [B|1, 1, rep·(end − start), keys], and the rows that see no cached key."""
-
-    start: int
-    end: int
-    keys: int
-    bias: torch.Tensor | None = None
-    blind: torch.Tensor | None = None  # [B|1, 1, rep·(end − start)] bool
-
-
-@dataclass
-class _Cut:
-    """A forward's mask cut at the notes: the cached part as row pieces (or, `row_keys`, each batch
-    row seeing its own first keys, unmasked), and the new block's bias (or its `new_pieces`)."""
-
-    pieces: list[_Piece]
-    new_bias: torch.Tensor | None = None
-    new_blind: torch.Tensor | None = None
-    row_keys: list[int] | None = None
-    new_pieces: list[_Block] | None = None
-
-
-@dataclass
-class _Block:
-    """New-block queries [start, end) against only the new keys any of them sees (`cols`), under
-    the mask's bias for those [B|1, 1, end − start, len(cols)]."""
-
-    start: int
-    end: int
-    cols: torch.Tensor
-    bias: torch.Tensor
-
-
-# the new block of a tree-masked forward (a readout over orders) is cut into query rows this many at
-# a time, each reading only the keys one of them sees: its order's question and the common beginning
-BLOCK_ROWS = 48
-
-
-def _visible(mask: torch.Tensor) -> torch.Tensor:
-    return mask if mask.dtype == torch.bool else mask > torch.finfo(mask.dtype).min / 2
-
-
-def _bias_of(sees: torch.Tensor, dtype: torch.dtype,
-             rep: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-    """(additive bias, blind rows) of a visibility mask [B|1, 1, M, S], repeated `rep` times along
-    the rows for folded heads; (None, None) when everything is visible."""
-    if bool(sees.all()):
-        return None, None
-    bias = torch.zeros(sees.shape, dtype=dtype, device=sees.device).masked_fill_(~sees, float("-inf"))
-    blind = ~sees.any(dim=-1)
-    if rep > 1:
-        bias, blind = bias.repeat(1, 1, rep, 1), blind.repeat(1, 1, rep)
-    return bias, (blind if bool(blind.any()) else None)
-
-
-def _plan(mask: torch.Tensor | None, p: int, n: int, dtype: torch.dtype, rep: int) -> _Cut:
-    """How to attend under `mask` [B|1, 1, L, P+T] (None: every cached key, the new block causally).
-    A masked cached part is cut into row groups that each read keys only up to the last one any of
-    their rows sees (the selected tokens of CacheBlend-style recompute see keys before their own
-    position: the groups skip most of the masked half)."""
-    if mask is None:
-        return _Cut([_Piece(0, n, p)])
-    sees_c, sees_n = _visible(mask[..., :p]), _visible(mask[..., p:])
-    new_bias, new_blind = _bias_of(sees_n, dtype, 1)
-    blocks = _blocks(sees_n, new_bias) if new_blind is None else None
-    if blocks is not None:
-        new_bias = None
-    if bool(sees_c.all()):
-        return _Cut([_Piece(0, n, p)], new_bias, new_blind, new_pieces=blocks)
-    first = sees_c[:, 0, 0, :]  # [B|1, P]: a batch row whose every query sees its own first keys
-    keys = first.sum(dim=-1)
-    if first.shape[0] > 1 and bool(keys.min() > 0) and bool((sees_c == first[:, None, None, :]).all()) \
-            and bool((first == (torch.arange(p, device=mask.device)[None, :] < keys[:, None])).all()):
-        return _Cut([_Piece(0, n, p)], new_bias, new_blind, row_keys=keys.tolist(), new_pieces=blocks)
-    last = torch.where(sees_c, torch.arange(p, device=mask.device), -1).amax(dim=-1).amax(dim=0)[0]  # [L]
-    groups = max(1, min(ROW_GROUPS, n // 32))
-    bounds = [round(i * n / groups) for i in range(groups + 1)]
-    pieces = []
-    for start, end in zip(bounds, bounds[1:]):
-        keys = int(last[start:end].max()) + 1
-        bias, blind = _bias_of(sees_c[..., start:end, :keys], dtype, rep) if keys else (None, None)
-        pieces.append(_Piece(start, end, keys, bias, blind))
-    return _Cut(pieces, new_bias, new_blind, new_pieces=blocks)
-
-
-def _blocks(sees: torch.Tensor, bias: torch.Tensor | None) -> list[_Block] | None:
-    """The new block's queries `BLOCK_ROWS` at a time, each group against only the keys one of its
-    rows sees, when that skips at least half the block's query-key pairs (a tree of orders: each
-    order's rows see the common beginning and their own order only); None otherwise."""
-    if bias is None:
-        return None
-    n, t = sees.shape[-2], sees.shape[-1]
-    if n != t or n < 2 * BLOCK_ROWS:
-        return None
-    blocks, pairs = [], 0
-    for start in range(0, n, BLOCK_ROWS):
-        end = min(start + BLOCK_ROWS, n)
-        cols = sees[:, 0, start:end, :].any(dim=1).any(dim=0).nonzero().flatten()
-        blocks.append(_Block(start, end, cols, bias[:, :, start:end].index_select(-1, cols)))
-        pairs += (end - start) * len(cols)
-    return blocks if 2 * pairs <= n * t else None
-
-
 def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None,
             blind: torch.Tensor | None, causal: bool,
             scale: float | None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -295,7 +187,7 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tenso
     return out, lse
 
 
-def _cached_part(q, k, v, pieces: list[_Piece], scale, row_keys: list[int] | None = None):
+def _cached_part(q, k, v, pieces: list[Piece], scale, row_keys: list[int] | None = None):
     """Every query against the cached K/V, query heads folded by group: q [B, H, L, d],
     k/v [B, kv, P, d] → out [B, H, L, d], lse [B, H, L]. With `row_keys`, batch row b sees its first
     row_keys[b] keys, each row attended on its own, unmasked."""
@@ -324,7 +216,7 @@ def _cached_part(q, k, v, pieces: list[_Piece], scale, row_keys: list[int] | Non
     return torch.cat(outs, dim=2), torch.cat(lses, dim=2)
 
 
-def _new_part(q, k, v, bias, blind, scale, blocks: list[_Block] | None = None):
+def _new_part(q, k, v, bias, blind, scale, blocks: list[Block] | None = None):
     """Queries (the last L of the new block) against the new block's K/V [B, kv, T, d]: causal,
     aligned to the last key, unless `bias` [B|1, 1, L, T] says otherwise, or `blocks` (groups of
     queries, each against the keys it sees)."""
@@ -356,24 +248,6 @@ def joined_causal(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     return out.transpose(1, 2).contiguous(), None
 
 
-_memo: dict[tuple, tuple[torch.Tensor, _Cut]] = {}
-
-
-def _cut(mask: torch.Tensor | None, p: int, n: int, dtype: torch.dtype, rep: int) -> _Cut:
-    """`_plan`, remembered by the mask's identity: one mask serves every layer of a forward."""
-    if mask is None:
-        return _Cut([_Piece(0, n, p)])
-    key = (id(mask), p, n, dtype, rep)
-    hit = _memo.get(key)
-    if hit is not None and hit[0] is mask:
-        return hit[1]
-    if len(_memo) > 8:
-        _memo.clear()
-    cut = _plan(mask, p, n, dtype, rep)
-    _memo[key] = (mask, cut)
-    return cut
-
-
 def split_attention_forward(module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                             attention_mask: torch.Tensor | None, dropout: float = 0.0,
                             scaling: float | None = None, is_causal: bool | None = None, **kwargs):
@@ -400,7 +274,7 @@ def split_attention_forward(module, query: torch.Tensor, key: torch.Tensor, valu
             return _grouped_step(query, key, value, attention_mask, scaling)
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
                                       scaling=scaling, is_causal=is_causal, **kwargs)
-    cut = _cut(attention_mask, p, query.shape[2], query.dtype, query.shape[1] // k_c.shape[1])
+    cut = mask_plan(attention_mask, p, query.shape[2], query.dtype, query.shape[1] // k_c.shape[1])
     out_c, lse_c = _cached_part(query, k_c, v_c, cut.pieces, scaling, cut.row_keys)
     out_n, lse_n = _new_part(query, k_n, v_n, cut.new_bias, cut.new_blind, scaling, cut.new_pieces)
     lse = torch.logaddexp(lse_c, lse_n)
