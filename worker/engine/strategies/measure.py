@@ -73,7 +73,8 @@ ROUND_BUDGET_MS = 100.0  # within a round, a strategy is timed again until its t
 ROUND_SAMPLES = 3  # ... or it was timed this many times in the round
 # a decision-only free answer starts from a draft: the same strategy's answer at the edit before, its
 # field values replaced (`worker.engine.decode.start_rows` keeps what greedy decoding chooses of it,
-# so the answers are the same either way); bench/bench_sweep.py turns it off to show what it saves
+# so the answers are the same either way); bench/sweep_cases.py and bench/sweep_drafts.py turn it off
+# to show what it saves
 DRAFTS = True
 
 
