@@ -408,11 +408,7 @@ class ServedApp:
 
     def stop(self) -> None:
         for proc in reversed(self.procs):
-            proc.terminate()
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+            stop_process(proc, 20)
         self._out.close()
 
     def __enter__(self) -> ServedApp:
@@ -422,6 +418,17 @@ class ServedApp:
         self.stop()
 
 
+def stop_process(proc: subprocess.Popen, timeout: float) -> None:
+    """Stop `proc` if it still runs: SIGTERM, `timeout` seconds to exit, then SIGKILL."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
 def api_call(url: str, method: str = "GET", body: dict | None = None) -> dict:
     """One JSON request to a served kvnotes (urllib: no client session), its JSON answer."""
     data = json.dumps(body).encode() if body is not None else None
@@ -429,6 +436,18 @@ def api_call(url: str, method: str = "GET", body: dict | None = None) -> dict:
                                      headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(request, timeout=60) as response:
         return json.loads(response.read())
+
+
+def api_notebook(api: str, text: str, title: str, field: tuple[str, str, str],
+                 model: str = "smollm2-135m") -> int:
+    """A notebook made through the served API at `api` (".../api") with one field: `field` is (the
+    text it covers, its first occurrence; the new value; the label). Its id."""
+    nb = api_call(f"{api}/notebooks", "POST", {"title": title, "model": model, "text": text})["id"]
+    find, new_value, label = field
+    start = text.index(find)
+    api_call(f"{api}/notebooks/{nb}/fields", "POST",
+             {"start": start, "end": start + len(find), "new_value": new_value, "label": label})
+    return nb
 
 
 # ---- the run in parallel: pytest-xdist's `--dist loadgroup` (scripts/test.sh) ---------------------

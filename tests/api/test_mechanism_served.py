@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, ServedApp, api_call
+from tests.conftest import REPO, ServedApp, api_call, api_notebook
 
 pytestmark = pytest.mark.slow
 
@@ -28,11 +28,7 @@ def test_a_served_run_carries_and_draws_the_mechanism(tmp_path: Path) -> None:
     (tmp_path / "models").symlink_to(ensure_converted("smollm2-135m", data).parent)
     with ServedApp(tmp_path, "smollm2-135m", worker=True) as server:
         api = f"{server.url}/api"
-        nb = api_call(f"{api}/notebooks", "POST",
-                   {"title": "access", "model": "smollm2-135m", "text": RECORD})["id"]
-        start = RECORD.index("active")
-        api_call(f"{api}/notebooks/{nb}/fields", "POST",
-              {"start": start, "end": start + 6, "new_value": "suspended", "label": "status"})
+        nb = api_notebook(api, RECORD, "access", ("active", "suspended", "status"))
         run = api_call(f"{api}/notebooks/{nb}/runs", "POST",
                     {"question": "Can this account log in?", "choices": ["yes", "no"],
                      "strategies": STRATEGIES, "mechanism": True})

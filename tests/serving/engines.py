@@ -36,7 +36,7 @@ import httpx
 import openai
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.conftest import REPO, LocalServer, free_port, kvnotes_env, listening
+from tests.conftest import REPO, LocalServer, free_port, kvnotes_env, listening, stop_process
 
 
 class Engine(LocalServer):
@@ -240,8 +240,4 @@ class Gateway:
         return True
 
     def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
+        stop_process(self.proc, 15)

@@ -147,14 +147,10 @@ def finished_sweep(server, decided: dict[str, tuple[str, str | None, int]] | Non
     from sqlalchemy import select
 
     from data.models import Run, RunResult, Sweep
-    from tests.conftest import api_call
+    from tests.conftest import api_call, api_notebook
 
     decided = decided or {k: (d, None, t) for k, (d, t) in YES_NO.items()}
-    nb = api_call(f"{server.url}/api/notebooks", "POST",
-                  {"title": "policy", "model": "smollm2-135m", "text": SWEEP_DOC})["id"]
-    start = SWEEP_DOC.index("active")
-    api_call(f"{server.url}/api/notebooks/{nb}/fields", "POST",
-             {"start": start, "end": start + 6, "new_value": "banned", "label": "status"})
+    nb = api_notebook(f"{server.url}/api", SWEEP_DOC, "policy", ("active", "banned", "status"))
     sweep = api_call(f"{server.url}/api/notebooks/{nb}/sweeps", "POST",
                      {"question": question, "choices": list(choices), "strategies": ["recompute", "erratum"],
                       "values": {"status": ["banned", "closed", "gone"]}})

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, ServedApp, api_call
+from tests.conftest import REPO, ServedApp, api_call, api_notebook
 from vocabulary.regions import REGIONS
 from vocabulary.verdicts import edit_followed, words
 
@@ -26,11 +26,7 @@ def test_a_served_read_back_run_knows_the_edit(tmp_path: Path) -> None:
     (tmp_path / "models").symlink_to(ensure_converted("smollm2-135m", data).parent)
     with ServedApp(tmp_path, "smollm2-135m", worker=True) as server:
         api = f"{server.url}/api"
-        nb = api_call(f"{api}/notebooks", "POST",
-                   {"title": "access", "model": "smollm2-135m", "text": RECORD})["id"]
-        start = RECORD.index("active")
-        api_call(f"{api}/notebooks/{nb}/fields", "POST",
-              {"start": start, "end": start + 6, "new_value": "suspended", "label": "status"})
+        nb = api_notebook(api, RECORD, "access", ("active", "suspended", "status"))
         run = api_call(f"{api}/notebooks/{nb}/runs", "POST",
                     {"question": "What is the account status?",
                      "strategies": ["recompute", "stale", "field_erratum"]})

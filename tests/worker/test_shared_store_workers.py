@@ -17,7 +17,7 @@ import pytest
 import redis
 from sqlalchemy import select
 
-from tests.conftest import ServedApp, api_call, until
+from tests.conftest import ServedApp, api_call, api_notebook, stop_process, until
 from tests.s3 import seaweedfs
 
 pytestmark = pytest.mark.slow
@@ -55,22 +55,12 @@ def _worker(server: ServedApp, data: Path, name: str) -> subprocess.Popen:
 
 def _stop(proc: subprocess.Popen) -> None:
     """Warm shutdown: the worker finishes, waits for its background writes (atexit) and exits."""
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    stop_process(proc, 60)
 
 
 def _edit(api: str, text: str) -> dict:
     """A notebook over `text` whose status becomes "suspended", and one run of it, finished."""
-    nb = api_call(f"{api}/notebooks", "POST", {"title": "access", "model": MODEL, "text": text})["id"]
-    start = text.index("active")
-    api_call(f"{api}/notebooks/{nb}/fields", "POST",
-             {"start": start, "end": start + 6, "new_value": "suspended", "label": "status"})
-    return _run(api, nb)
+    return _run(api, api_notebook(api, text, "access", ("active", "suspended", "status"), MODEL))
 
 
 def _run(api: str, nb: int) -> dict:

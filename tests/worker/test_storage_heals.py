@@ -23,7 +23,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.conftest import free_port, kvnotes_env
+from tests.conftest import free_port, kvnotes_env, stop_process
 from tests.worker.conftest import _chattr, _immutable_flag_binds
 
 pytestmark = pytest.mark.slow
@@ -62,11 +62,7 @@ def _serve(tmp_path: Path) -> Iterator[tuple[str, subprocess.Popen, Path]]:
         yield url, serve, log_path
     finally:
         _chattr("-i", *(tmp_path / name for name in FILES))
-        serve.terminate()
-        try:
-            serve.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            serve.kill()
+        stop_process(serve, 60)
         log.close()
 
 

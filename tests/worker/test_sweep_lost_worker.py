@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
-from tests.conftest import ServedApp, api_call, until
+from tests.conftest import ServedApp, api_call, stop_process, until
 
 pytestmark = pytest.mark.slow
 
@@ -70,12 +70,7 @@ class Workers:
 
     def stop(self) -> None:
         for proc in self.procs:
-            if proc.poll() is None:
-                proc.terminate()
-                try:
-                    proc.wait(timeout=20)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
+            stop_process(proc, 20)
 
 
 def _running_edit(server: ServedApp, sweep_id: int, attempts: int):
