@@ -109,6 +109,44 @@ def test_the_document_is_prefilled_once_per_sweep_and_worker(isolated, data_dir)
         assert s.get(Sweep, sweep_id).document_prefills == 1
 
 
+def test_two_sweeps_of_one_document_on_one_worker_share_no_notes_and_no_drafts(isolated, data_dir) -> None:
+    """What a worker keeps between a sweep's edits (the notes, the readout of the old notes, each
+    strategy's answer that drafts the next edit's) is the sweep's own: two sweeps over the same
+    document on one worker, as two notebooks (two users) would make them, get separate notes, and
+    the second sweep's first edit starts from no draft of the first sweep's answers."""
+    isolated(KVNOTES_DATA=str(data_dir))
+    from data.db import get_sessionmaker
+    from worker.engine import Field, Question, RunRequest, load
+    from worker.sweep_rows import _NOTES, sweep_notes
+
+    _NOTES.clear()  # kept by an earlier test of this process under the same sweep ids
+    migrate()
+    maker = get_sessionmaker()
+    with maker() as s:
+        first, first_runs = _sweep(s, 1)
+        second, second_runs = _sweep(s, 1)
+        a, b = (s.get(Run, runs[0]).snapshot for runs in (first_runs, second_runs))
+    eng = load("tiny-llama", device="cpu", data_dir=data_dir)
+    start = DOC.index("active")
+
+    def edit(notes, value: str):
+        request = RunRequest(DOC, Question("What is the status?", (), max_new_tokens=4),
+                             fields=(Field(start, start + 6, value, "status"),),
+                             strategies=("recompute", "prefix_reuse", "erratum"), timing=False)
+        return eng.run(request, notes=notes)
+
+    mine, theirs = sweep_notes(eng, a), sweep_notes(eng, b)
+    assert mine is not theirs and mine.derived is not theirs.derived
+    edit(mine, "banned")
+    again = edit(mine, "banned")  # the same sweep: drafted from its edit before
+    assert all("kept from a draft" in r.detail for r in again.strategies.values())
+    other = edit(theirs, "banned")  # the other sweep: nothing of the first one's answers
+    assert all("draft" not in r.detail for r in other.strategies.values())
+    assert [r.decision for r in other.strategies.values()] == [r.decision for r in again.strategies.values()]
+    with maker() as s:
+        assert (s.get(Sweep, first).document_prefills, s.get(Sweep, second).document_prefills) == (1, 1)
+
+
 def test_the_watchdogs_lost_edit_is_queued_again_once_then_failed_for_good(isolated, tmp_path) -> None:
     isolated(KVNOTES_MODELS="tiny-llama")
     from data.db import get_sessionmaker
