@@ -145,6 +145,7 @@ def test_two_sweeps_of_one_document_on_one_worker_share_no_notes_and_no_drafts(i
     assert [r.decision for r in other.strategies.values()] == [r.decision for r in again.strategies.values()]
     with maker() as s:
         assert (s.get(Sweep, first).document_prefills, s.get(Sweep, second).document_prefills) == (1, 1)
+    _NOTES.clear()  # nor leave them to a later test
 
 
 def test_the_watchdogs_lost_edit_is_queued_again_once_then_failed_for_good(isolated, tmp_path) -> None:
