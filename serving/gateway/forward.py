@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+from collections import Counter
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -28,6 +29,8 @@ from vocabulary.agreement import VALUE, agreement
 log = logging.getLogger("kvnotes.gateway")
 FIRST_WORDS = 8  # the first answer words two answers must share to agree
 PLANNERS = 4  # worker threads that plan requests and parse long bodies (the GIL: more would not help)
+PLANS_PER_TENANT = 2  # a tenant's requests planned at once in this process (one holds its lock, one
+# waits); more pass through at once (`TENANT_BUSY`): one tenant's burst never takes every planner
 CHECKS_AT_ONCE = 2  # checks sent upstream at once (each is a full prefill: it competes with clients)
 CHECKS_WAITING = 16  # checks held at most (each holds its request's body); a check drawn past it is skipped
 T = TypeVar("T")
@@ -71,7 +74,7 @@ class Gateway:
         self.keep_prompts = keep_prompts
         self._checks: set[asyncio.Task] = set()
         self._check_slots = asyncio.Semaphore(CHECKS_AT_ONCE)
-        self.checks_skipped = 0  # drawn while CHECKS_WAITING were held
+        self._planning: Counter[str] = Counter()  # tenant -> its requests in planning (event loop only)
         self._planner = ThreadPoolExecutor(max_workers=PLANNERS, thread_name_prefix="gateway-plan")
 
     @property
@@ -84,9 +87,26 @@ class Gateway:
         the loop's default pool, which `/v1/models` and the pages use."""
         return await asyncio.get_running_loop().run_in_executor(self._planner, partial(work, *args))
 
+    @property
+    def checks_skipped(self) -> int:
+        """Checks drawn while `CHECKS_WAITING` were held (this process's)."""
+        return int(self.stats.local["checks_skipped"])
+
     async def prepare(self, client: Tenant | str, route: str, body: dict) -> Prepared:
-        """`plan`, off the event loop (`offload`)."""
-        return await self.offload(self.plan, client, route, body)
+        """`plan`, off the event loop (`offload`); a request of a tenant that has `PLANS_PER_TENANT`
+        in planning already passes through at once (the Redis lock serializes a tenant's plans: the
+        others would only wait, holding planner threads every other tenant needs)."""
+        tenant = client if isinstance(client, str) else client.id
+        if tenant and self._planning[tenant] >= PLANS_PER_TENANT:
+            log.info("gateway tenant busy: the request passes through")
+            return Prepared(route, body, body, self.rewriter.busy())
+        self._planning[tenant] += 1
+        try:
+            return await self.offload(self.plan, client, route, body)
+        finally:
+            self._planning[tenant] -= 1
+            if self._planning[tenant] <= 0:
+                del self._planning[tenant]
 
     def plan(self, client: Tenant | str, route: str, body: dict) -> Prepared:
         """What to send for `body`. A plan that fails passes the request through as it came, logged
@@ -113,8 +133,9 @@ class Gateway:
         return self.backend.relay("/v1" + prepared.route, prepared.body, self.timeout_s, self.idle_s)
 
     def finish(self, prepared: Prepared, relay: Relay) -> None:
-        """Count the answered request, and start its check when it was drawn for one (a failure here
-        is logged: the client's answer is on its way and must not fail with it)."""
+        """Count the answered request (in memory: `Stats.answered` never waits on the state), and
+        start its check when it was drawn for one (a failure here is logged: the client's answer is on
+        its way and must not fail with it)."""
         if relay.status != 200:
             return
         try:
@@ -129,7 +150,7 @@ class Gateway:
         greedy = prepared.original.get("temperature") in (0, 0.0)
         if prepared.plan.check and prepared.plan.base_id and greedy:
             if len(self._checks) >= CHECKS_WAITING:
-                self.checks_skipped += 1
+                self.stats.count_local("checks_skipped")
                 return
             task = asyncio.get_running_loop().create_task(self._check(prepared, out.text))
             self._checks.add(task)
@@ -166,6 +187,7 @@ class Gateway:
         if close is not None:
             await close()
         self._planner.shutdown(wait=False, cancel_futures=True)
+        await asyncio.to_thread(self.stats.close)  # the last counts flushed, off the event loop
         self.rewriter.state.close()
 
     async def drain(self) -> None:

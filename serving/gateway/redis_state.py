@@ -1,7 +1,10 @@
-"""`RedisState`: the gateway's state (`serving.gateway.state`, whose docstring names the keys) in one
-Redis, shared by every process and replica given the same URL. A tenant's plan holds the tenant's
-Redis lock; counts are `HINCRBY`s, exact across processes. Every key expires `ttl_s` after its last
-write, so what a crashed process left behind goes by itself.
+"""`RedisState`: the gateway's state (`serving.gateway.state`, whose docstring names the keys and the
+interface) in one Redis, shared by every process and replica given the same URL. A tenant's plan
+holds the tenant's Redis lock (`SET NX PX` with a token of its own, released only by its holder);
+a save is one Lua script that checks that token (the fence), writes the base and its index entry,
+and applies every bound (the tenant's, the TTL's, the overall ones) in the same atomic step; counts
+are one Lua call per key (added only while the base lives), many keys per pipeline. Every key
+expires `ttl_s` after its last write, so what a crashed process left behind goes by itself.
 
 `open_state(url, limits)` makes the state from a URL: "" or "memory" is this process's memory;
 `redis://HOST:PORT/DB` (a `#prefix` fragment sets the key prefix, default `kvnotes:gateway:`).
@@ -10,14 +13,151 @@ write, so what a crashed process left behind goes by itself.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import redis
 
-from serving.gateway.state import TOTALS, Base, Limits, MemoryState, State
+from serving.gateway.state import (
+    TOTALS,
+    Base,
+    BaseInfo,
+    Lease,
+    Limits,
+    LockBusy,
+    MemoryState,
+    State,
+    new_token,
+)
 
 PREFIX = "kvnotes:gateway:"
 LOCK_S = 30.0  # a tenant's lock expires after this (a plan holding it died with its process)
-WAIT_S = 10.0  # a request waits this long for its tenant's lock, then passes through
+POLL_S = 0.02  # between two tries for a held lock
+
+# drop one base (prefix, tenant, id): used by the scripts below
+_DROP = """
+local function drop_base(p, t, id)
+  redis.call('HDEL', p..'b:'..t, id, id..':s')
+  redis.call('HDEL', p..'i:'..t, id)
+  redis.call('ZREM', p..'u:'..t, id)
+  redis.call('ZREM', p..'recent', id)
+  redis.call('DEL', p..'c:'..id, p..'l:ttft:'..id..':rewritten', p..'l:ttft:'..id..':pass_through')
+end
+local function drop_tenant(p, t)
+  for _, id in ipairs(redis.call('ZRANGE', p..'u:'..t, 0, -1)) do drop_base(p, t, id) end
+  redis.call('DEL', p..'b:'..t, p..'u:'..t, p..'i:'..t)
+  redis.call('ZREM', p..'tenants', t)
+  redis.call('HDEL', p..'sizes', t)
+  redis.call('HDEL', p..'counts', t)
+end
+-- the tenant's sizes and counts from its index (bases least recent first dropped past the bounds)
+local function bound_tenant(p, t, bases, chars)
+  local ids = redis.call('ZRANGE', p..'u:'..t, 0, -1)
+  local sizes, total = {}, 0
+  for k, id in ipairs(ids) do
+    local entry = redis.call('HGET', p..'i:'..t, id)
+    sizes[k] = entry and cjson.decode(entry).size or 0
+    total = total + sizes[k]
+  end
+  local n, k = #ids, 1
+  while n > 0 and (n > bases or total > chars) do
+    drop_base(p, t, ids[k]); total = total - sizes[k]; n = n - 1; k = k + 1
+  end
+  if n == 0 then drop_tenant(p, t) return 0 end
+  redis.call('HSET', p..'sizes', t, total)
+  redis.call('HSET', p..'counts', t, n)
+  return n
+end
+"""
+
+# ARGV: prefix, tenant, token ('' = unfenced), id, state, texts ('' = kept), index entry, now, ttl,
+#       bases per tenant, chars per tenant, tenants, chars in all. -1: the lease was lost; -2: the
+#       base's texts are gone (dropped meanwhile); else the tenant's bases after the bounds.
+_SAVE = _DROP + """
+local p, t, token, id = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+local now, ttl = tonumber(ARGV[8]), tonumber(ARGV[9])
+if token ~= '' and redis.call('GET', p..'lock:'..t) ~= token then return -1 end
+for _, old in ipairs(redis.call('ZRANGEBYSCORE', p..'u:'..t, '-inf', now - ttl)) do drop_base(p, t, old) end
+if ARGV[6] ~= '' then
+  redis.call('HSET', p..'b:'..t, id, ARGV[6])
+elseif redis.call('HEXISTS', p..'b:'..t, id) == 0 then
+  return -2
+end
+redis.call('HSET', p..'b:'..t, id..':s', ARGV[5])
+redis.call('HSET', p..'i:'..t, id, ARGV[7])
+redis.call('ZADD', p..'u:'..t, now, id)
+redis.call('ZADD', p..'recent', now, id)
+redis.call('ZADD', p..'tenants', now, t)
+redis.call('HSETNX', p..'c:'..id, 'requests', 0)
+for _, key in ipairs({'b:'..t, 'u:'..t, 'i:'..t, 'recent', 'tenants', 'sizes', 'counts', 'c:'..id}) do
+  redis.call('EXPIRE', p..key, ttl)
+end
+local n = bound_tenant(p, t, tonumber(ARGV[10]), tonumber(ARGV[11]))
+-- no ghosts: ids and tenants unused past the TTL leave (their keys expired, or go now)
+redis.call('ZREMRANGEBYSCORE', p..'recent', '-inf', now - ttl)
+for _, old in ipairs(redis.call('ZRANGEBYSCORE', p..'tenants', '-inf', now - ttl)) do drop_tenant(p, old) end
+-- the overall bounds: the least recently used tenants go whole, never this one
+local tenants = redis.call('ZRANGE', p..'tenants', 0, -1)
+local count, total = #tenants, 0
+for _, other in ipairs(tenants) do total = total + tonumber(redis.call('HGET', p..'sizes', other) or 0) end
+for _, other in ipairs(tenants) do
+  if count <= tonumber(ARGV[12]) and total <= tonumber(ARGV[13]) then break end
+  if other ~= t then
+    total = total - tonumber(redis.call('HGET', p..'sizes', other) or 0)
+    drop_tenant(p, other)
+    count = count - 1
+  end
+end
+for _, stale in ipairs(redis.call('HKEYS', p..'sizes')) do
+  if not redis.call('ZSCORE', p..'tenants', stale) then
+    redis.call('HDEL', p..'sizes', stale); redis.call('HDEL', p..'counts', stale)
+  end
+end
+return n
+"""
+
+# ARGV: prefix, tenant, id, bases per tenant, chars per tenant
+_DROP_ONE = _DROP + """
+drop_base(ARGV[1], ARGV[2], ARGV[3])
+return bound_tenant(ARGV[1], ARGV[2], tonumber(ARGV[4]), tonumber(ARGV[5]))
+"""
+
+# ARGV: prefix, tenant, id, replica
+_REPLICA = """
+local entry = redis.call('HGET', ARGV[1]..'i:'..ARGV[2], ARGV[3])
+if not entry then return 0 end
+local e = cjson.decode(entry)
+e.replica = ARGV[4]
+redis.call('HSET', ARGV[1]..'i:'..ARGV[2], ARGV[3], cjson.encode(e))
+return 1
+"""
+
+# ARGV: prefix, key, ttl, then name, delta pairs: the new values, or nil while the base is dead
+_ADD = """
+local p, key = ARGV[1], ARGV[2]
+if key ~= 'totals' and not redis.call('ZSCORE', p..'recent', key) then return nil end
+local out = {}
+for i = 4, #ARGV, 2 do
+  out[#out + 1] = redis.call('HINCRBYFLOAT', p..'c:'..key, ARGV[i], ARGV[i + 1])
+end
+if key ~= 'totals' then redis.call('EXPIRE', p..'c:'..key, ARGV[3]) end
+return out
+"""
+
+# ARGV: prefix, sample key (ttft:{id}:{kind}), base id, ttl, keep, then values
+_PUSH = """
+local p = ARGV[1]
+if not redis.call('ZSCORE', p..'recent', ARGV[3]) then return 0 end
+for i = 6, #ARGV do redis.call('LPUSH', p..'l:'..ARGV[2], ARGV[i]) end
+redis.call('LTRIM', p..'l:'..ARGV[2], 0, tonumber(ARGV[5]) - 1)
+redis.call('EXPIRE', p..'l:'..ARGV[2], ARGV[4])
+return 1
+"""
+
+_RELEASE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
 
 
 def open_state(url: str, limits: Limits) -> State:
@@ -39,110 +179,95 @@ class RedisState(State):
         self.p = prefix
         self.r = redis.Redis.from_url(url, decode_responses=True, socket_connect_timeout=1.0,
                                       socket_timeout=2.0, health_check_interval=30)
+        self._save = self.r.register_script(_SAVE)
+        self._drop_one = self.r.register_script(_DROP_ONE)
+        self._replica = self.r.register_script(_REPLICA)
+        self._add = self.r.register_script(_ADD)
+        self._push = self.r.register_script(_PUSH)
+        self._release = self.r.register_script(_RELEASE)
 
     def _ttl(self) -> int:
         return max(1, int(self.limits.ttl_s))
 
-    def lock(self, tenant: str):
-        return self.r.lock(f"{self.p}lock:{tenant}", timeout=LOCK_S, blocking_timeout=WAIT_S)
+    # --- texts: the one place they cross to and from Redis (issue 48 seals them here) ----------------
+    def _seal(self, tenant: str, base_id: str, texts: str) -> str:
+        return texts
 
-    def bases(self, tenant: str) -> list[Base]:
-        used = self.r.zrange(f"{self.p}u:{tenant}", 0, -1, withscores=True)
-        old = [b for b, at in used if at < time.time() - self.limits.ttl_s]
-        for base_id in old:
-            self.drop(tenant, base_id)
-        held = self.r.hgetall(f"{self.p}b:{tenant}")
-        return [Base.loads(b, held[b], held.get(f"{b}:s")) for b, _ in used if b not in old and b in held]
+    def _unseal(self, tenant: str, base_id: str, stored: str) -> str:
+        return stored
 
-    def save(self, tenant: str, base: Base, texts: bool) -> None:
-        now, p, ttl = time.time(), self.p, self._ttl()
-        fields = {f"{base.base_id}:s": base.state_json()}
-        if texts:
-            fields[base.base_id] = base.texts_json()
-        pipe = self.r.pipeline()
-        pipe.hset(f"{p}b:{tenant}", mapping=fields)
-        pipe.zadd(f"{p}u:{tenant}", {base.base_id: now})
-        pipe.zadd(f"{p}recent", {base.base_id: now})
-        pipe.zadd(f"{p}tenants", {tenant: now})
-        pipe.hsetnx(f"{p}c:{base.base_id}", "requests", 0)
-        for key in (f"b:{tenant}", f"u:{tenant}", "recent", "tenants", f"c:{base.base_id}"):
-            pipe.expire(p + key, ttl)
-        pipe.execute()
-        self._bound_tenant(tenant)
-        self._bound_all(tenant)
+    # --- bases ---------------------------------------------------------------------------------------
+    @contextmanager
+    def lock(self, tenant: str, wait_s: float) -> Iterator[Lease]:
+        key, token = f"{self.p}lock:{tenant}", new_token()
+        deadline = time.monotonic() + wait_s
+        while not self.r.set(key, token, nx=True, px=int(LOCK_S * 1000)):
+            if time.monotonic() >= deadline:
+                raise LockBusy(f"tenant lock not acquired within {wait_s:g} s")
+            time.sleep(POLL_S)
+        try:
+            yield Lease(tenant, token)
+        finally:
+            try:
+                self._release(keys=[key], args=[token])
+            except redis.RedisError:
+                pass  # it expires by itself after LOCK_S
 
-    def _sizes(self, tenant: str) -> list[tuple[str, int]]:
-        """The tenant's bases, least recently used first, with the characters each holds."""
-        used = self.r.zrange(f"{self.p}u:{tenant}", 0, -1)
-        held = self.r.hgetall(f"{self.p}b:{tenant}")
-        return [(b, Base.loads(b, held[b], held.get(f"{b}:s")).size) for b in used if b in held]
+    def index(self, tenant: str) -> list[BaseInfo]:
+        pipe = self.r.pipeline(transaction=False)
+        pipe.zrange(f"{self.p}u:{tenant}", 0, -1, withscores=True)
+        pipe.hgetall(f"{self.p}i:{tenant}")
+        used, entries = pipe.execute()
+        since = time.time() - self.limits.ttl_s
+        return [BaseInfo.loads(b, entries[b], at) for b, at in used if at >= since and b in entries]
 
-    def _bound_tenant(self, tenant: str) -> None:
-        sizes = self._sizes(tenant)
-        while sizes and (len(sizes) > self.limits.bases_per_tenant
-                         or sum(s for _, s in sizes) > self.limits.chars_per_tenant):
-            self.drop(tenant, sizes.pop(0)[0])
-        pipe = self.r.pipeline()
-        pipe.hset(f"{self.p}sizes", tenant, sum(s for _, s in sizes))
-        pipe.hset(f"{self.p}counts", tenant, len(sizes))
-        pipe.execute()
+    def load(self, tenant: str, base_ids: list[str]) -> list[Base]:
+        if not base_ids:
+            return []
+        pipe = self.r.pipeline(transaction=False)
+        pipe.hmget(f"{self.p}b:{tenant}", [n for b in base_ids for n in (b, f"{b}:s")])
+        pipe.hmget(f"{self.p}i:{tenant}", base_ids)
+        held, entries = pipe.execute()
+        out = []
+        for k, base_id in enumerate(base_ids):
+            texts, state, entry = held[2 * k], held[2 * k + 1], entries[k]
+            if texts is not None and entry is not None:
+                replica = BaseInfo.loads(base_id, entry, 0.0).replica
+                out.append(Base.loads(base_id, self._unseal(tenant, base_id, texts), state, replica))
+        return out
 
-    def _bound_all(self, current: str) -> None:
-        """Drop the least recently used tenants (never `current`) past the overall bounds, and any
-        idle past `ttl_s`."""
-        p = self.p
-        tenants = self.r.zrange(f"{p}tenants", 0, -1, withscores=True)
-        sizes = {t: int(n) for t, n in self.r.hgetall(f"{p}sizes").items()}
-        total = sum(sizes.get(t, 0) for t, _ in tenants)
-        for tenant, at in tenants:
-            over = len(tenants) > self.limits.tenants or total > self.limits.chars_total
-            if tenant == current or not (over or at < time.time() - self.limits.ttl_s):
-                continue
-            self._drop_tenant(tenant)
-            total -= sizes.get(tenant, 0)
-            tenants = [(t, a) for t, a in tenants if t != tenant]
-        stale = set(sizes) - {t for t, _ in tenants}  # expired by Redis: forget their sizes too
-        if stale:
-            self.r.hdel(f"{p}sizes", *stale)
-            self.r.hdel(f"{p}counts", *stale)
-
-    def _drop_tenant(self, tenant: str) -> None:
-        for base_id in self.r.zrange(f"{self.p}u:{tenant}", 0, -1):
-            self.drop(tenant, base_id)
-        pipe = self.r.pipeline()
-        pipe.delete(f"{self.p}b:{tenant}", f"{self.p}u:{tenant}")
-        pipe.zrem(f"{self.p}tenants", tenant)
-        pipe.hdel(f"{self.p}sizes", tenant)
-        pipe.hdel(f"{self.p}counts", tenant)
-        pipe.execute()
+    def save(self, tenant: str, base: Base, texts: bool, lease: Lease | None = None) -> bool:
+        lim = self.limits
+        sealed = self._seal(tenant, base.base_id, base.texts_json()) if texts else ""
+        done = self._save(args=[self.p, tenant, lease.token if lease else "", base.base_id, base.state_json(),
+                                sealed, base.info().json(), time.time(), self._ttl(), lim.bases_per_tenant,
+                                lim.chars_per_tenant, lim.tenants, lim.chars_total])
+        return int(done) >= 0
 
     def drop(self, tenant: str, base_id: str) -> None:
-        p = self.p
-        pipe = self.r.pipeline()
-        pipe.hdel(f"{p}b:{tenant}", base_id, f"{base_id}:s")
-        pipe.zrem(f"{p}u:{tenant}", base_id)
-        pipe.zrem(f"{p}recent", base_id)
-        pipe.delete(f"{p}c:{base_id}", f"{p}l:ttft:{base_id}:rewritten", f"{p}l:ttft:{base_id}:pass_through")
-        pipe.execute()
+        self._drop_one(args=[self.p, tenant, base_id, self.limits.bases_per_tenant,
+                             self.limits.chars_per_tenant])
 
-    def _live(self, key: str) -> bool:
-        return key == TOTALS or self.r.zscore(f"{self.p}recent", key) is not None
+    def set_replica(self, tenant: str, base_id: str, replica: str) -> None:
+        self._replica(args=[self.p, tenant, base_id, replica])
 
+    # --- counts --------------------------------------------------------------------------------------
     def add(self, key: str, counts: dict[str, float]) -> dict[str, float]:
-        if not self._live(key):
-            return {}
-        pipe = self.r.pipeline()
-        for name, n in counts.items():
-            if isinstance(n, int):
-                pipe.hincrby(f"{self.p}c:{key}", name, n)
-            else:
-                pipe.hincrbyfloat(f"{self.p}c:{key}", name, n)
-        if key != TOTALS:
-            pipe.expire(f"{self.p}c:{key}", self._ttl())
-        return {name: float(v) for name, v in zip(counts, pipe.execute())}
+        values = self._add(args=[self.p, key, self._ttl(), *[x for kv in counts.items() for x in kv]])
+        return {} if values is None else {name: float(v) for name, v in zip(counts, values)}
+
+    def add_many(self, counts: dict[str, dict[str, float]], samples: dict[str, list[float]],
+                 keep: int) -> None:
+        pipe = self.r.pipeline(transaction=False)
+        for key, values in counts.items():
+            self._add(args=[self.p, key, self._ttl(), *[x for kv in values.items() for x in kv]], client=pipe)
+        for key, values in samples.items():
+            self._push(args=[self.p, key, key.split(":")[1], self._ttl(), keep, *values], client=pipe)
+        if counts or samples:
+            pipe.execute()
 
     def put(self, key: str, name: str, value: str, only_new: bool = False) -> str:
-        if not self._live(key):
+        if key != TOTALS and self.r.zscore(f"{self.p}recent", key) is None:
             return value
         if only_new:
             self.r.hsetnx(f"{self.p}c:{key}", name, value)
@@ -151,28 +276,25 @@ class RedisState(State):
         return value
 
     def read(self, *keys: str) -> list[dict[str, str]]:
-        pipe = self.r.pipeline()
+        pipe = self.r.pipeline(transaction=False)
         for key in keys:
             pipe.hgetall(f"{self.p}c:{key}")
         return pipe.execute() if keys else []
-
-    def push(self, key: str, value: float, keep: int) -> None:
-        if not self._live(key.split(":")[1]):
-            return
-        pipe = self.r.pipeline()
-        pipe.lpush(f"{self.p}l:{key}", value)
-        pipe.ltrim(f"{self.p}l:{key}", 0, keep - 1)
-        pipe.expire(f"{self.p}l:{key}", self._ttl())
-        pipe.execute()
 
     def samples(self, key: str) -> list[float]:
         return [float(v) for v in self.r.lrange(f"{self.p}l:{key}", 0, -1)]
 
     def recent(self, n: int) -> list[str]:
-        return self.r.zrevrange(f"{self.p}recent", 0, n - 1)
+        since = time.time() - self.limits.ttl_s
+        return self.r.zrevrangebyscore(f"{self.p}recent", "+inf", since, start=0, num=n)
 
     def sizes(self) -> tuple[int, int]:
-        return self.r.zcard(f"{self.p}tenants"), self.r.zcard(f"{self.p}recent")
+        since = time.time() - self.limits.ttl_s
+        pipe = self.r.pipeline(transaction=False)
+        pipe.zcount(f"{self.p}tenants", since, "+inf")
+        pipe.zcount(f"{self.p}recent", since, "+inf")
+        tenants, bases = pipe.execute()
+        return tenants, bases
 
     def close(self) -> None:
         self.r.close()

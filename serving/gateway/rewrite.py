@@ -44,7 +44,7 @@ from dataclasses import dataclass
 
 from serving.gateway.changes import Change, Template, common_head, common_tail, diff_changes
 from serving.gateway.prompts import Prompt
-from serving.gateway.state import Base, Limits, MemoryState, State
+from serving.gateway.state import Base, Lease, Limits, LockBusy, MemoryState, State
 from serving.gateway.stats import Stats
 from serving.gateway.tenants import Tenant
 from vocabulary import render_erratum
@@ -58,6 +58,9 @@ LAYOUTS = tuple(LAYOUT_OF)  # the policies that have a gateway layout (the first
 PASS_THROUGH = "pass-through"
 PLAN_FAILED = "the plan failed"  # a pass-through's reason: planning raised (logged), the base dropped
 STATE_DOWN = "the shared state is unreachable"  # a pass-through's reason: Redis did not answer (logged)
+LOCK_BUSY = "the tenant's lock is busy"  # a pass-through's reason: its earlier requests are still planned
+TENANT_BUSY = "the tenant's earlier requests are still being planned"  # past `PLANS_PER_TENANT` (forward)
+LOCK_WAIT_S = 5.0  # a request waits this long for its tenant's lock, then passes through (LOCK_BUSY)
 NEW_BASE_BELOW = 0.8  # a request less similar than this to every base starts a new one
 MIN_CONTEXT_CHARS = 1000  # a shorter context is not worth a base
 
@@ -187,37 +190,55 @@ class Rewriter:
             return self._passed(None, why_not)
         if prompt.size < self.settings.min_context_chars:
             return self._passed(None, f"context under {self.settings.min_context_chars} characters")
-        if self.state.down:
+        breaker = self.state.breaker
+        if not breaker.allow():
             return self._passed(None, STATE_DOWN)
         try:
-            with self.state.lock(tenant.id):
-                return self._plan(tenant.id, prompt)
+            with self.state.lock(tenant.id, LOCK_WAIT_S) as lease:
+                plan = self._plan(tenant.id, prompt, lease)
+        except LockBusy:
+            breaker.success()  # the state answered: busy is no fault of it
+            log.info("gateway tenant lock busy: the request passes through", extra={"state": self.state.name})
+            return self._passed(None, LOCK_BUSY)
         except self.state.errors as exc:
-            self.state.failed()
+            breaker.failure()
             log.warning("gateway state unreachable: the request passes through",
                         extra={"state": self.state.name, "error": str(exc)[:200]})
             return self._passed(None, STATE_DOWN)
+        breaker.success()
+        return plan
 
-    def _plan(self, client: str, prompt: Prompt) -> Plan:
-        """`plan` under the tenant's lock: match or start a base, then rewrite."""
-        base = self._match(self.state.bases(client), prompt)
+    def _plan(self, client: str, prompt: Prompt, lease: Lease) -> Plan:
+        """`plan` under the tenant's lock: match (among the candidates of the tenant's index only) or
+        start a base, then rewrite."""
+        candidates = [info.base_id for info in self.state.index(client)
+                      if info.fits(prompt.model, prompt.route, prompt.roles)]
+        base = self._match(self.state.load(client, candidates), prompt)
         if base is None:
             base = Base(uuid.uuid4().hex[:12], prompt.model, prompt.route, list(prompt.roles),
                         list(prompt.context))
-            self.state.save(client, base, texts=True)
+            self._save(client, base, True, lease)
             if self.settings.layout == PASS_THROUGH:
                 return self._passed(base.base_id, self.settings.policy_reason)
-            return self._first(client, base, prompt)
+            return self._first(client, base, prompt, lease)
         if self.settings.layout == PASS_THROUGH:
-            self.state.save(client, base, texts=False)
+            self._save(client, base, False, lease)
             return self._passed(base.base_id, self.settings.policy_reason)
         switched = self.stats.switched(base.base_id)
         if switched:
-            self.state.save(client, base, texts=False)
+            self._save(client, base, False, lease)
             return self._passed(base.base_id, switched)
-        return self._guarded(client, base, prompt, self._rewrite)
+        return self._guarded(client, base, prompt, self._rewrite, lease)
 
-    def _guarded(self, client: str, base: Base, prompt: Prompt, step: Callable[[Base, Prompt], Plan]) -> Plan:
+    def _save(self, client: str, base: Base, texts: bool, lease: Lease) -> None:
+        """`state.save`, fenced by `lease`: a save refused (the lock expired and another process
+        planned since) is logged and counted; this request is still sent as planned."""
+        if not self.state.save(client, base, texts, lease):
+            self.stats.count_local("saves_fenced")
+            log.warning("gateway save refused: the tenant's lock was lost", extra={"base": base.base_id})
+
+    def _guarded(self, client: str, base: Base, prompt: Prompt, step: Callable[[Base, Prompt], Plan],
+                 lease: Lease) -> Plan:
         """`step(base, prompt)`, then the base saved with what it changed; a plan that fails (a bug,
         a base in a state nobody foresaw) drops the base and passes the request through, logged:
         never a 5xx, and never the same failure on every later request of the base. (A state that
@@ -232,17 +253,22 @@ class Rewriter:
                           extra={"base": base.base_id})
             self.state.drop(client, base.base_id)
             return self._passed(None, PLAN_FAILED)
-        self.state.save(client, base, texts=len(base.texts) != turns)
+        self._save(client, base, len(base.texts) != turns, lease)
         return plan
+
+    def busy(self) -> Plan:
+        """A request not planned: its tenant has `forward.PLANS_PER_TENANT` in planning already
+        (memory only: the event loop calls it)."""
+        return self._passed(None, TENANT_BUSY)
 
     def _passed(self, base_id: str | None, reason: str) -> Plan:
         self.stats.request(base_id, reason)
         return Plan(None, reason, base_id)
 
-    def _first(self, client: str, base: Base, prompt: Prompt) -> Plan:
+    def _first(self, client: str, base: Base, prompt: Prompt, lease: Lease) -> Plan:
         """A new base: sent unchanged, except that a template's lines are hoisted from the start."""
         if LAYOUT_OF.get(self.settings.layout) == HOIST_FIELDS and self.template is not None:
-            return self._guarded(client, base, prompt, self._rewrite)
+            return self._guarded(client, base, prompt, self._rewrite, lease)
         return self._passed(base.base_id, "new base")
 
     def _changes(self, base: Base, prompt: Prompt) -> list[Change] | None:

@@ -1,24 +1,56 @@
-"""Where the gateway keeps what it remembers: the bases of every tenant with their errata state, and
-the counts (per base and in total) that its statistics, switches and `/metrics` read. One interface,
-two implementations:
+"""Where the gateway keeps what it remembers: the bases of every tenant with their errata state, an
+index of them, and the counts (per base, and the cluster's totals) that its statistics, switches and
+Gateway page read. One interface, two implementations:
 
 - `MemoryState`: this process's memory (`kvnotes gateway` without `--state`; one process).
-- `RedisState`: one Redis (`--state redis://HOST:PORT/DB`, or `KVNOTES_GATEWAY_STATE`, or under
-  `kvnotes serve` its broker's Redis), shared by every process and replica given it, so they send
-  the upstream one base per tenant and prompt, judge agreement on every check, and count exactly.
-  A tenant's plan runs under its lock there (`lock`), so two processes never both start a base.
+- `RedisState` (`serving.gateway.redis_state`): one Redis (`--state redis://HOST:PORT/DB`, or
+  `KVNOTES_GATEWAY_STATE`, or under `kvnotes serve` its broker's Redis), shared by every process and
+  replica given it, so they send the upstream one base per tenant and prompt and judge agreement on
+  every check.
+
+**Threads, never the event loop.** Every method may block (a Redis round trip, a lock wait): call
+them only from the gateway's planner threads (`Gateway.offload`) or from `Stats`' flusher thread. The
+event loop only touches `Stats`' in-memory counters (`Stats.request`, `Stats.answered`), which the
+flusher writes to the state in one pipeline every `FLUSH_S` (issue 49: a paused Redis must not
+freeze a stream). `breaker` (`vocabulary.breaker.Breaker`) is the state's one circuit breaker: a
+caller asks `breaker.allow()` first and reports `success()` / `failure()` (an exception of `errors`);
+while it is open requests pass through (`STATE_DOWN`) and counts wait in memory.
+
+**A plan** (`serving.gateway.rewrite.Rewriter.plan`) runs under its tenant's lock:
+`with state.lock(tenant, wait_s) as lease:` (`LockBusy` when not acquired within `wait_s`: that one
+request passes through, labelled `lock_busy`; it is not a fault of the state and trips no breaker;
+memory locks time out too). Inside it: `index(tenant)` (cheap: one `BaseInfo` per live base, no
+texts), then `load(tenant, ids)` of the candidates only (same model, API route and roles), then
+`save(tenant, base, texts, lease)`, which is fenced: it is refused (False) when the lease was lost
+(the lock expired and another process took it), so the last writer can never overwrite a newer
+plan. A save applies the bounds in the same atomic step (one Lua script in Redis).
+
+**The index** (`BaseInfo`): per base its id, model, API route (`route`: chat or completions), roles,
+size in characters, last use, and `replica`: the upstream the router (issue 50) sent it to ("" none).
+`set_replica(tenant, base_id, replica)` records it (no lock needed: one field of one entry);
+`Base.replica` carries it through a plan, and `save` keeps it.
+
+**Texts** cross the state's boundary in `Base.texts_json()` / `Base.loads()`; `RedisState` writes
+and reads them only in `_seal` / `_unseal` (the place issue 48 encrypts them per tenant).
 
 Bounds (`Limits`), the same in both: per tenant, `bases_per_tenant` bases and `chars_per_tenant`
 characters held (the least recently used go first); overall, `tenants` tenants and `chars_total`
-characters (the least recently used tenants go whole); a base unused for `ttl_s` is gone. The bounds
-are applied at every save, so a base that grows past them by new turns goes too. A base's
-counts and samples live and die with it (`drop`). Sizes are set, not added, so a tenant dropped
-while one of its requests was planned comes back consistent.
+characters (the least recently used tenants go whole); a base unused for `ttl_s` is gone, its id
+leaves `recent` at the next save of any tenant (no ghost bases). The bounds are applied at every
+save, so a base that grows past them by new turns goes too. A base's counts and samples live and die
+with it (`drop`). Sizes are set, not added, so a tenant dropped while one of its requests was planned
+comes back consistent.
+
+**Counts.** `add_many({key: {name: delta}})` adds to each key (a base's only while it lives) in one
+step; `add` does one key and answers the new values (a check's verdict needs the cluster's numbers).
+`TOTALS` is the cluster's totals (the page). `/metrics` does not read the state: it exports this
+process's own counters (`Stats`), which Prometheus sums over processes and replicas.
 
 Keys (Redis, under `prefix`): `b:{tenant}` (hash: base id → its texts, `{id}:s` → its errata state),
-`u:{tenant}` (zset: base id → last use), `tenants` (zset: tenant → last use), `sizes` / `counts`
-(hash: tenant → characters / bases), `recent` (zset: base id → last use), `c:{key}` (hash of counts),
-`l:{key}` (list of samples), `lock:{tenant}`.
+`i:{tenant}` (hash: base id → its index entry, JSON), `u:{tenant}` (zset: base id → last use),
+`tenants` (zset: tenant → last use), `sizes` / `counts` (hash: tenant → characters / bases), `recent`
+(zset: base id → last use), `c:{key}` (hash of counts), `l:{key}` (list of samples),
+`lock:{tenant}`.
 """
 
 from __future__ import annotations
@@ -26,13 +58,30 @@ from __future__ import annotations
 import json
 import threading
 import time
+import uuid
 import zlib
 from collections import Counter, OrderedDict, deque
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
+from vocabulary.breaker import Breaker
+
 TOTALS = "totals"  # the counts key of the totals (a base's is its id)
+RETRY_S = 5.0  # after a fault the state is not asked again for this long (requests pass through)
+
+
+class LockBusy(Exception):
+    """A tenant's lock was not acquired within its wait: that request passes through (`lock_busy`);
+    the state answered, so this is no fault of it."""
+
+
+@dataclass(frozen=True)
+class Lease:
+    """A held tenant lock; `token` fences the saves made under it."""
+
+    tenant: str
+    token: str
 
 
 @dataclass(frozen=True)
@@ -44,6 +93,35 @@ class Limits:
     chars_per_tenant: int = 4_500_000
     chars_total: int = 64_000_000
     ttl_s: float = 24 * 3600.0
+
+
+@dataclass(frozen=True)
+class BaseInfo:
+    """One base's index entry: what a plan reads to pick its candidates, without the texts."""
+
+    base_id: str
+    model: str
+    route: str
+    roles: tuple[str, ...]
+    size: int
+    used: float = 0.0
+    replica: str = ""
+
+    def json(self) -> str:
+        return json.dumps({"model": self.model, "route": self.route, "roles": list(self.roles),
+                           "size": self.size, "replica": self.replica})
+
+    @classmethod
+    def loads(cls, base_id: str, entry: str, used: float) -> BaseInfo:
+        e = json.loads(entry)
+        return cls(base_id, e["model"], e["route"], tuple(e["roles"]), int(e["size"]), used,
+                   e.get("replica", ""))
+
+    def fits(self, model: str, route: str, roles: tuple[str, ...] | list[str]) -> bool:
+        """Whether a prompt of this model, route and roles may match the base (its roles a prefix of
+        the prompt's, or the prompt's of its)."""
+        n = min(len(self.roles), len(roles))
+        return self.model == model and self.route == route and tuple(self.roles[:n]) == tuple(roles[:n])
 
 
 @dataclass
@@ -62,11 +140,16 @@ class Base:
     # arrives, replaced while the same turn is asked again with other values
     pending: tuple[int, str, dict[tuple[int, int, int], str]] | None = None
     moved: dict[int, dict[tuple[int, int], str]] = field(default_factory=dict)
+    replica: str = ""  # the upstream the router sent it to (issue 50), kept in the index
 
     @property
     def size(self) -> int:
         """The characters it holds (texts and errata)."""
         return sum(map(len, self.texts)) + sum(map(len, self.errata.values()))
+
+    def info(self, used: float = 0.0) -> BaseInfo:
+        return BaseInfo(self.base_id, self.model, self.route, tuple(self.roles), self.size, used,
+                        self.replica)
 
     def texts_json(self) -> str:
         return json.dumps({"model": self.model, "route": self.route, "roles": self.roles,
@@ -79,7 +162,7 @@ class Base:
                            "moved": {str(k): [[a, b] for a, b in v] for k, v in self.moved.items()}})
 
     @classmethod
-    def loads(cls, base_id: str, texts: str, state: str | None) -> Base:
+    def loads(cls, base_id: str, texts: str, state: str | None, replica: str = "") -> Base:
         t = json.loads(texts)
         s = json.loads(state) if state else {}
         pending = s.get("pending")
@@ -87,7 +170,7 @@ class Base:
                    {int(k): v for k, v in s.get("errata", {}).items()}, _dict(s.get("told", [])),
                    _dict(s.get("labels", [])),
                    None if pending is None else (pending[0], pending[1], _dict(pending[2])),
-                   {int(k): {(a, b): "" for a, b in v} for k, v in s.get("moved", {}).items()})
+                   {int(k): {(a, b): "" for a, b in v} for k, v in s.get("moved", {}).items()}, replica)
 
 
 def _items(mapping: dict[tuple[int, int, int], str]) -> list:
@@ -100,43 +183,56 @@ def _dict(items: list) -> dict[tuple[int, int, int], str]:
 
 class State:
     """The interface (see the module docstring); `errors`: the exceptions that mean the state could
-    not be reached (the request then passes through)."""
+    not be reached (the request then passes through, and `breaker` opens)."""
 
     name = "memory"
     errors: tuple[type[BaseException], ...] = ()
-    RETRY_S = 5.0  # after a failure, the state is not asked again for this long (requests pass through)
 
     def __init__(self, limits: Limits) -> None:
         self.limits = limits
-        self._down_until = 0.0
-
-    def failed(self) -> None:
-        """Note a failure: `down` for `RETRY_S`, so a Redis that hangs costs one timeout, not one per
-        request and count."""
-        self._down_until = time.monotonic() + self.RETRY_S
+        self.breaker = Breaker("gateway state", RETRY_S)
 
     @property
     def down(self) -> bool:
-        return time.monotonic() < self._down_until
+        return self.breaker.down
 
-    # --- bases (called under the tenant's `lock`) ----------------------------------------------------
-    def lock(self, tenant: str):  # a context manager
+    # --- bases (a plan, under the tenant's `lock`) -----------------------------------------------------
+    def lock(self, tenant: str, wait_s: float):  # a context manager yielding a `Lease`; `LockBusy`
+        raise NotImplementedError
+
+    def index(self, tenant: str) -> list[BaseInfo]:
+        """The tenant's live bases (those past `ttl_s` left out), least recently used first."""
+        raise NotImplementedError
+
+    def load(self, tenant: str, base_ids: list[str]) -> list[Base]:
+        """Those of `base_ids` the tenant still holds, whole, in the order asked."""
         raise NotImplementedError
 
     def bases(self, tenant: str) -> list[Base]:
-        """The tenant's live bases (those past `ttl_s` dropped)."""
-        raise NotImplementedError
+        """Every live base of the tenant, whole (tests, tools: a plan loads only its candidates)."""
+        return self.load(tenant, [info.base_id for info in self.index(tenant)])
 
-    def save(self, tenant: str, base: Base, texts: bool) -> None:
-        """Keep `base` (its texts too when `texts`) as the tenant's most recent, then apply the bounds."""
+    def save(self, tenant: str, base: Base, texts: bool, lease: Lease | None = None) -> bool:
+        """Keep `base` (its texts too when `texts`) as the tenant's most recent, then apply the bounds,
+        in one step; False (nothing written) when `lease` is no longer held."""
         raise NotImplementedError
 
     def drop(self, tenant: str, base_id: str) -> None:
         raise NotImplementedError
 
+    def set_replica(self, tenant: str, base_id: str, replica: str) -> None:
+        """Record the upstream a base was sent to (the router's table, issue 50)."""
+        raise NotImplementedError
+
     # --- counts --------------------------------------------------------------------------------------
     def add(self, key: str, counts: dict[str, float]) -> dict[str, float]:
-        """Add `counts` to `key`'s (a base's only while it lives); the new values."""
+        """Add `counts` to `key`'s (a base's only while it lives); the new values ({} when dead)."""
+        raise NotImplementedError
+
+    def add_many(self, counts: dict[str, dict[str, float]], samples: dict[str, list[float]],
+                 keep: int) -> None:
+        """Add many keys' counts and push their samples (each list kept to its `keep` latest), in
+        one round trip (`Stats`' flusher)."""
         raise NotImplementedError
 
     def put(self, key: str, name: str, value: str, only_new: bool = False) -> str:
@@ -147,7 +243,7 @@ class State:
         raise NotImplementedError
 
     def push(self, key: str, value: float, keep: int) -> None:
-        raise NotImplementedError
+        self.add_many({}, {key: [value]}, keep)
 
     def samples(self, key: str) -> list[float]:
         raise NotImplementedError
@@ -178,18 +274,31 @@ class MemoryState(State):
         self._locks = [threading.Lock() for _ in range(64)]  # a stripe: bounded, whatever the tenants
 
     @contextmanager
-    def lock(self, tenant: str) -> Iterator[None]:
-        with self._locks[zlib.crc32(tenant.encode()) % len(self._locks)]:
-            yield
+    def lock(self, tenant: str, wait_s: float) -> Iterator[Lease]:
+        stripe = self._locks[zlib.crc32(tenant.encode()) % len(self._locks)]
+        if not stripe.acquire(timeout=wait_s):
+            raise LockBusy(f"tenant lock not acquired within {wait_s:g} s")
+        try:
+            yield Lease(tenant, "memory")
+        finally:
+            stripe.release()
 
-    def bases(self, tenant: str) -> list[Base]:
+    def _expire(self, tenant: str) -> OrderedDict[str, Base]:
+        held = self._tenants.get(tenant, OrderedDict())
+        for base_id in [b for b in held if self._used[b] < time.time() - self.limits.ttl_s]:
+            self._drop_base(tenant, base_id)
+        return held
+
+    def index(self, tenant: str) -> list[BaseInfo]:
         with self._guard:
-            held = self._tenants.get(tenant, OrderedDict())
-            for base_id in [b for b in held if self._used[b] < time.time() - self.limits.ttl_s]:
-                self._drop_base(tenant, base_id)
-            return list(held.values())
+            return [b.info(self._used[b.base_id]) for b in self._expire(tenant).values()]
 
-    def save(self, tenant: str, base: Base, texts: bool) -> None:
+    def load(self, tenant: str, base_ids: list[str]) -> list[Base]:
+        with self._guard:
+            held = self._tenants.get(tenant, {})
+            return [held[b] for b in base_ids if b in held]
+
+    def save(self, tenant: str, base: Base, texts: bool, lease: Lease | None = None) -> bool:
         with self._guard:
             held = self._tenants.pop(tenant, None) or OrderedDict()
             self._tenants[tenant] = held
@@ -200,13 +309,22 @@ class MemoryState(State):
             while held and (len(held) > self.limits.bases_per_tenant
                             or sum(b.size for b in held.values()) > self.limits.chars_per_tenant):
                 self._drop_base(tenant, next(iter(held)))  # the base just saved last: alone over, it goes
+            for other in list(self._tenants):  # past the TTL, any tenant's
+                self._expire(other)
             while len(self._tenants) > 1 and (len(self._tenants) > self.limits.tenants or sum(
                     b.size for h in self._tenants.values() for b in h.values()) > self.limits.chars_total):
                 self._drop_tenant(next(iter(self._tenants)))
+            return True
 
     def drop(self, tenant: str, base_id: str) -> None:
         with self._guard:
             self._drop_base(tenant, base_id)
+
+    def set_replica(self, tenant: str, base_id: str, replica: str) -> None:
+        with self._guard:
+            base = self._tenants.get(tenant, {}).get(base_id)
+            if base is not None:
+                base.replica = replica
 
     def _drop_base(self, tenant: str, base_id: str) -> None:
         held = self._tenants.get(tenant)
@@ -232,6 +350,15 @@ class MemoryState(State):
             held.update(counts)
             return {name: held[name] for name in counts}
 
+    def add_many(self, counts: dict[str, dict[str, float]], samples: dict[str, list[float]],
+                 keep: int) -> None:
+        with self._guard:
+            for key, values in counts.items():
+                self.add(key, values)
+            for key, values in samples.items():
+                if key.split(":")[1] in self._used:
+                    self._samples.setdefault(key, deque(maxlen=keep)).extend(values)
+
     def put(self, key: str, name: str, value: str, only_new: bool = False) -> str:
         with self._guard:
             if key != TOTALS and key not in self._counts:
@@ -246,11 +373,6 @@ class MemoryState(State):
             return [{**{k: str(v) for k, v in self._counts.get(key, {}).items()}, **self._texts.get(key, {})}
                     for key in keys]
 
-    def push(self, key: str, value: float, keep: int) -> None:
-        with self._guard:
-            if key.split(":")[1] in self._used:
-                self._samples.setdefault(key, deque(maxlen=keep)).append(value)
-
     def samples(self, key: str) -> list[float]:
         with self._guard:
             return list(self._samples.get(key, ()))
@@ -262,3 +384,7 @@ class MemoryState(State):
     def sizes(self) -> tuple[int, int]:
         with self._guard:
             return len(self._tenants), len(self._used)
+
+
+def new_token() -> str:
+    return uuid.uuid4().hex

@@ -1,21 +1,29 @@
-"""What the gateway counts, per base and in total, kept in its state (`serving.gateway.state`: this
-process's memory, or the Redis every process shares), and how it shows them: `/metrics` from
-`prometheus_client` (a collector that reads the state at each scrape, so every process and replica
-reports the same exact numbers) and the typed rows of the Gateway page.
+"""What the gateway counts, and how it shows it: `/metrics` from `prometheus_client` (this process's
+own counters, which Prometheus sums over processes and replicas), and the typed rows and totals of
+the Gateway page (read from the state, `serving.gateway.state`: the cluster's numbers).
+
+**Never on the event loop.** `request` and `answered` (the event loop calls `answered` when an answer
+ends) add to this process's counters and to a buffer in memory, nothing else; one flusher thread
+writes the buffer to the state every `FLUSH_S` in one pipeline (LiteLLM's dual cache does the same).
+While the state's breaker is open the buffer waits (bounded: `PENDING_KEYS` keys; the counts of a key
+past it are dropped and counted, `counts_dropped`). A check's verdict (`checked`) and a plan's reads
+(`switched`, `labels`) run on the planner threads and ask the state directly.
 
 Per base (its counts live and die with it): requests, rewrites, pass-throughs, prompt tokens and
 prefix tokens reused (as the engine reports them in `usage.prompt_tokens_details.cached_tokens`),
 times to first token of rewritten and passed-through streamed requests, the sampled checks (agreed /
 sent, with their Wilson interval, `vocabulary.sweeps.wilson`), the prompt tokens the checks sent, and
-why it was switched to pass-through. In total the same, never dropped. A base is named by a short id,
-never by its text; a pass-through's reason is a label from a closed set (`reason_kind`), and only the
-`BASE_SERIES` most recently used bases have series in `/metrics`.
+why it was switched to pass-through: on the page, never in `/metrics` (per-base series would come and
+go between scrapes). In total the same, never dropped. A base is named by a short id, never by its
+text; a pass-through's reason is a label from a closed set (`reason_kind`).
 """
 
 from __future__ import annotations
 
 import logging
-from collections import Counter
+import threading
+import time
+from collections import Counter, defaultdict
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, generate_latest
@@ -28,12 +36,16 @@ from vocabulary.sweeps import wilson
 log = logging.getLogger("kvnotes.gateway")
 TTFT_BUCKETS_S = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 KEEP_TTFTS = 500  # the latest times kept per base and kind, for the page's percentiles
-BASE_SERIES = 16  # the most recently used bases with series of their own in /metrics
+FLUSH_S = 0.5  # the flusher writes the buffered counts this often
+PENDING_KEYS = 10_000  # keys buffered at most while the state is unreachable
+LOG_EVERY_S = 30.0  # a state that stays unreachable is logged this often by the flusher
 PAGE_ROWS = 100  # the most recently used bases the page lists
 KINDS = ("rewritten", "pass_through")
 # a pass-through's reason -> its label (the first whose words are in the reason); else "other"
 REASON_KINDS = (("new base", "new_base"), ("context under", "short_context"), ("no tenant", "no_tenant"),
-                ("shared state", "state_unreachable"), ("sampled agreement", "disagreed"),
+                ("shared state", "state_unreachable"),
+                ("lock is busy", "lock_busy"), ("still being planned", "tenant_busy"),
+                ("sampled agreement", "disagreed"),
                 ("passes through", "policy"), ("plan failed", "plan_failed"),
                 ("notebook's document", "not_in_template"), ("earlier erratum", "turn_missing"),
                 ("over --max-fields", "max_fields"), ("changes cover", "max_share"),
@@ -91,33 +103,129 @@ def _int(values: dict[str, str], name: str) -> int:
 
 
 class Stats:
-    """The counts in `state`; a write the state refuses is logged and dropped (it never fails a
-    request), and counted in this process (`state_errors`)."""
+    """This process's counters (`local`), and the counts buffered for the state and written by one
+    flusher thread (`flush`); a write the state refuses is logged and kept for the next flush (it
+    never fails a request), and counted in this process (`state_errors`)."""
 
-    def __init__(self, state: State | None = None) -> None:
+    def __init__(self, state: State | None = None, flush_s: float = FLUSH_S) -> None:
         self.state = state or MemoryState(Limits())
-        self.state_errors = 0
+        self.flush_s = flush_s
+        self.local: Counter = Counter()  # this process's own: /metrics
+        self._pending: defaultdict[str, Counter] = defaultdict(Counter)
+        self._samples: defaultdict[str, list[float]] = defaultdict(list)
+        self._lock = threading.Lock()
+        self._flushing = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._logged = 0.0
+        self.held = (0, 0)  # (tenants, bases) as the state last said (the flusher refreshes it)
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(_Collector(self))
 
+    @property
+    def state_errors(self) -> int:
+        return int(self.local["state_errors"])
+
+    def count_local(self, name: str, n: float = 1) -> None:
+        """Count one of this process's own events (`saves_fenced`, `checks_skipped`, ...)."""
+        with self._lock:
+            self.local[name] += n
+
     def _safely(self, write, *args) -> object:
-        if self.state.down:
-            self.state_errors += 1
+        """`write(*args)` to the state through its breaker; {} when it is open or the call fails."""
+        breaker = self.state.breaker
+        if not breaker.allow():
+            self.count_local("state_errors")
             return {}
         try:
-            return write(*args)
+            out = write(*args)
         except self.state.errors as exc:
-            self.state_errors += 1
-            self.state.failed()
+            self.count_local("state_errors")
+            breaker.failure()
             log.warning("gateway state unreachable: a count is lost", extra={"error": str(exc)[:200]})
             return {}
+        breaker.success()
+        return out
+
+    # --- counting (any thread, the event loop included: memory only) ---------------------------------
+
+    def _buffer(self, totals: dict[str, float], base_id: str | None = None,
+                per_base: dict[str, float] | None = None, sample: tuple[str, float] | None = None) -> None:
+        with self._lock:
+            self.local.update(totals)
+            for key, counts in ((TOTALS, totals), (base_id, per_base)):
+                if key is None or not counts:
+                    continue
+                if key not in self._pending and len(self._pending) >= PENDING_KEYS:
+                    self.local["counts_dropped"] += 1
+                    continue
+                self._pending[key].update(counts)
+            if sample is not None and len(self._samples[sample[0]]) < KEEP_TTFTS:
+                self._samples[sample[0]].append(sample[1])
+        if self._thread is None:
+            self._start()
+
+    def _start(self) -> None:
+        with self._flushing:
+            if self._thread is None and not self._stop.is_set():
+                self._thread = threading.Thread(target=self._run, name="gateway-stats", daemon=True)
+                self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.flush_s):
+            self.flush()
+
+    def flush(self) -> bool:
+        """Write the buffered counts to the state in one round trip, and read its sizes; False (the
+        counts kept for the next flush) when the state is unreachable."""
+        with self._flushing:
+            with self._lock:
+                pending, samples = dict(self._pending), dict(self._samples)
+                self._pending, self._samples = defaultdict(Counter), defaultdict(list)
+            breaker = self.state.breaker
+            try:
+                if not breaker.allow():
+                    raise _Skipped
+                self.state.add_many({k: dict(v) for k, v in pending.items()}, samples, KEEP_TTFTS)
+                self.held = self.state.sizes()
+            except (_Skipped, *self.state.errors) as exc:
+                if not isinstance(exc, _Skipped):
+                    breaker.failure()
+                    self.count_local("state_errors")
+                    if time.monotonic() - self._logged > LOG_EVERY_S:
+                        self._logged = time.monotonic()
+                        log.warning("gateway state unreachable: counts wait in memory",
+                                    extra={"error": str(exc)[:200]})
+                with self._lock:  # back in front of what came since
+                    for key, counts in pending.items():
+                        if key in self._pending or len(self._pending) < PENDING_KEYS:
+                            self._pending[key].update(counts)
+                        else:
+                            self.local["counts_dropped"] += 1
+                    for key, values in samples.items():
+                        self._samples[key] = (values + self._samples[key])[-KEEP_TTFTS:]
+                return False
+            breaker.success()
+            return True
+
+    def pending(self) -> int:
+        with self._lock:
+            return len(self._pending)
+
+    def close(self) -> None:
+        """Stop the flusher, after one last flush."""
+        self._stop.set()
+        with self._flushing:
+            thread, self._thread = self._thread, None
+        if thread is not None:
+            thread.join(timeout=5)
+        self.flush()
 
     def request(self, base_id: str | None, reason: str) -> None:
         """Count one request: rewritten (`reason` "") or passed through for `reason`."""
         name = "rewrites" if not reason else f"pass:{reason_kind(reason)}"
-        self._safely(self.state.add, TOTALS, {"requests": 1, name: 1})
-        if base_id is not None:
-            self._safely(self.state.add, base_id, {"requests": 1, "rewrites" if not reason else "passes": 1})
+        self._buffer({"requests": 1, name: 1}, base_id,
+                     {"requests": 1, "rewrites" if not reason else "passes": 1})
 
     def labels(self, base_id: str, labels: tuple[str, ...]) -> None:
         """Remember the fields a base's rewrites changed (under its tenant's lock)."""
@@ -132,25 +240,23 @@ class Stats:
 
     def answered(self, base_id: str | None, rewritten: bool, ttft_ms: float | None, prompt_tokens: int,
                  cached_tokens: int) -> None:
+        """Count one answered request (memory only: the event loop calls it)."""
         kind = KINDS[0] if rewritten else KINDS[1]
         counts: dict[str, float] = {"prompt_tokens": prompt_tokens, "cached_tokens": cached_tokens}
         if ttft_ms is not None:
             seconds = ttft_ms / 1000
             slot = next((i for i, b in enumerate(TTFT_BUCKETS_S) if seconds <= b), len(TTFT_BUCKETS_S))
             counts.update({f"ttft:{kind}:{slot}": 1, f"ttft_sum:{kind}": float(seconds)})
-        self._safely(self.state.add, TOTALS, counts)
-        if base_id:
-            self._safely(self.state.add, base_id, {"prompt_tokens": prompt_tokens,
-                                                   "cached_tokens": cached_tokens})
-            if ttft_ms is not None:
-                self._safely(self.state.push, f"ttft:{base_id}:{kind}", ttft_ms, KEEP_TTFTS)
+        sample = (f"ttft:{base_id}:{kind}", ttft_ms) if base_id and ttft_ms is not None else None
+        self._buffer(counts, base_id or None,
+                     {"prompt_tokens": prompt_tokens, "cached_tokens": cached_tokens}, sample)
 
     def checked(self, base_id: str, agreed: bool, prompt_tokens: int, threshold: float) -> str:
         """Count one sampled check (and the prompt tokens it sent); the reason the base now passes
         through ("" while it does not). A base switches once a check disagreed and the lower bound
         of its agreement is under `threshold`; the first process to switch it writes why."""
-        self._safely(self.state.add, TOTALS, {"check_requests": 1, "check_prompt_tokens": prompt_tokens,
-                                              "agreed" if agreed else "disagreed": 1})
+        self._buffer({"check_requests": 1, "check_prompt_tokens": prompt_tokens,
+                      "agreed" if agreed else "disagreed": 1})
         now = self._safely(self.state.add, base_id, {"checks": 1, "agreed": int(agreed),
                                                      "check_prompt_tokens": prompt_tokens})
         if not now:
@@ -159,13 +265,17 @@ class Stats:
         low = wilson(agreed_n, checks)[0]
         if agreed_n < checks and low < threshold:
             why = f"sampled agreement {agreed_n}/{checks}, lower bound {low:.2f} under {threshold:g}"
-            return str(self._safely(self.state.put, base_id, "switched", why, True) or why)
+            said = str(self._safely(self.state.put, base_id, "switched", why, True) or why)
+            if said == why:
+                self.count_local("switched")
+            return said
         return str((self._safely(self.state.read, base_id) or [{}])[0].get("switched", ""))
 
     # --- reading -------------------------------------------------------------------------------------
 
     def rows(self, n: int = PAGE_ROWS) -> list[BaseRow]:
-        """The `n` most recently used bases."""
+        """The `n` most recently used bases (this process's buffered counts written first)."""
+        self.flush()
         ids = self.state.recent(n)
         return [self._row(b, values) for b, values in zip(ids, self.state.read(*ids))]
 
@@ -181,6 +291,8 @@ class Stats:
                        None if high is None else round(high, 4), v.get("switched", ""))
 
     def totals(self) -> Totals:
+        """The cluster's totals, from the state (this process's buffered counts written first)."""
+        self.flush()
         try:
             t = self.state.read(TOTALS)[0]
             tenants, bases = self.state.sizes()
@@ -200,40 +312,46 @@ def _pct(values: list[float], q: float) -> float | None:
     return round(percentile(values, q), 1) if values else None
 
 
+class _Skipped(Exception):
+    """The breaker is open: a flush is not tried."""
+
+
 class _Collector:
-    """Reads the state at each scrape: the totals, then the `BASE_SERIES` most recent bases, each
-    metric family once."""
+    """This process's counters at each scrape (nothing is read from the state: a scrape never waits
+    on Redis), each metric family once, the same series at every scrape."""
 
     def __init__(self, stats: Stats) -> None:
         self.stats = stats
 
     def collect(self):
-        state = self.stats.state
-        up = GaugeMetricFamily("kvnotes_gateway_state_up", "1 when the gateway's state answered this scrape.")
-        errors = CounterMetricFamily("kvnotes_gateway_state_errors", "Counts this process could not write "
-                                     "to the state (it was unreachable).", value=self.stats.state_errors)
-        try:
-            t = state.read(TOTALS)[0]
-            tenants, bases = state.sizes()
-            ids = state.recent(BASE_SERIES)
-            per_base = list(zip(ids, state.read(*ids)))
-        except state.errors:
-            up.add_metric([], 0)
-            yield from (up, errors)
-            return
-        up.add_metric([], 1)
-        yield from (up, errors)
-        yield from _totals(t, tenants, bases)
-        yield from _per_base(per_base)
+        stats = self.stats
+        with stats._lock:
+            local = Counter(stats.local)
+            pending = len(stats._pending)
+        up = GaugeMetricFamily("kvnotes_gateway_state_up", "1 while the gateway's state answers (its "
+                               "breaker is closed).", value=0 if stats.state.breaker.down else 1)
+        yield up
+        for name, doc in (("state_errors", "Calls of this process to the state that failed or were not "
+                           "tried (its breaker open)."),
+                          ("counts_dropped", "Counts this process dropped: its buffer was full while the "
+                           "state was unreachable."),
+                          ("saves_fenced", "Plans whose save was refused: the tenant's lock was lost."),
+                          ("checks_skipped", "Checks drawn while the most were already waiting."),
+                          ("switched", "Bases this process switched to pass-through (sampled agreement)."
+                           )):
+            yield _counter(name, doc, local[name])
+        yield GaugeMetricFamily("kvnotes_gateway_counts_pending", "Keys of counts buffered for the "
+                                "state (written every flush).", value=pending)
+        yield from _totals(local, *stats.held)
 
 
 def _counter(name: str, doc: str, value: float | None = None, labels: list[str] | None = None):
     return CounterMetricFamily(f"kvnotes_gateway_{name}", doc, value=value, labels=labels)
 
 
-def _totals(t: dict[str, str], tenants: int, bases: int):
+def _totals(t: Counter, tenants: int, bases: int):
     number = lambda name: float(t.get(name) or 0)  # noqa: E731
-    yield _counter("requests", "Requests the gateway answered.", number("requests"))
+    yield _counter("requests", "Requests this process answered.", number("requests"))
     yield _counter("rewrites", "Requests sent as their base plus errata (or hoisted).", number("rewrites"))
     passes = _counter("pass_through", "Requests sent unchanged, by reason.", labels=["reason"])
     for kind in REASONS:
@@ -260,30 +378,7 @@ def _totals(t: dict[str, str], tenants: int, bases: int):
             buckets.append((bound, total))
         ttft.add_metric([kind], buckets, number(f"ttft_sum:{kind}"))
     yield ttft
-    yield GaugeMetricFamily("kvnotes_gateway_tenants", "Tenants with bases held.", value=tenants)
-    yield GaugeMetricFamily("kvnotes_gateway_bases", "Bases held, all tenants.", value=bases)
-
-
-def _per_base(per_base: list[tuple[str, dict[str, str]]]):
-    families = {name: _counter(f"base_{name}", doc, labels=["base"]) for name, doc in (
-        ("requests", "Requests of one base."), ("rewrites", "Rewritten requests of one base."),
-        ("prompt_tokens", "Prompt tokens of one base's requests."),
-        ("prefix_tokens_reused", "Prefix tokens reused by one base's requests."))}
-    checks = _counter("base_checks", "One base's sampled checks by outcome.", labels=["base", "agreed"])
-    agreement = GaugeMetricFamily("kvnotes_gateway_base_agreement", "One base's sampled agreement.",
-                                  labels=["base"])
-    switched = GaugeMetricFamily("kvnotes_gateway_base_pass_through", "1 when a base was switched to "
-                                 "pass-through.", labels=["base"])
-    for base_id, v in per_base:
-        values = Counter({"requests": _int(v, "requests"), "rewrites": _int(v, "rewrites"),
-                          "prompt_tokens": _int(v, "prompt_tokens"),
-                          "prefix_tokens_reused": _int(v, "cached_tokens")})
-        for name, family in families.items():
-            family.add_metric([base_id], values[name])
-        n, agreed = _int(v, "checks"), _int(v, "agreed")
-        checks.add_metric([base_id, "true"], agreed)
-        checks.add_metric([base_id, "false"], n - agreed)
-        if n:
-            agreement.add_metric([base_id], round(agreed / n, 4))
-        switched.add_metric([base_id], int(bool(v.get("switched"))))
-    yield from (*families.values(), checks, agreement, switched)
+    yield GaugeMetricFamily("kvnotes_gateway_tenants", "Tenants with bases held in the state (the "
+                            "state's, the same in every process: take max(), not sum()).", value=tenants)
+    yield GaugeMetricFamily("kvnotes_gateway_bases", "Bases held in the state, all tenants (the state's: "
+                            "max(), not sum()).", value=bases)
