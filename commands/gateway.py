@@ -2,7 +2,8 @@
 vLLM (or SGLang) server that turns field changes into errata so its prefix cache keeps hitting
 (docs/gateway.md; the rewrite is `serving.gateway`, the HTTP side `app.gateway`).
 
-    kvnotes gateway --upstream http://127.0.0.1:8100/v1 [--port 8300] [--policy erratum]
+    kvnotes gateway --upstream http://127.0.0.1:8100/v1 [--upstream URL ...] [--route base]
+                    [--overload 16] [--kv-events tcp://HOST:5557 ...] [--port 8300] [--policy erratum]
                     [--notebook ID] [--check-rate 0.05] [--max-fields 4] [--timeout 120]
                     [--idle-timeout 60] [--state redis://HOST:PORT/DB] [--tenant-header NAME]
                     [--shared-key KEY ...] [--rewrite-shared]
@@ -18,6 +19,7 @@ import os
 import sys
 
 from serving.gateway.rewrite import LAYOUTS, PASS_THROUGH
+from serving.gateway.router import OVERLOAD, ROUTES
 
 APP = "app.gateway.main:app"
 POLICIES = (*LAYOUTS, PASS_THROUGH)
@@ -45,23 +47,38 @@ def settings_env(args) -> dict[str, str]:
     """The environment that carries the options to the app (checked first: `GatewayUsage`)."""
     from serving.server import ReplayError, base_url
 
-    upstream = args.upstream or ""
-    if not upstream:
+    upstreams = [u.strip() for given in args.upstream for u in given.split(",") if u.strip()]
+    if not upstreams:
         from data.settings import get_settings
 
-        upstream = next(iter(get_settings().vllm_urls), "")
-    if not upstream:
-        raise GatewayUsage("give --upstream URL (or set KVNOTES_VLLM_URL)")
-    try:
-        base_url(upstream)
-    except ReplayError as exc:
-        raise GatewayUsage(f"--upstream: {exc}") from None
+        settings = get_settings()
+        given = settings.gateway_upstream.split(",") if settings.gateway_upstream else settings.vllm_urls[:1]
+        upstreams = [u.strip() for u in given if u.strip()]
+    if not upstreams:
+        raise GatewayUsage("give --upstream URL (or set KVNOTES_GATEWAY_UPSTREAM or KVNOTES_VLLM_URL)")
+    for upstream in upstreams:
+        try:
+            base_url(upstream)
+        except ReplayError as exc:
+            raise GatewayUsage(f"--upstream: {exc}") from None
+    if len(set(upstreams)) != len(upstreams):
+        raise GatewayUsage("--upstream: each upstream once")
+    events = [e.strip() for given in args.kv_events for e in given.split(",") if e.strip()]
+    if events and len(events) != len(upstreams):
+        raise GatewayUsage(f"--kv-events: {len(events)} endpoints for {len(upstreams)} upstreams; give one "
+                           "per --upstream, in the same order (vLLM's --kv-events-config endpoint)")
+    bad = [e for e in events if not e.startswith(("tcp://", "ipc://"))]
+    if bad:
+        raise GatewayUsage(f"--kv-events: give tcp://HOST:PORT, not {bad[0][:80]!r}")
+    upstream = ",".join(upstreams)
     env = {"KVNOTES_GATEWAY_UPSTREAM": upstream, "KVNOTES_GATEWAY_ENGINE": args.engine,
            "KVNOTES_GATEWAY_CHECK_RATE": str(args.check_rate),
            "KVNOTES_GATEWAY_MAX_FIELDS": str(args.max_fields),
            "KVNOTES_GATEWAY_TIMEOUT": str(args.timeout), "KVNOTES_GATEWAY_MAX_BODY": str(args.max_body),
            "KVNOTES_GATEWAY_IDLE_TIMEOUT": str(args.idle_timeout),
-           "KVNOTES_GATEWAY_KEEP_PROMPTS": "1" if args.keep_prompts else "0"}
+           "KVNOTES_GATEWAY_KEEP_PROMPTS": "1" if args.keep_prompts else "0",
+           "KVNOTES_GATEWAY_ROUTE": args.route, "KVNOTES_GATEWAY_OVERLOAD": str(args.overload),
+           "KVNOTES_GATEWAY_KV_EVENTS": ",".join(events)}
     env["KVNOTES_GATEWAY_STATE"] = args.state or "memory"  # standalone: no Redis unless told
     env["KVNOTES_GATEWAY_TENANT_HEADER"] = args.tenant_header
     env["KVNOTES_GATEWAY_SHARED_KEYS"] = ",".join(args.shared_key)
@@ -120,8 +137,19 @@ def add_command(sub) -> None:
     """Register `kvnotes gateway` on the launcher's subparsers."""
     p = sub.add_parser("gateway", help="an OpenAI-compatible endpoint in front of vLLM that sends field "
                                        "changes as errata, so the prefix cache keeps hitting")
-    p.add_argument("--upstream", default="", help="the serving engine, e.g. http://127.0.0.1:8100/v1 "
-                                                  "(default: KVNOTES_VLLM_URL); the only place requests go")
+    p.add_argument("--upstream", action="append", default=[],
+                   help="a serving engine, e.g. http://127.0.0.1:8100/v1; repeat it for replicas (or give "
+                        "KVNOTES_GATEWAY_UPSTREAM comma-separated; default: KVNOTES_VLLM_URL): the only "
+                        "places requests go")
+    p.add_argument("--route", default="base", choices=ROUTES,
+                   help="between replicas: base (each base to the replica its prefix is on; default), "
+                        "least-loaded or round-robin")
+    p.add_argument("--overload", type=float, default=OVERLOAD,
+                   help=f"requests of load above the least-loaded replica past which a base moves (default "
+                        f"{OVERLOAD:g})")
+    p.add_argument("--kv-events", action="append", default=[], metavar="tcp://HOST:PORT",
+                   help="a replica's KV-event endpoint (vLLM --kv-events-config), one per --upstream in the "
+                        "same order: route by the blocks each replica says it holds")
     p.add_argument("--engine", default="vllm", choices=("vllm", "sglang"), help="the upstream's engine")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8300)

@@ -63,12 +63,18 @@ class Settings(BaseSettings):
     replay_threads: int = Field(default=4, ge=1, le=64, validation_alias="KVNOTES_REPLAY_THREADS")
 
     # The erratum gateway (`kvnotes gateway`, and `/gateway/v1` in `kvnotes serve`; docs/gateway.md):
-    # the one upstream it forwards to ("" = the first KVNOTES_VLLM_URL) and its engine, the layout
+    # the upstreams it forwards to (comma-separated replicas; "" = the first KVNOTES_VLLM_URL) and their
+    # engine, how it routes between them (base, least-loaded, round-robin), the load above the least
+    # loaded past which a base moves, the replicas' KV-event endpoints (comma-separated, in the
+    # upstreams' order; "" = none), the layout
     # ("" = the notebook's adopted policy, else erratum), the template notebook, the limits, the
     # share of rewritten requests checked, the agreement threshold ("0" = the policy's, else 0.9),
     # the bound on each upstream answer, the largest body, and whether prompts may be logged.
     gateway_upstream: str = Field(default="", validation_alias="KVNOTES_GATEWAY_UPSTREAM")
     gateway_engine: str = Field(default="vllm", validation_alias="KVNOTES_GATEWAY_ENGINE")
+    gateway_route: str = Field(default="base", validation_alias="KVNOTES_GATEWAY_ROUTE")
+    gateway_overload: float = Field(default=16.0, ge=0, validation_alias="KVNOTES_GATEWAY_OVERLOAD")
+    gateway_kv_events: str = Field(default="", validation_alias="KVNOTES_GATEWAY_KV_EVENTS")
     gateway_policy: str = Field(default="", validation_alias="KVNOTES_GATEWAY_POLICY")
     gateway_notebook: int | None = Field(default=None, validation_alias="KVNOTES_GATEWAY_NOTEBOOK")
     gateway_max_fields: int = Field(default=4, ge=1, validation_alias="KVNOTES_GATEWAY_MAX_FIELDS")

@@ -41,6 +41,9 @@ from serving.server import Completion, Counters, ReplayError, Server, ServerInfo
 # the counters each engine's /metrics carries, by sample name: what `counters` sums over every series
 _VLLM_COUNTERS = {"vllm:prefix_cache_queries_total": "queries", "vllm:prefix_cache_hits_total": "hits"}
 _SGLANG_COUNTERS = {"sglang:prompt_tokens_total": "prompt", "sglang:cached_tokens_total": "cached"}
+# the requests waiting and running, by sample name: an engine's queue (the gateway's load per upstream)
+_QUEUES = {"vllm:num_requests_waiting": "queue", "vllm:num_requests_running": "queue",
+           "sglang:num_queue_reqs": "queue", "sglang:num_running_reqs": "queue"}
 
 
 @runtime_checkable
@@ -117,6 +120,29 @@ class EngineBackend(Server):
         except ValueError:  # not the text format: read as a server without the counters
             return None
         return found or None
+
+    def queue(self) -> float | None:
+        """The requests waiting and running on the engine (its `/metrics`); None when it does not say.
+        A server that cannot be reached raises `ReplayError` (the gateway's health check)."""
+        found = self._metric_sums(_QUEUES)
+        return None if found is None else found.get("queue", 0.0)
+
+    def tokenize(self, body: dict) -> list[int]:
+        """The token ids of a client's request body as the engine renders it (chat messages through
+        its template, or a completion's prompt): the gateway hashes them to find a base's blocks."""
+        asked = f"POST {self.tokenize_path}"
+        if "messages" in body:
+            request = {"model": body.get("model"), "messages": body["messages"],
+                       "add_generation_prompt": True}
+        else:
+            request = {"model": body.get("model"), "prompt": body.get("prompt", "")}
+        status, data = self._request("POST", self.tokenize_path, request)
+        if status != 200:
+            raise self._failure(asked, answered(status, data))
+        tokens = self._json(data, asked).get("tokens")
+        if not isinstance(tokens, list):
+            raise self._failure(asked, "no token ids")
+        return tokens
 
     def relay(self, path: str, body: dict, timeout_s: float, idle_s: float | None = None) -> Relay:
         """A client's own request to this engine, forwarded as it is (`serving.relay`: `timeout_s` to

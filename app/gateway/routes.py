@@ -1,5 +1,6 @@
 """The erratum gateway's HTTP side: the OpenAI API (`/chat/completions`, `/completions`, `/models`,
-streamed and not) in front of the one configured upstream, and `/metrics` in Prometheus text.
+streamed and not) in front of the configured upstreams (`serving.gateway.router` picks one per
+request; one that cannot be reached is skipped for the next), and `/metrics` in Prometheus text.
 
 `router` is served at `/v1` by `kvnotes gateway` (`app.gateway.main`) and at `/gateway/v1` by
 `kvnotes serve` (`app.main`, behind its accounts and tokens). Every answer carries
@@ -8,7 +9,7 @@ streamed and not) in front of the one configured upstream, and `/metrics` in Pro
 
 Bad input and faults, in the OpenAI error shape (`{"error": {"message", "type", "param", "code"}}`):
 a body over the limit 413; not JSON (NaN, Infinity, numbers out of range), nested over `MAX_DEPTH`,
-not valid Unicode (a lone surrogate included), or not an object with its prompt 400; the upstream
+not valid Unicode (a lone surrogate included), or not an object with its prompt 400; every upstream
 down 502, no first byte within `--timeout` 504, an error status passed on with its own status. A
 stream whose upstream falls silent past `--idle-timeout` ends with an error event the client reads
 (its status, 200, was sent long before). A plan that fails passes the request through
@@ -154,9 +155,8 @@ async def _forward(request: Request, route: str) -> Response:
     tenant = _tenant(request)
     prepared = await gateway.prepare(tenant, route, body)
     headers = {HEADER: prepared.plan.header, TENANT_HEADER: tenant.header}
-    relay = gateway.open(prepared)
     try:
-        await relay.__aenter__()
+        prepared, relay = await gateway.connect(prepared)
     except UpstreamError as exc:
         return openai_error(exc.status, str(exc), headers=headers)
     if relay.status != 200 or not relay.stream:
@@ -166,6 +166,7 @@ async def _forward(request: Request, route: str) -> Response:
             return openai_error(exc.status, str(exc), headers=headers)
         finally:
             await relay.aclose()
+            gateway.release(prepared, relay)
         gateway.finish(prepared, relay)
         if relay.status != 200:
             return _upstream_error(relay.status, data, headers)
@@ -203,6 +204,7 @@ async def _stream(gateway: Gateway, prepared: Prepared, relay: Relay) -> AsyncIt
         yield f"data: {json.dumps(error)}\n\n".encode()
     finally:
         await asyncio.shield(relay.aclose())
+        gateway.release(prepared, relay)
 
 
 @router.post("/chat/completions")
@@ -219,7 +221,8 @@ async def completions(request: Request) -> Response:
 async def models() -> Response:
     try:
         gateway = _gateway()
-        answer = await asyncio.to_thread(gateway.backend.models)
+        upstream = gateway.pool.least_loaded() or gateway.pool.upstreams[0]
+        answer = await asyncio.to_thread(upstream.backend.models)
     except BadRequest as exc:
         return openai_error(exc.status, str(exc))
     except ReplayError as exc:

@@ -1,7 +1,9 @@
 """The erratum gateway of this process, built once from the settings (`data.settings`, which
-`kvnotes gateway`'s options set): the upstream's backend, the template and policy of the notebook
-named by `KVNOTES_GATEWAY_NOTEBOOK`, the tenant rules, the state, the rewriter. The routes
-(`app.gateway.routes`) and the Gateway page (`app.web.gateway`) read the same one.
+`kvnotes gateway`'s options set): the upstreams (`KVNOTES_GATEWAY_UPSTREAM`, comma-separated: each a
+backend, a health check and a breaker, `serving.gateway.upstreams`), the router between them
+(`KVNOTES_GATEWAY_ROUTE`, `_OVERLOAD`, and the replicas' KV events `_KV_EVENTS`), the template and
+policy of the notebook named by `KVNOTES_GATEWAY_NOTEBOOK`, the tenant rules, the state, the rewriter.
+The routes (`app.gateway.routes`) and the Gateway page (`app.web.gateway`) read the same one.
 
 The state (`serving.gateway.state`): `KVNOTES_GATEWAY_STATE` (`--state`) when given; `memory` is this
 process's memory (`kvnotes gateway` without `--state`); unset under `kvnotes serve`, the broker's
@@ -27,8 +29,10 @@ from data.settings import get_settings
 from serving import ReplayError, connect
 from serving.gateway import LAYOUTS, PASS_THROUGH, Gateway, Rewriter, Settings, Slot, Template
 from serving.gateway.redis_state import PREFIX, open_state
+from serving.gateway.router import ROUTES, Router
 from serving.gateway.stats import Stats
 from serving.gateway.tenants import TenantRules
+from serving.gateway.upstreams import HEALTH_TIMEOUT_S, Pool, Upstream
 
 DEFAULT_THRESHOLD = 0.9
 _made: dict[str, Gateway | GatewaySetup] = {}
@@ -40,7 +44,7 @@ class GatewaySetup:
     """How this process's gateway was set up, for the page: the upstream, the layout and why, the
     template notebook (id and title) and its field labels, the threshold, the check rate."""
 
-    upstream: str
+    upstream: str  # the upstreams, comma-separated
     layout: str
     policy_note: str
     notebook_id: int | None
@@ -51,6 +55,8 @@ class GatewaySetup:
     problem: str = ""
     tenants: TenantRules = TenantRules()
     state: str = "memory"
+    route: str = "base"
+    kv_events: bool = False
 
 
 def _policy(explicit: str, notebook: Notebook | None) -> tuple[str, str, float | None]:
@@ -76,8 +82,16 @@ def build() -> tuple[Gateway, GatewaySetup]:
     """The gateway from the settings (a `ReplayError` naming what is wrong)."""
     settings = get_settings()
     upstream = settings.gateway_upstream or next(iter(settings.vllm_urls), "")
-    if not upstream:
+    urls = [u.strip() for u in upstream.split(",") if u.strip()]
+    if not urls:
         raise ReplayError("no upstream: set KVNOTES_GATEWAY_UPSTREAM (or KVNOTES_VLLM_URL)", "upstream")
+    endpoints = [e.strip() for e in settings.gateway_kv_events.split(",") if e.strip()]
+    if endpoints and len(endpoints) != len(urls):
+        raise ReplayError(f"KVNOTES_GATEWAY_KV_EVENTS names {len(endpoints)} endpoints for {len(urls)} "
+                          "upstreams: give one per upstream, in the same order", "kv_events")
+    if settings.gateway_route not in ROUTES:
+        raise ReplayError(f"KVNOTES_GATEWAY_ROUTE must be one of {', '.join(ROUTES)}, not "
+                          f"{settings.gateway_route!r}", "route")
     notebook = None
     if settings.gateway_notebook is not None:
         with get_sessionmaker()() as session:
@@ -94,14 +108,27 @@ def build() -> tuple[Gateway, GatewaySetup]:
     rules = Settings(layout=layout, policy_reason=note if layout == PASS_THROUGH else "",
                      max_fields=settings.gateway_max_fields, check_rate=settings.gateway_check_rate,
                      threshold=threshold, seed=settings.gateway_seed)
-    backend = connect(upstream, engine=settings.gateway_engine, timeout_s=settings.gateway_timeout_s)
+    pool = Pool([Upstream(connect(url, engine=settings.gateway_engine, timeout_s=settings.gateway_timeout_s),
+                          connect(url, engine=settings.gateway_engine, timeout_s=HEALTH_TIMEOUT_S,
+                                  connect_s=HEALTH_TIMEOUT_S)) for url in urls])
+    events = None
+    if endpoints:
+        from serving.gateway.kv_events import KvEvents
+
+        events = KvEvents({u.name: e for u, e in zip(pool.upstreams, endpoints)})
     state = open_state(state_url(settings), rules.limits)
-    gateway = Gateway(backend, Rewriter(rules, template, Stats(state)), settings.gateway_timeout_s,
-                      settings.gateway_keep_prompts, idle_s=settings.gateway_idle_timeout_s)
+    router = Router(pool, state, settings.gateway_route, settings.gateway_overload, events)
+    gateway = Gateway(None, Rewriter(rules, template, Stats(state)), settings.gateway_timeout_s,
+                      settings.gateway_keep_prompts, idle_s=settings.gateway_idle_timeout_s, pool=pool,
+                      router=router, events=events)
+    pool.start()
+    if events is not None:
+        events.start()
     tenants = TenantRules.of(settings.gateway_tenant_header, settings.gateway_shared_keys.split(","),
                              settings.gateway_rewrite_shared)
-    setup = GatewaySetup(backend.url, layout, note, settings.gateway_notebook, title, labels, threshold,
-                         settings.gateway_check_rate, tenants=tenants, state=state.name)
+    setup = GatewaySetup(", ".join(u.name for u in pool.upstreams), layout, note, settings.gateway_notebook,
+                         title, labels, threshold, settings.gateway_check_rate, tenants=tenants,
+                         state=state.name, route=settings.gateway_route, kv_events=events is not None)
     return gateway, setup
 
 

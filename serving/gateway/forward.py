@@ -1,6 +1,9 @@
-"""One request through the gateway: read, planned by the rewriter, sent to the one upstream through
-the serving backend protocol (`Backend.relay`), counted; a sampled share also sent unchanged in the
-background and compared (`agree`).
+"""One request through the gateway: read, planned by the rewriter, routed to one of the upstreams
+(`serving.gateway.router`), sent through the serving backend protocol (`Backend.relay`: `_relay` is
+the one place an upstream request is built, clients' and checks' alike), counted; a sampled share
+also sent unchanged in the background and compared (`agree`). An upstream that cannot be reached
+(or answers 503) is taken out of rotation and the request goes to the next least loaded one
+(`connect`), never a 5xx while another is in rotation.
 
 The web side (`app.gateway`) owns HTTP (bodies, limits, error shapes, streaming to the client);
 this module owns what is sent and what is counted. A check runs only for a greedy request
@@ -15,14 +18,16 @@ import re
 from collections import Counter
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import TypeVar
 
 from serving.backend import Backend
 from serving.gateway.prompts import read_prompt, with_context
 from serving.gateway.rewrite import PLAN_FAILED, Plan, Rewriter
+from serving.gateway.router import Choice, Router
 from serving.gateway.tenants import Tenant
+from serving.gateway.upstreams import Pool, Upstream
 from serving.relay import Relay, UpstreamError
 from vocabulary.agreement import VALUE, agreement
 
@@ -56,6 +61,8 @@ class Prepared:
     original: dict
     body: dict
     plan: Plan
+    upstream: Upstream | None = None  # where it goes (`Router.choose`)
+    tenant: str = ""  # whose request it is (its tenant's id; "" for none)
 
     @property
     def rewritten(self) -> bool:
@@ -63,12 +70,21 @@ class Prepared:
 
 
 class Gateway:
-    """The upstream (a `Backend`), the rewriter and the bounds."""
+    """The upstreams (`pool`, or the one `backend`), the router, the rewriter and the bounds."""
 
-    def __init__(self, backend: Backend, rewriter: Rewriter, timeout_s: float = 120.0,
-                 keep_prompts: bool = False, idle_s: float = 60.0) -> None:
-        self.backend = backend
+    def __init__(self, backend: Backend | None, rewriter: Rewriter, timeout_s: float = 120.0,
+                 keep_prompts: bool = False, idle_s: float = 60.0, pool: Pool | None = None,
+                 router: Router | None = None, events=None) -> None:
+        if pool is None:
+            if backend is None:
+                raise ValueError("the gateway needs an upstream")
+            pool = Pool([Upstream(backend, backend)])
+        self.pool = pool
+        self.backend = backend or pool.upstreams[0].backend  # /v1/models asks the first
+        self.router = router or Router(pool, rewriter.state)
+        self.events = events
         self.rewriter = rewriter
+        rewriter.stats.registry.register(_Routing(self))
         self.timeout_s = timeout_s  # to the upstream's first byte
         self.idle_s = idle_s  # between one piece of its answer and the next
         self.keep_prompts = keep_prompts
@@ -99,7 +115,7 @@ class Gateway:
         tenant = client if isinstance(client, str) else client.id
         if tenant and self._planning[tenant] >= PLANS_PER_TENANT:
             log.info("gateway tenant busy: the request passes through")
-            return Prepared(route, body, body, self.rewriter.busy())
+            return Prepared(route, body, body, self.rewriter.busy(), tenant=tenant)
         self._planning[tenant] += 1
         try:
             return await self.offload(self.plan, client, route, body)
@@ -111,6 +127,7 @@ class Gateway:
     def plan(self, client: Tenant | str, route: str, body: dict) -> Prepared:
         """What to send for `body`. A plan that fails passes the request through as it came, logged
         (the rewriter has dropped the base when the failure was in one): never a 5xx of its own."""
+        tenant = client.id if isinstance(client, Tenant) else client
         try:
             prompt, why_not = read_prompt(route, body)
             plan = self.rewriter.plan(client, prompt, why_not)
@@ -118,7 +135,9 @@ class Gateway:
             sent = with_context(body, prompt, plan.context) if rewrite else body
         except Exception:
             log.exception("gateway plan failed: the request passes through")
-            return Prepared(route, body, body, Plan(None, PLAN_FAILED))
+            upstream = self._route(tenant, None, body).upstream
+            return Prepared(route, body, body, Plan(None, PLAN_FAILED), upstream, tenant)
+        choice = self._route(tenant, plan.base_id, sent)
         if plan.context is not None:
             log.info("gateway rewrite", extra={"base": plan.base_id, "layout": plan.layout_name,
                                                "fields": ",".join(plan.labels)})
@@ -126,11 +145,66 @@ class Gateway:
                 log.info("gateway prompt", extra={"base": plan.base_id, "sent": str(sent)[:20000]})
         else:
             log.info("gateway pass-through", extra={"base": plan.base_id or "-", "reason": plan.reason})
-        return Prepared(route, body, sent, plan)
+        return Prepared(route, body, sent, plan, choice.upstream, tenant)
+
+    def _route(self, tenant: str, base_id: str | None, body: dict) -> Choice:
+        try:
+            return self.router.choose(tenant, base_id, body)
+        except Exception:  # a bug in routing: the first upstream in rotation, never a 5xx
+            log.exception("gateway routing failed: the least-loaded upstream takes the request")
+            return Choice(self.pool.least_loaded() or self.pool.upstreams[0], "least_loaded")
+
+    def _relay(self, upstream: Upstream | None, route: str, body: dict) -> Relay:
+        """The one place an upstream request is built (clients' and checks' alike)."""
+        upstream = upstream or self.pool.upstreams[0]
+        return upstream.backend.relay("/v1" + route, body, self.timeout_s, self.idle_s)
 
     def open(self, prepared: Prepared) -> Relay:
         """The relay to enter (`async with`): the upstream's status, then the answer's bytes."""
-        return self.backend.relay("/v1" + prepared.route, prepared.body, self.timeout_s, self.idle_s)
+        return self._relay(prepared.upstream, prepared.route, prepared.body)
+
+    async def connect(self, prepared: Prepared) -> tuple[Prepared, Relay]:
+        """`open` entered, on the upstream chosen, or, when it cannot be reached (or answers 503),
+        on the next least loaded one in rotation: that upstream is taken out of rotation (its
+        breaker opens) and recorded with the base. `UpstreamError` when none answers; `release`
+        must follow a relay returned."""
+        tried: list[Upstream] = []
+        if prepared.upstream is None:  # not planned (a busy tenant's request): the least loaded
+            prepared = replace(prepared, upstream=self.pool.least_loaded() or self.pool.upstreams[0])
+        while True:
+            upstream = prepared.upstream or self.pool.upstreams[0]
+            relay = self.open(prepared)
+            upstream.started()
+            try:
+                await relay.__aenter__()
+            except UpstreamError as exc:
+                upstream.ended()
+                after = self._next(upstream, tried) if exc.status == 502 else None
+                if after is None:
+                    raise
+            else:
+                if relay.status != 503 or (after := self._next(upstream, tried)) is None:
+                    return prepared, relay
+                await relay.aclose()
+                upstream.ended()
+            log.warning("gateway upstream failed: the request goes to another",
+                        extra={"upstream": upstream.name, "to": after.name,
+                               "base": prepared.plan.base_id or "-"})
+            prepared = replace(prepared, upstream=after)
+            await self.offload(self.router.moved, prepared.tenant, prepared.plan.base_id, after)
+
+    def _next(self, failed: Upstream, tried: list[Upstream]) -> Upstream | None:
+        """`failed` out of rotation; the least loaded upstream in rotation not yet tried, or None."""
+        failed.breaker.failure()
+        tried.append(failed)
+        after = self.pool.least_loaded(exclude=tried)
+        return after if after is not None and after.in_rotation else None
+
+    def release(self, prepared: Prepared, relay: Relay) -> None:
+        """The request is over (answered or not): its upstream's in-flight count and counts."""
+        upstream = prepared.upstream or self.pool.upstreams[0]
+        out = relay.outcome
+        upstream.ended(out.prompt_tokens, out.cached_tokens, answered=relay.status == 200)
 
     def finish(self, prepared: Prepared, relay: Relay) -> None:
         """Count the answered request (in memory: `Stats.answered` never waits on the state), and
@@ -160,8 +234,7 @@ class Gateway:
         body = {**prepared.original, "stream": False}
         body.pop("stream_options", None)
         try:
-            async with self._check_slots, self.backend.relay("/v1" + prepared.route, body, self.timeout_s,
-                                                             self.idle_s) as relay:
+            async with self._check_slots, self._relay(prepared.upstream, prepared.route, body) as relay:
                 await relay.read()
                 if relay.status != 200:
                     return
@@ -183,9 +256,13 @@ class Gateway:
         for task in list(self._checks):
             task.cancel()
         await asyncio.gather(*list(self._checks), return_exceptions=True)
-        close = getattr(self.backend, "aclose", None)
-        if close is not None:
-            await close()
+        for upstream in self.pool.upstreams:
+            close = getattr(upstream.backend, "aclose", None)
+            if close is not None:
+                await close()
+        self.pool.close()
+        if self.events is not None:
+            self.events.close()
         self._planner.shutdown(wait=False, cancel_futures=True)
         await asyncio.to_thread(self.stats.close)  # the last counts flushed, off the event loop
         self.rewriter.state.close()
@@ -194,3 +271,23 @@ class Gateway:
         """Wait for the checks in flight (tests, shutdown)."""
         while self._checks:
             await asyncio.gather(*list(self._checks), return_exceptions=True)
+
+
+class _Routing:
+    """The upstreams', the routes' and the KV events' families for /metrics (this process's)."""
+
+    def __init__(self, gateway: Gateway) -> None:
+        self.gateway = gateway
+
+    def collect(self):
+        from prometheus_client.core import CounterMetricFamily
+
+        yield from self.gateway.pool.collect()
+        routes = CounterMetricFamily("kvnotes_gateway_routes", "This process's routing choices, by why: "
+                                     "first (a new base), recorded, events, evicted, out, overloaded, "
+                                     "least_loaded, round_robin, only.", labels=["why"])
+        for why, n in sorted(self.gateway.router.choices.items()):
+            routes.add_metric([why], n)
+        yield routes
+        if self.gateway.events is not None:
+            yield from self.gateway.events.collect()

@@ -50,6 +50,7 @@ class Engine(LocalServer):
         self.completions: list[dict] = []  # every completion request's body, in order
         self.gone = threading.Event()
         self.lock = threading.Lock()
+        self.dead = False  # `kill`: a stopped process (its open connections drop every request)
         engine = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -59,13 +60,24 @@ class Engine(LocalServer):
                 pass
 
             def do_GET(self) -> None:
+                if engine.dead:
+                    self.close_connection = True
+                    return
                 engine.get(self)
 
             def do_POST(self) -> None:
+                if engine.dead:
+                    self.close_connection = True
+                    return
                 body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
                 engine.post(self, json.loads(body or b"{}"))
 
         self.start(Handler)
+
+    def kill(self) -> None:
+        """Stop as a process does: no new connection, and none kept alive answers again."""
+        self.dead = True
+        self.close()
 
     # --- what the engine computes ------------------------------------------------------------------
 

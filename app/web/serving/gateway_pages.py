@@ -6,10 +6,11 @@ its bases, live.
 
 Per base: the fields seen, requests, rewrites and pass-throughs, the engine's hit rate, TTFT p50/p90
 of rewritten requests beside the passed-through ones, and the sampled agreement with its interval;
-a base switched to pass-through says why. Totals: requests, rewrites, pass-throughs by reason, and
-what the sampled checks cost (the prompt tokens sent for checks beside those sent for clients). Every
-web process reads the same state (`app.services.gateway`: the broker's Redis, or
-`KVNOTES_GATEWAY_STATE`), so every process shows the same bases.
+a base switched to pass-through says why. Per upstream (this process's counts): in or out of
+rotation, its load, requests, prefill tokens sent and hit rate. Totals: requests, rewrites,
+pass-throughs by reason, and what the sampled checks cost (the prompt tokens sent for checks beside
+those sent for clients). Every web process reads the same state (`app.services.gateway`: the
+broker's Redis, or `KVNOTES_GATEWAY_STATE`), so every process shows the same bases.
 """
 
 from __future__ import annotations
@@ -26,13 +27,13 @@ router = APIRouter()
 def _view() -> dict:
     gateway, setup = current()
     if gateway is None:
-        return {"setup": setup, "rows": [], "totals": None}
+        return {"setup": setup, "rows": [], "totals": None, "upstreams": []}
     totals = gateway.stats.totals()
     try:
         rows = [] if totals.problem else gateway.stats.rows()
     except gateway.stats.state.errors:  # gone since the totals were read: the totals say so next time
         rows = []
-    return {"setup": setup, "rows": rows, "totals": totals}
+    return {"setup": setup, "rows": rows, "totals": totals, "upstreams": gateway.pool.rows()}
 
 
 @router.get("/gateway")
