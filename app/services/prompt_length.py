@@ -22,6 +22,15 @@ turn's text so far, every erratum appended so far and the turn's question. The w
 of margin; the web refuses only a prompt past the context without it, so it never refuses one the
 worker would run.
 
+Nothing of this runs in the web process. Reading gemma3-270m's 33 MB `tokenizer.json` takes 0.6 s of
+one core, and `tokenizers` holds the GIL throughout (4.9 s measured on a loaded machine): inside a
+web process that starves every other thread, uvicorn's supervisor's health ping included (it kills
+a child silent for 5 s), so a page that loaded it killed its process (issue 51 item 1). The model's
+files are read and every count made in one helper process per web process (`_counter`, spawned on
+first use), which the request waits on without holding the GIL. A page needs no count: the Turns
+panel (`unchecked_here`) only looks whether the files are here, and asks the helper to read them
+(`warm`) while the user types the turns, so Start finds them read.
+
 Counting is cheap: each piece (the document per set of values, each turn's text, each erratum, each
 question) is tokenized once and the pieces are summed; a turn whose sum comes within `slack` of the
 context is counted again exactly, as one text, and only an exact count past the context is refused
@@ -32,6 +41,13 @@ from __future__ import annotations
 
 import json
 import logging
+import multiprocessing
+import os
+import threading
+import time
+from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from datetime import datetime
 from functools import lru_cache
@@ -83,15 +99,21 @@ def model_folder(alias: str) -> Path:
     return get_settings().data_dir / "models" / alias
 
 
-def model_text(alias: str) -> ModelText | None:
-    """The model's files as the web reads them, or None when they are not on this host (or cannot
-    be read here): then the worker checks."""
-    folder = model_folder(alias)
+def _stamp(folder: Path) -> tuple[int, ...] | None:
+    """The model files' modification times (a changed file is read again), or None when one is missing."""
     try:
-        stamp = tuple((folder / name).stat().st_mtime_ns for name in ("tokenizer.json", "config.json"))
+        return tuple((folder / name).stat().st_mtime_ns for name in ("tokenizer.json", "config.json"))
     except OSError:
         return None
-    return _read(str(folder), alias, stamp)
+
+
+def model_text(alias: str) -> ModelText | None:
+    """The model's files as read here, or None when they are not on this host (or cannot be read
+    here): then the worker checks. This loads the tokenizer in THIS process: only the counter
+    process (`_counter`) and tests call it; the web asks `check_fits`."""
+    folder = model_folder(alias)
+    stamp = _stamp(folder)
+    return None if stamp is None else _read(str(folder), alias, stamp)
 
 
 @lru_cache(maxsize=8)
@@ -100,9 +122,8 @@ def _read(folder_name: str, alias: str, _stamp: tuple[int, ...]) -> ModelText | 
     try:
         from tokenizers import Tokenizer  # torch-free; imported on first use only
 
-        config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
-        context = config.get("max_position_embeddings")
-        if not isinstance(context, int) or context <= 0:
+        context = _config_context(folder)
+        if context is None:
             return None
         tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
         frame = _frame(folder)
@@ -114,6 +135,16 @@ def _read(folder_name: str, alias: str, _stamp: tuple[int, ...]) -> ModelText | 
         return ModelText(alias, context, tokenizer, "", "", chat=False)
     prefix, tail = frame
     return ModelText(alias, context, tokenizer, prefix, tail, chat=True)
+
+
+def _config_context(folder: Path) -> int | None:
+    """The model's context from its config.json (a small file), or None when it names none."""
+    try:
+        config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+        context = config.get("max_position_embeddings")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return context if isinstance(context, int) and context > 0 else None
 
 
 def _template(folder: Path) -> tuple[str | None, dict]:
@@ -228,22 +259,128 @@ def first_too_long(spec: TrajectorySpec, model: ModelText) -> TooLong | None:
     return None
 
 
+# ---- the counter: one helper process per web process reads the files and counts ----------------
+
+COUNT_WAIT_S = 120.0  # how long Start waits for a count (a first read on a loaded machine: seconds)
+_UNREADABLE = "unreadable"  # the counter's answer when the files cannot be read there
+_lock = threading.Lock()
+_pool: ProcessPoolExecutor | None = None
+_read_there: dict[str, tuple[tuple[int, ...], Future]] = {}  # folder: (its stamp, the counter's read)
+
+
+def _watch_parent(parent: int) -> None:
+    """In the counter: exit once the web process that started it is gone (no orphan holds a model's
+    tokenizer). A thread polling, not the parent-death signal: that fires when the THREAD that
+    spawned the counter ends, and a request's thread ends when the server's pool shrinks."""
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os._exit(0)
+
+    threading.Thread(target=watch, name="kvnotes-counter-parent", daemon=True).start()
+
+
+def _counter() -> ProcessPoolExecutor:
+    """This process's counter, started on first use (spawned: the web process's threads and
+    connections are not forked into it)."""
+    global _pool
+    with _lock:
+        if _pool is None:
+            _pool = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"),
+                                        initializer=_watch_parent, initargs=(os.getpid(),))
+        return _pool
+
+
+def _forget_counter(pool: ProcessPoolExecutor) -> None:
+    """A counter that died (killed, out of memory) is replaced on next use."""
+    global _pool
+    with _lock:
+        if _pool is pool:
+            _pool = None
+            _read_there.clear()
+    pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _readable_there(folder: str, alias: str, stamp: tuple[int, ...]) -> bool:
+    """In the counter: read the model's files (kept for the counts that follow)."""
+    return _read(folder, alias, stamp) is not None
+
+
+def _too_long_there(folder: str, alias: str, stamp: tuple[int, ...],
+                    spec: TrajectorySpec) -> TooLong | str | None:
+    """In the counter: `first_too_long`, or `_UNREADABLE`."""
+    model = _read(folder, alias, stamp)
+    return _UNREADABLE if model is None else first_too_long(spec, model)
+
+
+def warm(alias: str) -> None:
+    """Have the counter read `alias`'s files now (once per version of them), without waiting."""
+    folder = model_folder(alias)
+    stamp = _stamp(folder)
+    if stamp is None:
+        return
+    key = str(folder)
+    with _lock:
+        known = _read_there.get(key)
+        if known is not None and known[0] == stamp:
+            return
+    pool = _counter()
+    try:
+        future = pool.submit(_readable_there, key, alias, stamp)
+    except (BrokenProcessPool, RuntimeError):
+        _forget_counter(pool)
+        return
+    with _lock:
+        _read_there[key] = (stamp, future)
+
+
+def _known_unreadable(alias: str, stamp: tuple[int, ...]) -> bool:
+    """The counter read `alias`'s files (this version of them) and could not use them."""
+    with _lock:
+        known = _read_there.get(str(model_folder(alias)))
+    if known is None or known[0] != stamp or not known[1].done():
+        return False
+    try:
+        return known[1].result() is False
+    except Exception:  # the counter died reading them: counted as unreadable until they change
+        return True
+
+
 def check_fits(spec: TrajectorySpec) -> None:
     """`Unprocessable` naming the first turn whose prompt is past the model's context; nothing when
-    every turn fits, or when the model's files are not on this host (the worker checks then)."""
-    model = model_text(spec.model)
-    if model is None:
+    every turn fits, or when the model's files are not on this host or cannot be read by the
+    counter (the worker checks then). Waits for the counter (never on the event loop: the caller
+    runs in a thread), at most `COUNT_WAIT_S`."""
+    folder = model_folder(spec.model)
+    stamp = _stamp(folder)
+    if stamp is None:
         return
-    found = first_too_long(spec, model)
-    if found is not None:
+    pool = _counter()
+    try:
+        found = pool.submit(_too_long_there, str(folder), spec.model, stamp, spec).result(COUNT_WAIT_S)
+    except FutureTimeout:
+        log.warning("prompt length: the counter did not answer in time; the worker checks",
+                    extra={"model": spec.model, "seconds": COUNT_WAIT_S})
+        return
+    except (BrokenProcessPool, RuntimeError):
+        log.warning("prompt length: the counter died; the worker checks", extra={"model": spec.model})
+        _forget_counter(pool)
+        return
+    if isinstance(found, TooLong):
         raise Unprocessable(f"turns.{found.index}", found.message(spec.model))
 
 
 def unchecked_here(alias: str) -> str | None:
     """Why a trajectory's prompt lengths on `alias` cannot be checked when it is started (the
-    sentence the Turns panel shows), or None when they are: the web reads the model's files."""
-    if model_text(alias) is not None:
-        return None
+    sentence the Turns panel shows), or None when they are: the model's files are on this host (and
+    the counter, asked to read them now, has not found them unusable). Reads no tokenizer here."""
+    stamp = _stamp(model_folder(alias))
+    if stamp is not None and not _config_context(model_folder(alias)):
+        stamp = None
+    if stamp is not None:
+        warm(alias)
+        if not _known_unreadable(alias, stamp):
+            return None
     return (f"Prompt lengths are checked by the worker, not at once: {alias}'s tokenizer and config are "
             "not on this web server, so a turn past the model's context fails the trajectory when the "
             "worker starts it (within seconds, naming the turn and its length, before any turn runs).")

@@ -9,6 +9,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, File, Form, Query, Request, UploadFile
 from fastapi.responses import RedirectResponse, Response
+from starlette.concurrency import run_in_threadpool
 
 from app.api.deps import PrincipalDep, SessionDep
 from app.schemas import NotebookCreate
@@ -87,7 +88,19 @@ async def create_notebook(
 ) -> Response:
     values = {"title": title, "model": model, "text": text}
     try:
-        uploaded = await _uploaded_text(file)
+        uploaded: str | None | Unprocessable = await _uploaded_text(file)
+    except Unprocessable as exc:
+        uploaded = exc
+    # the form is read on the event loop; the checks and the saving run in a thread
+    return await run_in_threadpool(_create_notebook, request, session, principal.name, values, uploaded)
+
+
+def _create_notebook(request: Request, session, created_by: str, values: dict[str, str],
+                     uploaded: str | None | Unprocessable) -> Response:
+    title, model, text = values["title"], values["model"], values["text"]
+    try:
+        if isinstance(uploaded, Unprocessable):
+            raise uploaded
         document = uploaded if uploaded is not None else text  # CRLF becomes LF in the schema
         if not document.strip():
             raise Unprocessable("text", "paste a document or upload a file")
@@ -97,7 +110,7 @@ async def create_notebook(
                         {"title": title.strip() or "Untitled", "model": model, "text": document})
     except Unprocessable as exc:
         return _index(request, session, 422, values=values, errors=exc.errors)
-    notebook = create_notebook_action(session, body.title, body.model, body.text, principal.name)
+    notebook = create_notebook_action(session, body.title, body.model, body.text, created_by)
     return RedirectResponse(f"/notebooks/{notebook.id}", status_code=303)
 
 

@@ -10,9 +10,11 @@ from __future__ import annotations
 from typing import Annotated
 from urllib.parse import parse_qs, urlsplit
 
+from anyio import from_thread
 from fastapi import APIRouter, File, Query, Request, UploadFile
 from fastapi.responses import RedirectResponse, Response
 from sqlalchemy import select
+from starlette.concurrency import run_in_threadpool
 
 from app.api.deps import PrincipalDep, SessionDep, get_or_404
 from app.services.errors import RunLimitReached, Unprocessable
@@ -76,6 +78,10 @@ async def sweep_adopt(request: Request, sweep_id: int, session: SessionDep) -> R
     each field's own policy too); its page shows it.
     A sweep still running (or with nothing finished) gets its page again with the reason (422)."""
     form = await request.form()
+    return await run_in_threadpool(_adopt, request, session, sweep_id, form)
+
+
+def _adopt(request: Request, session, sweep_id: int, form) -> Response:
     sweep = get_or_404(session, Sweep, sweep_id, "sweep")
     try:
         threshold = parse_number(str(form.get("threshold", "")) or None, "threshold", sweep.threshold)
@@ -159,9 +165,15 @@ def sweep_panel(request: Request, notebook_id: int, session: SessionDep) -> Resp
 async def sweep_start(request: Request, notebook_id: int, session: SessionDep, principal: PrincipalDep,
                       upload: Annotated[UploadFile | None, File()] = None) -> Response:
     """Start a sweep from the panel's form; on success go to its page, else the panel again with
-    each problem beside its field (nothing saved)."""
-    notebook = get_or_404(session, Notebook, notebook_id, "notebook")
+    each problem beside its field (nothing saved). The form is read on the event loop, the rest runs
+    in a thread (its files read back on the loop: `from_thread.run`)."""
     data = await request.form()
+    return await run_in_threadpool(_sweep_start, request, session, notebook_id, data, upload, principal.name)
+
+
+def _sweep_start(request: Request, session, notebook_id: int, data, upload: UploadFile | None,
+                 created_by: str) -> Response:
+    notebook = get_or_404(session, Notebook, notebook_id, "notebook")
     fields = [f for f in notebook.fields if f.label]
     gen_keys = ("kind", "count", "start", "end", "places", "seed")
     form = {"question": str(data.get("question", "")), "choices": str(data.get("choices", "")),
@@ -178,18 +190,18 @@ async def sweep_start(request: Request, notebook_id: int, session: SessionDep, p
                 "choices": [c.strip() for c in form["choices"].split(",") if c.strip()],
                 "stop_when_decided": form["stop_when_decided"], "extend_choices": form["extend_choices"]}
         if upload is not None and upload.filename:
-            body["edits"] = rows_from_upload(await upload_text(upload, "upload"), upload.filename)
+            body["edits"] = rows_from_upload(from_thread.run(upload_text, upload, "upload"), upload.filename)
         else:
             body["values"] = {f.label: [v.strip() for v in form[f"values_{i}"].splitlines() if v.strip()]
                               for i, f in enumerate(fields) if form[f"values_{i}"].strip()}
-            generate = [await _generator(data, form, i, f.label) for i, f in enumerate(fields)
+            generate = [from_thread.run(_generator, data, form, i, f.label) for i, f in enumerate(fields)
                         if form[f"gen_kind_{i}"] in KINDS]
             if generate:
                 body["generate"] = generate
             if not body["values"] and not generate:
                 raise Unprocessable("values", "give values for at least one field, one per line, "
                                               "generate them, or upload a CSV / JSONL file")
-        sweep = start_sweep(session, notebook, validate(SweepCreate, body), principal.name)
+        sweep = start_sweep(session, notebook, validate(SweepCreate, body), created_by)
     except Unprocessable as exc:
         return _panel(request, session, notebook, exc.errors, form, 422)
     except QueueUnavailable as exc:

@@ -14,6 +14,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from pydantic import ValidationError
 from sqlalchemy import select
+from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import UploadFile as StarletteUpload
 
 from app.api.deps import PrincipalDep, SessionDep, get_or_404
@@ -221,14 +222,26 @@ async def _imported(data) -> str:
 @router.post("/notebooks/{notebook_id}/trajectory/turns")
 async def trajectory_turns(request: Request, notebook_id: int, session: SessionDep) -> Response:
     """An editing action on the Turns panel (`op`: add, up:i, down:i, delete:i, import, export): the
-    panel again with the rows after it; a bad import is a 422 beside the import box, the rows kept."""
-    notebook = get_or_404(session, Notebook, notebook_id, "notebook")
+    panel again with the rows after it; a bad import is a 422 beside the import box, the rows kept.
+    Only the form is read on the event loop; the rest runs in a thread (`run_in_threadpool`)."""
     data = await request.form()
-    labels = _labels(notebook)
-    rows = rows_from_form(data, labels)
     op = str(data.get("op", ""))
     try:
-        edited = apply(op, rows, labels, await _imported(data) if op == "import" else "")
+        imported: str | Unprocessable = await _imported(data) if op == "import" else ""
+    except Unprocessable as exc:
+        imported = exc
+    return await run_in_threadpool(_turns, request, session, notebook_id, data, op, imported)
+
+
+def _turns(request: Request, session, notebook_id: int, data, op: str,
+           imported: str | Unprocessable) -> Response:
+    notebook = get_or_404(session, Notebook, notebook_id, "notebook")
+    labels = _labels(notebook)
+    rows = rows_from_form(data, labels)
+    try:
+        if isinstance(imported, Unprocessable):
+            raise imported
+        edited = apply(op, rows, labels, imported)
     except Unprocessable as exc:
         return _panel(request, session, notebook, exc.errors, _form(data), 422, Edited(rows, show_jsonl=True))
     return _panel(request, session, notebook, None, _form(data), 200, edited)
@@ -256,9 +269,14 @@ async def trajectory_start(request: Request, notebook_id: int, session: SessionD
                            principal: PrincipalDep) -> Response:
     """Start a trajectory from the Turns editor's rows (or, from a plain form, JSONL turns in
     `turns`, one a line); on success go to its page, else the panel again with each problem beside
-    its turn or field (nothing saved)."""
-    notebook = get_or_404(session, Notebook, notebook_id, "notebook")
+    its turn or field (nothing saved). The form is read on the event loop; the checks (the prompt
+    lengths wait for the counter, `app.services.prompt_length`) and the saving run in a thread."""
     data = await request.form()
+    return await run_in_threadpool(_start, request, session, notebook_id, data, principal.name)
+
+
+def _start(request: Request, session, notebook_id: int, data, created_by: str) -> Response:
+    notebook = get_or_404(session, Notebook, notebook_id, "notebook")
     labels, form = _labels(notebook), _form(data)
     edited = Edited(rows_from_form(data, labels))
     try:
@@ -274,7 +292,7 @@ async def trajectory_start(request: Request, notebook_id: int, session: SessionD
         body = {"turns": turns, "strategies": form["strategies"] or [REFERENCE],
                 "question": form["question"],
                 "choices": [c.strip() for c in form["choices"].split(",") if c.strip()]}
-        row = start_trajectory(session, notebook, _checked(body), principal.name)
+        row = start_trajectory(session, notebook, _checked(body), created_by)
     except Unprocessable as exc:
         return _panel(request, session, notebook, exc.errors, form, 422, edited)
     except QueueUnavailable as exc:
