@@ -132,8 +132,7 @@ class KvEvents:
         kind = event.get("type") if isinstance(event, dict) else None
         if kind == "BlockStored":
             size = int(event["block_size"])
-            if self.block_size is None:
-                self.block_size = size
+            self.block_size = size  # the latest said (every replica of one model has one size)
             parent = event.get("parent_block_hash")
             prev = (hash_parts(b"root", self.model.encode(), str(size).encode()) if parent is None
                     else replica.ours.get(_key(parent)))

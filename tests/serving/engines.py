@@ -17,6 +17,12 @@ completion with HTTP 500, "slow" waits `delay_s` before answering, "trickle" str
 words, then empty ones) `delay_s` apart, "stall" falls silent `delay_s` after its first event,
 "linger" holds the stream open `delay_s` after its `data: [DONE]`.
 
+With `events=True` it publishes its cache's changes as vLLM's KV events do (`--kv-events-config`: a
+ZMQ PUB socket at `events_url`, multipart topic / 8-byte sequence / msgpack `[ts, events, None]`):
+`BlockStored` for each full block of `EVENT_BLOCK` tokens it stores, with hashes of its own (seeded
+per process, as vLLM's are), and `restart()` forgets everything and says `AllBlocksCleared`, its
+sequence starting again at 0, as a restarted vLLM does.
+
 `Gateway` runs `kvnotes gateway` as a real process in front of either (or of a real vLLM server).
 """
 
@@ -38,11 +44,13 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import REPO, LocalServer, free_port, kvnotes_env, listening, stop_process
 
+EVENT_BLOCK = 16  # the tokens (characters) of one block in the KV events
+
 
 class Engine(LocalServer):
     def __init__(self, dialect: str = "vllm", model: str = "smollm2-135m", key: str = "destination",
                  reads: str = "last", fault: str = "", delay_s: float = 0.0, max_model_len: int = 8192,
-                 chat: bool = True) -> None:
+                 chat: bool = True, events: bool = False) -> None:
         self.dialect, self.model, self.key, self.reads = dialect, model, key, reads
         self.fault, self.delay_s, self.max_model_len, self.chat = fault, delay_s, max_model_len, chat
         self.seen: list[str] = []
@@ -73,11 +81,65 @@ class Engine(LocalServer):
                 engine.post(self, json.loads(body or b"{}"))
 
         self.start(Handler)
+        self.events_url = ""
+        self._pub = None
+        self._seq = 0
+        self._blocks: set[int] = set()  # the hashes of the blocks stored (events)
+        if events:
+            import zmq
+
+            self._zmq = zmq.Context()
+            self._pub = self._zmq.socket(zmq.PUB)
+            self._pub.setsockopt(zmq.LINGER, 0)
+            port = self._pub.bind_to_random_port("tcp://127.0.0.1")
+            self.events_url = f"tcp://127.0.0.1:{port}"
+
+    def publish(self, events: list[dict]) -> None:
+        """One batch of events (under `lock`), with the next sequence number."""
+        import msgpack
+
+        if self._pub is None:
+            return
+        payload = msgpack.packb([time.time(), events, None])
+        self._pub.send_multipart([b"", self._seq.to_bytes(8, "big"), payload])
+        self._seq += 1
+
+    def _stored(self, prompt: str) -> None:
+        tokens = [ord(c) for c in prompt]
+        parent, hashes, ids, first_parent = None, [], [], None
+        for end in range(EVENT_BLOCK, len(tokens) + 1, EVENT_BLOCK):
+            h = hash(("salt", tuple(tokens[:end]))) & (2**63 - 1)
+            if h not in self._blocks:
+                if not hashes:
+                    first_parent = parent
+                self._blocks.add(h)
+                hashes.append(h)
+                ids += tokens[end - EVENT_BLOCK:end]
+            parent = h
+        if hashes:
+            self.publish([{"type": "BlockStored", "block_hashes": hashes, "parent_block_hash": first_parent,
+                           "token_ids": ids, "block_size": EVENT_BLOCK, "lora_id": None, "medium": "CPU",
+                           "lora_name": None}])
+
+    def restart(self) -> None:
+        """Forget the cache as a restarted engine does; its events say so from sequence 0."""
+        with self.lock:
+            self.seen.clear()
+            self._blocks.clear()
+            self._seq = 0
+            self.publish([{"type": "AllBlocksCleared"}])
 
     def kill(self) -> None:
         """Stop as a process does: no new connection, and none kept alive answers again."""
         self.dead = True
         self.close()
+
+    def close(self) -> None:
+        super().close()
+        if self._pub is not None:
+            self._pub.close(0)
+            self._zmq.term()
+            self._pub = None
 
     # --- what the engine computes ------------------------------------------------------------------
 
@@ -102,6 +164,7 @@ class Engine(LocalServer):
                 best = max(best, n)
             cached = min(best, len(prompt) - 1)
             self.seen.append(prompt)
+            self._stored(prompt)
             self.queries += len(prompt)
             self.hits += cached
             return cached
@@ -153,6 +216,9 @@ class Engine(LocalServer):
         if h.path == reset:
             with self.lock:
                 self.seen.clear()
+                if self._blocks:
+                    self._blocks.clear()
+                    self.publish([{"type": "AllBlocksCleared"}])
             return self.send(h, 200, b"", "text/plain")
         if h.path in ("/v1/chat/completions", "/v1/completions"):
             return self.complete(h, body, chat=h.path.endswith("chat/completions"))
