@@ -30,7 +30,7 @@ from app.web.runs.regions_view import regions_panel
 from app.web.runs.render_cache import VIEW, cached
 from app.web.runs.top_lines import lines_by_default, top_lines
 from app.web.templating import render, templates
-from data.models import Run, notebook_runs
+from data.models import Run, RunStatus, notebook_runs
 from vocabulary import REFERENCE
 
 router = APIRouter()
@@ -40,11 +40,12 @@ RUNS_PER_PAGE = 50
 @router.get("/runs")
 def runs_page(request: Request, session: SessionDep, page: int = page_param()) -> Response:
     """The user's own runs, newest first; a sweep's edits are listed on their sweep's page (issue 43:
-    cancelled sweep edits stood above the user's run), only counted here (the cancelled ones not)."""
+    cancelled sweep edits stood above the user's run), only counted here: the edits that ran, i.e.
+    finished (issue 51: 2 of 40 edits run were counted 40; queued and cancelled ones never ran)."""
     own = select(Run).where(Run.sweep_id.is_(None)).order_by(Run.id.desc())
     pager, runs = paginate(session, own, page, RUNS_PER_PAGE, "/runs")
     sweep_edits = session.scalar(select(func.count(Run.id)).where(
-        Run.sweep_id.is_not(None), Run.status != "cancelled")) or 0
+        Run.sweep_id.is_not(None), Run.status.in_((RunStatus.SUCCEEDED, RunStatus.FAILED)))) or 0
     return render(request, "runs.html", recent_runs=runs, page=pager, sweep_edits=sweep_edits, nav="runs")
 
 
