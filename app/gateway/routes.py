@@ -8,8 +8,12 @@ request; one that cannot be reached is skipped for the next), and `/metrics` in 
 `x-kvnotes-tenant`: how its tenant was told (`serving.gateway.tenants`; `none`: no rewriting).
 
 Bad input and faults, in the OpenAI error shape (`{"error": {"message", "type", "param", "code"}}`):
-a body over the limit 413; not JSON (NaN, Infinity, numbers out of range), nested over `MAX_DEPTH`,
-not valid Unicode (a lone surrogate included), or not an object with its prompt 400; every upstream
+a request the tenant rules refuse (`serving.gateway.tenants.Refused`: a key not in the key file 401,
+the tenant header from an address that is not a trusted proxy 403, that header twice 400, a key
+file that cannot be read 503), answered before its body is read and before anything goes upstream
+(`/v1/models` too); a body over the limit 413; not JSON (NaN, Infinity, numbers out of range),
+nested over `MAX_DEPTH`, not valid Unicode (a lone surrogate included), or not an object with its
+prompt 400; every upstream
 down 502, no first byte within `--timeout` 504, an error status passed on with its own status. A
 stream whose upstream falls silent past `--idle-timeout` ends with an error event the client reads
 (its status, 200, was sent long before). A plan that fails passes the request through
@@ -32,7 +36,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from app.services.gateway import current
 from serving import ReplayError
 from serving.gateway import CHAT, COMPLETIONS, Gateway, Prepared
-from serving.gateway.tenants import Tenant
+from serving.gateway.tenants import Refused, Tenant
 from serving.relay import Relay, UpstreamError
 from vocabulary.text_rules import text_problem
 
@@ -52,8 +56,9 @@ class BadRequest(Exception):
 
 def openai_error(status: int, message: str, param: str | None = None,
                  headers: dict[str, str] | None = None) -> JSONResponse:
-    kind = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
-            413: "invalid_request_error", 422: "invalid_request_error"}.get(status, "upstream_error")
+    kind = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+            404: "not_found_error", 413: "invalid_request_error", 422: "invalid_request_error",
+            503: "service_unavailable"}.get(status, "upstream_error")
     return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": status}},
                         status_code=status, headers=headers)
 
@@ -128,10 +133,15 @@ async def _body(request: Request, limit: int, gateway: Gateway) -> dict:
 
 def _tenant(request: Request) -> Tenant:
     """Whose bases a request may use (`serving.gateway.tenants`): the signed-in user under `serve`,
-    else the operator's tenant header or the API key; none for no key or a shared one."""
+    else the key file's tenant of its key, or the trusted proxy's tenant header; `BadRequest` with
+    the status when the request is refused."""
     principal = getattr(request.state, "principal", None)
     user = principal.name if principal is not None and principal.role != "share" else None
-    return current()[1].tenants.identify(user, request.headers)
+    client = request.client.host if request.client else None
+    try:
+        return current()[1].tenants.identify(user, request.headers, client)
+    except Refused as exc:
+        raise BadRequest(exc.status, str(exc)) from None
 
 
 def _gateway() -> Gateway:
@@ -144,6 +154,7 @@ def _gateway() -> Gateway:
 async def _forward(request: Request, route: str) -> Response:
     try:
         gateway = _gateway()
+        tenant = _tenant(request)  # before the body is read: a refused request costs nothing more
         from data.settings import get_settings
 
         body = await _body(request, get_settings().gateway_max_body, gateway)
@@ -151,8 +162,7 @@ async def _forward(request: Request, route: str) -> Response:
             if name not in body:
                 raise BadRequest(400, f"'{name}' is a required property", name)
     except BadRequest as exc:
-        return openai_error(exc.status, str(exc), exc.param)
-    tenant = _tenant(request)
+        return openai_error(exc.status, str(exc), exc.param, _www(exc.status))
     prepared = await gateway.prepare(tenant, route, body)
     headers = {HEADER: prepared.plan.header, TENANT_HEADER: tenant.header}
     try:
@@ -217,14 +227,19 @@ async def completions(request: Request) -> Response:
     return await _forward(request, COMPLETIONS)
 
 
+def _www(status: int) -> dict[str, str] | None:
+    return {"WWW-Authenticate": 'Bearer realm="kvnotes gateway"'} if status == 401 else None
+
+
 @router.get("/models")
-async def models() -> Response:
+async def models(request: Request) -> Response:
     try:
         gateway = _gateway()
+        _tenant(request)
         upstream = gateway.pool.least_loaded() or gateway.pool.upstreams[0]
         answer = await asyncio.to_thread(upstream.backend.models)
     except BadRequest as exc:
-        return openai_error(exc.status, str(exc))
+        return openai_error(exc.status, str(exc), headers=_www(exc.status))
     except ReplayError as exc:
         return openai_error(502, str(exc))
     return JSONResponse(answer, headers={HEADER: "pass-through; reason=models"})

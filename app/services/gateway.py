@@ -10,6 +10,12 @@ process's memory (`kvnotes gateway` without `--state`); unset under `kvnotes ser
 Redis when the broker is Redis (every web process then shares one state, under a key prefix of this
 deployment's database, so two deployments on one Redis never meet), else this process's memory.
 
+Tenants and secrets: the tenant rules (`serving.gateway.tenants`: `KVNOTES_GATEWAY_KEYS`, the tenant
+header taken only from `KVNOTES_TRUSTED_PROXIES`), and the gateway's secret (`data.signing.secret_key`:
+`KVNOTES_SECRET_KEY`, else the data folder's key file), from which each tenant's cache salt
+(unless `KVNOTES_GATEWAY_CACHE_SALT=0`) and the key sealing the texts kept in Redis are derived
+(`serving.gateway.sealing`).
+
 The policy: `--policy` when given; else the notebook's adopted sweep policy (its threshold too);
 else `erratum`. A strategy with no gateway layout (`recompute`, `prefix_reuse`, `in_place`, any
 other) passes every request through, saying so.
@@ -26,10 +32,12 @@ from sqlalchemy import select
 from data.db import get_sessionmaker
 from data.models import Notebook
 from data.settings import get_settings
+from data.signing import SecretKeyProblem, secret_key
 from serving import ReplayError, connect
 from serving.gateway import LAYOUTS, PASS_THROUGH, Gateway, Rewriter, Settings, Slot, Template
 from serving.gateway.redis_state import PREFIX, open_state
 from serving.gateway.router import ROUTES, Router
+from serving.gateway.sealing import GatewaySecret
 from serving.gateway.stats import Stats
 from serving.gateway.tenants import TenantRules
 from serving.gateway.upstreams import HEALTH_TIMEOUT_S, Pool, Upstream
@@ -57,6 +65,7 @@ class GatewaySetup:
     state: str = "memory"
     route: str = "base"
     kv_events: bool = False
+    cache_salt: bool = True  # each tenant's requests carry a cache salt of their own
 
 
 def _policy(explicit: str, notebook: Notebook | None) -> tuple[str, str, float | None]:
@@ -108,6 +117,15 @@ def build() -> tuple[Gateway, GatewaySetup]:
     rules = Settings(layout=layout, policy_reason=note if layout == PASS_THROUGH else "",
                      max_fields=settings.gateway_max_fields, check_rate=settings.gateway_check_rate,
                      threshold=threshold, seed=settings.gateway_seed)
+    try:
+        tenants = TenantRules.of(settings.gateway_tenant_header, settings.trusted_proxies,
+                                 settings.gateway_keys, settings.gateway_rewrite_shared)
+    except ValueError as exc:
+        raise ReplayError(f"KVNOTES_TRUSTED_PROXIES: {exc}", "trusted_proxies") from None
+    try:
+        secret = GatewaySecret(secret_key())
+    except SecretKeyProblem as exc:
+        raise ReplayError(str(exc), "secret_key") from None
     pool = Pool([Upstream(connect(url, engine=settings.gateway_engine, timeout_s=settings.gateway_timeout_s),
                           connect(url, engine=settings.gateway_engine, timeout_s=HEALTH_TIMEOUT_S,
                                   connect_s=HEALTH_TIMEOUT_S)) for url in urls])
@@ -116,19 +134,20 @@ def build() -> tuple[Gateway, GatewaySetup]:
         from serving.gateway.kv_events import KvEvents
 
         events = KvEvents({u.name: e for u, e in zip(pool.upstreams, endpoints)})
-    state = open_state(state_url(settings), rules.limits)
+    state = open_state(state_url(settings), rules.limits, secret.sealer)
     router = Router(pool, state, settings.gateway_route, settings.gateway_overload, events)
+    salt = secret.salt if settings.gateway_cache_salt else None
     gateway = Gateway(None, Rewriter(rules, template, Stats(state)), settings.gateway_timeout_s,
                       settings.gateway_keep_prompts, idle_s=settings.gateway_idle_timeout_s, pool=pool,
-                      router=router, events=events)
+                      router=router, events=events, salt=salt)
     pool.start()
     if events is not None:
         events.start()
-    tenants = TenantRules.of(settings.gateway_tenant_header, settings.gateway_shared_keys.split(","),
-                             settings.gateway_rewrite_shared)
     setup = GatewaySetup(", ".join(u.name for u in pool.upstreams), layout, note, settings.gateway_notebook,
                          title, labels, threshold, settings.gateway_check_rate, tenants=tenants,
-                         state=state.name, route=settings.gateway_route, kv_events=events is not None)
+                         state=state.name, route=settings.gateway_route, kv_events=events is not None,
+                         cache_salt=salt is not None and any(
+                             getattr(u.backend, "takes_salt", False) for u in pool.upstreams))
     return gateway, setup
 
 

@@ -8,6 +8,12 @@ also sent unchanged in the background and compared (`agree`). An upstream that c
 The web side (`app.gateway`) owns HTTP (bodies, limits, error shapes, streaming to the client);
 this module owns what is sent and what is counted. A check runs only for a greedy request
 (temperature 0): two samples of a sampled answer may differ without anything being wrong.
+
+Every upstream request carries its tenant's `cache_salt` (`_relay`, `salted`;
+`serving.gateway.sealing`) when the upstream's engine takes one (`Backend.takes_salt`) and the
+operator has not turned salting off: the engine's prefix cache then answers a tenant only from
+that tenant's own requests. A request with no tenant carries the salt of no tenant (all such
+requests share one), and a client's own `cache_salt` is replaced.
 """
 
 from __future__ import annotations
@@ -53,6 +59,12 @@ def agree(rewritten: str, unchanged: str, values: Sequence[str] = (), words: int
     return _WORD.findall(rewritten.casefold())[:words] == _WORD.findall(unchanged.casefold())[:words]
 
 
+def salted(body: dict, salt: str) -> dict:
+    """`body` as sent upstream: with `cache_salt` set to `salt` (the client's own replaced); unchanged
+    when `salt` is "" (salting off)."""
+    return {**body, "cache_salt": salt} if salt else body
+
+
 @dataclass(frozen=True)
 class Prepared:
     """A request ready to send: the body as the client sent it, the body to send, and the plan."""
@@ -74,7 +86,8 @@ class Gateway:
 
     def __init__(self, backend: Backend | None, rewriter: Rewriter, timeout_s: float = 120.0,
                  keep_prompts: bool = False, idle_s: float = 60.0, pool: Pool | None = None,
-                 router: Router | None = None, events=None) -> None:
+                 router: Router | None = None, events=None,
+                 salt: Callable[[str], str] | None = None) -> None:
         if pool is None:
             if backend is None:
                 raise ValueError("the gateway needs an upstream")
@@ -84,6 +97,7 @@ class Gateway:
         self.router = router or Router(pool, rewriter.state)
         self.events = events
         self.rewriter = rewriter
+        self.salt = salt  # tenant id -> its cache salt (`GatewaySecret.salt`); None: salting off
         rewriter.stats.registry.register(_Routing(self))
         self.timeout_s = timeout_s  # to the upstream's first byte
         self.idle_s = idle_s  # between one piece of its answer and the next
@@ -154,14 +168,17 @@ class Gateway:
             log.exception("gateway routing failed: the least-loaded upstream takes the request")
             return Choice(self.pool.least_loaded() or self.pool.upstreams[0], "least_loaded")
 
-    def _relay(self, upstream: Upstream | None, route: str, body: dict) -> Relay:
-        """The one place an upstream request is built (clients' and checks' alike)."""
+    def _relay(self, upstream: Upstream | None, route: str, body: dict, tenant: str) -> Relay:
+        """The one place an upstream request is built (clients' and checks' alike), with `tenant`'s
+        cache salt when salting is on and the upstream's engine takes one."""
         upstream = upstream or self.pool.upstreams[0]
+        if self.salt is not None and getattr(upstream.backend, "takes_salt", False):
+            body = salted(body, self.salt(tenant))
         return upstream.backend.relay("/v1" + route, body, self.timeout_s, self.idle_s)
 
     def open(self, prepared: Prepared) -> Relay:
         """The relay to enter (`async with`): the upstream's status, then the answer's bytes."""
-        return self._relay(prepared.upstream, prepared.route, prepared.body)
+        return self._relay(prepared.upstream, prepared.route, prepared.body, prepared.tenant)
 
     async def connect(self, prepared: Prepared) -> tuple[Prepared, Relay]:
         """`open` entered, on the upstream chosen, or, when it cannot be reached (or answers 503),
@@ -234,7 +251,8 @@ class Gateway:
         body = {**prepared.original, "stream": False}
         body.pop("stream_options", None)
         try:
-            async with self._check_slots, self._relay(prepared.upstream, prepared.route, body) as relay:
+            async with self._check_slots, self._relay(prepared.upstream, prepared.route, body,
+                                                      prepared.tenant) as relay:
                 await relay.read()
                 if relay.status != 200:
                     return

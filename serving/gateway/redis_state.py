@@ -6,18 +6,25 @@ and applies every bound (the tenant's, the TTL's, the overall ones) in the same 
 are one Lua call per key (added only while the base lives), many keys per pipeline. Every key
 expires `ttl_s` after its last write, so what a crashed process left behind goes by itself.
 
+What holds prompt text (a base's texts and its errata state, the labels of its fields) is sealed
+(`serving.gateway.sealing`: AES-GCM under the gateway's secret, the Redis key and field as
+associated data) when written and opened when read (`_seal`, `_unseal`); a value that does not open
+(a replica given another secret, or an altered value) is read as absent, and logged.
+
 `open_state(url, limits)` makes the state from a URL: "" or "memory" is this process's memory;
 `redis://HOST:PORT/DB` (a `#prefix` fragment sets the key prefix, default `kvnotes:gateway:`).
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 import redis
 
+from serving.gateway.sealing import Sealer, Unsealable
 from serving.gateway.state import (
     TOTALS,
     Base,
@@ -30,7 +37,9 @@ from serving.gateway.state import (
     new_token,
 )
 
+log = logging.getLogger("kvnotes.gateway")
 PREFIX = "kvnotes:gateway:"
+SEALED = ("labels",)  # the texts of a base's counts that hold prompt text
 LOCK_S = 30.0  # a tenant's lock expires after this (a plan holding it died with its process)
 POLL_S = 0.02  # between two tries for a held lock
 
@@ -160,12 +169,12 @@ return 0
 """
 
 
-def open_state(url: str, limits: Limits) -> State:
-    """The state `url` names (see the module docstring)."""
+def open_state(url: str, limits: Limits, sealer: Sealer | None = None) -> State:
+    """The state `url` names (see the module docstring); `sealer` seals its prompt texts in Redis."""
     if url in ("", "memory"):
         return MemoryState(limits)
     address, _, prefix = url.partition("#")
-    return RedisState(address, limits, prefix or PREFIX)
+    return RedisState(address, limits, prefix or PREFIX, sealer)
 
 
 class RedisState(State):
@@ -173,8 +182,9 @@ class RedisState(State):
 
     errors = (redis.RedisError,)
 
-    def __init__(self, url: str, limits: Limits, prefix: str = PREFIX) -> None:
+    def __init__(self, url: str, limits: Limits, prefix: str = PREFIX, sealer: Sealer | None = None) -> None:
         super().__init__(limits)
+        self.sealer = sealer
         self.name = url.split("@")[-1]  # no password in the page or the log
         self.p = prefix
         self.r = redis.Redis.from_url(url, decode_responses=True, socket_connect_timeout=1.0,
@@ -190,11 +200,19 @@ class RedisState(State):
         return max(1, int(self.limits.ttl_s))
 
     # --- texts: the one place they cross to and from Redis (issue 48 seals them here) ----------------
-    def _seal(self, tenant: str, base_id: str, texts: str) -> str:
-        return texts
+    def _seal(self, tenant: str, field: str, texts: str) -> str:
+        """`texts` sealed for the field `field` of the tenant's bases (`{id}` or `{id}:s`)."""
+        return self.sealer.seal(texts, f"{self.p}b:{tenant}/{field}") if self.sealer else texts
 
-    def _unseal(self, tenant: str, base_id: str, stored: str) -> str:
-        return stored
+    def _unseal(self, tenant: str, field: str, stored: str | None) -> str | None:
+        """`stored` opened (None when absent or it does not open: logged)."""
+        if stored is None or self.sealer is None:
+            return stored
+        try:
+            return self.sealer.open(stored, f"{self.p}b:{tenant}/{field}")
+        except Unsealable as exc:
+            log.warning("gateway state value unreadable: read as absent", extra={"error": str(exc)})
+            return None
 
     # --- bases ---------------------------------------------------------------------------------------
     @contextmanager
@@ -230,17 +248,19 @@ class RedisState(State):
         held, entries = pipe.execute()
         out = []
         for k, base_id in enumerate(base_ids):
-            texts, state, entry = held[2 * k], held[2 * k + 1], entries[k]
+            texts, entry = self._unseal(tenant, base_id, held[2 * k]), entries[k]
+            state = self._unseal(tenant, f"{base_id}:s", held[2 * k + 1])
             if texts is not None and entry is not None:
                 replica = BaseInfo.loads(base_id, entry, 0.0).replica
-                out.append(Base.loads(base_id, self._unseal(tenant, base_id, texts), state, replica))
+                out.append(Base.loads(base_id, texts, state, replica))
         return out
 
     def save(self, tenant: str, base: Base, texts: bool, lease: Lease | None = None) -> bool:
         lim = self.limits
         sealed = self._seal(tenant, base.base_id, base.texts_json()) if texts else ""
-        done = self._save(args=[self.p, tenant, lease.token if lease else "", base.base_id, base.state_json(),
-                                sealed, base.info().json(), time.time(), self._ttl(), lim.bases_per_tenant,
+        state = self._seal(tenant, f"{base.base_id}:s", base.state_json())
+        done = self._save(args=[self.p, tenant, lease.token if lease else "", base.base_id, state, sealed,
+                                base.info().json(), time.time(), self._ttl(), lim.bases_per_tenant,
                                 lim.chars_per_tenant, lim.tenants, lim.chars_total])
         return int(done) >= 0
 
@@ -269,6 +289,9 @@ class RedisState(State):
     def put(self, key: str, name: str, value: str, only_new: bool = False) -> str:
         if key != TOTALS and self.r.zscore(f"{self.p}recent", key) is None:
             return value
+        if name in SEALED:  # never only_new: a sealed value differs every time it is written
+            self.r.hset(f"{self.p}c:{key}", name, self._seal_count(key, name, value))
+            return value
         if only_new:
             self.r.hsetnx(f"{self.p}c:{key}", name, value)
             return self.r.hget(f"{self.p}c:{key}", name) or value
@@ -279,7 +302,24 @@ class RedisState(State):
         pipe = self.r.pipeline(transaction=False)
         for key in keys:
             pipe.hgetall(f"{self.p}c:{key}")
-        return pipe.execute() if keys else []
+        read = pipe.execute() if keys else []
+        for key, values in zip(keys, read):
+            for name in SEALED:
+                if name in values:
+                    values[name] = self._unseal_count(key, name, values[name])
+        return read
+
+    def _seal_count(self, key: str, name: str, value: str) -> str:
+        return self.sealer.seal(value, f"{self.p}c:{key}/{name}") if self.sealer else value
+
+    def _unseal_count(self, key: str, name: str, stored: str) -> str:
+        if self.sealer is None:
+            return stored
+        try:
+            return self.sealer.open(stored, f"{self.p}c:{key}/{name}")
+        except Unsealable as exc:
+            log.warning("gateway state value unreadable: read as absent", extra={"error": str(exc)})
+            return ""
 
     def samples(self, key: str) -> list[float]:
         return [float(v) for v in self.r.lrange(f"{self.p}l:{key}", 0, -1)]

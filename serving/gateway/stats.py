@@ -273,10 +273,15 @@ class Stats:
 
     # --- reading -------------------------------------------------------------------------------------
 
-    def rows(self, n: int = PAGE_ROWS) -> list[BaseRow]:
-        """The `n` most recently used bases (this process's buffered counts written first)."""
+    def rows(self, n: int = PAGE_ROWS, tenant: str | None = None) -> list[BaseRow]:
+        """The `n` most recently used bases (this process's buffered counts written first): of
+        `tenant` only when given (a user's page: the labels are text from prompts, so only the
+        tenant's own are shown to it), else of every tenant."""
         self.flush()
-        ids = self.state.recent(n)
+        if tenant is None:
+            ids = self.state.recent(n)
+        else:
+            ids = [i.base_id for i in sorted(self.state.index(tenant), key=lambda i: i.used, reverse=True)][:n]
         return [self._row(b, values) for b, values in zip(ids, self.state.read(*ids))]
 
     def _row(self, base_id: str, v: dict[str, str]) -> BaseRow:

@@ -6,8 +6,9 @@ SGLang's (`/v1/tokenize`, `/flush_cache`, `sglang:prompt_tokens_total` and
 
 Its prefix cache is exact and token-level, as RadixAttention and vLLM's block cache are (here one
 token is one character, no blocks): a prompt's cached tokens are its longest common prefix with any
-prompt seen since the last reset, reported as `usage.prompt_tokens_details.cached_tokens` and summed
-into the counters.
+prompt seen since the last reset with the same `cache_salt` (as vLLM hashes the salt into a
+prompt's first block), reported as `usage.prompt_tokens_details.cached_tokens` and summed into the
+counters.
 
 Its answer reads the prompt's `key` (default "destination"): `reads="first"` answers the value on
 the key's line as first written (a model that ignores errata), `reads="last"` the last value stated
@@ -53,7 +54,7 @@ class Engine(LocalServer):
                  chat: bool = True, events: bool = False) -> None:
         self.dialect, self.model, self.key, self.reads = dialect, model, key, reads
         self.fault, self.delay_s, self.max_model_len, self.chat = fault, delay_s, max_model_len, chat
-        self.seen: list[str] = []
+        self.seen: list[tuple[str | None, str]] = []  # (cache_salt, prompt)
         self.queries = self.hits = 0
         self.completions: list[dict] = []  # every completion request's body, in order
         self.gone = threading.Event()
@@ -151,11 +152,12 @@ class Engine(LocalServer):
             return "".join(f"<|{m['role']}|>{m['content']}\n" for m in body["messages"]) + "<|assistant|>"
         return str(body.get("prompt", ""))
 
-    def cache(self, prompt: str) -> int:
-        """Look `prompt` up in the prefix cache (then keep it); the tokens found."""
+    def cache(self, prompt: str, salt: str | None = None) -> int:
+        """Look `prompt` up in the prefix cache among the prompts of the same `salt` (then keep it);
+        the tokens found."""
         with self.lock:
             best = 0
-            for earlier in self.seen:
+            for earlier in [p for s, p in self.seen if s == salt]:
                 n = 0
                 for a, b in zip(earlier, prompt):
                     if a != b:
@@ -163,7 +165,7 @@ class Engine(LocalServer):
                     n += 1
                 best = max(best, n)
             cached = min(best, len(prompt) - 1)
-            self.seen.append(prompt)
+            self.seen.append((salt, prompt))
             self._stored(prompt)
             self.queries += len(prompt)
             self.hits += cached
@@ -234,7 +236,7 @@ class Engine(LocalServer):
             return self.send(h, 404, {"error": {"message": f"The model `{body.get('model')}` does not exist.",
                                                 "type": "NotFoundError", "code": 404}})
         prompt = self.render(body)
-        cached = self.cache(prompt)
+        cached = self.cache(prompt, body.get("cache_salt"))
         text = self.answer(prompt)
         usage = {"prompt_tokens": len(prompt), "completion_tokens": len(text.split()),
                  "total_tokens": len(prompt) + len(text.split()),
@@ -277,6 +279,9 @@ class Engine(LocalServer):
         h.close_connection = True
 
 
+SECRET_KEY = "IlS_5HB-xhFIUyvRqtgYrbt5gtzz9-5KySPadp_ewILWFB8F"  # the tests' gateways' secret (unless set)
+
+
 class Gateway:
     """`kvnotes gateway` on a free port in front of `upstream`, stopped by `stop()`; with
     `wait=False` the caller calls `ready()` (several gateways start side by side)."""
@@ -284,7 +289,8 @@ class Gateway:
     def __init__(self, data: Path, upstream: str, *options: str, wait: bool = True) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        env = {**os.environ, **kvnotes_env(data), "PYTHONPATH": str(REPO)}
+        # one secret for every gateway of the tests, as the replicas of one deployment share one
+        env = {"KVNOTES_SECRET_KEY": SECRET_KEY, **os.environ, **kvnotes_env(data), "PYTHONPATH": str(REPO)}
         data.mkdir(parents=True, exist_ok=True)
         self.log = data / "gateway.log"
         self.proc = subprocess.Popen([sys.executable, "-m", "commands.cli", "gateway", "--upstream", upstream,

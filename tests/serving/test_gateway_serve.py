@@ -5,6 +5,8 @@ peer speaking vLLM's API (`tests.serving.engines`)."""
 
 from __future__ import annotations
 
+import re
+
 import httpx
 import openai
 import pytest
@@ -79,7 +81,53 @@ def test_template_mode_under_serve_behind_tokens(tmp_path, engine):
         assert "for 0 sampled checks" in bases and "Prompt tokens sent for clients" in bases  # their cost
         words = " ".join(page.text.replace("&#39;", "'").split())
         assert "State: this web process's memory" in words
-        assert "with no tenant (no API key, or a shared one) is passed through, never rewritten" in words
+        assert "a base serves only the user (or API token's user) that made it, and this page lists only " \
+               "your own" in words
+        assert "each user's requests carry a <code>cache_salt</code> of their own" in words
         assert 'href="/gateway"' in web.get("/notebooks/1/serving").text
         metrics = web.get("/gateway/metrics").text
         assert "kvnotes_gateway_rewrites_total 1.0" in metrics
+
+
+ALICE_LOG = "\n".join(f"2026-03-01 08:{i:02d} The carrier confirmed step {i} of the booking."
+                      for i in range(30))
+
+
+def test_each_user_sees_only_their_own_bases(tmp_path, engine):
+    """Issue 48 item 3: under `serve`, the Gateway page lists the signed-in user's own bases (their
+    field labels are text from their prompts), beside totals for everyone; bob's page names none of
+    alice's fields, nor her base, and a viewer's page lists none of either."""
+    from data.accounts import add_user, create_token
+
+    with ServedApp(tmp_path, "tiny-llama", KVNOTES_AUTH="required",
+                   KVNOTES_GATEWAY_UPSTREAM=f"{engine.url}/v1", KVNOTES_GATEWAY_CHECK_RATE="0") as app:
+        with app.db() as session:
+            for name, role in (("alice", "editor"), ("bob", "editor"), ("carol", "viewer")):
+                add_user(session, name, f"{name}-password-long", role)
+            tokens = {name: create_token(session, name)[1] for name in ("alice", "bob", "carol")}
+            session.commit()
+        web = {name: httpx.Client(base_url=app.url, headers={"Authorization": f"Bearer {token}"})
+               for name, token in tokens.items()}
+
+        def ask(who: str, line: str):
+            answer = web[who].post("/gateway/v1/chat/completions", json={
+                "model": "smollm2-135m", "max_tokens": 8, "temperature": 0, "messages": [
+                    {"role": "system", "content": f"You are the agent.\n{line}\n\n{ALICE_LOG}"},
+                    {"role": "user", "content": "What is the status?"}]})
+            assert answer.status_code == 200, answer.text
+            return answer.headers["x-kvnotes-gateway"]
+
+        assert ask("alice", "owner ZQXALPHA93817 status: active") == "pass-through; reason=new base"
+        assert ask("alice", "owner ZQXALPHA93817 status: suspended") == "erratum"
+        assert ask("bob", "ticket BRAVO55102 state: open") == "pass-through; reason=new base"
+        assert ask("bob", "ticket BRAVO55102 state: closed") == "erratum"
+        pages = {who: web[who].get("/gateway").text + web[who].get("/gateway/bases").text for who in web}
+        assert "owner ZQXALPHA93817 status" in pages["alice"] and "BRAVO55102" not in pages["alice"]
+        assert "ticket BRAVO55102 state" in pages["bob"] and "ZQXALPHA93817" not in pages["bob"]
+        assert "ZQXALPHA93817" not in pages["carol"] and "BRAVO55102" not in pages["carol"]
+        assert "No base of yours yet" in pages["carol"]
+        bases = {who: set(re.findall(r"<td><code>([0-9a-f]+)</code>", pages[who])) for who in web}
+        assert len(bases["alice"]) == len(bases["bob"]) == 1 and not bases["alice"] & bases["bob"]
+        for who in web:  # the totals are everyone's: 4 requests, 2 rewritten, 2 bases of 2 tenants
+            assert "In all, every user: 4 requests, 2 rewritten; 2 bases of 2 tenants" in " ".join(
+                pages[who].split()), who

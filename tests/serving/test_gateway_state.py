@@ -27,7 +27,7 @@ from serving.gateway.redis_state import RedisState
 from serving.gateway.rewrite import Rewriter, Settings
 from serving.gateway.state import MemoryState
 from serving.gateway.stats import Stats
-from tests.serving.engines import Engine, Gateway
+from tests.serving.engines import SECRET_KEY, Engine, Gateway
 
 REDIS = "redis://127.0.0.1:6379/0"
 LOG = "\n".join(f"2026-03-01 08:{i:02d} The carrier confirmed step {i} of the booking." for i in range(30))
@@ -290,7 +290,8 @@ def test_web_processes_under_serve_share_the_state(tmp_path, prefix):
 
     engine = Engine("vllm")
     env = {"KVNOTES_GATEWAY_UPSTREAM": f"{engine.url}/v1", "KVNOTES_GATEWAY_CHECK_RATE": "0",
-           "KVNOTES_GATEWAY_STATE": f"{REDIS}#{prefix}"}
+           "KVNOTES_GATEWAY_STATE": f"{REDIS}#{prefix}",
+           "KVNOTES_SECRET_KEY": SECRET_KEY}  # one deployment's: it seals the texts in Redis
     try:
         with ServedApp(tmp_path / "one", "tiny-llama", **env) as one, \
                 ServedApp(tmp_path / "two", "tiny-llama", **env) as two:

@@ -4,10 +4,12 @@ its bases, live.
     GET /gateway          the page (how it is set up: upstream, layout and why, template notebook)
     GET /gateway/bases    the bases' table, which the page polls every 2 s (htmx)
 
-Per base: the fields seen, requests, rewrites and pass-throughs, the engine's hit rate, TTFT p50/p90
-of rewritten requests beside the passed-through ones, and the sampled agreement with its interval;
-a base switched to pass-through says why. Per upstream (this process's counts): in or out of
-rotation, its load, requests, prefill tokens sent and hit rate. Totals: requests, rewrites,
+The bases listed are the signed-in user's own (their tenant's: `serving.gateway.tenants`), viewers
+too: a base's field labels are text from its prompts. Beside them, the totals of every tenant
+(counts only). Per base: the fields seen, requests, rewrites and pass-throughs, the engine's hit
+rate, TTFT p50/p90 of rewritten requests beside the passed-through ones, and the sampled agreement
+with its interval; a base switched to pass-through says why. Per upstream (this process's counts):
+in or out of rotation, its load, requests, prefill tokens sent and hit rate. Totals: requests, rewrites,
 pass-throughs by reason, and what the sampled checks cost (the prompt tokens sent for checks beside
 those sent for clients). Every web process reads the same state (`app.services.gateway`: the
 broker's Redis, or `KVNOTES_GATEWAY_STATE`), so every process shows the same bases.
@@ -24,13 +26,16 @@ from app.web.templating import render
 router = APIRouter()
 
 
-def _view() -> dict:
+def _view(request: Request) -> dict:
     gateway, setup = current()
     if gateway is None:
         return {"setup": setup, "rows": [], "totals": None, "upstreams": []}
+    principal = getattr(request.state, "principal", None)
+    user = principal.name if principal is not None and principal.role != "share" else None
+    tenant = setup.tenants.identify(user, {}).id if user else ""
     totals = gateway.stats.totals()
     try:
-        rows = [] if totals.problem else gateway.stats.rows()
+        rows = [] if totals.problem or not tenant else gateway.stats.rows(tenant=tenant)
     except gateway.stats.state.errors:  # gone since the totals were read: the totals say so next time
         rows = []
     return {"setup": setup, "rows": rows, "totals": totals, "upstreams": gateway.pool.rows()}
@@ -38,9 +43,9 @@ def _view() -> dict:
 
 @router.get("/gateway")
 def gateway_page(request: Request) -> Response:
-    return render(request, "gateway.html", nav="gateway", **_view())
+    return render(request, "gateway.html", nav="gateway", **_view(request))
 
 
 @router.get("/gateway/bases")
 def gateway_bases(request: Request) -> Response:
-    return render(request, "_gateway_bases.html", **_view())
+    return render(request, "_gateway_bases.html", **_view(request))
