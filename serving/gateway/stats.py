@@ -281,7 +281,8 @@ class Stats:
         if tenant is None:
             ids = self.state.recent(n)
         else:
-            ids = [i.base_id for i in sorted(self.state.index(tenant), key=lambda i: i.used, reverse=True)][:n]
+            owned = sorted(self.state.index(tenant), key=lambda info: info.used, reverse=True)
+            ids = [info.base_id for info in owned[:n]]
         return [self._row(b, values) for b, values in zip(ids, self.state.read(*ids))]
 
     def _row(self, base_id: str, v: dict[str, str]) -> BaseRow:
