@@ -20,6 +20,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from vocabulary.prefix import common_prefix
 from vocabulary.verdicts import _inside, _phrases, _spans, chosen, words
 
 NAMED = ("new", "old", "both")  # verdicts that name a value: only these decide a free answer
@@ -110,18 +111,25 @@ class DecidingToken:
 
 
 def value_token(prefixes: Sequence[str], values: Sequence[str]) -> int | None:
-    """The answer token where the answer first names one of `values`: `prefixes[t]` is the decoded
-    text of the answer's tokens 0..t. The token holding the value's first character (found as a
-    whole word, any case); failing that (a value named in other words: "three" for "3"), the token
-    that completes it. None when the answer names no value."""
+    """The answer token where the answer first names one of `values` and tells it from the others:
+    `prefixes[t]` is the decoded text of the answer's tokens 0..t. The token holding the first
+    character where the named value parts from every other value (found as a whole word, any case):
+    for "New York" against "New Jersey" the token of "York", for 09:07 against 09:12 the token of
+    "07", since the tokens before it are the same whichever value the answer names. Failing a whole
+    word (a value named in other words: "three" for "3"), the token that completes it. None when
+    the answer names no value."""
     if not prefixes:
         return None
     full = prefixes[-1]
-    starts = [m.start() for value in values if value.strip() for m in
-              [re.search(r"(?<!\w)" + re.escape(value.strip()) + r"(?!\w)", full, re.IGNORECASE)] if m]
-    if starts:
-        first = min(starts)
-        return next((t for t, text in enumerate(prefixes) if len(text) > first), len(prefixes) - 1)
+    found = [(m.start(), -len(value.strip()), value.strip()) for value in values if value.strip() for m in
+             [re.search(r"(?<!\w)" + re.escape(value.strip()) + r"(?!\w)", full, re.IGNORECASE)] if m]
+    if found:
+        start, _, named = min(found)
+        others = [v.strip().casefold() for v in values
+                  if v.strip() and v.strip().casefold() != named.casefold()]
+        shared = max((common_prefix(named.casefold(), other) for other in others), default=0)
+        at = start + min(shared, len(named) - 1)
+        return next((t for t, text in enumerate(prefixes) if len(text) > at), len(prefixes) - 1)
     return next((t for t, text in enumerate(prefixes) if named_values(text, values)), None)
 
 

@@ -52,6 +52,15 @@ class Change:
     label: str
     old: str
     new: str
+    # the changed text itself where the erratum quotes whole lines (diff mode, no key): what a
+    # check's answers may name; "" when `old` / `new` are the values already
+    old_value: str = ""
+    new_value: str = ""
+
+    @property
+    def values(self) -> tuple[str, str]:
+        """The old and new value an answer may name (never a quoted line)."""
+        return self.old_value or self.old, self.new_value or self.new
 
 
 @dataclass(frozen=True)
@@ -332,7 +341,8 @@ def _named(message: int, base: str, text: str, bs: int, be: int, s: int, e: int)
     key = key_of(text, s) if "\n" not in old_value + new_value else None
     if key is not None and key == key_of(base, bs):
         return Change(message, s, e, bs, be, key, old_value, new_value)
-    return Change(message, s, e, bs, be, "the line", _quoted(base, bs, be), _quoted(text, s, e))
+    return Change(message, s, e, bs, be, "the line", _quoted(base, bs, be), _quoted(text, s, e),
+                  old_value.strip(), new_value.strip())
 
 
 def _quoted(text: str, start: int, end: int) -> str:

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
 from collections import Counter
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -35,28 +34,24 @@ from serving.gateway.router import Choice, Router
 from serving.gateway.tenants import Tenant
 from serving.gateway.upstreams import Pool, Upstream
 from serving.relay import Relay, UpstreamError
-from vocabulary.agreement import VALUE, agreement
+from vocabulary.agreement import agreement
 
 log = logging.getLogger("kvnotes.gateway")
-FIRST_WORDS = 8  # the first answer words two answers must share to agree
 PLANNERS = 4  # worker threads that plan requests and parse long bodies (the GIL: more would not help)
 PLANS_PER_TENANT = 2  # a tenant's requests planned at once in this process (one holds its lock, one
 # waits); more pass through at once (`TENANT_BUSY`): one tenant's burst never takes every planner
 CHECKS_AT_ONCE = 2  # checks sent upstream at once (each is a full prefill: it competes with clients)
 CHECKS_WAITING = 16  # checks held at most (each holds its request's body); a check drawn past it is skipped
 T = TypeVar("T")
-_WORD = re.compile(r"\w+")
 
 
-def agree(rewritten: str, unchanged: str, values: Sequence[str] = (), words: int = FIRST_WORDS) -> bool:
-    """The check's verdict under the one rule (`vocabulary.agreement`): where the unchanged request's
-    answer names one of the changed `values`, the rewritten one agrees when it names the same ones,
-    whatever its wording; where it names none, their first `words` words (case folded, punctuation
-    dropped) must be the same (no logits come back to compare first tokens)."""
-    said = agreement(rewritten, unchanged, values=values)
-    if said.basis == VALUE:
-        return said.agrees
-    return _WORD.findall(rewritten.casefold())[:words] == _WORD.findall(unchanged.casefold())[:words]
+def agree(rewritten: str, unchanged: str, values: Sequence[str] = ()) -> bool:
+    """The check's verdict under the one rule (`vocabulary.agreement`), with the changed `values`
+    (each change's old and new text, never a quoted line): where the unchanged request's answer names
+    one of them, the rewritten one agrees when it names the same ones, whatever its wording; where it
+    names none, the rule's own fallback (no logits come back to compare first tokens: the same
+    normalised words)."""
+    return agreement(rewritten, unchanged, values=values).agrees
 
 
 def salted(body: dict, salt: str) -> dict:

@@ -304,7 +304,7 @@ class Rewriter:
         self.stats.labels(base.base_id, labels)
         self.stats.request(base.base_id, "")
         check = self._random.random() < self.settings.check_rate
-        values = tuple(dict.fromkeys(v.strip() for c in changes for v in (c.old, c.new) if v.strip()))
+        values = tuple(dict.fromkeys(v.strip() for c in changes for v in c.values if v.strip()))
         return Plan(context, "", base.base_id, check, labels, layout, values)
 
     def _over_limits(self, changes: list[Change], prompt: Prompt) -> str:

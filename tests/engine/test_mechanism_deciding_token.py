@@ -40,3 +40,42 @@ def test_a_free_answer_run_reads_a_token_of_the_value(data_dir) -> None:
     assert "first names a value" in m.read_at and "teacher-forced" in m.read_at, m.read_at
     readings = [row.reading.decision.strip() for row in m.knockout if row.reading is not None]
     assert readings and "The" not in readings, readings
+
+
+def _result(decision: str, kl: float, top1: bool = True, matches: bool = False):
+    from worker.engine.types import StrategyResult
+
+    return StrategyResult(decision=decision, choice_probs={}, kl_to_recompute=kl, top1_agrees=top1,
+                          topk_overlap=10, logit_cosine=1.0, decision_matches_recompute=matches,
+                          tokens_computed=0, latency_ms=0.0, ttft_ms=0.0, decode_ms=0.0, answer_f1=0.0,
+                          recompute_answer_nll=None, prefix_cache_share=0.0)
+
+
+def test_the_strategy_shown_is_picked_by_the_one_agreement_rule() -> None:
+    """Issue 51 item 10: a strategy that names recompute's value in other words agrees (it is no
+    "different decision" to show); the one that names the old value is shown, even at a lower KL."""
+    from worker.engine import Question
+    from worker.engine.mechanism import _shown
+
+    results = {"recompute": _result("The account status is suspended.", 0.0, matches=True),
+               "erratum": _result("The account is suspended now.", 0.9),  # other words, same value
+               "in_place": _result("The account status is active.", 0.3, top1=True)}
+    question = Question("What is the account status?")
+    assert _shown(results, question, ["active", "suspended"]) == "in_place"
+    # naming no value, the first answer token decides: both agree there, so the largest KL
+    assert _shown(results, question, []) == "erratum"
+
+
+def test_the_deciding_token_is_where_the_two_values_part() -> None:
+    """Issue 51 item 7: 09:07 → 09:12 and "New York" → "New Jersey" share their first token, so
+    the views read the token where the two values' tokenizations part, not the value's first."""
+    pieces = ["The", " train", " leaves", " at", " 09", ":", "12", "."]
+    prefixes = ["".join(pieces[:t + 1]) for t in range(len(pieces))]
+    assert value_token(prefixes, ["09:07", "09:12"]) == 6  # "12", not "09"
+    pieces = ["It", " ships", " to", " New", " Jersey", "."]
+    prefixes = ["".join(pieces[:t + 1]) for t in range(len(pieces))]
+    assert value_token(prefixes, ["New York", "New Jersey"]) == 4  # " Jersey", not " New"
+    # values with nothing in common: the value's first token, as before
+    pieces = ["The", " account", " is", " sus", "pended", "."]
+    prefixes = ["".join(pieces[:t + 1]) for t in range(len(pieces))]
+    assert value_token(prefixes, ["active", "suspended"]) == 3

@@ -105,6 +105,17 @@ def test_a_diff_outside_a_key_line_quotes_the_line():
     (change,) = diff_changes(0, base, text)
     assert (change.label, change.old, change.new) == ("the line", '"the train leaves at 08:07 today"',
                                                       '"the train leaves at 09:12 today"')
+    assert change.values == ("08:07", "09:12")  # what a check's answers name: never the quoted line
+
+
+def test_a_diff_mode_checks_values_are_the_changed_text_not_its_lines():
+    """The plan's `values` (what the sampled check judges answers by) are each change's own old and
+    new text: an answer names "09:12", never the whole line the erratum quotes (issue 51 item 10)."""
+    body = BODY.replace("step 3.", "step 3; the train leaves at {} today.")
+    rewriter = Rewriter(Settings(check_rate=0))
+    plan(rewriter, chat(body.format("Oslo", "open", "08:07"), "When?"))
+    changed, _ = plan(rewriter, chat(body.format("Oslo", "open", "09:12"), "When?"))
+    assert changed.context is not None and changed.values == ("08:07", "09:12")
 
 
 def test_bases_are_bounded_per_client_by_count_and_by_characters():
@@ -228,3 +239,7 @@ def test_the_check_judges_by_the_one_agreement_rule():
     assert not agree("The account is active.", "The account is suspended.", values)
     assert not agree("The account status is suspended.", "The account is suspended.")  # no values: words
     assert agree("Yes, it may log in now.", "Yes, it may log in now!", values)
+    # naming no value, the rule's own fallback (the same normalised words), not the first 8 words
+    long = "The shipment leaves the depot in the morning and arrives"
+    assert not agree(long + " on Monday.", long + " on Friday.", values)
+    assert agree(long + " on Monday.", long.lower() + " on monday", values)

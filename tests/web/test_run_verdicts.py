@@ -239,3 +239,28 @@ def test_a_sweep_s_decision_only_edit_reads_not_timed_not_too_short():
     assert (tip.label, tip.kind) == ("not timed", "untimed") and "timed edits give the speed-ups" in tip.tip
     mine.detail = ""  # not a decision-only edit: never "not timed"
     assert getattr(timing(mine, ref), "label", None) != "not timed"
+
+
+def test_the_home_page_judges_agreement_as_the_run_page_does(make_client):
+    """Where recompute's answer names no value, the rule falls back to the first answer token
+    (`top1_agrees`): the home page's summary reads that column too, so it and the run page count the
+    same strategies as agreeing (issue 51 item 10: it read a column it never selected, and fell back
+    to the exact wording)."""
+    from app.web.notebooks.home_view import last_run_outcomes
+    from app.web.runs.view import decision_rows
+    from data.models import Run
+    from tests.web.conftest import session
+
+    client = make_client()
+    run = _free_answer_run(client, {"recompute": "I cannot say.", "stale": "I cannot say for sure.",
+                                    "field_erratum": "I can not say."})
+    s = session()
+    for row in s.query(RunResult).filter_by(run_id=run.id):
+        row.top1_agrees = row.strategy != "stale"  # field_erratum's first token is recompute's
+    s.commit()
+    full = s.get(Run, run.id)
+    on_page = {r.strategy: r.agrees for r in decision_rows(full)}
+    assert on_page == {"recompute": True, "stale": False, "field_erratum": True}
+    home = last_run_outcomes(s, [full.notebook_id])[full.notebook_id]
+    assert home.headline.count == "1 of 2"
+    assert home.best_strategy == "field_erratum"  # it agrees on the home page too, and is the fastest

@@ -82,7 +82,7 @@ def last_run_outcomes(session: Session, notebook_ids: list[int]) -> dict[int, Ru
     ).all()
     results: dict[int, list] = {}
     query = select(RunResult.run_id, RunResult.strategy, RunResult.decision_matches_recompute,
-                   RunResult.tokens_computed, RunResult.ttft_ms, RunResult.latency_ms,
+                   RunResult.top1_agrees, RunResult.tokens_computed, RunResult.ttft_ms, RunResult.latency_ms,
                    RunResult.ttft_spread_ms, RunResult.edit_followed, RunResult.decision,
                    ).where(RunResult.run_id.in_([r.id for r in runs])).order_by(RunResult.id)
     for row in session.execute(query):

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from vocabulary import FLOOR, REFERENCE
-from vocabulary.agreement import DecidingToken, deciding_token
+from vocabulary.agreement import DecidingToken, agrees, deciding_token
 from worker.engine.attention import capture_attention
 from worker.engine.edit import Editor
 from worker.engine.mechanism.knockout import knockout, regions_of
@@ -67,7 +67,7 @@ def explain(engine: LoadedModel, editor: Editor, chosen: dict[str, Outcome],
     recompute_layers = ref.surgery.layers
     reference = prompt_logits(model, recompute_layers, suffix_ids, [[None] * len(recompute_layers)])[0]
     probe = Probe.of(reference, answer_id, firsts, engine.tokenizer.decode)
-    shown = _shown(results)
+    shown = _shown(results, question, values)
     out = Mechanism(engine.tokenizer.decode([answer_id]), probe.decision(reference), shown)
     forced = engine.tokenizer.decode(list(answer_ids[:at.index]))
     out.read_at = f"answer token {at.index + 1} ({out.answer.strip()!r}), {at.why}"
@@ -146,13 +146,23 @@ def _deciding(engine: LoadedModel, chosen: dict[str, Outcome], question: Questio
     return deciding_token(prefixes, values, ids, floor.readout.answer_ids if floor is not None else None)
 
 
-def _shown(results: dict[str, StrategyResult]) -> str | None:
-    """The strategy the run page opens on: the one that differs from recompute with the largest
-    KL, else the largest KL (None when recompute ran alone)."""
+def _shown(results: dict[str, StrategyResult], question: Question, values: Sequence[str] = ()) -> str | None:
+    """The strategy the run page opens on: the one that decides otherwise than recompute under the
+    one rule (`vocabulary.agreement`: the same choice, the same values named whatever the wording,
+    else the first answer token) with the largest KL, else the largest KL (None when recompute ran
+    alone)."""
     others = {n: r for n, r in results.items() if n != REFERENCE}
     if not others:
         return None
-    return max(others, key=lambda n: (not others[n].decision_matches_recompute, others[n].kl_to_recompute))
+    ref = results.get(REFERENCE)
+
+    def differs(r: StrategyResult) -> bool:
+        if ref is None:
+            return not r.decision_matches_recompute
+        return not agrees(r.decision, ref.decision, choices=question.choices, values=values,
+                          first_token=r.top1_agrees)
+
+    return max(others, key=lambda n: (differs(others[n]), others[n].kl_to_recompute))
 
 
 def _decision_attention(model, layers: list[KV], prompt: list[int]) -> torch.Tensor:
