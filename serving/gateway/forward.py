@@ -148,10 +148,12 @@ class Gateway:
             return Prepared(route, body, body, Plan(None, PLAN_FAILED), upstream, tenant)
         choice = self._route(tenant, plan.base_id, sent)
         if plan.context is not None:
+            # the fields' labels are text from the prompt: counted here, named only with --keep-prompts
             log.info("gateway rewrite", extra={"base": plan.base_id, "layout": plan.layout_name,
-                                               "fields": ",".join(plan.labels)})
+                                               "fields": len(plan.labels)})
             if self.keep_prompts:
-                log.info("gateway prompt", extra={"base": plan.base_id, "sent": str(sent)[:20000]})
+                log.info("gateway prompt", extra={"base": plan.base_id, "fields": ",".join(plan.labels),
+                                                  "sent": str(sent)[:20000]})
         else:
             log.info("gateway pass-through", extra={"base": plan.base_id or "-", "reason": plan.reason})
         return Prepared(route, body, sent, plan, choice.upstream, tenant)
