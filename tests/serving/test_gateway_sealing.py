@@ -86,7 +86,8 @@ def test_no_redis_value_holds_prompt_text(tmp_path, prefix):
     values = [v for held in dump.values() for v in held]
     sealed = [v for v in values if v.startswith(b"v1.")]
     assert len(sealed) >= 3, dump  # the base's texts, its errata state, its fields' labels: there, sealed
-    for needle in (b"ZQXALPHA93817", b"ZQXBRAVO55102", b"suspended", b"The carrier confirmed", b"account agent"):
+    for needle in (b"ZQXALPHA93817", b"ZQXBRAVO55102", b"suspended", b"The carrier confirmed",
+                   b"account agent"):
         assert not [v for v in values if needle in v], needle
     assert "ZQXALPHA93817" not in gateway.log.read_text()  # nor in the log
 
