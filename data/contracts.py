@@ -76,6 +76,9 @@ class RunSnapshot(_Frozen):
     # time the strategies in paired rounds; False: a sweep's edit past its timed sample decides only
     # (every strategy once, untimed, the reference computed exactly from the field on)
     timed: bool = True
+    # who started the run (`runs.created_by`): with KVNOTES_STORE_SCOPE=user the worker keys the KV
+    # store's notes by it, so one user's run never reads (nor times) what another prefilled
+    user: str | None = None
 
 
 class FieldPolicy(_Frozen):

@@ -126,6 +126,13 @@ class Settings(BaseSettings):
     store_shared_bytes: int = Field(default=64 * 2**30, gt=0, validation_alias="KVNOTES_STORE_SHARED_BYTES")
     store_index_url: str = Field(default="", validation_alias="KVNOTES_STORE_INDEX")
     store_timeout_s: float = Field(default=5.0, gt=0, validation_alias="KVNOTES_STORE_TIMEOUT")
+    # Whose notes a lookup may read: "deployment" (every run's, the default: one prefill serves every
+    # user) or "user" (keys salted per user: no user learns through store_reuse or timing what
+    # another prefilled; each user prefills a document once)
+    store_scope: Literal["deployment", "user"] = Field(default="deployment",
+                                                       validation_alias="KVNOTES_STORE_SCOPE")
+    # The shared tier's upload queue, in bytes (beyond it an upload is dropped, counted)
+    store_upload_bytes: int = Field(default=512 * 2**20, gt=0, validation_alias="KVNOTES_STORE_UPLOAD_BYTES")
     task_time_limit_s: int = Field(default=3600, ge=1, validation_alias="KVNOTES_TASK_TIME_LIMIT")
     # How long a running job may run before it is failed and its worker freed (`data.jobs.deadline_s`):
     # seconds for every kind, and/or per kind where they differ: "3600", "trajectory=600",

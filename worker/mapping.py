@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from data.accounts import LOCAL_USER
 from data.contracts import (
     EditSpan,
     MechanismRecord,
@@ -34,6 +35,15 @@ from worker.engine.mechanism.types import Mechanism
 from worker.engine.store_tiers import Reuse
 from worker.engine.types import Attention, Attribution
 from worker.run_rows import session
+
+
+def store_owner(user: str | None) -> str | None:
+    """Whose notes the KV store keys a job's by (`LoadedModel.scoped`): None under
+    KVNOTES_STORE_SCOPE=deployment (shared by everyone), else the job's user ("local" when none is
+    recorded: a run from before the snapshot carried it, or a single-user install)."""
+    if get_settings().store_scope != "user":
+        return None
+    return user or LOCAL_USER
 
 
 def run_request(eng: Engine, snapshot: RunSnapshot) -> RunRequest:

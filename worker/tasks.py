@@ -22,7 +22,14 @@ from data.settings import get_settings
 from worker import jobs, presence, run_rows, sweep_rows
 from worker.celery_app import app
 from worker.engine import EngineError
-from worker.mapping import mechanism_record, notes_map_record, result_rows, run_request, store_reuse_record
+from worker.mapping import (
+    mechanism_record,
+    notes_map_record,
+    result_rows,
+    run_request,
+    store_owner,
+    store_reuse_record,
+)
 from worker.runtime import convert_bundled, describe_failure, get_engine, loading_stage
 
 log = logging.getLogger(__name__)
@@ -49,15 +56,16 @@ def run(self, run_id: int) -> dict[str, Any]:
             eng = get_engine(snapshot.model, say=lambda stage: reporter.progress(stage, 0.0))
             device = str(eng.device)
             t_load = time.perf_counter()
-            request, notes = run_request(eng, snapshot), None
-            if snapshot.sweep_id is not None:  # a sweep's edit: its document's notes are the sweep's
-                reporter.progress("prefill", 0.01)
-                notes = sweep_rows.sweep_notes(eng, snapshot)
-                # statistics only: no attention maps; timed in paired rounds only on the sweep's timed
-                # sample, which also checks the decision-only reference against the true recompute
-                request = replace(request, attention=False, timing=snapshot.timed,
-                                  check_reference=snapshot.timed)
-            report = eng.run(request, notes=notes, progress=reporter.progress)
+            with eng.scoped(store_owner(snapshot.user)):  # KVNOTES_STORE_SCOPE=user: this user's notes
+                request, notes = run_request(eng, snapshot), None
+                if snapshot.sweep_id is not None:  # a sweep's edit: its document's notes are the sweep's
+                    reporter.progress("prefill", 0.01)
+                    notes = sweep_rows.sweep_notes(eng, snapshot)
+                    # statistics only: no attention maps; timed in paired rounds only on the sweep's
+                    # timed sample, which also checks the decision-only reference against recompute
+                    request = replace(request, attention=False, timing=snapshot.timed,
+                                      check_reference=snapshot.timed)
+                report = eng.run(request, notes=notes, progress=reporter.progress)
             t_engine = time.perf_counter()
         timings = {"load_ms": round((t_load - t0) * 1000, 1),
                    "engine_ms": round((t_engine - t_load) * 1000, 1), "timed": float(report.timed)}
@@ -109,16 +117,17 @@ def compile_skill(self, skill_id: int) -> dict[str, Any]:
         return {"skill_id": skill_id, "status": "missing"}
     with run_rows.session() as s:
         skill = s.get(Skill, skill_id)
-        text, model = skill.text, skill.model
+        text, model, owner = skill.text, skill.model, skill.created_by
     _set_skill(skill_id, status="compiling", progress=0.0, error=None, task_id=self.request.id)
     device, stage = "?", "loading model"
     try:
         eng = get_engine(model)
         device, stage = str(eng.device), "compiling"
         t0 = time.perf_counter()
-        notes = eng.compile_skill(text)
-        compile_ms = (time.perf_counter() - t0) * 1000
-        key = eng.save_skill(notes)
+        with eng.scoped(store_owner(owner)):
+            notes = eng.compile_skill(text)
+            compile_ms = (time.perf_counter() - t0) * 1000
+            key = eng.save_skill(notes)
         _set_skill(skill_id, status="compiled", progress=1.0, token_count=notes.n_tokens, store_key=key,
                    compile_ms=round(compile_ms, 2))
         return {"skill_id": skill_id, "status": "compiled", "store_key": key}

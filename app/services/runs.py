@@ -30,10 +30,11 @@ AUTO = by_role("composite")  # the strategy that applies a notebook's adopted po
 
 
 def build_snapshot(notebook: Notebook, question: Question, strategies: list[str],
-                   attribution: bool = False, mechanism: bool = False) -> RunSnapshot:
+                   attribution: bool = False, mechanism: bool = False,
+                   user: str | None = None) -> RunSnapshot:
     """A copy of everything the worker needs, so later edits never change the run: model,
-    document, fields, errata texts in order, placements (skill name, text, position), the question
-    and the strategies."""
+    document, fields, errata texts in order, placements (skill name, text, position), the question,
+    the strategies and who started it (the KV store's per-user scope)."""
     return RunSnapshot(
         model=notebook.model,
         document=notebook.document,
@@ -50,6 +51,7 @@ def build_snapshot(notebook: Notebook, question: Question, strategies: list[str]
         strategies=list(strategies),
         attribution=attribution,
         mechanism=mechanism,
+        user=user,
         **(adopted_policy(notebook) if AUTO in strategies else {}),
     )
 
@@ -76,7 +78,8 @@ def start_run(session: Session, notebook: Notebook, question: Question, strategi
     `RunLimitReached` (rolled back) or `QueueUnavailable` (the run and a question new with it
     deleted again: nothing is saved)."""
     new_question = question if inspect(question).transient or inspect(question).pending else None
-    snapshot = build_snapshot(notebook, question, strategies, attribution, mechanism)  # (may flush it)
+    snapshot = build_snapshot(notebook, question, strategies, attribution, mechanism,  # (may flush it)
+                              user=created_by)
     return _enqueue(session, notebook.id, snapshot, created_by, new_question)
 
 

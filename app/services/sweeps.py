@@ -56,7 +56,8 @@ def sweep_question(notebook: Notebook, body: SweepCreate) -> SnapshotQuestion:
 
 
 def edit_snapshot(notebook: Notebook, question: SnapshotQuestion, strategies: list[str],
-                  edit: SweepEdit, sweep_id: int, timed: bool = True) -> RunSnapshot:
+                  edit: SweepEdit, sweep_id: int, timed: bool = True,
+                  user: str | None = None) -> RunSnapshot:
     """What the edit's run runs on: the notebook's document with only the edit's fields set to its
     values (errata rendered from them by the worker), its placements, the sweep's question; `timed`:
     whether the worker times it in paired rounds (the sweep's first `timed_edits`) or decides only."""
@@ -67,7 +68,7 @@ def edit_snapshot(notebook: Notebook, question: SnapshotQuestion, strategies: li
         model=notebook.model, document=notebook.document, fields=fields, errata=[],
         placements=[SnapshotPlacement(skill_id=p.skill_id, name=p.skill.name, text=p.skill.text,
                                       position=p.position) for p in notebook.placements],
-        question=question, strategies=list(strategies), sweep_id=sweep_id, timed=timed,
+        question=question, strategies=list(strategies), sweep_id=sweep_id, timed=timed, user=user,
     )
 
 
@@ -100,7 +101,7 @@ def start_sweep(session: Session, notebook: Notebook, body: SweepCreate,
         check_sweep_caps(session, created_by)
         runs.extend(Run(notebook_id=notebook.id, kind="edit",
                         snapshot=edit_snapshot(notebook, question, sweep.strategies, edit, sweep.id,
-                                               timed=i < body.timed_edits),
+                                               timed=i < body.timed_edits, user=created_by),
                         strategies=list(sweep.strategies), status=RunStatus.QUEUED, stage="queued",
                         progress=0.0, timings={}, created_by=created_by, sweep_id=sweep.id, sweep_edit=edit)
                     for i, edit in enumerate(planned.edits))

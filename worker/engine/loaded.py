@@ -6,12 +6,16 @@ import the engine that calls them.
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import logging
+from collections.abc import Iterator
 
 import torch
 
 from worker.engine.compose import Placement, lay_out, splice_all, token_boundary
 from worker.engine.devices import on_layer_devices
+from worker.engine.fingerprint import fingerprint
 from worker.engine.forward import extend
 from worker.engine.models import ModelInfo
 from worker.engine.notes import Notes
@@ -40,6 +44,8 @@ class LoadedModel:
             self.rope, self.rope_error = None, str(exc)
         self._warm = False
         self.last_reuse: Reuse | None = None  # the last prefill's store lookup (None: no store)
+        self._fingerprint = ""  # the checkpoint's (`worker.engine.fingerprint`), read on first use
+        self.store_scope = ""  # "" (the deployment's notes) or a salt: one user's (`scoped`)
 
     @property
     def device(self) -> torch.device:
@@ -76,8 +82,26 @@ class LoadedModel:
     # ---- prefill ------------------------------------------------------------------------------
     @property
     def model_key(self) -> str:
-        """What the KV store keys this model's notes by (alias and dtype: bf16 notes are not fp32 notes)."""
-        return f"{self.info.alias}:{self.model.dtype}"
+        """What the KV store keys this model's notes by: alias, dtype (bf16 notes are not fp32 notes),
+        a fingerprint of the checkpoint (other weights under the same alias never share notes; read
+        once) and, inside `scoped`, the scope's salt (one user's notes are nobody else's)."""
+        if not self._fingerprint:
+            self._fingerprint = fingerprint(self.model)
+        key = f"{self.info.alias}:{self.model.dtype}:{self._fingerprint[:16]}"
+        return f"{key}:{self.store_scope}" if self.store_scope else key
+
+    @contextlib.contextmanager
+    def scoped(self, owner: str | None) -> Iterator[None]:
+        """Key the store's notes by `owner` inside the block (KVNOTES_STORE_SCOPE=user): a lookup
+        finds only what the same owner prefilled, so neither `store_reuse` nor timing tells one user
+        what another prefilled. None: the deployment's notes, shared by everyone (the default)."""
+        saved = self.store_scope
+        self.store_scope = "" if owner is None else \
+            "user-" + hashlib.sha256(b"kvnotes store scope\0" + owner.encode()).hexdigest()[:16]
+        try:
+            yield
+        finally:
+            self.store_scope = saved
 
     @torch.inference_mode()
     def _prefill_ids(self, ids: list[int]) -> list:

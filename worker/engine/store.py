@@ -37,7 +37,7 @@ import logging
 import os
 import sqlite3
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -60,6 +60,27 @@ from worker.engine.store_s3 import SharedConfig
 from worker.engine.store_tiers import Reuse, Shared
 
 log = logging.getLogger(__name__)
+
+# what a file must hold under its key, beyond its checksum: "" when it does, else what is wrong
+Claims = Callable[[dict[str, torch.Tensor], dict[str, str]], str]
+
+
+def _any(tensors: dict[str, torch.Tensor], meta: dict[str, str]) -> str:
+    return ""
+
+
+def _block_claims(model_key: str, expect: list[int]) -> Claims:
+    """A block holds the token ids its key was derived from (with every earlier block's: the chain)
+    and was written for this model key, so an object another model wrote, or one copied under
+    another block's name, is a miss."""
+    def check(tensors: dict[str, torch.Tensor], meta: dict[str, str]) -> str:
+        if meta.get("model_key") != model_key:
+            return "written for another model key"
+        if tensors["token_ids"].tolist() != expect:
+            return "token ids other than its key's"
+        return ""
+    return check
+
 
 @dataclass
 class _File:
@@ -139,6 +160,8 @@ class KVStore:
         """Quarantine the damaged index and build a new one from the files on disk."""
         self.guard.fault("index", exc, cooldown=False)
         try:
+            if self._index is not None:
+                self._index.close()
             self._index = None
             quarantine(self.root / "index.sqlite")
             self._open()
@@ -183,7 +206,7 @@ class KVStore:
             tensors = layer_tensors(layers, s, e)
             tensors["token_ids"] = torch.tensor(ids[s:e], dtype=torch.int64, device="cpu")  # for the file
             written.append((bkey, "block", self._write("block", bkey, tensors, {"model_key": model_key})))
-        seq_key = hash_parts(b"seq", model_key.encode(), str(self.block_tokens).encode(), ids_bytes(ids))
+        seq_key = self._seq_key(model_key, ids)
         tail_start = len(block_keys) * self.block_tokens
         tail = layer_tensors(layers, tail_start, len(ids))
         tail["token_ids"] = torch.tensor(ids, dtype=torch.int64, device="cpu")
@@ -219,8 +242,8 @@ class KVStore:
         read: list[tuple[str, str, int]] = []
         for i, bkey in enumerate(block_keys):
             expect = ids[i * self.block_tokens : (i + 1) * self.block_tokens]
-            loaded = self._load("block", bkey)
-            if loaded is None or loaded.tensors["token_ids"].tolist() != expect:
+            loaded = self._load("block", bkey, _block_claims(model_key, expect))
+            if loaded is None:
                 self._heal(block_keys[i + 1 :])
                 break
             found.append(loaded.tensors)
@@ -247,7 +270,7 @@ class KVStore:
         return entry
 
     def _get_entry(self, key: str) -> StoredNotes | None:
-        seq = self._load("seq", key)
+        seq = self._load("seq", key, self._seq_claims(key))
         if seq is None:
             self.index.after_read([], misses=1)
             return None
@@ -255,8 +278,10 @@ class KVStore:
         parts: list[dict[str, torch.Tensor]] = []
         read = [(key, "seq", seq.size)]
         block_keys = json.loads(meta["blocks"])
+        ids = tail["token_ids"].tolist()
+        B = self.block_tokens
         for i, bkey in enumerate(block_keys):
-            block = self._load("block", bkey)
+            block = self._load("block", bkey, _block_claims(meta["model_key"], ids[i * B : (i + 1) * B]))
             if block is None:
                 self._heal(block_keys[i + 1 :])
                 self.index.after_read(read, misses=1)
@@ -284,14 +309,31 @@ class KVStore:
         """Wait for the shared tier's background writes (a worker stopping, tests); False on timeout."""
         return self.shared.tier.flush(timeout_s) if self.shared is not None else True
 
+    def _seq_claims(self, key: str):
+        """A manifest is what its key says: the key derived again from the model key and the token
+        ids it claims, and its block list derived again from them, so a manifest written (with a
+        valid checksum) under another sequence's key is a miss, never another sequence's notes."""
+        def check(tensors: dict[str, torch.Tensor], meta: dict[str, str]) -> str:
+            ids = tensors["token_ids"].tolist()
+            model_key = meta.get("model_key", "")
+            if self._seq_key(model_key, ids) != key:
+                return "its key is not the hash of the model key and token ids it claims"
+            if json.loads(meta.get("blocks", "null")) != self._block_keys(model_key, ids):
+                return "its block list is not the one its token ids give"
+            return ""
+        return check
+
     def _heal(self, keys: list[str]) -> None:
         """After a damaged or missing block: check the rest of the chain too, so every damaged
         block met is deleted now (and written again by the caller's `put`), not one per lookup."""
         for bkey in keys:
             if self._path("block", bkey).exists():
-                self._load("block", bkey)  # verifies; a damaged file is deleted and counted
+                self._load("block", bkey, _any)  # verifies; a damaged file is deleted and counted
 
     # ---- keys and paths ---------------------------------------------------------------------
+
+    def _seq_key(self, model_key: str, ids: list[int]) -> str:
+        return hash_parts(b"seq", model_key.encode(), str(self.block_tokens).encode(), ids_bytes(ids))
 
     def _block_keys(self, model_key: str, ids: list[int]) -> list[str]:
         """Chained hashes: block i's key covers the model, the block size and ids[: (i+1)*B]."""
@@ -330,19 +372,23 @@ class KVStore:
             Path(tmp).unlink(missing_ok=True)
             raise
 
-    def _load(self, kind: str, key: str) -> _File | None:
-        """Read and verify one file, or None when absent. A file that fails verification is
-        deleted, dropped from the index and counted as corrupt. A file absent here is looked up in
-        the shared tier and, when it verifies, kept here (a damaged shared object is deleted there).
-        The caller records the access."""
+    def _load(self, kind: str, key: str, claims: Claims) -> _File | None:
+        """Read and verify one file, or None when absent. A file that fails verification, or whose
+        contents are not what `claims` expects under its key, is deleted, dropped from the index and
+        counted as corrupt. A file absent here is looked up in the shared tier and, when it
+        verifies, kept here (a damaged shared object is deleted there). The caller records the
+        access."""
         path = self._path(kind, key)
         try:
             data = path.read_bytes()
         except FileNotFoundError:
             self.index.forget([key])
-            return self._load_shared(kind, key)
+            return self._load_shared(kind, key, claims)
         try:
             tensors, meta = verified(data)
+            wrong = claims(tensors, meta)
+            if wrong:
+                raise ValueError(wrong)
         except Exception as exc:  # any parse error of a damaged file is the same event: corrupt
             log.warning("kv store: dropping a corrupt entry",
                         extra={"kind": kind, "key": key[:12], "reason": str(exc)})
@@ -352,7 +398,7 @@ class KVStore:
             return None
         return _File(tensors, meta, len(data))
 
-    def _load_shared(self, kind: str, key: str) -> _File | None:
+    def _load_shared(self, kind: str, key: str, claims: Claims) -> _File | None:
         if self.shared is None:
             return None
         data = self.shared.fetch(kind, key, self._reuse)
@@ -360,7 +406,11 @@ class KVStore:
             return None
         try:
             tensors, meta = verified(data)
-        except Exception:  # damaged or truncated in the shared tier: a miss, and deleted there
+            wrong = claims(tensors, meta)
+            if wrong:
+                raise ValueError(wrong)
+        except Exception:  # damaged, truncated or not what its key says in the shared tier: a miss,
+            # and deleted there
             self.shared.drop_damaged(kind, key, self._reuse)
             return None
         self._write_bytes(self._path(kind, key), data)  # kept locally; the caller indexes it

@@ -33,12 +33,15 @@ def tensor_bytes(t: torch.Tensor) -> bytes:
     return t.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
 
 
-def checksum(tensors: dict[str, torch.Tensor]) -> str:
+def checksum(tensors: dict[str, torch.Tensor], meta: dict[str, str]) -> str:
+    """SHA-256 over every tensor (name, dtype, shape, bytes) and every metadata entry but the
+    checksum itself: a manifest's `blocks`, `first_position`, `segments` and `model_key` are covered."""
     h = hashlib.sha256()
     for name in sorted(tensors):
         t = tensors[name]
         h.update(f"{name}:{t.dtype}:{tuple(t.shape)};".encode())
         h.update(tensor_bytes(t))
+    h.update(json.dumps({k: v for k, v in meta.items() if k != "sha256"}, sort_keys=True).encode())
     return h.hexdigest()
 
 
@@ -101,11 +104,11 @@ def verified(data: bytes) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     damaged: a bad header, truncated tensors, or a checksum that does not match."""
     meta = header_metadata(data)
     tensors = st_load(data)
-    if meta.get("sha256") != checksum(tensors):
+    if meta.get("sha256") != checksum(tensors, meta):
         raise ValueError("checksum mismatch")
     return tensors, meta
 
 
 def file_bytes(tensors: dict[str, torch.Tensor], meta: dict[str, str]) -> bytes:
-    """A file's bytes: the tensors as safetensors, the checksum of them in the metadata."""
-    return st_save(tensors, metadata={**meta, "sha256": checksum(tensors)})
+    """A file's bytes: the tensors as safetensors, the checksum of them and of `meta` in the metadata."""
+    return st_save(tensors, metadata={**meta, "sha256": checksum(tensors, meta)})

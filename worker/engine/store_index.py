@@ -2,11 +2,20 @@
 
 It knows every stored file's key, kind ('block' | 'seq') and size, a least-recently-used order
 (a logical clock, strictly increasing across processes) and the counters `stats()` reports. Each
-call is one `BEGIN IMMEDIATE` transaction. The files themselves are `worker.engine.store`'s.
+call is one `BEGIN IMMEDIATE` transaction on the process's one connection (opened again after a
+fork, or when the file was replaced or deleted under it, so a lost index is found and rebuilt).
+
+The pragmas are `data/db.py`'s (copied: the engine layer never imports `data`): the rollback journal
+(no WAL) and `mmap_size=0`, so no memory-mapped `-shm` exists that storage can take away under a
+running worker (an immutable or vanished `-shm` faults the process in WAL mode; here it is an I/O
+error, which the store's guard turns into a miss). An index left in WAL by an older version goes
+back to the rollback journal when a connection opens it alone. The files themselves are
+`worker.engine.store`'s.
 """
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import threading
 from collections.abc import Iterator, Sequence
@@ -34,27 +43,60 @@ class StoreIndex:
     def __init__(self, path: Path) -> None:
         self.path = path
         self._lock = threading.Lock()
+        self._conn: sqlite3.Connection | None = None
+        self._opened: tuple[int, int] = (0, 0)  # (pid, inode) the connection was opened for
         with self._db() as db:
             for statement in _SCHEMA.split(";"):
                 if statement.strip():
                     db.execute(statement)
             db.executemany("INSERT OR IGNORE INTO counters VALUES (?, 0)", [(c,) for c in COUNTERS])
 
+    def _connection(self) -> sqlite3.Connection:
+        """The process's connection, opened again after a fork or when the file is not the one it
+        opened (replaced, deleted: then the schema is missing and the store rebuilds the index)."""
+        try:
+            inode = self.path.stat().st_ino
+        except FileNotFoundError:
+            inode = -1
+        if self._conn is not None and self._opened == (os.getpid(), inode):
+            return self._conn
+        self.close()
+        db = sqlite3.connect(self.path, timeout=30, isolation_level=None, check_same_thread=False)
+        db.execute("PRAGMA mmap_size=0")  # as data/db.py: read(), never a mapping
+        if db.execute("PRAGMA journal_mode").fetchone()[0].lower() == "wal":
+            db.execute("PRAGMA busy_timeout=0")
+            try:
+                db.execute("PRAGMA journal_mode=DELETE")  # only alone on the file; else later
+            except sqlite3.OperationalError:
+                pass
+            db.execute("PRAGMA busy_timeout=30000")
+        self._conn, self._opened = db, (os.getpid(), self.path.stat().st_ino)
+        return db
+
+    def close(self) -> None:
+        if self._conn is not None and self._opened[0] == os.getpid():
+            try:
+                self._conn.close()
+            except sqlite3.Error:
+                pass
+        self._conn = None
+
     @contextmanager
     def _db(self) -> Iterator[sqlite3.Connection]:
         with self._lock:
-            db = sqlite3.connect(self.path, timeout=30, isolation_level=None)
+            db = self._connection()
             try:
-                db.execute("PRAGMA journal_mode=WAL")
                 db.execute("BEGIN IMMEDIATE")
                 yield db
                 db.execute("COMMIT")
             except BaseException:
-                if db.in_transaction:
-                    db.execute("ROLLBACK")
+                try:
+                    if db.in_transaction:
+                        db.execute("ROLLBACK")
+                except sqlite3.Error:
+                    pass
+                self.close()  # a failed connection is not used again
                 raise
-            finally:
-                db.close()
 
     def known(self, keys: list[str]) -> set[str]:
         if not keys:
