@@ -37,20 +37,24 @@ import logging
 import os
 import sqlite3
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from worker.engine.store_files import (
+    Claims,
     Layers,
+    any_claims,
+    block_claims,
+    block_keys,
     check_shapes,
     concat,
     file_bytes,
-    hash_parts,
-    ids_bytes,
     layer_tensors,
+    seq_claims,
+    seq_key,
     squeeze,
     verified,
 )
@@ -60,27 +64,6 @@ from worker.engine.store_s3 import SharedConfig
 from worker.engine.store_tiers import Reuse, Shared
 
 log = logging.getLogger(__name__)
-
-# what a file must hold under its key, beyond its checksum: "" when it does, else what is wrong
-Claims = Callable[[dict[str, torch.Tensor], dict[str, str]], str]
-
-
-def _any(tensors: dict[str, torch.Tensor], meta: dict[str, str]) -> str:
-    return ""
-
-
-def _block_claims(model_key: str, expect: list[int]) -> Claims:
-    """A block holds the token ids its key was derived from (with every earlier block's: the chain)
-    and was written for this model key, so an object another model wrote, or one copied under
-    another block's name, is a miss."""
-    def check(tensors: dict[str, torch.Tensor], meta: dict[str, str]) -> str:
-        if meta.get("model_key") != model_key:
-            return "written for another model key"
-        if tensors["token_ids"].tolist() != expect:
-            return "token ids other than its key's"
-        return ""
-    return check
-
 
 @dataclass
 class _File:
@@ -242,7 +225,7 @@ class KVStore:
         read: list[tuple[str, str, int]] = []
         for i, bkey in enumerate(block_keys):
             expect = ids[i * self.block_tokens : (i + 1) * self.block_tokens]
-            loaded = self._load("block", bkey, _block_claims(model_key, expect))
+            loaded = self._load("block", bkey, block_claims(model_key, expect))
             if loaded is None:
                 self._heal(block_keys[i + 1 :])
                 break
@@ -270,7 +253,7 @@ class KVStore:
         return entry
 
     def _get_entry(self, key: str) -> StoredNotes | None:
-        seq = self._load("seq", key, self._seq_claims(key))
+        seq = self._load("seq", key, seq_claims(key, self.block_tokens))
         if seq is None:
             self.index.after_read([], misses=1)
             return None
@@ -281,7 +264,7 @@ class KVStore:
         ids = tail["token_ids"].tolist()
         B = self.block_tokens
         for i, bkey in enumerate(block_keys):
-            block = self._load("block", bkey, _block_claims(meta["model_key"], ids[i * B : (i + 1) * B]))
+            block = self._load("block", bkey, block_claims(meta["model_key"], ids[i * B : (i + 1) * B]))
             if block is None:
                 self._heal(block_keys[i + 1 :])
                 self.index.after_read(read, misses=1)
@@ -309,41 +292,20 @@ class KVStore:
         """Wait for the shared tier's background writes (a worker stopping, tests); False on timeout."""
         return self.shared.tier.flush(timeout_s) if self.shared is not None else True
 
-    def _seq_claims(self, key: str):
-        """A manifest is what its key says: the key derived again from the model key and the token
-        ids it claims, and its block list derived again from them, so a manifest written (with a
-        valid checksum) under another sequence's key is a miss, never another sequence's notes."""
-        def check(tensors: dict[str, torch.Tensor], meta: dict[str, str]) -> str:
-            ids = tensors["token_ids"].tolist()
-            model_key = meta.get("model_key", "")
-            if self._seq_key(model_key, ids) != key:
-                return "its key is not the hash of the model key and token ids it claims"
-            if json.loads(meta.get("blocks", "null")) != self._block_keys(model_key, ids):
-                return "its block list is not the one its token ids give"
-            return ""
-        return check
-
     def _heal(self, keys: list[str]) -> None:
         """After a damaged or missing block: check the rest of the chain too, so every damaged
         block met is deleted now (and written again by the caller's `put`), not one per lookup."""
         for bkey in keys:
             if self._path("block", bkey).exists():
-                self._load("block", bkey, _any)  # verifies; a damaged file is deleted and counted
+                self._load("block", bkey, any_claims)  # verifies; a damaged file is deleted and counted
 
     # ---- keys and paths ---------------------------------------------------------------------
 
     def _seq_key(self, model_key: str, ids: list[int]) -> str:
-        return hash_parts(b"seq", model_key.encode(), str(self.block_tokens).encode(), ids_bytes(ids))
+        return seq_key(model_key, self.block_tokens, ids)
 
     def _block_keys(self, model_key: str, ids: list[int]) -> list[str]:
-        """Chained hashes: block i's key covers the model, the block size and ids[: (i+1)*B]."""
-        keys: list[str] = []
-        prev = hash_parts(b"root", model_key.encode(), str(self.block_tokens).encode())
-        for i in range(len(ids) // self.block_tokens):
-            chunk = ids[i * self.block_tokens : (i + 1) * self.block_tokens]
-            prev = hash_parts(b"block", prev.encode(), ids_bytes(chunk))
-            keys.append(prev)
-        return keys
+        return block_keys(model_key, self.block_tokens, ids)
 
     def _path(self, kind: str, key: str) -> Path:
         folder = "blocks" if kind == "block" else "seqs"

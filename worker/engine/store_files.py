@@ -7,13 +7,65 @@ from __future__ import annotations
 import hashlib
 import json
 import struct
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
 Layers = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: (keys, values), each [kv_heads, T, head_dim]
+
+
+# what a file must hold under its key, beyond its checksum: "" when it does, else what is wrong
+Claims = Callable[[dict[str, torch.Tensor], dict[str, str]], str]
+
+
+def any_claims(tensors: dict[str, torch.Tensor], meta: dict[str, str]) -> str:
+    return ""
+
+
+def block_claims(model_key: str, expect: list[int]) -> Claims:
+    """A block holds the token ids its key was derived from (with every earlier block's: the chain)
+    and was written for this model key, so an object another model wrote, or one copied under
+    another block's name, is a miss."""
+    def check(tensors: dict[str, torch.Tensor], meta: dict[str, str]) -> str:
+        if meta.get("model_key") != model_key:
+            return "written for another model key"
+        if tensors["token_ids"].tolist() != expect:
+            return "token ids other than its key's"
+        return ""
+    return check
+
+
+def seq_claims(key: str, block_tokens: int) -> Claims:
+    """A manifest is what its key says: the key derived again from the model key and the token
+    ids it claims, and its block list derived again from them, so a manifest written (with a
+    valid checksum) under another sequence's key is a miss, never another sequence's notes."""
+    def check(tensors: dict[str, torch.Tensor], meta: dict[str, str]) -> str:
+        ids = tensors["token_ids"].tolist()
+        model_key = meta.get("model_key", "")
+        if seq_key(model_key, block_tokens, ids) != key:
+            return "its key is not the hash of the model key and token ids it claims"
+        if json.loads(meta.get("blocks", "null")) != block_keys(model_key, block_tokens, ids):
+            return "its block list is not the one its token ids give"
+        return ""
+    return check
+
+
+def seq_key(model_key: str, block_tokens: int, ids: list[int]) -> str:
+    """A whole sequence's key: the model key, the block size and every token id."""
+    return hash_parts(b"seq", model_key.encode(), str(block_tokens).encode(), ids_bytes(ids))
+
+
+def block_keys(model_key: str, block_tokens: int, ids: list[int]) -> list[str]:
+    """Chained hashes: block i's key covers the model, the block size and ids[: (i+1)*B]."""
+    keys: list[str] = []
+    prev = hash_parts(b"root", model_key.encode(), str(block_tokens).encode())
+    for i in range(len(ids) // block_tokens):
+        chunk = ids[i * block_tokens : (i + 1) * block_tokens]
+        prev = hash_parts(b"block", prev.encode(), ids_bytes(chunk))
+        keys.append(prev)
+    return keys
 
 
 def hash_parts(*parts: bytes) -> str:
