@@ -25,9 +25,9 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
-from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
-from sqlalchemy.orm.exc import StaleDataError
+from sqlalchemy.orm.exc import ObjectDeletedError, StaleDataError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
@@ -145,7 +145,19 @@ async def _unprocessable(_request: Request, exc: Exception) -> JSONResponse:
     return JSONResponse(status_code=422, content={"detail": detail})
 
 
+def _refers_to_a_deleted_row(exc: BaseException) -> bool:
+    """A foreign-key violation: the row a write refers to (a field's notebook) was deleted under the
+    request (PostgreSQL's SQLSTATE 23503, SQLite's "FOREIGN KEY constraint failed")."""
+    if not isinstance(exc, IntegrityError):
+        return False
+    inner = exc.orig
+    return getattr(inner, "sqlstate", None) == "23503" or "FOREIGN KEY constraint failed" in str(inner)
+
+
 async def _database(request: Request, exc: Exception) -> Response:
+    if _refers_to_a_deleted_row(exc):  # issue 49: a row gone under a request is a 404, not a 503
+        return answer(request, 404, "what this request refers to was deleted meanwhile; nothing was saved",
+                      title="Deleted")
     reason = plain_database_error(exc)
     log.error("database error answered 503", extra={"reason": reason})
     return answer(request, 503, f"the database cannot be written right now ({reason}); nothing was saved",
@@ -163,6 +175,12 @@ async def _stale(request: Request, _exc: Exception) -> Response:
 
 async def _gone(request: Request, exc: Exception) -> Response:
     return answer(request, 404, str(exc), title="Deleted")
+
+
+async def _row_deleted(request: Request, _exc: Exception) -> Response:
+    """A row read before, deleted by another request before this one read it again."""
+    return answer(request, 404, "what this request works on was deleted meanwhile; nothing was saved",
+                  title="Deleted")
 
 
 async def _run_limit(request: Request, exc: Exception) -> Response:
@@ -186,5 +204,6 @@ def install(app: FastAPI) -> None:
     app.add_exception_handler(PoolTimeout, _pool_timeout)
     app.add_exception_handler(StaleDataError, _stale)
     app.add_exception_handler(Gone, _gone)
+    app.add_exception_handler(ObjectDeletedError, _row_deleted)
     app.add_exception_handler(RunLimitReached, _run_limit)
     app.add_exception_handler(SignInRequired, _sign_in)

@@ -6,10 +6,14 @@ Each public action commits (`app.services.unit.action`); `touch`, the checks and
 
 from __future__ import annotations
 
-from sqlalchemy import func, select, update
+import logging
+
+from sqlalchemy import func, select
+from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 
 from app.services.errors import Gone, Unprocessable
+from app.services.locks import hold, lost_race, touch_first
 from app.services.unit import action, saving
 from data.accounts import LOCAL_USER
 from data.models import RUN_ACTIVE, Erratum, Field, Notebook, Placement, Question, Run, Skill, utcnow
@@ -17,21 +21,11 @@ from data.queue import revoke
 from data.settings import get_settings
 from vocabulary import render_erratum
 
+log = logging.getLogger(__name__)
+
 
 def touch(notebook: Notebook) -> None:
     notebook.updated_at = utcnow()
-
-
-def touch_first(session: Session, notebook_id: int, what: str) -> None:
-    """Mark notebook `notebook_id` changed, in the database and as the transaction's first write,
-    before a part of it (`what`, e.g. "field 7") is deleted. The row lock this takes orders the
-    delete after, or before, a delete of the whole notebook (on PostgreSQL as on SQLite, where the
-    first write takes the database's write lock), so the two never interleave; when the notebook
-    is already gone (and its parts with it), `Gone`: a 404, never a 500 for a notebook that
-    vanished under the request (`touch(field.notebook)` read None)."""
-    done = session.execute(update(Notebook).where(Notebook.id == notebook_id).values(updated_at=utcnow()))
-    if done.rowcount == 0:
-        raise Gone(f"{what} was deleted with its notebook {notebook_id}")
 
 
 def check_served(model: str, field: str = "model") -> None:
@@ -58,6 +52,7 @@ def create_notebook(session: Session, title: str, model: str, document: str,
 @action
 def change_model(notebook: Notebook, model: str) -> None:
     """Run the notebook on another served model; every skill placed in it must be for that model."""
+    hold(notebook)
     check_served(model)
     for placement in notebook.placements:
         if placement.skill.model != model:
@@ -71,6 +66,7 @@ def change_model(notebook: Notebook, model: str) -> None:
 @action
 def rename_notebook(notebook: Notebook, title: str) -> None:
     """A new title (already validated by `NotebookPatch` / the form: not blank, within the limit)."""
+    hold(notebook)
     notebook.title = title
     touch(notebook)
 
@@ -79,6 +75,7 @@ def rename_notebook(notebook: Notebook, title: str) -> None:
 def update_notebook(session: Session, notebook: Notebook, text: str | None = None, title: str | None = None,
                     model: str | None = None) -> None:
     """The API's PATCH: a new document, title or model (each optional), all or nothing."""
+    hold(notebook)
     if text is not None:
         change_document(session, notebook, text)
     if title is not None:
@@ -138,13 +135,34 @@ def find_span(document: str, text: str, occurrence: int = 1) -> tuple[int, int]:
     return at, at + len(text)
 
 
+DELETE_TRIES = 3  # a notebook's DELETE that loses a deadlock or a serialization conflict is tried again
+
+
 def delete_notebook(session: Session, notebook: Notebook) -> None:
     """Delete the notebook with everything on it, its runs included (a deleted document must not
-    stay readable in their snapshots); commits, then asks workers to drop its unfinished runs."""
-    with saving(session):
-        unfinished = select(Run.task_id).where(Run.notebook_id == notebook.id, Run.status.in_(RUN_ACTIVE))
-        task_ids = [t for t in session.scalars(unfinished) if t]
-        session.delete(notebook)
+    stay readable in their snapshots); commits, then asks workers to drop its unfinished runs.
+    The notebook's row is locked first (FOR UPDATE on PostgreSQL; the first write on SQLite), then
+    the database cascades to its parts: the lock order every change of a part keeps (`hold`). A
+    delete that still loses a race (a writer outside that order: "deadlock detected") is rolled back
+    and tried again, up to `DELETE_TRIES` times, never left standing."""
+    ident = notebook.id
+    for attempt in range(1, DELETE_TRIES + 1):
+        try:
+            with saving(session):
+                if session.get_bind().dialect.name == "postgresql":
+                    locked = select(Notebook.id).where(Notebook.id == ident).with_for_update()
+                    if session.scalar(locked) is None:
+                        raise Gone(f"notebook {ident} was deleted")
+                touch_first(session, ident, f"notebook {ident}")
+                unfinished = select(Run.task_id).where(Run.notebook_id == ident, Run.status.in_(RUN_ACTIVE))
+                task_ids = [t for t in session.scalars(unfinished) if t]
+                session.delete(notebook)
+            break
+        except OperationalError as exc:
+            if attempt == DELETE_TRIES or not lost_race(exc):
+                raise
+            log.warning("notebook delete lost a race; trying again",
+                        extra={"notebook": ident, "attempt": attempt, "reason": type(exc.orig).__name__})
     for task_id in task_ids:
         revoke(task_id)
 
@@ -161,6 +179,7 @@ def new_question(notebook: Notebook, text: str, choices: list[str], cot: bool) -
 @action
 def set_question(notebook: Notebook, text: str, choices: list[str], cot: bool) -> Question:
     """The notebook's question from now on, saved."""
+    hold(notebook)
     return new_question(notebook, text, choices, cot)
 
 
@@ -194,6 +213,7 @@ def add_field(
     session: Session, notebook: Notebook, start: int, end: int, new_value: str, label: str
 ) -> Field:
     """A new field on `notebook[start:end]` and its generated erratum."""
+    hold(notebook)
     limit = get_settings().max_fields
     if len(notebook.fields) >= limit:
         raise Unprocessable("start", f"a notebook holds at most {limit} fields")
@@ -231,6 +251,7 @@ def refresh_field(session: Session, field: Field) -> None:
 
 @action
 def update_field(session: Session, field: Field, changes: dict[str, object]) -> None:
+    hold(field)
     start = int(changes.get("start", field.start))  # type: ignore[arg-type]
     end = int(changes.get("end", field.end))  # type: ignore[arg-type]
     check_span(field.notebook, start, end, ignore=field)
@@ -243,7 +264,7 @@ def update_field(session: Session, field: Field, changes: dict[str, object]) -> 
 @action
 def delete_field(session: Session, field: Field) -> None:
     """Drop the field and its generated errata; hand-written errata stay (unlinked)."""
-    touch_first(session, field.notebook_id, f"field {field.id}")
+    hold(field)
     for erratum in generated_errata(session, field):
         session.delete(erratum)
     session.delete(field)
@@ -252,6 +273,7 @@ def delete_field(session: Session, field: Field) -> None:
 @action
 def change_document(session: Session, notebook: Notebook, text: str) -> None:
     """Replace the document; every field and placement must still fit in the new text."""
+    hold(notebook)
     for field in notebook.fields:
         if field.end > len(text):
             raise Unprocessable(
@@ -273,6 +295,7 @@ def change_document(session: Session, notebook: Notebook, text: str) -> None:
 @action
 def reorder_errata(notebook: Notebook, ids: list[int]) -> None:
     """Give the notebook's errata the order of `ids`, which must name each of them exactly once."""
+    hold(notebook)
     have = {erratum.id: erratum for erratum in notebook.errata}
     if sorted(ids) != sorted(have):
         raise Unprocessable("ids", f"ids must list this notebook's errata exactly once each: {sorted(have)}")
@@ -292,6 +315,7 @@ def check_position(notebook: Notebook, position: int | None) -> None:
 @action
 def add_custom_erratum(session: Session, notebook: Notebook, text: str) -> Erratum:
     """Append a hand-written erratum after the others."""
+    hold(notebook)
     check_errata_room(notebook)
     erratum = Erratum(text=text, source="custom", position=next_erratum_position(session, notebook))
     notebook.errata.append(erratum)
@@ -301,13 +325,14 @@ def add_custom_erratum(session: Session, notebook: Notebook, text: str) -> Errat
 
 @action
 def delete_erratum(session: Session, erratum: Erratum) -> None:
-    touch_first(session, erratum.notebook_id, f"erratum {erratum.id}")
+    hold(erratum)
     session.delete(erratum)
 
 
 @action
 def set_erratum_text(erratum: Erratum, text: str) -> None:
     """New text; a generated erratum edited by hand becomes `custom` (no longer re-rendered)."""
+    hold(erratum)
     if text != erratum.text:
         erratum.text, erratum.source = text, "custom"
         touch(erratum.notebook)
@@ -319,6 +344,7 @@ def add_placement(notebook: Notebook, skill: Skill, position: int | None,
     """Splice `skill` at a character offset of the document (None: at the end). The skill must be
     for the notebook's model and compiled (an example loading its own skills may place them while
     they compile: `compiling_ok`)."""
+    hold(notebook)
     limit = get_settings().max_placements
     if len(notebook.placements) >= limit:
         raise Unprocessable("skill_id", f"a notebook holds at most {limit} placements")
@@ -337,6 +363,7 @@ def add_placement(notebook: Notebook, skill: Skill, position: int | None,
 @action
 def move_placement(placement: Placement, position: int | None) -> None:
     """Splice the skill at another character offset (None: at the end)."""
+    hold(placement)
     check_position(placement.notebook, position)
     placement.position = position
     touch(placement.notebook)
@@ -344,7 +371,7 @@ def move_placement(placement: Placement, position: int | None) -> None:
 
 @action
 def delete_placement(session: Session, placement: Placement) -> None:
-    touch_first(session, placement.notebook_id, f"placement {placement.id}")
+    hold(placement)
     session.delete(placement)
 
 

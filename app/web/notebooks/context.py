@@ -11,6 +11,7 @@ from fastapi.responses import Response
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from app.services.errors import Gone
 from app.services.notebooks import load_for_page
 from app.web.notebooks.document_view import build_document_view, tokens_for_document
 from app.web.notebooks.examples import example_named
@@ -96,7 +97,8 @@ def notebook_context(session: Session, notebook: Notebook, history_number: int =
 def regions(request: Request, session: Session, notebook: Notebook, **extra: Any) -> Response:
     """After a successful edit: every region that depends on fields, errata and placements, swapped
     out of band; the element that sent the request is left alone (HX-Reswap: none)."""
-    session.refresh(notebook)
+    if session.get(Notebook, notebook.id, populate_existing=True) is None:  # deleted since the edit
+        raise Gone(f"notebook {notebook.id} was deleted")
     response = render(request, "_regions.html", **notebook_context(session, notebook, oob=True, **extra))
     response.headers["HX-Reswap"] = "none"
     return response
