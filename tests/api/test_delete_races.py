@@ -69,7 +69,8 @@ def _nine(client: httpx.Client, clients: list[httpx.Client]) -> tuple[int, list[
     operations on it released together: the notebook's DELETE and PATCH, the field's PATCH, DELETE and
     the form's delete, a new field, the erratum's PATCH and DELETE, a new erratum. (notebook id,
     [(operation, status, body)])."""
-    nb = client.post("/api/notebooks", json={"title": "race", "model": "smollm2-135m", "text": DOC}).json()["id"]
+    made = client.post("/api/notebooks", json={"title": "race", "model": "smollm2-135m", "text": DOC})
+    nb = made.json()["id"]
     at, age = DOC.index("active"), DOC.index("34")
     field = client.post(f"/api/notebooks/{nb}/fields",
                         json={"start": at, "end": at + 6, "new_value": "suspended", "label": "status"})
