@@ -21,6 +21,9 @@ With `--replicas 2`: the arms straight, one gateway (its memory) and two gateway
 one Redis state (`--state`, the Redis at `--redis`), the requests alternating between the two; per
 arm also the prefill tokens the upstream computed (vLLM's prompt tokens less its prefix-cache hits).
 Written between the `bench:gateway-replicas` markers (the overhead and Done-when are not run).
+
+With `--upstreams 2` it starts two vLLM replicas itself and compares routing across them
+(`bench/gateway_upstreams.py`, the `bench:gateway-upstreams` markers).
 """
 
 from __future__ import annotations
@@ -226,7 +229,18 @@ def main() -> None:
     parser.add_argument("--out", default=str(REPO / "docs" / "gateway.md"))
     parser.add_argument("--replicas", type=int, default=1, help="2: also two gateways on one Redis state")
     parser.add_argument("--redis", default="redis://127.0.0.1:6379/0", help="the replicas' shared state")
+    parser.add_argument("--upstreams", type=int, default=1,
+                        help="2: start two vLLM replicas and compare routing across them "
+                             "(bench/gateway_upstreams.py)")
+    parser.add_argument("--tenants", type=int, default=8, help="with --upstreams: the tenants")
+    parser.add_argument("--changes", type=int, default=2,
+                        help="with --upstreams: changed requests per tenant")
     args = parser.parse_args()
+    if args.upstreams > 1:
+        from bench.gateway_upstreams import run
+
+        run(args)
+        return
     backend = connect(args.upstream, args.model, timeout_s=900)
     record = shipment_log(backend, args.tokens)
     tokens = len(backend.prompt_tokens(record))

@@ -78,6 +78,9 @@ def test_template_mode_under_serve_behind_tokens(tmp_path, engine):
         bases = web.get("/gateway/bases").text
         assert 'hx-trigger="every 2s"' in bases
         assert "<td>3</td><td>1</td><td>2</td>" in bases  # requests, rewrites, pass-throughs
+        # the upstream, in rotation, with this process's 3 requests to it (issue 50)
+        assert 'id="gateway-upstreams"' in bases and f"<code>{engine.url}" in bases
+        assert "<td>in</td>" in bases and "<td>3</td>" in bases.split('id="gateway-upstreams"')[1]
         assert "for 0 sampled checks" in bases and "Prompt tokens sent for clients" in bases  # their cost
         words = " ".join(page.text.replace("&#39;", "'").split())
         assert "State: this web process's memory" in words
