@@ -128,3 +128,38 @@ def test_each_tenant_stays_on_one_replica_across_gateways_and_fails_over(tmp_pat
                 gateway.stop()
         for engine in engines:
             engine.close()
+
+
+def test_a_base_leaves_its_replica_only_past_the_overload_bound_or_when_it_is_out():
+    """The router on two real peers (their loads set as a health check would read them): a base stays
+    on its replica while it is at most `overload` requests busier than the other, moves past that
+    (and is recorded there), and moves when its replica is out of rotation."""
+    from serving import connect
+    from serving.gateway.router import Router
+    from serving.gateway.state import Base, Limits, MemoryState
+    from serving.gateway.upstreams import Pool, Upstream
+
+    engines = [Engine("vllm"), Engine("vllm")]
+    try:
+        pool = Pool([Upstream(connect(f"{e.url}/v1"), connect(f"{e.url}/v1")) for e in engines])
+        state = MemoryState(Limits())
+        state.save("tenant-a", Base("b1", "m", "/chat/completions", ["system"], ["text"]), texts=True)
+        router = Router(pool, state, overload=16)
+        a, b = pool.upstreams
+        first = router.choose("tenant-a", "b1", {})
+        assert first.why == "first" and state.index("tenant-a")[0].replica == first.upstream.name
+        home, other = (a, b) if first.upstream is a else (b, a)
+        home.reported, other.reported = 16.0, 0.0  # at the bound: it stays
+        assert router.choose("tenant-a", "b1", {}) == type(first)(home, "recorded")
+        home.reported = 17.0  # past it: the base moves, and is recorded with the other
+        assert router.choose("tenant-a", "b1", {}).upstream is other
+        assert state.index("tenant-a")[0].replica == other.name
+        home.reported = 0.0
+        other.breaker.failure()  # its new replica is out: back to the first
+        moved = router.choose("tenant-a", "b1", {})
+        assert (moved.upstream, moved.why) == (home, "out")
+        assert router.choose("tenant-a", None, {}).why == "least_loaded"  # no base: the least loaded
+        assert router.choices["recorded"] == 1 and router.choices["overloaded"] == 1
+    finally:
+        for engine in engines:
+            engine.close()
