@@ -58,7 +58,8 @@ def _free_port() -> int:
 def start_vllm(log: Path, model: str) -> tuple[subprocess.Popen, str, str]:
     """A vLLM server on a free port publishing KV events on another: (process, URL, events URL)."""
     port, events = _free_port(), _free_port()
-    config = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": f"tcp://127.0.0.1:{events}"}
+    # a wildcard address: vLLM binds it (a host's address would make vLLM connect to it instead)
+    config = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": f"tcp://*:{events}"}
     proc = subprocess.Popen([str(REPO / "scripts" / "vllm.sh"), "--model", model, "--port", str(port),
                              "--kv-events-config", json.dumps(config)],
                             cwd=REPO, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)

@@ -94,6 +94,9 @@ def test_each_tenant_stays_on_one_replica_across_gateways_and_fails_over(tmp_pat
             assert len(where) == 5 and len(set(where)) == 1, (tenant, where)  # one replica each
             homes[tenant] = where[0]
         assert min(list(homes.values()).count(i) for i in range(2)) >= 2, homes  # each serves >= 2 tenants
+        for body in (b for e in engines for b in e.completions):  # no request carries two tenants' text
+            text = "".join(m["content"] for m in body["messages"])
+            assert sum(f"record_id: SR-{20400 + t}\n" in text for t in range(TENANTS)) == 1
         assert later_cached / later_prompt >= 0.85, later_cached / later_prompt
         assert _per_upstream(first, engines) == [len(e.completions) for e in engines]  # /metrics per upstream
 
