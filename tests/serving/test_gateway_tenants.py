@@ -204,9 +204,11 @@ def test_off_loopback_without_keys_the_gateway_does_not_start(tmp_path):
 
 def test_on_loopback_without_keys_a_key_is_taken_as_sent(tmp_path, engine):
     """The single user's gateway: each key its own tenant (a placeholder too: no key is special), a
-    request without one passed through unless --rewrite-shared."""
+    request without one passed through (with the salt of no tenant) unless --rewrite-shared; with
+    --cache-salt off nothing is salted, and a client's own salt goes as it came."""
     gateway = Gateway(tmp_path / "g", f"{engine.url}/v1", "--check-rate", "0")
-    shared = Gateway(tmp_path / "s", f"{engine.url}/v1", "--check-rate", "0", "--rewrite-shared")
+    shared = Gateway(tmp_path / "s", f"{engine.url}/v1", "--check-rate", "0", "--rewrite-shared",
+                     "--cache-salt", "off")
     try:
         exchanged = _exchange(engine, gateway, {"a": _bearer("EMPTY"), "b": _bearer("sk-tenant-b")})
         _never_meet(exchanged)
@@ -214,10 +216,15 @@ def test_on_loopback_without_keys_a_key_is_taken_as_sent(tmp_path, engine):
         keyless = _ask(gateway, SECRETS["a"], {})
         assert keyless.headers["x-kvnotes-gateway"] == ("pass-through; reason=no tenant: no API key (the "
                                                          "operator may opt in with --rewrite-shared)")
+        salts = [engine.completions[i].get("cache_salt") for i in range(-5, 0)]  # A, B, A, B, keyless
+        assert None not in salts and len(set(salts)) == 3 and salts[0] == salts[2] != salts[1] == salts[3]
         first, second = _ask(shared, SECRETS["a"], {}), _ask(shared, SECRETS["b"], {})
         assert first.headers["x-kvnotes-gateway"] == "pass-through; reason=new base"
         assert second.headers["x-kvnotes-gateway"] == "erratum"  # what the operator opted into
         assert second.headers["x-kvnotes-tenant"] == "shared"
+        assert "cache_salt" not in engine.completions[-1]
+        _ask(shared, SECRETS["a"], {}, cache_salt="the-clients-own")
+        assert engine.completions[-1]["cache_salt"] == "the-clients-own"
     finally:
         gateway.stop()
         shared.stop()

@@ -6,6 +6,7 @@ reused; the official `openai` client, streamed and not."""
 from __future__ import annotations
 
 import httpx
+import openai
 import pytest
 
 from serving import connect
@@ -58,4 +59,58 @@ def test_errata_through_the_gateway_keep_vllms_prefix_cache_hitting(tmp_path, vl
         assert gateway.metric("kvnotes_gateway_prefix_tokens_reused_total") > 0
     finally:
         gateway.stop()
+        backend.close()
+
+
+def test_each_tenants_cache_salt_keeps_vllms_prefix_cache_its_own(tmp_path, vllm_url):
+    """Issue 48 item 2 on the real vLLM (V1, `--enable-prompt-tokens-details`): through
+    `kvnotes gateway --keys`, tenant B sending A's exact prompt reads 0 cached tokens (with
+    `--cache-salt off`, as before the salt, it reads A's), A's own repeat still hits, and an online
+    run of both tenants' rewritten requests keeps each one's hit rate at 0.9 or more."""
+    from serving.gateway.tenants import add_key
+
+    keys = tmp_path / "keys"
+    key = {"a": add_key(keys, "alice"), "b": add_key(keys, "bob")}
+    backend = connect(vllm_url)
+    salted = Gateway(tmp_path / "salted", f"{vllm_url}/v1", "--check-rate", "0", "--keys", str(keys))
+    shared = Gateway(tmp_path / "shared", f"{vllm_url}/v1", "--check-rate", "0", "--keys", str(keys),
+                     "--cache-salt", "off")
+    try:
+        clients = {(g, who): openai.OpenAI(base_url=f"{gw.url}/v1", api_key=key[who], max_retries=0,
+                                           timeout=600)
+                   for g, gw in (("salted", salted), ("shared", shared)) for who in "ab"}
+        model = clients["salted", "a"].models.list().data[0].id
+
+        def ask(gateway: str, who: str, city: str) -> tuple[str, int, int]:
+            raw = clients[gateway, who].chat.completions.with_raw_response.create(
+                model=model, max_tokens=4, temperature=0, messages=[
+                    {"role": "system", "content": RECORD.replace("Oslo", city)},
+                    {"role": "user", "content": QUESTION}])
+            usage = raw.parse().usage
+            details = usage.prompt_tokens_details
+            return raw.headers["x-kvnotes-gateway"], usage.prompt_tokens, (details.cached_tokens or 0
+                                                                           if details else 0)
+
+        assert backend.reset_cache()
+        _, tokens, _ = ask("salted", "a", "Oslo")
+        assert ask("salted", "b", "Oslo")[2] == 0  # A's exact prompt, from B: no hit
+        assert ask("salted", "a", "Oslo")[2] / tokens >= 0.9  # A's own repeat hits
+        assert ask("shared", "b", "Oslo")[2] / tokens >= 0.9  # unsalted, B reads what A prefilled
+        assert backend.reset_cache()
+        for who in "ab":  # each tenant's base, prefilled again
+            ask("salted", who, "Oslo")
+        before = backend.counters()
+        seen: dict[str, list[tuple[int, int]]] = {"a": [], "b": []}
+        for city in ["Madrid", "Rome", "Lisbon", "Paris", "Bergen"]:
+            for who in "ab":
+                header, prompt, cached = ask("salted", who, city)
+                assert header == "erratum"
+                seen[who].append((prompt, cached))
+        after = backend.counters()
+        rates = {who: sum(c for _, c in seen[who]) / sum(p for p, _ in seen[who]) for who in "ab"}
+        assert min(rates.values()) >= 0.9, rates
+        assert (after.hits - before.hits) / (after.queries - before.queries) >= 0.9  # vLLM's own counters
+    finally:
+        salted.stop()
+        shared.stop()
         backend.close()
