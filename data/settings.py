@@ -56,7 +56,8 @@ class Settings(BaseSettings):
     # started on the web reaches only these, except on the embedded default (no accounts, loopback).
     vllm_url: str = Field(default="", validation_alias="KVNOTES_VLLM_URL")
     vllm_model: str = Field(default="", validation_alias="KVNOTES_VLLM_MODEL")
-    # A replay's bounds: in all, and for each answer of its server (seconds).
+    # A replay's bounds: in all, and for each answer of its server the silence it waits through while
+    # the server shows no progress either (`serving.server.Server`; seconds).
     replay_deadline_s: float = Field(default=900.0, gt=0, validation_alias="KVNOTES_REPLAY_DEADLINE")
     replay_request_s: float = Field(default=120.0, gt=0, validation_alias="KVNOTES_REPLAY_REQUEST_TIMEOUT")
     # replays served at once by a replays worker (threads: a replay is HTTP calls, not model work)

@@ -5,7 +5,9 @@ Four calls, nothing else (the replays, the trajectory replays and the erratum ga
 - count the tokens of a prompt (`prompt_tokens`, with `info` for the served model, its longest
   prompt and whether it has a chat template);
 - reset the prefix cache (`reset_cache`);
-- read the prefix-cache counters (`counters`: cumulative tokens looked up and found);
+- read the prefix-cache counters (`counters`: cumulative tokens looked up and found), and the
+  server's progress (`progress`: requests running and waiting, tokens prefilled and generated, engine
+  steps), by which an answer waiting in a busy server's queue is told from one on a stuck server;
 - send a chat or completion request, streamed, timed to its first token (`complete` for a replay's
   prompt; `relay` for a client's own OpenAI request, which the gateway forwards as it is).
 
@@ -16,6 +18,10 @@ Two engines implement it:
   `POST /flush_cache`;
 - the counters: vLLM `vllm:prefix_cache_queries_total` and `..._hits_total`; SGLang
   `sglang:prompt_tokens_total` and `sglang:cached_tokens_total` (`--enable-metrics`);
+- the progress: vLLM `vllm:num_requests_running`, `..._waiting`, `vllm:prompt_tokens_total`,
+  `vllm:generation_tokens_total`, the count of `vllm:iteration_tokens_total` (one per engine step)
+  and `vllm:prefix_cache_queries_total`; SGLang `sglang:num_running_reqs`, `sglang:num_queue_reqs`,
+  `sglang:prompt_tokens_total`, `sglang:generation_tokens_total`;
 - cached tokens per request: `usage.prompt_tokens_details.cached_tokens` on both (vLLM
   `--enable-prompt-tokens-details`, SGLang `--enable-cache-report`: RadixAttention's hits);
 - an answer constrained to choices: vLLM `structured_outputs: {choice: [...]}`, SGLang `regex`;
@@ -39,6 +45,7 @@ from typing import Protocol, runtime_checkable
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from serving.progress import Progress
 from serving.relay import Relay, new_client, relay
 from serving.server import Completion, Counters, ReplayError, Server, ServerInfo, _messages, answered
 
@@ -48,6 +55,14 @@ _SGLANG_COUNTERS = {"sglang:prompt_tokens_total": "prompt", "sglang:cached_token
 # the requests waiting and running, by sample name: an engine's queue (the gateway's load per upstream)
 _QUEUES = {"vllm:num_requests_waiting": "queue", "vllm:num_requests_running": "queue",
            "sglang:num_queue_reqs": "queue", "sglang:num_running_reqs": "queue"}
+# what each engine's /metrics shows of its progress, by sample name: `Progress`'s fields
+_VLLM_PROGRESS = {"vllm:num_requests_running": "running", "vllm:num_requests_waiting": "waiting",
+                  "vllm:prompt_tokens_total": "prompt_tokens",
+                  "vllm:generation_tokens_total": "generated_tokens",
+                  "vllm:iteration_tokens_total_count": "steps", "vllm:prefix_cache_queries_total": "lookups"}
+_SGLANG_PROGRESS = {"sglang:num_running_reqs": "running", "sglang:num_queue_reqs": "waiting",
+                    "sglang:prompt_tokens_total": "prompt_tokens",
+                    "sglang:generation_tokens_total": "generated_tokens"}
 
 
 @runtime_checkable
@@ -66,6 +81,8 @@ class Backend(Protocol):
     def reset_cache(self) -> bool: ...
 
     def counters(self) -> Counters | None: ...
+
+    def progress(self) -> Progress | None: ...
 
     def complete(self, content: str, max_tokens: int, choices: tuple[str, ...] = ()) -> Completion: ...
 
@@ -109,6 +126,15 @@ class EngineBackend(Server):
             raise self._failure(asked, "no token ids")
         return tokens
 
+    progress_samples: Mapping[str, str] = {}  # engine: its /metrics samples of `Progress`'s fields
+
+    def progress(self) -> Progress | None:
+        """The server's progress from its `/metrics` (`Progress`), read on the transport's short-bounded
+        probe connection (it is read while answers wait, and must not wait with them)."""
+        data = self._probe_get("/metrics")
+        found = None if data is None else _summed(data, self.progress_samples)
+        return None if found is None else Progress(**found)
+
     def _metric_sums(self, samples: Mapping[str, str]) -> dict[str, float] | None:
         """`/metrics` read by prometheus_client's parser: the `samples` named (sample name -> kind)
         summed per kind over every labelled series; None when none was found, the server has no
@@ -116,16 +142,7 @@ class EngineBackend(Server):
         status, data = self._request("GET", "/metrics")
         if status != 200:
             return None
-        found: dict[str, float] = {}
-        try:
-            for family in text_string_to_metric_families(data.decode(errors="replace")):
-                for sample in family.samples:
-                    if sample.name in samples:
-                        kind = samples[sample.name]
-                        found[kind] = found.get(kind, 0.0) + float(sample.value)
-        except ValueError:  # not the text format: read as a server without the counters
-            return None
-        return found or None
+        return _summed(data, samples)
 
     def queue(self) -> float | None:
         """The requests waiting and running on the engine (its `/metrics`); None when it does not say.
@@ -177,6 +194,7 @@ class VllmBackend(EngineBackend):
     engine = "vLLM"
     tokenize_path = "/tokenize"
     takes_salt = True
+    progress_samples = _VLLM_PROGRESS
 
     def reset_cache(self) -> bool:
         """Empty the prefix cache (vLLM's development endpoint, which scripts/vllm.sh enables on a
@@ -199,6 +217,7 @@ class SglangBackend(EngineBackend):
     engine = "SGLang"
     tokenize_path = "/v1/tokenize"
     takes_salt = True
+    progress_samples = _SGLANG_PROGRESS
 
     def reset_cache(self) -> bool:
         """Empty the radix cache (`/flush_cache`; SGLang refuses while requests are running)."""
@@ -210,6 +229,21 @@ class SglangBackend(EngineBackend):
 
     def constraint(self, choices: tuple[str, ...]) -> dict:
         return {"regex": "(" + "|".join(re.escape(c) for c in choices) + ")"}
+
+
+def _summed(data: bytes, samples: Mapping[str, str]) -> dict[str, float] | None:
+    """The `samples` named (sample name -> kind) in a /metrics text, summed per kind over every
+    labelled series; None when none was found or it is not Prometheus' text format."""
+    found: dict[str, float] = {}
+    try:
+        for family in text_string_to_metric_families(data.decode(errors="replace")):
+            for sample in family.samples:
+                if sample.name in samples:
+                    kind = samples[sample.name]
+                    found[kind] = found.get(kind, 0.0) + float(sample.value)
+    except ValueError:  # not the text format: read as a server without the counters
+        return None
+    return found or None
 
 
 ENGINES: dict[str, type[EngineBackend]] = {"vllm": VllmBackend, "sglang": SglangBackend}

@@ -36,6 +36,7 @@ import httpx
 
 from serving import sse
 from serving.failures import QUOTED, ReplayError, ReplayStopped, answered, base_url, quoted
+from serving.progress import Follower, Progress, Watch
 from vocabulary.prompt import PLAIN_TAIL, choice_text
 
 log = logging.getLogger(__name__)
@@ -53,8 +54,6 @@ class ServerInfo:
     @property
     def prompt_format(self) -> str:
         return "chat" if self.chat else "plain"
-
-
 
 
 @dataclass(frozen=True)
@@ -81,12 +80,14 @@ class Counters:
 NETWORK_ERRORS = (httpx.HTTPError, httpx.InvalidURL, UnicodeError, OSError)
 MAX_BODY = 16 << 20  # the largest answer read from the server (token ids of a long prompt, /metrics)
 WATCH_EVERY_S = 0.2  # how often the watcher looks for a stop or a passed deadline
+PROBE_S = 10.0  # the longest one reading of the server's progress may take (less for a short bound)
 EXTRA_EVENTS = 8  # events of an answer besides one per token (its role, finish reason, usage)
 
 
 class _TrackingBackend(httpcore.SyncBackend):
     """httpcore's network backend, remembering every socket it opens so `Server.stop` can shut them
-    (which wakes a read blocked on a server that sends nothing)."""
+    (which wakes a read blocked on a server that sends nothing). It connects in the thread that
+    sends the request, so the request's `Watch` learns its socket before any answer comes."""
 
     def __init__(self, opened: Callable[[socket.socket], None]) -> None:
         self._opened = opened
@@ -104,15 +105,17 @@ class Server:
     serves). `chat`: send prompts through the model's chat template (None: when it has one, which
     `info` finds out).
 
-    Bounded: `connect_s` to connect, `request_s` for each answer to its first token and then between
-    its tokens (by the read timeout and the watcher), at most `max_tokens` + `EXTRA_EVENTS` events in
-    an answer, and `deadline_s` (None: none) for everything this server is asked. A streaming answer
-    is never cut while its tokens come: behind other requests' prefills, each of its tokens may wait
-    for theirs (issue 44: 6 in-place edits of a 2.7k-token record, the first answer's 16 tokens took
-    32 s after its first one on 2 busy cores; the whole answer had 120 s and was cut). `stop()`
-    or setting `stop_event` (another thread: a cancel) shuts every connection at once; the request in
-    flight raises `ReplayStopped`. Every failure reads "the server at … did not answer as vLLM does",
-    with what was asked; what the server said goes to the log, and to the caller only with `quote`."""
+    Bounded: `connect_s` to connect, at most `max_tokens` + `EXTRA_EVENTS` events in an answer, and
+    `deadline_s` (None: none) for everything this server is asked. A request other than an answer
+    (the models, tokenize, /metrics) has `request_s` to answer, by the read timeout and the watcher.
+
+    An answer is bounded by silence, not by queueing (issue 52, `serving.progress`): it waits as long
+    as the server shows progress (`progress`: its `/metrics`), and is cut once nothing came for
+    `request_s` and the server's readings stood still as long, saying what they showed (issue 44: it
+    is never cut while its tokens come). `stop()` or setting `stop_event` (a cancel) shuts every
+    connection at once; the request in flight raises `ReplayStopped`. Every failure reads "the server
+    at … did not answer as vLLM does", with what was asked; what the server said goes to the log,
+    and to the caller only with `quote`."""
 
     def __init__(self, url: str, model: str | None = None, timeout_s: float = 600.0,
                  chat: bool | None = None, connect_s: float = 10.0, deadline_s: float | None = None,
@@ -127,23 +130,33 @@ class Server:
         self._deadline_s = deadline_s
         self._lock = threading.Lock()
         self._sockets: set[socket.socket] = set()
-        self._due: dict[socket.socket, float] = {}
+        self._local = threading.local()  # the `Watch` of the request this thread sends
         self._stopped: str | None = None
         self._closed = threading.Event()
         self._stopping = threading.Event()
         self._stop_event = stop_event
-        transport = httpx.HTTPTransport(retries=0)
+        self._client = self._new_client(httpx.Timeout(timeout_s, connect=connect_s))
+        # answers: a fresh connection each (so the watcher knows its socket before the first byte),
+        # and no read timeout (the watcher bounds their silence); the progress reader's, its own
+        self._answers = self._new_client(httpx.Timeout(None, connect=connect_s, write=timeout_s),
+                                         httpx.Limits(max_keepalive_connections=0))
+        self._probe = self._new_client(httpx.Timeout(min(PROBE_S, max(1.0, timeout_s))))
+        self._follower = Follower(timeout_s, self.progress, self._closed)
+        threading.Thread(target=self._watch, name="replay-watch", daemon=True).start()
+
+    def _new_client(self, timeout: httpx.Timeout, limits: httpx.Limits | None = None) -> httpx.Client:
+        transport = httpx.HTTPTransport(retries=0, **({"limits": limits} if limits else {}))
         pool = getattr(transport, "_pool", None)
         if isinstance(pool, httpcore.ConnectionPool):
             pool._network_backend = _TrackingBackend(self._opened)
-        self._client = httpx.Client(base_url=self.url, transport=transport, trust_env=False,
-                                    follow_redirects=False,
-                                    timeout=httpx.Timeout(timeout_s, connect=connect_s))
-        threading.Thread(target=self._watch, name="replay-watch", daemon=True).start()
+        return httpx.Client(base_url=self.url, transport=transport, trust_env=False,
+                            follow_redirects=False, timeout=timeout)
 
     def close(self) -> None:
         self._closed.set()
         self._client.close()
+        self._answers.close()
+        self._probe.close()
 
     def __enter__(self) -> Server:
         return self
@@ -154,6 +167,9 @@ class Server:
     # --- bounds ------------------------------------------------------------------------------------
 
     def _opened(self, sock: socket.socket) -> None:
+        watch = getattr(self._local, "watch", None)
+        if watch is not None:
+            self._follower.connected(watch, sock)
         with self._lock:
             self._sockets.add(sock)
             stopped = self._stopped
@@ -181,58 +197,73 @@ class Server:
                 self.stop("the replay was cancelled")
             if self._deadline is not None and now > self._deadline and not self._stopped:
                 self.stop(f"the replay ran past its deadline of {self._deadline_s:g} s")
-            with self._lock:
-                late = [sock for sock, due in self._due.items() if now > due]
-            for sock in late:
+            for sock in self._follower.late(now):
                 _shut(sock)
+
+    def _probe_get(self, path: str) -> bytes | None:
+        """The body of `GET path` on the progress reader's own connection, bounded by `PROBE_S` (or
+        `request_s`); None unless the server answers it 200, within `MAX_BODY`, in time."""
+        try:
+            with self._probe.stream("GET", path) as response:
+                data = bytearray()
+                for chunk in response.iter_bytes() if response.status_code == 200 else ():
+                    data += chunk
+                    if len(data) > MAX_BODY:
+                        return None
+                return bytes(data) if response.status_code == 200 else None
+        except NETWORK_ERRORS:
+            return None
 
     def _check_stopped(self) -> None:
         if self._stopped:
             raise ReplayStopped(self._stopped)
 
-    def _failure(self, asked: str, detail: str) -> ReplayError:
-        """The one answer for every way a server can fail, or the stop that caused it."""
+    def _failure(self, asked: str, detail: str, ours: str = "") -> ReplayError:
+        """The one answer for every way a server can fail, or the stop that caused it. `ours`: what
+        the replay itself found (a silence), said whether or not it quotes the server."""
         if self._stopped:
             return ReplayStopped(self._stopped)
         log.info("replay server failed", extra={"url": self.url, "asked": asked, "detail": detail[:500]})
         said = ": " + detail.replace("\r", "\\r").replace("\n", "\\n") if self.quote else ""
-        return ReplayError(f"the server at {self.url} did not answer as {self.engine} does ({asked}){said}")
+        found = f": {ours}" if ours else ""
+        return ReplayError(f"the server at {self.url} did not answer as {self.engine} does ({asked}){found}"
+                           f"{said if not ours else ''}")
 
     @contextmanager
-    def _stream(self, method: str, path: str, body: dict | None = None) -> Iterator[httpx.Response]:
+    def _stream(self, method: str, path: str, body: dict | None = None,
+                waits: bool = False) -> Iterator[httpx.Response]:
         """One request, its answer streamed, bounded by `request_s` from now (`_going_on` moves the
-        bound on); a `ReplayError` when it cannot be sent, breaks off or runs past a bound."""
+        bound on; with `waits`, an answer's, the server's progress does too); a `ReplayError` when it
+        cannot be sent, breaks off or runs past a bound."""
         self._check_stopped()
         asked = f"{method} {path}"
-        due = time.monotonic() + self.request_s
-        sock = None
+        watch = Watch(time.monotonic() + self.request_s, waits)
+        self._local.watch = watch
+        self._follower.add(watch)
         try:
-            with self._client.stream(method, path, json=body) as response:
+            client = self._answers if waits else self._client
+            with client.stream(method, path, json=body) as response:
                 stream = response.extensions.get("network_stream")
                 sock = stream.get_extra_info("socket") if stream is not None else None
-                if sock is not None:
-                    with self._lock:
-                        self._due[sock] = due
+                self._follower.connected(watch, sock)
+                response.extensions["kvnotes_watch"] = watch
                 yield response
         except NETWORK_ERRORS as exc:
-            with self._lock:
-                due = self._due.get(sock, due) if sock is not None else due
             said = f"{type(exc).__name__}: {exc or 'no message'}"
-            if time.monotonic() > due:  # the read timeout, or the watcher shut the socket
+            if watch.cut:
+                raise self._failure(asked, said, ours=watch.cut) from None
+            if time.monotonic() > watch.due:  # the read timeout, or the watcher shut the socket
                 said = f"nothing came within the request's bound of {self.request_s:g} s ({said})"
             raise self._failure(asked, said) from None
         finally:
-            if sock is not None:
-                with self._lock:
-                    self._due.pop(sock, None)
+            self._local.watch = None
+            self._follower.drop(watch)
 
     def _going_on(self, response: httpx.Response) -> None:
         """A token came: the answer has `request_s` again for its next one."""
-        stream = response.extensions.get("network_stream")
-        sock = stream.get_extra_info("socket") if stream is not None else None
-        with self._lock:
-            if sock in self._due:
-                self._due[sock] = time.monotonic() + self.request_s
+        watch = response.extensions.get("kvnotes_watch")
+        if watch is not None:
+            self._follower.going_on(watch)
 
     def _request(self, method: str, path: str, body: dict | None = None) -> tuple[int, bytes]:
         """The status and body (at most MAX_BODY bytes) of one request."""
@@ -296,6 +327,10 @@ class Server:
     def _has_chat_template(self) -> bool:
         raise NotImplementedError
 
+    def progress(self) -> Progress | None:
+        """What the server's `/metrics` shows of its work now (None: nothing, or no such metrics)."""
+        return None
+
     def models(self) -> dict:
         """The engine's `/v1/models` answer, as it gave it (a JSON object)."""
         return self._get_json("/v1/models")
@@ -307,8 +342,8 @@ class Server:
     def complete(self, content: str, max_tokens: int, choices: tuple[str, ...] = ()) -> Completion:
         """Stream one greedy completion (chat or plain, as the model takes prompts), constrained to one
         of `choices` when there are any (vLLM's structured outputs: the decision over the choices, as
-        kvnotes reads it); raises `ReplayError` when it fails, breaks off or runs past its bounds: its
-        first token within `request_s`, each next one within `request_s` of the last, and at most
+        kvnotes reads it); raises `ReplayError` when it fails, breaks off or runs past its bounds: no
+        token for `request_s` while the server shows no progress either (see the class), and at most
         `max_tokens` + `EXTRA_EVENTS` events."""
         body = {"model": self.model, **self._prompt(content), "max_tokens": max_tokens,
                 "temperature": 0.0, "stream": True, "stream_options": {"include_usage": True}}
@@ -317,8 +352,9 @@ class Server:
         path = "/v1/completions" if self.chat is False else "/v1/chat/completions"
         asked = f"POST {path}"
         sent = time.perf_counter()
-        first, parts, usage, last = None, [], None, sent
-        with self._stream("POST", path, body) as response:
+        first, parts, usage = None, [], None
+        with self._stream("POST", path, body, waits=True) as response:
+            watch = response.extensions["kvnotes_watch"]
             if response.status_code != 200:
                 raise self._failure(asked, answered(response.status_code, response.read()))
             for events, chunk in enumerate(self._events(response, asked), 1):
@@ -327,13 +363,12 @@ class Server:
                                                f"of at most {max_tokens} tokens")
                 usage = chunk.usage or usage
                 if chunk.token:
-                    last = time.perf_counter()
-                    first = first or last
+                    first = first or time.perf_counter()
                     self._going_on(response)
                 parts.append(chunk.text)
         if first is None or usage is None:
-            if time.perf_counter() - last > self.request_s:  # the watcher shut it
-                raise self._failure(asked, f"nothing came within the request's bound of {self.request_s:g} s")
+            if watch.cut:  # the watcher shut it
+                raise self._failure(asked, watch.cut, ours=watch.cut)
             raise self._failure(asked, "the stream ended before an answer and its usage arrived")
         done = time.perf_counter()
         return Completion((first - sent) * 1000, (done - sent) * 1000, "".join(parts),

@@ -16,8 +16,9 @@ from serving.server import Counters, ReplayError, ReplayStopped
 
 @dataclass(frozen=True)
 class Bounds:
-    """How long a replay may take: to connect, for each answer (to its first token, then between its
-    tokens: `serving.server.Server`), and in all (None: no overall bound);
+    """How long a replay may take: to connect, for each answer (the silence before its first token,
+    then between its tokens, while the server shows no progress either: `serving.server.Server`),
+    and in all (None: no overall bound);
     the ports it may never reach besides `serving.targets.SERVICE_PORTS`; and whether a failure
     quotes what the server answered (`quote`: the command line, on the operator's own server; never
     on the web, where a replay must not read other services)."""

@@ -63,6 +63,14 @@ EVENTS = ["The carrier confirmed the booking.", "Customs asked for the certifica
 # 7 turns, each appending a log line; the destination changes at turns 3 and 5
 CHANGES = {2: "Madrid", 4: "Rome"}
 
+# ~2,700 tokens (issues 44 and 52): the consignment record, a header whose destination (the field) is
+# near the top, then 170 short ledger lines ("001 02-01 pallet wrap x2 ok", ~15 tokens each)
+_ITEMS = ("pallet wrap", "steel brackets", "hand drills", "torque keys", "saw blades", "bolt sets", "clamps")
+CONSIGNMENT = ("CONSIGNMENT RECORD\nconsignee: Halden Tools\ndestination: Tromso\nweight: 412 kg\n\n"
+               + "".join(f"{i + 1:03d} 02-{1 + i % 28:02d} {_ITEMS[i % len(_ITEMS)]} x{2 + i % 9} ok\n"
+                         for i in range(170)))
+CONSIGNMENT_QUESTION = "What is the destination of this consignment?"
+
 
 def trajectory(n: int = 7, **kw) -> TrajectoryReplaySpec:
     """The first `n` turns over RECORD, as a trajectory replay (`kw`: more of its fields)."""

@@ -16,7 +16,13 @@ the key's line as first written (a model that ignores errata), `reads="last"` th
 completion with HTTP 500, "slow" waits `delay_s` before answering, "trickle" streams one event every
 `delay_s` forever (`gone` is set when the client went away), "paced" streams 8 events (the answer's
 words, then empty ones) `delay_s` apart, "stall" falls silent `delay_s` after its first event,
-"linger" holds the stream open `delay_s` after its `data: [DONE]`.
+"linger" holds the stream open `delay_s` after its `data: [DONE]`, "silent" accepts the request and
+sends nothing at all for `delay_s` (`gone` once the client closed), "queued" holds the request
+`delay_s` before its first byte while its `/metrics` show other work going on (a busy server's
+queue: `vllm:prompt_tokens_total` and `vllm:iteration_tokens_total_count` grow every 0.1 s).
+`faulty_from`: the first completion (0-based) the fault applies to; those before are answered well.
+`/metrics` (vLLM's dialect) also carries the progress a replay reads: requests running and waiting,
+prompt and generated tokens, engine steps, which stand still unless a completion is being answered.
 
 With `events=True` it publishes its cache's changes as vLLM's KV events do (`--kv-events-config`: a
 ZMQ PUB socket at `events_url`, multipart topic / 8-byte sequence / msgpack `[ts, events, None]`):
@@ -32,6 +38,8 @@ from __future__ import annotations
 import json
 import os
 import re
+import select
+import socket
 import subprocess
 import sys
 import threading
@@ -51,9 +59,11 @@ EVENT_BLOCK = 16  # the tokens (characters) of one block in the KV events
 class Engine(LocalServer):
     def __init__(self, dialect: str = "vllm", model: str = "smollm2-135m", key: str = "destination",
                  reads: str = "last", fault: str = "", delay_s: float = 0.0, max_model_len: int = 8192,
-                 chat: bool = True, events: bool = False) -> None:
+                 chat: bool = True, events: bool = False, faulty_from: int = 0) -> None:
         self.dialect, self.model, self.key, self.reads = dialect, model, key, reads
         self.fault, self.delay_s, self.max_model_len, self.chat = fault, delay_s, max_model_len, chat
+        self.faulty_from = faulty_from
+        self.running = self.waiting = self.prompt_tokens = self.generated = self.steps = 0
         self.seen: list[tuple[str | None, str]] = []  # (cache_salt, prompt)
         self.queries = self.hits = 0
         self.completions: list[dict] = []  # every completion request's body, in order
@@ -197,7 +207,12 @@ class Engine(LocalServer):
             if self.dialect == "vllm":
                 labels = f'{{engine="0",model_name="{self.model}"}}'
                 text = (f"vllm:prefix_cache_queries_total{labels} {self.queries}.0\n"
-                        f"vllm:prefix_cache_hits_total{labels} {self.hits}.0\n")
+                        f"vllm:prefix_cache_hits_total{labels} {self.hits}.0\n"
+                        f"vllm:num_requests_running{labels} {self.running}.0\n"
+                        f"vllm:num_requests_waiting{labels} {self.waiting}.0\n"
+                        f"vllm:prompt_tokens_total{labels} {self.prompt_tokens}.0\n"
+                        f"vllm:generation_tokens_total{labels} {self.generated}.0\n"
+                        f"vllm:iteration_tokens_total_count{labels} {self.steps}.0\n")
             else:
                 text = (f'sglang:prompt_tokens_total{{model_name="{self.model}"}} {self.queries}.0\n'
                         f'sglang:cached_tokens_total{{model_name="{self.model}",cache_source="device"}} '
@@ -228,9 +243,14 @@ class Engine(LocalServer):
 
     def complete(self, h: BaseHTTPRequestHandler, body: dict, chat: bool) -> None:
         self.completions.append(body)
-        if self.fault == "500":
+        fault = self.fault if len(self.completions) > self.faulty_from else ""
+        if fault == "silent":
+            return self.hold_silent(h)
+        if fault == "queued":
+            self.queue_behind_others()
+        if fault == "500":
             return self.send(h, 500, {"error": {"message": "engine fault", "type": "InternalServerError"}})
-        if self.fault == "slow":
+        if fault == "slow":
             time.sleep(self.delay_s)
         if body.get("model") not in (None, self.model):
             return self.send(h, 404, {"error": {"message": f"The model `{body.get('model')}` does not exist.",
@@ -253,7 +273,7 @@ class Engine(LocalServer):
         h.end_headers()
         words = [w + " " for w in text.split(" ")]
         words[-1] = words[-1].rstrip()
-        pad = {"trickle": 10**6, "paced": max(0, 8 - len(words))}.get(self.fault, 0)
+        pad = {"trickle": 10**6, "paced": max(0, 8 - len(words))}.get(fault, 0)
         try:
             for i, word in enumerate(words + [""] * pad):
                 last = i == len(words) - 1
@@ -264,7 +284,7 @@ class Engine(LocalServer):
                          "choices": [choice]}
                 h.wfile.write(f"data: {json.dumps(event)}\n\n".encode())
                 h.wfile.flush()
-                if self.fault in ("trickle", "paced") or (self.fault == "stall" and i == 0):
+                if fault in ("trickle", "paced") or (fault == "stall" and i == 0):
                     time.sleep(self.delay_s)
             if (body.get("stream_options") or {}).get("include_usage"):
                 event = {"id": "cmpl-1", "object": f"{kind}.chunk", "created": 1, "model": self.model,
@@ -272,11 +292,48 @@ class Engine(LocalServer):
                 h.wfile.write(f"data: {json.dumps(event)}\n\n".encode())
             h.wfile.write(b"data: [DONE]\n\n")
             h.wfile.flush()
-            if self.fault == "linger":
+            if fault == "linger":
                 time.sleep(self.delay_s)
+            with self.lock:
+                self.prompt_tokens += len(prompt)
+                self.generated += len(words)
+                self.steps += len(words)
         except OSError:
             self.gone.set()
         h.close_connection = True
+
+    def hold_silent(self, h: BaseHTTPRequestHandler) -> None:
+        """Send nothing for `delay_s` (counted as waiting), watching for the client to close."""
+        with self.lock:
+            self.waiting += 1
+        try:
+            deadline = time.monotonic() + self.delay_s
+            while time.monotonic() < deadline:
+                readable, _, _ = select.select([h.connection], [], [], 0.1)
+                if readable and not h.connection.recv(1, socket.MSG_PEEK):
+                    break
+        except OSError:  # reset by the client
+            pass
+        finally:
+            self.gone.set()
+            with self.lock:
+                self.waiting -= 1
+            h.close_connection = True
+
+    def queue_behind_others(self) -> None:
+        """Wait `delay_s` in the queue while another request's prefill goes on (its counters move)."""
+        with self.lock:
+            self.waiting += 1
+            self.running += 1
+        deadline = time.monotonic() + self.delay_s
+        while time.monotonic() < deadline:
+            time.sleep(0.1)
+            with self.lock:
+                self.prompt_tokens += 128
+                self.steps += 1
+        with self.lock:
+            self.waiting -= 1
+            self.running -= 1
 
 
 SECRET_KEY = "IlS_5HB-xhFIUyvRqtgYrbt5gtzz9-5KySPadp_ewILWFB8F"  # the tests' gateways' secret (unless set)

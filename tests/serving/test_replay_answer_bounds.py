@@ -7,10 +7,13 @@ HTTP servers on loopback speaking vLLM's API (`tests.serving.engines.Engine`).""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
-from serving import Bounds, ReplayError, ReplaySpec, replay
+from serving import Bounds, ReplayError, ReplaySpec, TrajectoryReplaySpec, replay, replay_trajectory
 from tests.serving.engines import Engine
+from vocabulary.trajectories import FieldSpec, TurnSpec
 
 DOCUMENT = "CONSIGNMENT RECORD\nconsignee: Halden Tools\ndestination: Tromso\nweight: 412 kg\n"
 START = DOCUMENT.index("Tromso")
@@ -65,3 +68,79 @@ def test_an_answer_whose_tokens_stop_is_cut_one_bound_after_the_last(engine):
     with pytest.raises(ReplayError) as failed:
         replay(_spec(variants=("erratum",)), server.url, bounds=Bounds(request_s=1.0, quote=True))
     assert "(POST /v1/chat/completions): nothing came within the request's bound of 1 s" in str(failed.value)
+
+
+# ---- issue 52: a bound on silence, not on queueing --------------------------------------------------
+
+
+@pytest.mark.parametrize("run", ["replay", "trajectory"])
+def test_an_answer_queued_behind_a_working_server_waits_past_the_bound(engine, run):
+    """Each request waits 3 s before its first byte, three times the 1 s bound, while the server's
+    /metrics show other work going on (prompt tokens and engine steps growing every 0.1 s): a
+    queue, not a hang. Every answer comes, its TTFT past the bound. Cut at 1 s before the fix."""
+    server = engine(fault="queued", delay_s=3.0)
+    if run == "replay":
+        result = replay(_spec(variants=("in_place",)), server.url,
+                        bounds=Bounds(request_s=1.0))
+        v = result.variants["in_place"]
+        assert v.answers == ["The destination is Valencia."], v.answers
+        ttfts = v.ttft_ms
+    else:
+        result = replay_trajectory(_trajectory(), server.url, bounds=Bounds(request_s=1.0))
+        turns = result.variants["erratum"].turns
+        assert [t.answer for t in turns] == ["The destination is Porto.", "The destination is Porto."]
+        ttfts = [t.ttft_ms for t in turns]
+    assert min(ttfts) > 2000, ttfts  # each waited twice its bound and more, and was not cut
+    print(f"\nqueued 3 s behind others with a 1 s bound: TTFTs {ttfts} ms")
+
+
+def _trajectory() -> TrajectoryReplaySpec:
+    """Two turns over DOCUMENT, the destination changed at the first (erratum only)."""
+    return TrajectoryReplaySpec(DOCUMENT, (FieldSpec("destination", START, START + 6),),
+                                (TurnSpec(append="log: loaded\n", fields={"destination": "Porto"}),
+                                 TurnSpec(append="log: sailed\n")),
+                                "What is the destination of this consignment?", (), variants=("erratum",))
+
+
+def _failed(server: Engine, run: str) -> tuple[str, float]:
+    """The replay's (or trajectory's) failure, with a 1 s bound and nothing quoted (as on the web),
+    and how long the server had held its last request when it ended."""
+    t0 = time.monotonic()
+    with pytest.raises(ReplayError) as failed:
+        if run == "replay":
+            replay(_spec(variants=("in_place",)), server.url,
+                   bounds=Bounds(request_s=1.0))
+        else:
+            replay_trajectory(_trajectory(), server.url, bounds=Bounds(request_s=1.0))
+    return str(failed.value), time.monotonic() - t0
+
+
+@pytest.mark.parametrize("run", ["replay", "trajectory"])
+def test_a_server_that_accepts_and_never_answers_ends_the_replay_naming_the_request(engine, run):
+    """The warm-up is answered, then the next request is accepted and never answered (60 s of
+    silence, the server's counters standing still): the replay fails one 1 s bound later, naming
+    that request and what the server's /metrics showed, and closes its connection."""
+    server = engine(fault="silent", delay_s=60.0, faulty_from=1)
+    message, took = _failed(server, run)
+    what = "in_place request 1 (field = 'Valencia') failed" if run == "replay" else "erratum turn 1 failed"
+    assert message.startswith(what), message
+    assert message.endswith("(POST /v1/chat/completions): nothing came within the request's bound of 1 s, "
+                            "and the server showed no progress for 1 s (its /metrics: 0 running, 1 waiting; "
+                            f"{server.prompt_tokens} prompt tokens, {server.generated} generated, "
+                            f"{server.steps} engine steps, "
+                            f"{server.queries} tokens looked up in its cache in all)"), message
+    assert server.gone.wait(10)  # the replay closed the connection it waited on
+    print(f"\nsilent server, 1 s bound: ended after {took:.1f} s: {message}")
+
+
+@pytest.mark.parametrize("run", ["replay", "trajectory"])
+def test_a_server_that_stops_mid_stream_ends_the_replay_naming_the_request(engine, run):
+    """The warm-up is answered, then the next answer's first word comes and the server falls silent
+    for 60 s with its counters standing still: cut one bound after that word, naming the request."""
+    server = engine(fault="stall", delay_s=60.0, faulty_from=1)
+    message, took = _failed(server, run)
+    what = "in_place request 1 (field = 'Valencia') failed" if run == "replay" else "erratum turn 1 failed"
+    assert message.startswith(what), message
+    assert "(POST /v1/chat/completions): nothing came within the request's bound of 1 s, and the server " \
+           "showed no progress for 1 s (its /metrics: 0 running, 0 waiting;" in message, message
+    print(f"\nserver stalled mid-stream, 1 s bound: ended after {took:.1f} s")

@@ -11,15 +11,11 @@ import pytest
 
 from serving.backend import connect
 from tests.conftest import REPO, kvnotes_cli
+from tests.serving.conftest import CONSIGNMENT as RECORD
+from tests.serving.conftest import CONSIGNMENT_QUESTION as QUESTION
 
 pytestmark = pytest.mark.slow
 
-HEADER = "CONSIGNMENT RECORD\nconsignee: Halden Tools\ndestination: Tromso\nweight: 412 kg\n\n"
-ITEMS = ("pallet wrap", "steel brackets", "hand drills", "torque keys", "saw blades", "bolt sets", "clamps")
-# 170 short ledger lines: "001 02-01 pallet wrap x2 ok" (about 15 tokens each with smollm2's tokenizer)
-RECORD = HEADER + "".join(f"{i + 1:03d} 02-{1 + i % 28:02d} {ITEMS[i % len(ITEMS)]} x{2 + i % 9} ok\n"
-                          for i in range(170))
-QUESTION = "What is the destination of this consignment?"
 
 
 def test_the_issue_44_replay_of_a_2700_token_record_exits_0(vllm_url, tmp_path):
