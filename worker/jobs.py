@@ -155,6 +155,23 @@ def finish(table: type, job_id: int, hostname: str | None, status: RunStatus,
     return write(table, job_id, hostname, FINAL_PATIENCE_S, to=status, also=also, **values)
 
 
+def lost(table: type, job_id: int, meant: RunStatus | str, **context: Any) -> str:
+    """A worker's final write (`meant`) lost its transition to another writer (a cancel, the reaper,
+    a delete): log what won (the row's status now and its error, or "deleted") and return it. The
+    caller then says that status, never its own: a replay lost to a cancel never logs success."""
+    try:
+        with session() as s:
+            row = s.execute(select(table.status, table.worker, table.error).where(table.id == job_id)).first()
+    except DBAPIError:  # cannot be read now: say so rather than guess
+        row, won = None, "unknown"
+    else:
+        won = "deleted" if row is None else str(row.status)
+    log.info("job's outcome not written: another writer won",
+             extra={"job": table.__tablename__, "job_id": job_id, "meant": str(meant), "won": won,
+                    "won_with": (row.error or "")[:200] if row is not None else "", **context})
+    return won
+
+
 def past_deadline(kind: JobKind, started: float) -> bool:
     """Whether a job of `kind` started at `started` (`time.monotonic()`) has run past its deadline."""
     return time.monotonic() - started > deadline_s(kind)

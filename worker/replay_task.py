@@ -143,7 +143,8 @@ def _run(self, replay_id: int) -> dict[str, Any]:
     run = replay_trajectory if turns else replay
 
     def failed(message: str) -> dict[str, Any]:
-        jobs.finish(Replay, replay_id, hostname, RunStatus.FAILED, error=message)
+        if not jobs.finish(Replay, replay_id, hostname, RunStatus.FAILED, error=message):
+            return {"replay_id": replay_id, "status": jobs.lost(Replay, replay_id, RunStatus.FAILED)}
         return {"replay_id": replay_id, "status": "failed", "error": message}
 
     try:
@@ -161,6 +162,8 @@ def _run(self, replay_id: int) -> dict[str, Any]:
     except Exception as exc:  # a bug, not the user's input: still a failed row, never silence
         log.exception("replay failed", extra={"replay_id": replay_id})
         return failed(f"the replay stopped on an internal error ({type(exc).__name__}: {exc})")
-    jobs.finish(Replay, replay_id, hostname, RunStatus.SUCCEEDED, stage="done", progress=1.0, result=result)
+    if not jobs.finish(Replay, replay_id, hostname, RunStatus.SUCCEEDED, stage="done", progress=1.0,
+                       result=result):  # cancelled (or reaped, deleted) after its last request
+        return {"replay_id": replay_id, "status": jobs.lost(Replay, replay_id, RunStatus.SUCCEEDED)}
     log.info("replay succeeded", extra={"replay_id": replay_id})
     return {"replay_id": replay_id, "status": "succeeded"}

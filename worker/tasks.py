@@ -16,7 +16,7 @@ from typing import Any
 from celery.signals import worker_ready
 from sqlalchemy import update
 
-from data.models import RunStatus, Skill
+from data.models import Run, RunStatus, Skill
 from data.queue import queue_for
 from data.settings import get_settings
 from worker import jobs, presence, run_rows, sweep_rows
@@ -80,12 +80,16 @@ def run(self, run_id: int) -> dict[str, Any]:
                      extra={"run_id": run_id, "duration_ms": round((time.perf_counter() - t0) * 1000)})
             sweep_rows.refresh(snapshot.sweep_id)
             return {"run_id": run_id, "status": RunStatus.SUCCEEDED}
+        won = jobs.lost(Run, run_id, RunStatus.SUCCEEDED)  # cancelled (or reaped) after its last step
         run_rows.stopped(run_id)
         sweep_rows.refresh(snapshot.sweep_id)
-        return {"run_id": run_id, "status": RunStatus.CANCELLED}
+        return {"run_id": run_id, "status": won}
     except run_rows.PastDeadline as exc:
         log.warning("run stopped: past its deadline", extra={"run_id": run_id, "stage": reporter.stage})
-        run_rows.fail(run_id, hostname, str(exc))
+        if not run_rows.fail(run_id, hostname, str(exc)):
+            won = jobs.lost(Run, run_id, RunStatus.FAILED)
+            sweep_rows.refresh(snapshot.sweep_id)
+            return {"run_id": run_id, "status": won}
         sweep_rows.refresh(snapshot.sweep_id)
         return {"run_id": run_id, "status": RunStatus.FAILED, "error": str(exc)}
     except run_rows.Stop:
@@ -97,11 +101,12 @@ def run(self, run_id: int) -> dict[str, Any]:
         if not isinstance(exc, EngineError):
             log.exception("run failed", extra={"run_id": run_id, "stage": reporter.stage})
         message = describe_failure(exc, device, reporter.stage)
-        run_rows.fail(run_id, hostname, message)
+        written = run_rows.fail(run_id, hostname, message)
+        won = RunStatus.FAILED if written else jobs.lost(Run, run_id, RunStatus.FAILED)
         sweep_rows.refresh(snapshot.sweep_id)
         if not isinstance(exc, Exception):
             raise  # SystemExit / KeyboardInterrupt: let the worker shut down
-        return {"run_id": run_id, "status": RunStatus.FAILED, "error": message}
+        return {"run_id": run_id, "status": won, **({"error": message} if written else {})}
 
 
 def _set_skill(skill_id: int, **values: Any) -> None:

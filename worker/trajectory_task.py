@@ -82,17 +82,22 @@ def trajectory_task(self, trajectory_id: int) -> dict[str, Any]:
                 raise PastDeadline(deadline_message(TRAJECTORIES, f"turn {len(turns) + 1} of {total}"))
     except PastDeadline as exc:
         log.warning("trajectory stopped: past its deadline", extra={"trajectory_id": trajectory_id})
-        jobs.finish(Trajectory, trajectory_id, hostname, RunStatus.FAILED, error=str(exc), stage="failed")
+        if not jobs.finish(Trajectory, trajectory_id, hostname, RunStatus.FAILED, error=str(exc),
+                           stage="failed"):
+            return {"trajectory_id": trajectory_id,
+                    "status": jobs.lost(Trajectory, trajectory_id, RunStatus.FAILED)}
         return {"trajectory_id": trajectory_id, "status": "failed", "error": str(exc)}
     except Exception as exc:
         if not isinstance(exc, EngineError):
             log.exception("trajectory failed", extra={"trajectory_id": trajectory_id, "stage": stage})
         message = describe_failure(exc, device, stage)
-        jobs.finish(Trajectory, trajectory_id, hostname, RunStatus.FAILED, error=message)
+        if not jobs.finish(Trajectory, trajectory_id, hostname, RunStatus.FAILED, error=message):
+            return {"trajectory_id": trajectory_id,
+                    "status": jobs.lost(Trajectory, trajectory_id, RunStatus.FAILED)}
         return {"trajectory_id": trajectory_id, "status": "failed", "error": message}
     if not jobs.finish(Trajectory, trajectory_id, hostname, RunStatus.SUCCEEDED, stage="done", progress=1.0):
-        log.info("trajectory stopped", extra={"trajectory_id": trajectory_id, "turns": len(turns)})
-        return {"trajectory_id": trajectory_id, "status": "cancelled"}
+        return {"trajectory_id": trajectory_id,
+                "status": jobs.lost(Trajectory, trajectory_id, RunStatus.SUCCEEDED, turns=len(turns))}
     log.info("trajectory succeeded", extra={"trajectory_id": trajectory_id,
                                             "duration_ms": round((time.perf_counter() - t0) * 1000)})
     return {"trajectory_id": trajectory_id, "status": "succeeded"}
