@@ -93,6 +93,8 @@ class Gateway:
         self.events = events
         self.rewriter = rewriter
         self.salt = salt  # tenant id -> its cache salt (`GatewaySecret.salt`); None: salting off
+        if salt is not None and any(getattr(u.backend, "takes_salt", False) for u in pool.upstreams):
+            self.router.salt = salt  # the KV events' blocks of a tenant are keyed by its salt too
         rewriter.stats.registry.register(_Routing(self))
         self.timeout_s = timeout_s  # to the upstream's first byte
         self.idle_s = idle_s  # between one piece of its answer and the next

@@ -12,7 +12,9 @@ vLLM's block hashes are seeded per process (and salted per request), so they are
 stored block's token ids are hashed here, SHA-256 chained from its parent's hash as the KV store
 chains its blocks (`worker.engine.store`: a root of the model and block size, then
 `sha256(len|"block"|len|parent|len|ids)` per block), and vLLM's hash is kept only to find a block's
-parent and to remove it. Per replica: the set of our hashes it holds. `AllBlocksCleared`, a sequence
+parent and to remove it. A request's `cache_salt` (issue 48: one per tenant) is in the chain's
+root, read from the first block's `extra_keys`, so a tenant's blocks match only that tenant's
+requests, as in vLLM's cache. Per replica: the set of our hashes it holds. `AllBlocksCleared`, a sequence
 number that does not follow the last (a gap: events were lost), or one that goes back (the replica
 restarted) empties that replica's set: what it held is unknown, so its bases are routed afresh
 (`serving.gateway.router`).
@@ -44,9 +46,15 @@ def hash_parts(*parts: bytes) -> str:
     return h.hexdigest()
 
 
-def chain(tokens: Sequence[int], block_size: int, model: str = "") -> list[str]:
+def root(block_size: int, model: str = "", salt: str = "") -> str:
+    """The hash a chain starts from: the model, the block size and the request's `cache_salt` (vLLM
+    hashes it into the first block, so a tenant's salted blocks are that tenant's only)."""
+    return hash_parts(b"root", model.encode(), str(block_size).encode(), salt.encode())
+
+
+def chain(tokens: Sequence[int], block_size: int, model: str = "", salt: str = "") -> list[str]:
     """Our hashes of the full blocks of `tokens`, each chained from the one before."""
-    prev = hash_parts(b"root", model.encode(), str(block_size).encode())
+    prev = root(block_size, model, salt)
     out = []
     for start in range(0, len(tokens) - block_size + 1, block_size):
         ids = tokens[start:start + block_size]
@@ -91,8 +99,8 @@ class KvEvents:
 
     # --- what the router asks --------------------------------------------------------------------------
 
-    def chain(self, tokens: Sequence[int]) -> list[str]:
-        return chain(tokens, self.block_size or 1, self.model)
+    def chain(self, tokens: Sequence[int], salt: str = "") -> list[str]:
+        return chain(tokens, self.block_size or 1, self.model, salt)
 
     def held(self, name: str, hashes: Sequence[str]) -> int:
         """How many of `hashes`' leading blocks the replica `name` holds."""
@@ -134,7 +142,7 @@ class KvEvents:
             size = int(event["block_size"])
             self.block_size = size  # the latest said (every replica of one model has one size)
             parent = event.get("parent_block_hash")
-            prev = (hash_parts(b"root", self.model.encode(), str(size).encode()) if parent is None
+            prev = (root(size, self.model, _salt(event.get("extra_keys"))) if parent is None
                     else replica.ours.get(_key(parent)))
             tokens = event["token_ids"]
             for i, vllm_hash in enumerate(event["block_hashes"]):
@@ -220,6 +228,16 @@ class KvEvents:
         for name, n in held.items():
             blocks.add_metric([name], n)
         yield blocks
+
+
+def _salt(extra_keys: object) -> str:
+    """The `cache_salt` of a chain's first block from its event's extra keys (vLLM publishes, per
+    block, the LoRA name, multimodal pairs, then the salt: the last text of the first block's)."""
+    if not isinstance(extra_keys, list | tuple) or not extra_keys:
+        return ""
+    first = extra_keys[0]
+    texts = [k for k in first if isinstance(k, str)] if isinstance(first, list | tuple) else []
+    return texts[-1] if texts else ""
 
 
 def _key(block_hash: object) -> object:

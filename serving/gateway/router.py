@@ -28,6 +28,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import Counter, OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from serving.gateway.state import State
@@ -57,6 +58,7 @@ class Router:
             raise ValueError(f"route must be one of {', '.join(ROUTES)}, not {mode!r}")
         self.pool, self.state, self.mode, self.overload, self.events = pool, state, mode, overload, events
         self.choices: Counter[str] = Counter()  # this process's choices by why
+        self.salt: Callable[[str], str] | None = None  # tenant -> the cache salt its requests carry
         self._tokens: OrderedDict[str, list[int]] = OrderedDict()
         self._lock = threading.Lock()
 
@@ -94,7 +96,7 @@ class Router:
         recorded = self.pool.named(record.read())
         target, why = recorded, "recorded"
         if self.events is not None:
-            held = self._held(record.base_id, body)
+            held = self._held(record.tenant, record.base_id, body)
             if held is not None and recorded not in held:
                 target, why = (self._fittest(held), "events") if held else (None, "evicted")
         if target is None:
@@ -136,7 +138,7 @@ class Router:
 
     # --- KV events ---------------------------------------------------------------------------------------
 
-    def _held(self, base_id: str, body: dict) -> list[Upstream] | None:
+    def _held(self, tenant: str, base_id: str, body: dict) -> list[Upstream] | None:
         """The upstreams in rotation that hold the longest run of the base's leading blocks (at least
         half of them); [] when none does; None when the events cannot tell (no block size yet, or the
         base's tokens could not be counted)."""
@@ -144,7 +146,7 @@ class Router:
         tokens = self._base_tokens(base_id, body) if size else None
         if not tokens or len(tokens) < size:
             return None
-        chain = self.events.chain(tokens)
+        chain = self.events.chain(tokens, self.salt(tenant) if self.salt is not None else "")
         runs = {u: self.events.held(u.name, chain) for u in self.pool.in_rotation()}
         best = max(runs.values(), default=0)
         if best == 0 or 2 * best < len(chain):

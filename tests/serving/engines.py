@@ -115,22 +115,25 @@ class Engine(LocalServer):
         self._pub.send_multipart([b"", self._seq.to_bytes(8, "big"), payload])
         self._seq += 1
 
-    def _stored(self, prompt: str) -> None:
+    def _stored(self, prompt: str, salt: str | None) -> None:
+        """Publish the blocks of `prompt` not stored yet; the `cache_salt` is hashed into every block
+        (through the first) and named in the first block's extra keys, as vLLM does."""
         tokens = [ord(c) for c in prompt]
-        parent, hashes, ids, first_parent = None, [], [], None
+        parent, hashes, ids, extra, first_parent = None, [], [], [], None
         for end in range(EVENT_BLOCK, len(tokens) + 1, EVENT_BLOCK):
-            h = hash(("salt", tuple(tokens[:end]))) & (2**63 - 1)
+            h = hash(("seed", salt, tuple(tokens[:end]))) & (2**63 - 1)
             if h not in self._blocks:
                 if not hashes:
                     first_parent = parent
                 self._blocks.add(h)
                 hashes.append(h)
                 ids += tokens[end - EVENT_BLOCK:end]
+                extra.append([salt] if salt and end == EVENT_BLOCK else None)
             parent = h
         if hashes:
             self.publish([{"type": "BlockStored", "block_hashes": hashes, "parent_block_hash": first_parent,
                            "token_ids": ids, "block_size": EVENT_BLOCK, "lora_id": None, "medium": "CPU",
-                           "lora_name": None}])
+                           "lora_name": None, "extra_keys": extra if any(extra) else None}])
 
     def restart(self) -> None:
         """Forget the cache as a restarted engine does; its events say so from sequence 0."""
@@ -176,7 +179,7 @@ class Engine(LocalServer):
                 best = max(best, n)
             cached = min(best, len(prompt) - 1)
             self.seen.append((salt, prompt))
-            self._stored(prompt)
+            self._stored(prompt, salt)
             self.queries += len(prompt)
             self.hits += cached
             return cached

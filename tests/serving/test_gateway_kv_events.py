@@ -60,6 +60,10 @@ def test_vllm_wire_batches_are_hashed_here_and_forgotten_when_they_should_be():
     assert events.held("a", ours) == 0 and events.replicas["a"].cleared == 3
     events.apply("b", 9, pack([1.0, [_stored([b"x2"], b"unknown", tokens[8:16], 8)], None]))
     assert events.replicas["b"].orphans == 1 and events.held("b", ours) == 0  # no parent: not hashed
+    salted = {**_stored([b"s1", b"s2"], None, tokens[:16], 8), "extra_keys": [["salt-of-a"], None]}
+    events.apply("b", 10, pack([1.0, [salted], None]))  # tenant A's salt is in its first block
+    assert events.held("b", chain(tokens, 8, salt="salt-of-a")) == 2
+    assert events.held("b", chain(tokens, 8, salt="salt-of-b")) == 0 and events.held("b", ours) == 0
 
 
 LOG = "\n".join(f"2026-03-01 08:{i:02d} The carrier confirmed step {i} of the booking." for i in range(30))
