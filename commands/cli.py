@@ -17,7 +17,8 @@
     kvnotes trajectory --document doc.txt --turns turns.jsonl [--field L=TEXT] [--strategies …] [--json]
                                   (turns appended and fields changed, each strategy carrying its cache)
     kvnotes gateway --upstream URL [--policy erratum|field_erratum|hoist|pass-through] [--notebook ID]
-                                  (an OpenAI endpoint that sends field changes as errata; commands.gateway)
+                    [--keys FILE]  (an OpenAI endpoint that sends field changes as errata; commands.gateway)
+    kvnotes gateway keys add TENANT --keys FILE   (a new key for the gateway's key file, printed once)
 
 Bad input exits with status 2 and one line on stderr, never a traceback.
 """

@@ -150,7 +150,8 @@ class Settings(BaseSettings):
     bind_host: str = Field(default="127.0.0.1", validation_alias="KVNOTES_BIND_HOST")  # set by `serve`
     allowed_hosts_csv: str = Field(default="", validation_alias="KVNOTES_ALLOWED_HOSTS")
     # Proxies whose X-Forwarded-For names the client (addresses or networks, comma-separated; "" =
-    # none: the client is the connection's peer, whatever a header says).
+    # none: the client is the connection's peer, whatever a header says); for `kvnotes gateway`
+    # (`--trusted-proxies`), the proxies whose tenant header counts.
     trusted_proxies_csv: str = Field(default="", validation_alias="KVNOTES_TRUSTED_PROXIES")
     # served behind TLS: Secure cookies, HSTS
     https: bool = Field(default=False, validation_alias="KVNOTES_HTTPS")
