@@ -434,6 +434,10 @@ class RunResult(Base):
     order_bias: Mapped[str | None] = mapped_column(String(16))
     # reading the choices over their other orders, timed apart from the first token (revision 0019)
     measure_ms: Mapped[float] = mapped_column(Float, default=0.0, server_default="0")
+    # the orders of the choices the decision read, of those a full reading reads (revision 0021):
+    # fewer is a partial reading, stopped once settled; 0 and 0 for a free answer and older rows
+    orders_read: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    orders_total: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     # float16 bytes, C order, shape `attention_shape` = [layers, heads, T]; loaded only when asked for.
     attention: Mapped[bytes | None] = mapped_column(LargeBinary, deferred=True)
     attention_shape: Mapped[list[int] | None] = mapped_column(JSON)

@@ -139,5 +139,10 @@ METRICS = (
     Metric("measure_ms", float,
            "reading the choices over their other orders (the decision's debiasing), after the first "
            "token and apart from it: time to first token is one readout in the listed order"),
+    Metric("orders_read", int,
+           "how many orders of the choices the decision was read over (0 for a free answer); fewer than "
+           "orders_total is a partial reading, stopped once no order left could change the decision, "
+           "whose choice_probs, choice_spread and order_bias cover only those orders"),
+    Metric("orders_total", int, "how many orders of the choices a full reading reads (0 for a free answer)"),
 )
 METRIC_NAMES = tuple(metric.name for metric in METRICS)

@@ -264,3 +264,30 @@ def test_the_home_page_judges_agreement_as_the_run_page_does(make_client):
     home = last_run_outcomes(s, [full.notebook_id])[full.notebook_id]
     assert home.headline.count == "1 of 2"
     assert home.best_strategy == "field_erratum"  # it agrees on the home page too, and is the fastest
+
+
+def test_a_choice_read_over_some_of_its_orders_is_marked_partial(make_client):
+    """Issue 51 item 11: a decision-only reading that stopped once settled averages only the orders it
+    read; the decision table says so beside its probabilities, a full reading says nothing."""
+    from data.models import Notebook, Question
+    from tests.web.conftest import add_field, new_notebook, session
+    from tests.web.finished_run import finished_run
+
+    client = make_client()
+    nb = new_notebook(client)
+    add_field(client, nb)
+    s = session()
+    notebook = s.get(Notebook, nb)
+    notebook.questions.append(Question(text="What is the status?", choices=["active", "suspended"]))
+    s.commit()
+    run = finished_run(s, notebook, strategies=("recompute", "stale", "in_place"))
+    rows = {r.strategy: r for r in s.query(RunResult).filter_by(run_id=run.id)}
+    rows["recompute"].orders_read, rows["recompute"].orders_total = 8, 8
+    rows["in_place"].orders_read, rows["in_place"].orders_total = 6, 8
+    s.commit()
+    html = client.get(f"/runs/{run.id}").text
+    assert html.count("data-partial-orders=") == 1
+    assert 'data-partial-orders="6/8">partial: the mean of 6 of 8 orders' in html
+    api = client.get(f"/api/runs/{run.id}").json()
+    got = {name: (r["orders_read"], r["orders_total"]) for name, r in api["results"].items()}
+    assert got["in_place"] == (6, 8) and got["recompute"] == (8, 8)

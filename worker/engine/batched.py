@@ -155,7 +155,7 @@ def order_chunks(total: int) -> list[int]:
     return [first, *rest]
 
 
-ORDERS_AFTER = 3  # orders read a forward once the first chunk left a decision open (see docs/sweeps.md)
+ORDERS_AFTER = 2  # one pair of orders a forward, once the first chunk left a decision open (docs/sweeps.md)
 
 
 def _settled_rows(model, rows: Sequence[Row], suffixes: list[list[int]], encoded: list[list[int]],
@@ -218,7 +218,7 @@ def decide_all(model, tokenizer, frame: Frame, rows: Sequence[Row], suffix_ids: 
         checkpoints = list(accumulate(order_chunks(len(suffixes))))
         for i, got in zip(group, readings):
             per_order = _per_order(question.choices, got.scores)
-            read = over_orders(listed[:len(got.scores)], per_order)
+            read = over_orders(listed[:len(got.scores)], per_order, len(suffixes))
             readout = _chosen(read, got.heads[0], encoded, question, first_token_at, got.deferred_kv)
             readout.choice_logp = dict(zip(question.choices, got.scores[0]))
             readout.orders_needed = next(k for k in checkpoints if k >= len(per_order)

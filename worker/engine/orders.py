@@ -51,21 +51,26 @@ MAX_ORDERS = 8  # a choice question is read in at most this many orders (linear 
 
 
 def reading_orders(choices: Sequence[str]) -> list[tuple[str, ...]]:
-    """The orders a choice question is asked in, the listed order first. Up to `MAX_ORDERS // 2`
-    choices: every cyclic order of `choices`, then every cyclic order of the reversed list not
-    already among them (two choices: 2 orders; three: all 6; four: 8). More choices: `MAX_ORDERS // 2`
-    cyclic shifts spread evenly over the list, then the reversal of each (each choice read first in
-    one order is read last in its reversal), `MAX_ORDERS` orders in all."""
+    """The orders a choice question is asked in, the listed order first, each forward order followed
+    by its reversal (interleaved, so a reading that stops early has read as many of one direction as
+    of the other: `settled` stops only after whole pairs). Up to `MAX_ORDERS // 2` choices: every
+    cyclic order of `choices`, each with its reversal (a cyclic order of the reversed list; two
+    choices: 2 orders; three: all 6; four: 8). More choices: `MAX_ORDERS // 2` cyclic shifts spread
+    evenly over the list, each with its reversal (each choice read first in one order is read last in
+    its reversal), `MAX_ORDERS` orders in all."""
     items = tuple(choices)
     n = len(items)
     if 2 * n <= MAX_ORDERS:
-        orders = cyclic_orders(items)
-        orders += [o for o in cyclic_orders(tuple(reversed(items))) if o not in orders]
-        return orders
-    half = MAX_ORDERS // 2
-    shifts = sorted({round(i * n / half) % n for i in range(half)})
-    forward = [items[k:] + items[:k] for k in shifts]
-    return forward + [tuple(reversed(o)) for o in forward]
+        forward = cyclic_orders(items)
+    else:
+        half = MAX_ORDERS // 2
+        forward = [items[k:] + items[:k] for k in sorted({round(i * n / half) % n for i in range(half)})]
+    orders: list[tuple[str, ...]] = []
+    for order in forward:
+        for o in (order, tuple(reversed(order))):
+            if o not in orders:
+                orders.append(o)
+    return orders
 
 
 def position_word(position: int, n: int) -> str:
@@ -85,10 +90,19 @@ class OrderReading:
     spread: dict[str, list[float]]
     bias: str | None
     orders: int = 1  # how many orders were read
+    of: int = 1  # how many it is read in when no order is skipped: fewer read is a partial reading
+
+    @property
+    def partial(self) -> bool:
+        """The reading stopped before its last order (its decision settled): `probs`, `spread` and
+        `bias` cover only the orders read."""
+        return self.orders < self.of
 
 
-def over_orders(orders: Sequence[Sequence[str]], per_order: Sequence[dict[str, float]]) -> OrderReading:
-    """Combine each order's choice distribution (`per_order[k]` for `orders[k]`, listed order first)."""
+def over_orders(orders: Sequence[Sequence[str]], per_order: Sequence[dict[str, float]],
+                of: int | None = None) -> OrderReading:
+    """Combine each order's choice distribution (`per_order[k]` for `orders[k]`, listed order first);
+    `of`: the orders a full reading reads (default: those given)."""
     listed = list(orders[0])
     n_orders = len(per_order)
     probs = {c: sum(p[c] for p in per_order) / n_orders for c in listed}
@@ -102,7 +116,7 @@ def over_orders(orders: Sequence[Sequence[str]], per_order: Sequence[dict[str, f
             list(order).index(pick) for order, pick in zip(orders, picks)).most_common(1)[0]
         if follows_position > follows_document:
             bias = position_word(position, len(listed))
-    return OrderReading(probs, spread, bias, n_orders)
+    return OrderReading(probs, spread, bias, n_orders, max(of or n_orders, n_orders))
 
 
 # a stop must hold by more than float rounding could move a sum of at most 8 numbers in [0, 1]
@@ -115,19 +129,25 @@ def settled(listed: Sequence[str], per_order: Sequence[dict[str, float]], total:
     [0, 1] to every choice's sum, so another choice gains at most 1 on the leader per order: the
     decision is settled when the leader's sum beats every other's by more than the orders left
     (`STOP_SLACK` over it, so float rounding cannot make a tie of it). The full average cannot then
-    tie, so its tie-break (the first listed) cannot differ either; short of that margin, read on."""
+    tie, so its tie-break (the first listed) cannot differ either; short of that margin, read on.
+    A reading stops only after whole pairs (an order and its reversal, `reading_orders`), so what it
+    averages is as balanced as the full reading."""
     left = total - len(per_order)
     if left <= 0:
         return True
+    if len(per_order) % 2:
+        return False
     sums = {c: sum(p[c] for p in per_order) for c in listed}
     leader = max(sums, key=sums.get)
     return all(sums[leader] - sums[c] > left + STOP_SLACK for c in listed if c != leader)
 
 
 def earliest_stop(total: int) -> int:
-    """The fewest orders after which a decision over `total` can be settled: k with k > total − k
-    (a margin over k orders is below k, and must exceed the total − k orders left)."""
-    return total // 2 + 1
+    """The fewest orders after which a decision over `total` can be settled: the fewest whole pairs
+    k with k > total − k (a margin over k orders is below k, and must exceed the total − k orders
+    left)."""
+    k = total // 2 + 1
+    return min(total, k + k % 2)
 
 
 def _tree_mask(past: int, deferred: Deferred | None, group: list[int], parent: list[int],

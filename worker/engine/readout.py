@@ -97,6 +97,7 @@ class Readout:
     # order left could change it: `worker.engine.orders.settled`); 0 without choices
     orders_read: int = 0
     orders_needed: int = 0  # of those, what it needed where a reading may stop (read at once: fewer)
+    orders_total: int = 0  # the orders a full reading reads: more than `orders_read` is a partial reading
     # a free answer decoded in a batch (`worker.engine.decode`): each answer token's log-probability,
     # the stop token that ended it (None: max_new_tokens), the tokens (stop included) a draft gave
     answer_logp: list[float] = field(default_factory=list)
@@ -266,7 +267,8 @@ def _chosen(reading: OrderReading, logits: torch.Tensor, encoded: list[list[int]
     return Readout(logits=logits, decision=decision, choice_probs=reading.probs, text=text,
                    answer_ids=list(reasoning) + encoded[question.choices.index(decision)],
                    first_token_at=first_token_at, deferred_kv=deferred_kv,
-                   choice_spread=reading.spread, order_bias=reading.bias, orders_read=reading.orders)
+                   choice_spread=reading.spread, order_bias=reading.bias, orders_read=reading.orders,
+                   orders_total=reading.of)
 
 
 def _per_order(choices: Sequence[str], scores: Sequence[Sequence[float]]) -> list[dict[str, float]]:
@@ -319,7 +321,7 @@ def _first_token_then_orders(model, tokenizer, frame: Frame, cache, pending: lis
         _, scores, _ = orders_forward(model, base, pending, [suffix_ids, *[list(o) for o in orders]], encoded)
         per_order = _per_order(question.choices, scores)
         listed_logp = dict(zip(question.choices, scores[0]))
-    read = over_orders(reading_orders(question.choices)[:len(per_order)], per_order)
+    read = over_orders(reading_orders(question.choices)[:len(per_order)], per_order, len(orders) + 1)
     out = _chosen(read, logits, encoded, question, first_token_at, fresh)
     out.measure_ms = (time.perf_counter() - first_token_at) * 1000
     out.choice_logp = listed_logp

@@ -74,6 +74,13 @@ class StrategyResult:
     choice_spread: dict[str, list[float]] = field(default_factory=dict)  # [min, max] over the orders
     order_bias: str | None = None  # the position the answer follows more than the document, e.g. "first"
     measure_ms: float = 0.0  # reading the choices over their other orders, after the first token
+    orders_read: int = 0  # the orders of the choices read; fewer than `orders_total`: a partial reading
+    orders_total: int = 0
+
+    @property
+    def partial_orders(self) -> bool:
+        """The choices were read over only some of their orders (the reading stopped once settled)."""
+        return self.orders_read < self.orders_total
 
 
 @dataclass

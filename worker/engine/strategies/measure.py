@@ -362,4 +362,6 @@ def result_of(out: Outcome, ref: Outcome, followed: Callable[[str], str | None] 
         choice_spread={c: [round(lo, 6), round(hi, 6)] for c, (lo, hi) in out.readout.choice_spread.items()},
         order_bias=out.readout.order_bias,
         measure_ms=round(out.readout.measure_ms, 3),
+        orders_read=out.readout.orders_read if out.readout.choice_probs else 0,
+        orders_total=out.readout.orders_total if out.readout.choice_probs else 0,
     )
