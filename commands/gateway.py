@@ -80,8 +80,8 @@ def settings_env(args) -> dict[str, str]:
         raise GatewayUsage("--upstream: each upstream once")
     events = [e.strip() for given in args.kv_events for e in given.split(",") if e.strip()]
     if events and len(events) != len(upstreams):
-        raise GatewayUsage(f"--kv-events: {len(events)} endpoints for {len(upstreams)} upstreams; give one "
-                           "per --upstream, in the same order (vLLM's --kv-events-config endpoint)")
+        raise GatewayUsage(f"--kv-events: {len(events)} given for {len(upstreams)} upstreams; give one "
+                           "endpoint per --upstream, in the same order (vLLM's --kv-events-config endpoint)")
     bad = [e for e in events if not e.startswith(("tcp://", "ipc://"))]
     if bad:
         raise GatewayUsage(f"--kv-events: give tcp://HOST:PORT, not {bad[0][:80]!r}")

@@ -204,6 +204,14 @@ def test_a_client_that_goes_away_mid_stream_cancels_the_upstream_request(tmp_pat
      "--check-rate: must be between 0 and 1"),
     (["--upstream", "http://127.0.0.1:8100/v1", "--state", "mysql://db/1"],
      "--state: give redis://HOST:PORT/DB, not 'mysql://db/1'"),
+    (["--upstream", "http://127.0.0.1:8100/v1", "--upstream", "http://127.0.0.1:8101/v1",
+      "--kv-events", "tcp://127.0.0.1:5557"],
+     "--kv-events: 1 given for 2 upstreams; give one endpoint per --upstream, in the same order"),
+    (["--upstream", "http://127.0.0.1:8100/v1", "--kv-events", "http://127.0.0.1:5557"],
+     "--kv-events: give tcp://HOST:PORT, not 'http://127.0.0.1:5557'"),
+    (["--upstream", "http://127.0.0.1:8100/v1", "--upstream", "http://127.0.0.1:8100/v1"],
+     "--upstream: each upstream once"),
+    (["--upstream", "http://127.0.0.1:8100/v1", "--route", "random"], "--route: invalid choice: 'random'"),
 ])
 def test_bad_options_exit_2_naming_them(tmp_path, options, says):
     env = {**os.environ, **kvnotes_env(tmp_path), "PYTHONPATH": str(REPO), "KVNOTES_VLLM_URL": ""}
