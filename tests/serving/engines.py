@@ -118,10 +118,12 @@ class Engine(LocalServer):
     def _stored(self, prompt: str, salt: str | None) -> None:
         """Publish the blocks of `prompt` not stored yet; the `cache_salt` is hashed into every block
         (through the first) and named in the first block's extra keys, as vLLM does."""
+        if self._pub is None:
+            return
         tokens = [ord(c) for c in prompt]
         parent, hashes, ids, extra, first_parent = None, [], [], [], None
-        for end in range(EVENT_BLOCK, len(tokens) + 1, EVENT_BLOCK):
-            h = hash(("seed", salt, tuple(tokens[:end]))) & (2**63 - 1)
+        for end in range(EVENT_BLOCK, len(tokens) + 1, EVENT_BLOCK):  # chained: linear in the prompt
+            h = hash(("seed", salt, parent, tuple(tokens[end - EVENT_BLOCK:end]))) & (2**63 - 1)
             if h not in self._blocks:
                 if not hashes:
                     first_parent = parent
