@@ -17,13 +17,13 @@ from __future__ import annotations
 
 import os
 import shutil
-from datetime import UTC, datetime
+from datetime import datetime
 
 from sqlalchemy import DateTime, Integer, select, text, update
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 from sqlalchemy.orm import Mapped, Session, mapped_column
 
-from data.models import Base, as_utc, utcnow
+from data.models import Base, as_utc, db_now, utcnow
 from data.queue import broker_status
 from data.settings import get_settings
 from data.watchdog import unserved_queued_models
@@ -50,9 +50,10 @@ def plain_database_error(exc: BaseException) -> str:
 
 def write_liveness(session: Session) -> None:
     """The beat's write (the caller commits): the liveness row says a write just landed."""
-    found = session.execute(update(HealthProbe).where(HealthProbe.id == 1).values(checked_at=utcnow()))
+    now = db_now(session)  # the database's clock, as the workers' beats (`data.workers`)
+    found = session.execute(update(HealthProbe).where(HealthProbe.id == 1).values(checked_at=now))
     if found.rowcount == 0:
-        session.add(HealthProbe(id=1, checked_at=utcnow()))
+        session.add(HealthProbe(id=1, checked_at=now))
 
 
 def database_status(session: Session) -> str:
@@ -95,7 +96,7 @@ def _cannot_write(session: Session) -> str | None:
 def _beat_not_landing(session: Session, last: datetime | None) -> str | None:
     """A live worker of this machine whose beat (with the liveness row) has not landed for
     `LIVENESS_STALE_S`: its writes fail. None otherwise (no worker beats here: nothing to judge)."""
-    now = datetime.now(UTC)
+    now = db_now(session)
     if last is not None and (now - last).total_seconds() < LIVENESS_STALE_S:
         return None
     beating = [w for w in session.scalars(select(Worker).where(Worker.stopped_at.is_(None)))

@@ -38,10 +38,12 @@ from sqlalchemy import (
     Text,
     UniqueConstraint,
     false,
+    func,
     select,
 )
+from sqlalchemy import text as sql_text
 from sqlalchemy.engine import Dialect
-from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship, validates
+from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, relationship, validates
 from sqlalchemy.sql import Select
 from sqlalchemy.types import TypeDecorator
 
@@ -91,6 +93,16 @@ NAMING_CONVENTION = {
 
 def utcnow() -> datetime:
     return datetime.now(UTC)
+
+
+def db_now(session: Session) -> datetime:
+    """The database's clock, in UTC (PostgreSQL's `now()`, SQLite's `'now'`): what the job heartbeats,
+    the workers' beats and the reaper read and write (issue 49), so that no two hosts' clocks are
+    compared. On PostgreSQL it is the transaction's start: call it first in a short transaction."""
+    if session.get_bind().dialect.name == "sqlite":
+        moment = session.scalar(sql_text("SELECT strftime('%Y-%m-%d %H:%M:%f', 'now')"))
+        return datetime.fromisoformat(moment).replace(tzinfo=UTC)
+    return as_utc(session.scalar(select(func.now()))).astimezone(UTC)
 
 
 def new_task_id() -> str:

@@ -13,8 +13,10 @@ is failed with the reason (or, once, queued again), never left `queued` or `runn
 - **Past its deadline** (`reap_overdue`): a job `running` for longer than its kind's deadline
   (`data.jobs.deadline_s`) + `DEADLINE_GRACE_S`: the task checks its deadline between steps, so
   one still running then is stuck in a step; it is failed saying so, and the supervisor of its
-  worker replaces the worker (`commands.supervisor`). A trajectory or replay still queued past the
-  deadline + 60 s never had a worker take it (`reap_past_deadline`).
+  worker replaces the worker (`commands.supervisor`). A trajectory or replay still queued, with no
+  sign of a worker for its kind's deadline + 60 s, never had a worker take it (`reap_past_deadline`).
+- **One clock**: heartbeats and the workers' beats are written on the database's clock, and the
+  reaper reads `now` from it too (`data.models.db_now`), never a host's.
 - **Unserved** (`reap_unserved`): a run queued for a model this installation does not serve.
 
 **One retry path** (`lose`): a lost job is queued again from here and only from here, under a fresh
@@ -34,7 +36,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from functools import lru_cache
 from typing import Any
 
@@ -55,7 +57,7 @@ from data.jobs import (
     finish,
     transition,
 )
-from data.models import MESSAGE_LOST, WORKER_LOST, Run, RunResult, RunStatus, as_utc, new_task_id
+from data.models import MESSAGE_LOST, WORKER_LOST, Run, RunResult, RunStatus, as_utc, db_now, new_task_id
 from data.queue import QueueUnavailable, queue_for
 from data.settings import get_settings
 from data.sweep_edits import REQUEUED_STAGE, SWEEP_ATTEMPTS, lost_twice, refresh_sweep
@@ -64,6 +66,7 @@ from data.workers import Worker, live_workers
 log = logging.getLogger(__name__)
 QUEUED_GRACE_S = 30.0  # a live idle worker takes a waiting message within a second or two
 DEADLINE_GRACE_S = 15.0  # past its deadline, the task stops at its next step; after this, it is stuck
+QUEUED_PAST_S = 60.0  # a job queued and untouched this long past its kind's deadline: its message is gone
 RESENT_STAGE = "queued again: its message was lost"
 LOST_AGAIN = "its queue message was lost twice before it started (sent again once); re-run it"
 DEADLINE_KINDS = (TRAJECTORIES, REPLAYS)  # a run queued for long waits for a worker (health says so)
@@ -159,7 +162,7 @@ def reap_gone(session: Session, kind: JobKind, now: datetime, reaped: Reaped) ->
 
 def reap_stale_runs(session: Session, now: datetime, max_age: float, worker: str | None = None) -> list[int]:
     """`reap_stale` for runs: the ids of the runs lost."""
-    return reap_stale(session, RUNS, as_utc(now) or datetime.now(UTC), max_age, worker=worker)
+    return reap_stale(session, RUNS, as_utc(now) or db_now(session), max_age, worker=worker)
 
 
 def reap_lost(session: Session, kind: JobKind, now: datetime, grace_s: float = QUEUED_GRACE_S,
@@ -214,13 +217,18 @@ def stuck_jobs(session: Session, worker: str, since: datetime) -> list[tuple[str
 
 
 def reap_past_deadline(session: Session, kind: JobKind, now: datetime) -> list[int]:
-    """The kind's jobs still queued past the task time limit + 60 s: no worker ever took them."""
-    limit_s = get_settings().task_time_limit_s + 60
+    """The kind's jobs still queued, untouched by any worker for longer than the kind's own deadline
+    (`deadline_s`: `KVNOTES_JOB_DEADLINE_S`, a replay's `KVNOTES_REPLAY_DEADLINE`) + `QUEUED_PAST_S`:
+    no worker ever took their message. A queued job's last sign of a worker is its heartbeat (queued
+    again by `lose`, or put back by the replays' fair share: `worker.replay_task`), else its creation,
+    so a replay held back while its user's other replays hold half the threads is never failed so."""
+    limit_s = deadline_s(kind) + QUEUED_PAST_S
     table = kind.table
-    rule = (table.created_at < now - timedelta(seconds=limit_s),)
+    rule = (func.coalesce(table.heartbeat_at, table.created_at) < now - timedelta(seconds=limit_s),)
     ids = session.scalars(select(table.id).where(table.status == QUEUED, *rule)).all()
-    message = (f"the {kind.name} did not finish within {limit_s} s (KVNOTES_TASK_TIME_LIMIT + 60 s): "
-               "no worker took its message; start it again")
+    setting = "KVNOTES_REPLAY_DEADLINE" if kind is REPLAYS else "KVNOTES_JOB_DEADLINE_S"
+    message = (f"the {kind.name} waited {limit_s:g} s ({setting} + {QUEUED_PAST_S:g} s) and no worker took "
+               "its message; start it again")
     return [job_id for job_id in ids
             if finish(session, kind, job_id, RunStatus.FAILED, message, from_states=(QUEUED,), now=now,
                       where=rule)]
@@ -265,8 +273,9 @@ def _sweeps_of(session: Session, run_ids: list[int]) -> set[int]:
 
 
 def watch(session: Session, now: datetime | None = None) -> Reaped:
-    """Every rule above, for every kind, on the caller's session (the caller commits)."""
-    now = as_utc(now) or datetime.now(UTC)
+    """Every rule above, for every kind, on the caller's session (the caller commits); `now`: the
+    database's clock unless given."""
+    now = as_utc(now) or db_now(session)
     max_age = get_settings().heartbeat_max_age_s
     reaped = Reaped()
     for kind in KINDS:
@@ -321,7 +330,7 @@ def _send_again(session: Session, reaped: Reaped) -> None:
 def reap_worker(session: Session, worker: str, now: datetime | None = None) -> Reaped:
     """Every job `running` under `worker`, which is gone for certain (it starts afresh under the
     same name, or its supervisor saw it exit): lost (a sweep's edit queued again once). Commits."""
-    now = as_utc(now) or datetime.now(UTC)
+    now = as_utc(now) or db_now(session)
     reaped = Reaped()
     for kind in KINDS:
         reap_stale(session, kind, now, 0.0, reaped, worker=worker)

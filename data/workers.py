@@ -4,8 +4,10 @@ A worker registers when it starts (`workers.name` is its Celery node name, uniqu
 the model queues it consumes, `model.<alias>` as `data.queue.queue_for` names them), beats
 every few seconds, says when it takes and finishes a task, and marks itself stopped on a clean
 shutdown; `kvnotes serve` marks its worker stopped the moment it sees it die. A worker whose beat is
-older than `worker_stale_s` is dead, and so is one on this machine whose process is gone (a `kill -9`
-of `serve` takes its worker with it: its last beat must not count for the next `serve`). The web
+older than `worker_stale_s` is dead (beats are written and read on the database's clock,
+`data.models.db_now`: never two hosts' clocks), and so is one on this machine whose process is gone
+(a `kill -9` of `serve` takes its worker with it: its last beat must not count for the next
+`serve`). The web
 app reads this table for `/api/health` ("a live worker per offered model") and to tell a person
 that their run waits for a model nobody serves; the watchdog (`data.watchdog`) uses it to fail the
 runs of dead workers at once, and to find queued runs whose message is gone (a live worker of their
@@ -16,12 +18,12 @@ from __future__ import annotations
 
 import os
 import socket
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 
 from sqlalchemy import JSON, DateTime, Integer, String, delete, select, update
 from sqlalchemy.orm import Mapped, Session, mapped_column
 
-from data.models import Base, as_utc, utcnow
+from data.models import Base, as_utc, db_now, utcnow
 from data.queue import queue_for
 from data.settings import get_settings
 
@@ -76,7 +78,7 @@ def register(session: Session, name: str, queues: list[str], host: str, pid: int
     says at its start) or ready (None: registering again after its row could not be written).
     False when a LIVE worker of another process already has this name (a duplicate `--name`): the
     caller must then not treat runs under the name as its own."""
-    now = utcnow()
+    now = db_now(session)
     row = session.get(Worker, name)
     duplicate = row is not None and row.pid != pid and row.is_live(now, get_settings().worker_stale_s)
     if row is None:
@@ -94,17 +96,18 @@ def beat(session: Session, name: str) -> bool:
     """The worker is alive; False when it has no live row to beat (never registered, or marked
     stopped while the database could not hear it): it must register again."""
     alive = update(Worker).where(Worker.name == name, Worker.stopped_at.is_(None))
-    return session.execute(alive.values(beat_at=utcnow())).rowcount > 0
+    return session.execute(alive.values(beat_at=db_now(session))).rowcount > 0
 
 
 def set_starting(session: Session, name: str, what: str) -> None:
     """The worker is still getting ready: `what` it does ("converting smollm2-135m")."""
-    session.execute(update(Worker).where(Worker.name == name).values(starting=what[:200], beat_at=utcnow()))
+    session.execute(update(Worker).where(Worker.name == name).values(starting=what[:200],
+                                                                     beat_at=db_now(session)))
 
 
 def set_running(session: Session, name: str, run_id: int | None) -> None:
     """The worker took a task (`run_id`, or 0 for a task that is not a run) or finished it (None)."""
-    now = utcnow()
+    now = db_now(session)
     session.execute(
         update(Worker).where(Worker.name == name).values(
             running_run_id=run_id, idle_since=None if run_id is not None else now, beat_at=now,
@@ -115,11 +118,12 @@ def set_running(session: Session, name: str, run_id: int | None) -> None:
 
 def mark_stopped(session: Session, name: str) -> None:
     stopped = update(Worker).where(Worker.name == name)
-    session.execute(stopped.values(stopped_at=utcnow(), running_run_id=None))
+    session.execute(stopped.values(stopped_at=db_now(session), running_run_id=None))
 
 
 def live_workers(session: Session, now: datetime | None = None) -> list[Worker]:
-    now = now or datetime.now(UTC)
+    """The workers whose beat is recent by the database's clock (or `now`) and not stopped."""
+    now = now or db_now(session)
     stale_s = get_settings().worker_stale_s
     cutoff = now - timedelta(seconds=stale_s)
     rows = session.scalars(select(Worker).where(Worker.stopped_at.is_(None), Worker.beat_at >= cutoff))
@@ -128,7 +132,7 @@ def live_workers(session: Session, now: datetime | None = None) -> list[Worker]:
 
 def dead_worker_names(session: Session, now: datetime | None = None) -> set[str]:
     """Names of workers that stopped or stopped beating (rows kept for a day)."""
-    now = now or datetime.now(UTC)
+    now = now or db_now(session)
     stale_s = get_settings().worker_stale_s
     return {row.name for row in session.scalars(select(Worker)) if not row.is_live(now, stale_s)}
 
@@ -155,5 +159,5 @@ def models_starting(session: Session, models: list[str]) -> dict[str, str]:
 
 def forget_old(session: Session, now: datetime | None = None) -> None:
     """Delete rows of workers dead or stopped for more than a day."""
-    cutoff = (now or datetime.now(UTC)) - FORGET_AFTER
+    cutoff = (now or db_now(session)) - FORGET_AFTER
     session.execute(delete(Worker).where(Worker.beat_at < cutoff))

@@ -19,8 +19,10 @@ heartbeat, and riding out a storage fault.
 - **Deadline**: `Heartbeat(deadline_s=…)` stops a job that ran past its kind's deadline
   (`data.jobs.deadline_s`) at its next step; the reaper fails one stuck in a step.
 - **Heartbeat** (`Heartbeat`): a thread that looks at the row every `watch_s` and writes its
-  heartbeat every `HEARTBEAT_S`, so a long silent stage is not mistaken for a dead worker, and that
-  sets `stop` once the row is no longer running (a cancel stops a replay's streams within seconds).
+  heartbeat every `HEARTBEAT_S` (on the database's clock, `data.models.db_now`, which the reaper
+  reads too: a worker's clock and the reaper's host's are never compared), so a long silent stage
+  is not mistaken for a dead worker, and that sets `stop` once the row is no longer running (a
+  cancel stops a replay's streams within seconds).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
 from sqlalchemy import or_, select
@@ -38,7 +40,7 @@ from sqlalchemy.orm import Session
 
 from data.db import get_sessionmaker
 from data.jobs import QUEUED, JobKind, deadline_s, transition
-from data.models import RunStatus
+from data.models import RunStatus, db_now
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -98,7 +100,7 @@ def claim(kind: JobKind, job_id: int, task_id: str | None, hostname: str, stage:
     another token: the message is dropped)."""
     table = kind.table
     with session() as s:
-        started = now()
+        started = db_now(s)  # the database's clock, as the reaper reads it
         token = (or_(table.task_id.is_(None), table.task_id == task_id),) if task_id else ()
         if not transition(s, kind, job_id, (QUEUED,), RUNNING, where=token, stage=stage, worker=hostname,
                           started_at=started, heartbeat_at=started, finished_at=None):
@@ -138,7 +140,7 @@ def write(table: type, job_id: int, hostname: str | None, patience_s: float = WR
     def once() -> bool:
         with session() as s:
             moved = transition(s, table, job_id, (RUNNING,), to.value if to is not None else None,
-                               where=mine, heartbeat_at=now(), **values)
+                               where=mine, heartbeat_at=db_now(s), **values)
             if moved and also is not None:
                 also(s)
             s.commit()
@@ -153,6 +155,28 @@ def finish(table: type, job_id: int, hostname: str | None, status: RunStatus,
     transaction), kept trying through a storage fault for `FINAL_PATIENCE_S`; False when it was no
     longer running (cancelled, reaped): of a cancel and a success, exactly one is written."""
     return write(table, job_id, hostname, FINAL_PATIENCE_S, to=status, also=also, **values)
+
+
+def held_back(kind: JobKind, job_id: int, task_id: str | None, every_s: float = 60.0) -> bool:
+    """A queued job whose message a worker put back for now (the replays' fair share): its heartbeat
+    (the database's clock) says a worker saw it, at most once every `every_s`, so the reaper never
+    fails it as a message no worker took (`data.watchdog.reap_past_deadline`). One conditional
+    transition on the row still queued under this token; False when it did not apply. A storage
+    fault is logged, not raised: the message goes back all the same."""
+    table = kind.table
+    token = (table.task_id == task_id,) if task_id else ()
+    try:
+        with session() as s:
+            moment = db_now(s)
+            lately = moment - timedelta(seconds=every_s)
+            seen = (or_(table.heartbeat_at.is_(None), table.heartbeat_at < lately),)
+            moved = transition(s, kind, job_id, (QUEUED,), where=(*token, *seen), heartbeat_at=moment)
+            s.commit()
+        return moved
+    except DBAPIError as exc:
+        log.info("held-back job: its heartbeat not written", extra={"job": kind.name, "job_id": job_id,
+                                                                     "reason": type(exc).__name__})
+        return False
 
 
 def lost(table: type, job_id: int, meant: RunStatus | str, **context: Any) -> str:

@@ -12,7 +12,8 @@ and keeps nothing; one past `KVNOTES_REPLAY_DEADLINE` fails saying so, and its t
 
 The threads are shared fairly across users (`FairShare`): a user's next replay is taken only while
 that user holds fewer than half of them; otherwise its message goes back to the queue for a few
-seconds and the thread serves the next message.
+seconds (its row's heartbeat written: a worker saw it, so the reaper does not fail it as a message
+nobody took) and the thread serves the next message.
 """
 
 from __future__ import annotations
@@ -120,7 +121,9 @@ def replay_task(self, replay_id: int) -> dict[str, Any]:
     owner = _owner(replay_id)
     if not fair_share.take(owner):
         # this user already holds half the threads: the message goes back (same token, a few seconds
-        # on), and this thread takes the next one, another user's
+        # on), and this thread takes the next one, another user's; the row says a worker saw it, so
+        # the reaper never fails it as a message no worker took
+        jobs.held_back(REPLAYS, replay_id, self.request.id)
         self.apply_async(kwargs={"replay_id": replay_id}, countdown=DEFER_S, task_id=self.request.id,
                          queue=REPLAY_QUEUE)
         return {"replay_id": replay_id, "status": "deferred"}

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from data.models import utcnow
+from data.models import as_utc, utcnow
 from data.replays import Replay
 from vocabulary.replay import ReplaySpec
 
@@ -40,10 +40,11 @@ def test_a_replay_needs_a_server_a_field_and_a_question(make_client):
     assert client.get(f"/api/notebooks/{nid}/replays").json() == []
 
 
-def test_a_replay_silent_past_the_heartbeat_age_or_queued_past_the_time_limit_is_reaped(make_client):
+def test_a_replay_silent_past_the_heartbeat_age_or_queued_past_its_deadline_is_reaped(make_client):
     """The one reaper (never a read) fails a running replay whose heartbeat is older than
-    `KVNOTES_HEARTBEAT_MAX_AGE` and a queued one never taken within the time limit + 60 s."""
-    client = make_client(KVNOTES_TASK_TIME_LIMIT="60")
+    `KVNOTES_HEARTBEAT_MAX_AGE` and a queued one no worker touched within the replays' own deadline
+    + 60 s (`KVNOTES_REPLAY_DEADLINE` 60 s here; the time limit, 30 s, is not a replay's: issue 49)."""
+    client = make_client(KVNOTES_TASK_TIME_LIMIT="30", KVNOTES_REPLAY_DEADLINE="60")
     nid = _notebook(client)
     from data.db import get_sessionmaker
 
@@ -58,9 +59,12 @@ def test_a_replay_silent_past_the_heartbeat_age_or_queued_past_the_time_limit_is
         fresh = Replay(**running, heartbeat_at=utcnow())
         queued = Replay(notebook_id=nid, snapshot=snapshot, status="queued", stage="queued",
                         created_at=utcnow() - timedelta(seconds=121))
-        s.add_all([silent, fresh, queued])
+        # past the time limit + 60 s, within the replays' deadline + 60 s: it waits on
+        waiting = Replay(notebook_id=nid, snapshot=snapshot, status="queued", stage="queued",
+                         created_at=utcnow() - timedelta(seconds=100))
+        s.add_all([silent, fresh, queued, waiting])
         s.commit()
-        silent_id, fresh_id, queued_id = silent.id, fresh.id, queued.id
+        silent_id, fresh_id, queued_id, waiting_id = silent.id, fresh.id, queued.id, waiting.id
     assert client.get(f"/api/replays/{silent_id}").json()["status"] == "running"  # a read writes nothing
     with get_sessionmaker()() as s:
         assert sorted(reap(s).ids["replay"]) == [silent_id, queued_id]
@@ -68,8 +72,41 @@ def test_a_replay_silent_past_the_heartbeat_age_or_queued_past_the_time_limit_is
     assert read["status"] == "failed" and read["error"] == "worker lost while running; re-run it"
     assert client.get(f"/api/replays/{fresh_id}").json()["status"] == "running"
     read = client.get(f"/api/replays/{queued_id}").json()
-    assert read["status"] == "failed" and "did not finish within 120 s" in read["error"]
-    assert "did not finish within 120 s" in client.get(f"/replays/{queued_id}").text
+    said = "the replay waited 120 s (KVNOTES_REPLAY_DEADLINE + 60 s) and no worker took its message"
+    assert read["status"] == "failed" and said in read["error"], read["error"]
+    assert said in client.get(f"/replays/{queued_id}").text
+    assert client.get(f"/api/replays/{waiting_id}").json()["status"] == "queued"
+
+
+def test_a_replay_held_back_by_the_fair_share_is_never_reaped_as_untaken(make_client):
+    """One thread (a share of one per user) held by the user: their next replay's message goes back
+    (the task run in this process, as a worker runs it), and its row's heartbeat says a worker saw it
+    (the database's clock). Created two hours ago, past any deadline, the reaper leaves it queued;
+    before, it failed as "no worker took its message" (issue 49)."""
+    client = make_client(KVNOTES_REPLAY_THREADS="1")
+    nid = _notebook(client)
+    from data.db import get_sessionmaker
+    from data.watchdog import reap
+    from worker.replay_task import fair_share, replay_task
+
+    snapshot = ReplaySpec(url="http://127.0.0.1:9", document=DOC, start=21, end=25, label="destination",
+                          values=("Rome",), question="Where?")
+    with get_sessionmaker()() as s:
+        held = Replay(notebook_id=nid, snapshot=snapshot, status="queued", stage="queued", task_id="t-held",
+                      created_at=utcnow() - timedelta(hours=2))
+        s.add(held)
+        s.commit()
+        held_id = held.id
+    assert fair_share.take("")  # the user (no account here) already holds the one thread
+    try:
+        assert replay_task.apply(args=(held_id,), task_id="t-held").get()["status"] == "deferred"
+    finally:
+        fair_share.give_back("")
+    with get_sessionmaker()() as s:
+        row = s.get(Replay, held_id)
+        assert row.heartbeat_at is not None and row.status == "queued"
+        assert reap(s).ids.get("replay", []) == []
+    assert client.get(f"/api/replays/{held_id}").json()["status"] == "queued"
 
 
 def test_a_queued_or_running_replay_can_be_cancelled_once(make_client):
@@ -96,3 +133,32 @@ def test_a_queued_or_running_replay_can_be_cancelled_once(make_client):
         again = client.post(f"/api/replays/{rid}/cancel")
         assert again.status_code == 409 and f"replay {rid} already {status}" in again.text
     assert client.post("/api/replays/987654/cancel").status_code == 404
+
+
+def test_a_worker_whose_clock_is_an_hour_behind_keeps_its_replay(make_client, monkeypatch):
+    """Heartbeats and the reaper on the database's clock (issue 49): a worker host whose clock is an
+    hour behind (`datetime.now` there) claims a replay and beats; the reaper, on the database's
+    clock, leaves it running. Before, the claim and the beat wrote the host's clock, and the reaper
+    failed the job at once as "worker lost" (its heartbeat an hour old)."""
+    import worker.jobs as jobs
+    from data.db import get_sessionmaker
+    from data.jobs import REPLAYS
+    from data.watchdog import reap
+
+    client = make_client()
+    nid = _notebook(client)
+    snapshot = ReplaySpec(url="http://127.0.0.1:9", document=DOC, start=21, end=25, label="destination",
+                          values=("Rome",), question="Where?")
+    with get_sessionmaker()() as s:
+        row = Replay(notebook_id=nid, snapshot=snapshot, status="queued", stage="queued", task_id="t-skew")
+        s.add(row)
+        s.commit()
+        replay_id = row.id
+    monkeypatch.setattr(jobs, "now", lambda: utcnow() - timedelta(hours=1))  # the worker host's clock
+    assert jobs.claim(REPLAYS, replay_id, "t-skew", "skewed@host", "starting") is not None
+    assert jobs.write(Replay, replay_id, "skewed@host", stage="in_place: 1/3")
+    with get_sessionmaker()() as s:
+        assert reap(s).ids.get("replay", []) == []
+        beat = s.get(Replay, replay_id).heartbeat_at
+    assert client.get(f"/api/replays/{replay_id}").json()["status"] == "running"
+    assert abs((utcnow() - as_utc(beat)).total_seconds()) < 60  # the database's clock (this machine's)
