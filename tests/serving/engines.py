@@ -14,13 +14,15 @@ Its answer reads the prompt's `key` (default "destination"): `reads="first"` ans
 the key's line as first written (a model that ignores errata), `reads="last"` the last value stated
 (the line, or an erratum "key has changed from A to B"). `fault` makes it fail: "500" answers every
 completion with HTTP 500, "slow" waits `delay_s` before answering, "trickle" streams one event every
-`delay_s` forever (`gone` is set when the client went away), "paced" streams 8 events (the answer's
-words, then empty ones) `delay_s` apart, "stall" falls silent `delay_s` after its first event,
+`delay_s` forever (`gone` is set when the client went away), "paced" streams `paced_events`
+events (8; the answer's words, then empty ones) `delay_s` apart, "stall" falls silent `delay_s` after
+its first event,
 "linger" holds the stream open `delay_s` after its `data: [DONE]`, "silent" accepts the request and
 sends nothing at all for `delay_s` (`gone` once the client closed), "queued" holds the request
 `delay_s` before its first byte while its `/metrics` show other work going on (a busy server's
 queue: `vllm:prompt_tokens_total` and `vllm:iteration_tokens_total_count` grow every 0.1 s).
 `faulty_from`: the first completion (0-based) the fault applies to; those before are answered well.
+`answer_after_s` holds every answer that is not streamed that long first.
 `/metrics` (vLLM's dialect) also carries the progress a replay reads: requests running and waiting,
 prompt and generated tokens, engine steps, which stand still unless a completion is being answered.
 
@@ -59,7 +61,9 @@ EVENT_BLOCK = 16  # the tokens (characters) of one block in the KV events
 class Engine(LocalServer):
     def __init__(self, dialect: str = "vllm", model: str = "smollm2-135m", key: str = "destination",
                  reads: str = "last", fault: str = "", delay_s: float = 0.0, max_model_len: int = 8192,
-                 chat: bool = True, events: bool = False, faulty_from: int = 0) -> None:
+                 chat: bool = True, events: bool = False, faulty_from: int = 0,
+                 paced_events: int = 8, answer_after_s: float = 0.0) -> None:
+        self.paced_events, self.answer_after_s = paced_events, answer_after_s
         self.dialect, self.model, self.key, self.reads = dialect, model, key, reads
         self.fault, self.delay_s, self.max_model_len, self.chat = fault, delay_s, max_model_len, chat
         self.faulty_from = faulty_from
@@ -268,6 +272,7 @@ class Engine(LocalServer):
                  "prompt_tokens_details": {"cached_tokens": cached}}
         kind = "chat.completion" if chat else "text_completion"
         if not body.get("stream"):
+            time.sleep(self.answer_after_s)
             choice = ({"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}
                       if chat else {"index": 0, "text": text, "finish_reason": "stop"})
             return self.send(h, 200, {"id": "cmpl-1", "object": kind, "created": 1, "model": self.model,
@@ -278,7 +283,7 @@ class Engine(LocalServer):
         h.end_headers()
         words = [w + " " for w in text.split(" ")]
         words[-1] = words[-1].rstrip()
-        pad = {"trickle": 10**6, "paced": max(0, 8 - len(words))}.get(fault, 0)
+        pad = {"trickle": 10**6, "paced": max(0, self.paced_events - len(words))}.get(fault, 0)
         try:
             for i, word in enumerate(words + [""] * pad):
                 last = i == len(words) - 1
