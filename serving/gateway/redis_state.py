@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import deque
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -195,6 +196,7 @@ class RedisState(State):
         self._add = self.r.register_script(_ADD)
         self._push = self.r.register_script(_PUSH)
         self._release = self.r.register_script(_RELEASE)
+        self._orphans: deque[tuple[str, str]] = deque(maxlen=64)  # locks whose release failed
 
     def _ttl(self) -> int:
         return max(1, int(self.limits.ttl_s))
@@ -217,6 +219,10 @@ class RedisState(State):
     # --- bases ---------------------------------------------------------------------------------------
     @contextmanager
     def lock(self, tenant: str, wait_s: float) -> Iterator[Lease]:
+        """The tenant's lock (`LockBusy` past `wait_s`). A release that failed (Redis paused or gone
+        while the plan held the lock) is remembered, and done before the next lock is asked for:
+        the tenant is not blocked for `LOCK_S` once Redis is back."""
+        self._release_orphans()
         key, token = f"{self.p}lock:{tenant}", new_token()
         deadline = time.monotonic() + wait_s
         while not self.r.set(key, token, nx=True, px=int(LOCK_S * 1000)):
@@ -229,7 +235,22 @@ class RedisState(State):
             try:
                 self._release(keys=[key], args=[token])
             except redis.RedisError:
-                pass  # it expires by itself after LOCK_S
+                self._orphan(key, token)
+
+    def _orphan(self, key: str, token: str) -> None:
+        self._orphans.append((key, token))
+
+    def _release_orphans(self) -> None:
+        while self._orphans:
+            try:
+                key, token = self._orphans.popleft()
+            except IndexError:
+                return
+            try:
+                self._release(keys=[key], args=[token])
+            except redis.RedisError:
+                self._orphans.appendleft((key, token))  # kept; this plan passes through
+                raise
 
     def index(self, tenant: str) -> list[BaseInfo]:
         pipe = self.r.pipeline(transaction=False)

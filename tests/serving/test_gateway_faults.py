@@ -22,7 +22,13 @@ import uuid
 import httpx
 import pytest
 import redis
+from prometheus_client.parser import text_string_to_metric_families
 
+from serving.gateway.prompts import CHAT, read_prompt
+from serving.gateway.redis_state import RedisState
+from serving.gateway.rewrite import Rewriter, Settings
+from serving.gateway.state import Base, LockBusy, MemoryState
+from serving.gateway.stats import Stats
 from tests.conftest import free_port, listening, stop_process
 from tests.serving.engines import Engine, Gateway
 
@@ -194,3 +200,125 @@ def test_a_lock_held_past_the_wait_passes_only_its_tenant_through(tmp_path, pref
         other.close()
         gateway.stop()
         engine.close()
+
+
+def _topic(i: int) -> str:
+    return f"TOPIC {i}\n" + "".join(f"{i} line {n}: the subject {i} is discussed.\n" for n in range(30))
+
+
+def _plan(rewriter: Rewriter, tenant: str, text: str, model: str = "smollm2-135m"):
+    prompt, why = read_prompt(CHAT, {**_chat("", system=text), "model": model})
+    return rewriter.plan(tenant, prompt, why)
+
+
+@pytest.mark.parametrize("where", ["memory", "redis"])
+def test_a_lock_times_out_as_busy_and_trips_no_breaker(prefix, where):
+    settings = Settings(check_rate=0)
+    state = MemoryState(settings.limits) if where == "memory" else RedisState(SHARED, settings.limits, prefix)
+    rewriter = Rewriter(settings, stats=Stats(state))
+    held, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with state.lock("tenant-a", 1.0):
+            held.set()
+            release.wait(30)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    held.wait(10)
+    try:
+        with pytest.raises(LockBusy):
+            with state.lock("tenant-a", 0.2):
+                pass
+        assert _plan(rewriter, "tenant-b", _topic(1)).reason == "new base"  # another tenant: planned
+    finally:
+        release.set()
+        holder.join()
+    assert state.breaker.state == "closed"
+    state.close()
+
+
+def test_a_save_under_a_lost_lock_is_refused(prefix):
+    """The lock expired and another process took it: the first one's save writes nothing."""
+    state = RedisState(SHARED, Settings().limits, prefix)
+    base = Base("b1", "m", CHAT, ["system"], ["x" * 2000])
+    with state.lock("tenant-a", 1.0) as lease:
+        assert state.save("tenant-a", base, True, lease)
+        state.r.set(f"{prefix}lock:tenant-a", "another-process")  # expired, and taken by another
+        base.texts.append("a later turn")
+        assert not state.save("tenant-a", base, True, lease)
+    assert state.load("tenant-a", ["b1"])[0].texts == ["x" * 2000]
+    state.close()
+
+
+def test_ids_past_the_ttl_leave_recent_at_the_next_save(prefix):
+    """A tenant whose keys expired (TTL) left its base ids in `recent` forever: ghost bases."""
+    settings = Settings(check_rate=0, ttl_s=1.0)
+    state = RedisState(SHARED, settings.limits, prefix)
+    rewriter = Rewriter(settings, stats=Stats(state))
+    ghost = _plan(rewriter, "tenant-a", _topic(1)).base_id
+    state.r.delete(f"{prefix}u:tenant-a", f"{prefix}b:tenant-a", f"{prefix}i:tenant-a")  # expired by Redis
+    time.sleep(1.1)
+    _plan(rewriter, "tenant-b", _topic(2))
+    assert state.r.zscore(f"{prefix}recent", ghost) is None
+    assert state.sizes() == (1, 1)
+    assert state.r.zscore(f"{prefix}tenants", "tenant-a") is None
+    state.close()
+
+
+def test_a_plan_loads_only_its_candidates(prefix):
+    """Bases of other models are never read whole (the index says which match)."""
+    loaded: list[list[str]] = []
+
+    class Recording(RedisState):
+        def load(self, tenant, base_ids):
+            loaded.append(list(base_ids))
+            return super().load(tenant, base_ids)
+
+    settings = Settings(check_rate=0)
+    state = Recording(SHARED, settings.limits, prefix)
+    rewriter = Rewriter(settings, stats=Stats(state))
+    others = [_plan(rewriter, "tenant-a", _topic(i), model=f"other-{i}").base_id for i in range(5)]
+    mine = _plan(rewriter, "tenant-a", SYSTEM.format("Oslo")).base_id
+    loaded.clear()
+    assert _plan(rewriter, "tenant-a", SYSTEM.format("Rome")).header == "erratum"
+    assert loaded == [[mine]] and not set(others) & set(loaded[0])
+    state.close()
+
+
+def test_a_lock_whose_release_timed_out_is_released_later(private_redis):
+    """Redis paused while a plan held its tenant's lock: the release times out, and the lock would
+    block the tenant for LOCK_S (30 s) after Redis resumes. It is released before the next lock is
+    asked for, which gets it at once."""
+    state = RedisState(private_redis, Settings().limits, "p:")
+    admin = redis.Redis.from_url(private_redis)
+    with state.lock("tenant-a", 1.0):
+        admin.execute_command("CLIENT", "PAUSE", 2500, "ALL")
+    time.sleep(1.0)  # the release timed out (2 s); the pause is over
+    assert admin.get("p:lock:tenant-a") is not None  # still held by the plan that ended
+    with state.lock("tenant-a", 0.5) as lease:
+        assert admin.get("p:lock:tenant-a").decode() == lease.token
+    admin.close()
+    state.close()
+
+
+def test_metrics_series_are_stable_and_name_no_base(prefix):
+    """Two scrapes with bases coming and going between them show the same series: no per-base
+    series (they came and went with the 16 most recent), checks_skipped among them."""
+    settings = Settings(check_rate=0)
+    state = RedisState(SHARED, settings.limits, prefix)
+    rewriter = Rewriter(settings, stats=Stats(state))
+
+    def series() -> set[tuple]:
+        text = rewriter.stats.prometheus().decode()
+        return {(s.name, tuple(sorted(s.labels.items()))) for f in text_string_to_metric_families(text)
+                for s in f.samples}
+
+    first = series()
+    for i in range(20):
+        _plan(rewriter, "tenant-a", _topic(i))
+    assert series() == first
+    assert ("kvnotes_gateway_checks_skipped_total", ()) in first
+    assert not [labels for _, labels in first if any(k == "base" for k, _ in labels)]
+    assert rewriter.stats.local["requests"] == 20
+    state.close()
