@@ -96,6 +96,10 @@ class Settings(BaseSettings):
     gateway_tenant_header: str = Field(default="", validation_alias="KVNOTES_GATEWAY_TENANT_HEADER")
     gateway_cache_salt: bool = Field(default=True, validation_alias="KVNOTES_GATEWAY_CACHE_SALT")
     gateway_rewrite_shared: bool = Field(default=False, validation_alias="KVNOTES_GATEWAY_REWRITE_SHARED")
+    # the gateway's own request slots in each process (app/gateway/slots.py): in all, and per tenant (a
+    # signed-in user under `serve`); past them 429 at once. They never take the web app's slots.
+    gateway_slots: int = Field(default=128, ge=1, validation_alias="KVNOTES_GATEWAY_SLOTS")
+    gateway_slots_per_user: int = Field(default=32, ge=1, validation_alias="KVNOTES_GATEWAY_SLOTS_PER_USER")
 
     # A run whose worker has sent no heartbeat for this long is marked failed (the watchdog).
     heartbeat_max_age_s: float = Field(default=120.0, validation_alias="KVNOTES_HEARTBEAT_MAX_AGE")

@@ -303,12 +303,16 @@ def postgres_url() -> Iterator[str]:
 # ---- the served app and the command line -----------------------------------------------------------
 
 
+class _Listener(ThreadingHTTPServer):
+    request_queue_size = 128  # socketserver's 5 resets connections that a burst of clients opens at once
+
+
 class LocalServer:
     """A real HTTP server on a free loopback port, served from a thread: a test's upstream peer.
     `start(Handler)` listens and sets `url`; `close()` stops it."""
 
     def start(self, handler: type[BaseHTTPRequestHandler]) -> None:
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self.httpd = _Listener(("127.0.0.1", 0), handler)
         self.httpd.daemon_threads = True
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
         threading.Thread(target=self.httpd.serve_forever, daemon=True).start()

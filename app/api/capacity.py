@@ -5,6 +5,8 @@ in at once; up to `KVNOTES_REQUEST_QUEUE` more wait (in the event loop, holding 
 connection) for at most `KVNOTES_REQUEST_WAIT_S`. Past that the answer is 503 with `Retry-After`
 at once: a crowd gets slower answers or a clear "busy", never a 500 after a 30 s pool timeout.
 `/api/health` and static files are never held back: health must answer while the app is saturated.
+Nor is the gateway's API (`/gateway/v1/`, `/gateway/metrics`): it has slots of its own
+(`app.gateway.slots`), so a user's slow upstream never takes the slots the pages need.
 """
 
 from __future__ import annotations
@@ -16,7 +18,8 @@ from typing import Any
 from data.settings import get_settings
 
 EXEMPT_PATHS = frozenset({"/api/health"})
-EXEMPT_PREFIXES = ("/static/",)
+# the gateway's API has slots of its own (`app.gateway.slots`): its requests may be held for minutes
+EXEMPT_PREFIXES = ("/static/", "/gateway/v1/", "/gateway/metrics")
 RETRY_AFTER_S = 2
 BUSY = ("the server is busy (every database connection is in use and the waiting line is full); "
         "try again shortly")

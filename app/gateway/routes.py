@@ -14,7 +14,8 @@ file that cannot be read 503), answered before its body is read and before anyth
 (`/v1/models` too); a body over the limit 413; not JSON (NaN, Infinity, numbers out of range),
 nested over `MAX_DEPTH`, not valid Unicode (a lone surrogate included), or not an object with its
 prompt 400; every upstream
-down 502, no first byte within `--timeout` 504, an error status passed on with its own status. A
+down 502, no first byte within `--timeout` 504, an error status passed on with its own status, past
+the gateway's own slots (`app.gateway.slots`, per tenant and in all) 429 at once. A
 stream whose upstream falls silent past `--idle-timeout` ends with an error event the client reads
 (its status, 200, was sent long before). A plan that fails passes the request through
 (`serving.gateway.forward`): the gateway answers no 5xx of its own. The body is parsed, and the
@@ -33,6 +34,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from app.gateway.slots import RETRY_AFTER_S, SLOTS
 from app.services.gateway import current
 from serving import ReplayError
 from serving.gateway import CHAT, COMPLETIONS, Gateway, Prepared
@@ -58,7 +60,7 @@ def openai_error(status: int, message: str, param: str | None = None,
                  headers: dict[str, str] | None = None) -> JSONResponse:
     kind = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
             404: "not_found_error", 413: "invalid_request_error", 422: "invalid_request_error",
-            503: "service_unavailable"}.get(status, "upstream_error")
+            429: "rate_limit_error", 503: "service_unavailable"}.get(status, "upstream_error")
     return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": status}},
                         status_code=status, headers=headers)
 
@@ -151,13 +153,47 @@ def _gateway() -> Gateway:
     return gateway
 
 
+class _Held(StreamingResponse):
+    """A stream that gives its gateway slot back once it has been sent (or its client went away)."""
+
+    def __init__(self, *args, tenant: str, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.tenant = tenant
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            SLOTS.give(self.tenant)
+
+
 async def _forward(request: Request, route: str) -> Response:
+    """One request, holding one of the gateway's own slots (`app.gateway.slots`) until its answer is
+    sent: 429 at once past them."""
+    from data.settings import get_settings
+
     try:
         gateway = _gateway()
         tenant = _tenant(request)  # before the body is read: a refused request costs nothing more
-        from data.settings import get_settings
+    except BadRequest as exc:
+        return openai_error(exc.status, str(exc), exc.param, _www(exc.status))
+    settings = get_settings()
+    refused = SLOTS.take(tenant.id, settings.gateway_slots, settings.gateway_slots_per_user)
+    if refused:
+        return openai_error(429, refused, headers={"Retry-After": str(RETRY_AFTER_S),
+                                                   TENANT_HEADER: tenant.header})
+    response: Response | None = None
+    try:
+        response = await _answer(request, route, gateway, tenant, settings.gateway_max_body)
+        return response
+    finally:
+        if not isinstance(response, _Held):
+            SLOTS.give(tenant.id)
 
-        body = await _body(request, get_settings().gateway_max_body, gateway)
+
+async def _answer(request: Request, route: str, gateway: Gateway, tenant: Tenant, limit: int) -> Response:
+    try:
+        body = await _body(request, limit, gateway)
         for name in ("messages",) if route == CHAT else ("prompt",):
             if name not in body:
                 raise BadRequest(400, f"'{name}' is a required property", name)
@@ -181,8 +217,8 @@ async def _forward(request: Request, route: str) -> Response:
         if relay.status != 200:
             return _upstream_error(relay.status, data, headers)
         return Response(data, status_code=200, media_type=relay.content_type, headers=headers)
-    return StreamingResponse(_stream(gateway, prepared, relay), media_type="text/event-stream",
-                             headers=headers)
+    return _Held(_stream(gateway, prepared, relay), media_type="text/event-stream", headers=headers,
+                 tenant=tenant.id)
 
 
 def _upstream_error(status: int, data: bytes, headers: dict[str, str]) -> JSONResponse:

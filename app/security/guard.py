@@ -22,6 +22,7 @@ from app.security.principal import BadToken, Principal, resolve
 
 PUBLIC_PATHS = frozenset({"/login", "/logout", "/api/health", "/openapi.json"})
 PUBLIC_PREFIXES = ("/share/",)
+GATEWAY_API = ("/gateway/v1/", "/gateway/metrics")  # held for minutes: no database connection held
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 SHARE_ROUTES = ("/runs/{run_id}", "/api/runs/{run_id}")
 
@@ -74,6 +75,8 @@ def authorize(request: Request, session: SessionDep) -> Principal | None:
                                                  "(kvnotes tokens create NAME)") from None
     request.state.principal = principal
     path = request.url.path
+    if path.startswith(GATEWAY_API):  # it may be held for minutes: its connection goes back now
+        session.close()
     if _is_public(path):
         return principal
     if principal is None:

@@ -134,3 +134,61 @@ def test_each_user_sees_only_their_own_bases(tmp_path, engine):
         for who in web:  # the totals are everyone's: 4 requests, 2 rewritten, 2 bases of 2 tenants
             assert "In all, every user: 4 requests, 2 rewritten; 2 bases of 2 tenants" in " ".join(
                 pages[who].split()), who
+
+
+def test_one_users_slow_gateway_requests_leave_the_pages_to_everyone_else(tmp_path):
+    """User B holds 24 gateway requests to an upstream that answers after 30 s (every one of B's
+    slots); user A's `GET /api/notebooks` answers 200 within 1 s all along, and B's 25th request is
+    429 at once (issue 49 item 4). Before, B's requests took the web app's slots (the database pool's
+    size) and its waiting line: A got 503 after 15 s."""
+    import threading
+    import time
+
+    slow = Engine("vllm", fault="slow", delay_s=30)
+    try:
+        with ServedApp(tmp_path, "tiny-llama", KVNOTES_AUTH="required",
+                       KVNOTES_GATEWAY_UPSTREAM=f"{slow.url}/v1", KVNOTES_GATEWAY_CHECK_RATE="0",
+                       KVNOTES_GATEWAY_TIMEOUT="60", KVNOTES_GATEWAY_SLOTS_PER_USER="24") as app:
+            from data.accounts import add_user, create_token
+
+            with app.db() as session:
+                tokens = {}
+                for name in ("user-a", "user-b"):
+                    add_user(session, name, "a-long-password", "editor")
+                    tokens[name] = create_token(session, name)[1]
+                session.commit()
+            body = {"model": "smollm2-135m", "max_tokens": 8,
+                    "messages": [{"role": "user", "content": "Where is the shipment going?"}]}
+            held: list[int] = []
+
+            def hold() -> None:
+                answer = httpx.post(f"{app.url}/gateway/v1/chat/completions", json=body, timeout=90,
+                                    headers={"Authorization": f"Bearer {tokens['user-b']}"})
+                held.append(answer.status_code if answer.status_code == 200 else answer.text)
+
+            threads = [threading.Thread(target=hold) for _ in range(24)]
+            for thread in threads:
+                thread.start()
+            deadline = time.monotonic() + 60
+            while len(slow.completions) < 24:  # all 24 at the upstream, waiting for its answer
+                assert time.monotonic() < deadline and not held, (len(slow.completions), held)
+                time.sleep(0.05)
+            over = httpx.post(f"{app.url}/gateway/v1/chat/completions", json=body, timeout=10,
+                              headers={"Authorization": f"Bearer {tokens['user-b']}"})
+            assert over.status_code == 429, over.text
+            assert over.headers["retry-after"] == "2" and "KVNOTES_GATEWAY_SLOTS_PER_USER" in over.text
+            web = httpx.Client(base_url=app.url, headers={"Authorization": f"Bearer {tokens['user-a']}"})
+            took = []
+            for _ in range(10):
+                start = time.monotonic()
+                answer = web.get("/api/notebooks", timeout=20)
+                took.append(time.monotonic() - start)
+                assert answer.status_code == 200, answer.text
+                time.sleep(0.3)
+            assert max(took) < 1.0, took
+            assert len(held) == 0  # B's requests were held all along
+            for thread in threads:
+                thread.join(90)
+            assert held == [200] * 24
+    finally:
+        slow.close()
