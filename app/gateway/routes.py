@@ -283,8 +283,8 @@ async def models(request: Request) -> Response:
 
 @metrics_router.get("/metrics", response_class=PlainTextResponse)
 async def metrics() -> Response:
-    """prometheus_client's exposition, read from the gateway's state (off the event loop: it may be
-    Redis), the same numbers whichever process or replica answers."""
+    """prometheus_client's exposition of this process's own counters (`serving.gateway.stats`: no
+    Redis is read; Prometheus sums them over processes and replicas), made in a worker thread."""
     gateway, _ = current()
     text = await asyncio.to_thread(gateway.stats.prometheus) if gateway is not None else b""
     return Response(text, media_type=CONTENT_TYPE_LATEST)

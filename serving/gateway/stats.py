@@ -114,7 +114,8 @@ class Stats:
         self._pending: defaultdict[str, Counter] = defaultdict(Counter)
         self._samples: defaultdict[str, list[float]] = defaultdict(list)
         self._lock = threading.Lock()
-        self._flushing = threading.Lock()
+        self._flushing = threading.Lock()  # one flush at a time (held across the state's round trip)
+        self._starting = threading.Lock()  # the flusher's start and stop (never held across Redis)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._logged = 0.0
@@ -166,7 +167,7 @@ class Stats:
             self._start()
 
     def _start(self) -> None:
-        with self._flushing:
+        with self._starting:
             if self._thread is None and not self._stop.is_set():
                 self._thread = threading.Thread(target=self._run, name="gateway-stats", daemon=True)
                 self._thread.start()
@@ -215,7 +216,7 @@ class Stats:
     def close(self) -> None:
         """Stop the flusher, after one last flush."""
         self._stop.set()
-        with self._flushing:
+        with self._starting:
             thread, self._thread = self._thread, None
         if thread is not None:
             thread.join(timeout=5)
