@@ -199,7 +199,10 @@ class Gateway:
                 if after is None:
                     raise
             else:
-                if relay.status != 503 or (after := self._next(upstream, tried)) is None:
+                if relay.status != 503:
+                    upstream.breaker.success()  # it answered: in rotation (one upstream has no health thread)
+                    return prepared, relay
+                if (after := self._next(upstream, tried)) is None:
                     return prepared, relay
                 await relay.aclose()
                 upstream.ended()
