@@ -72,6 +72,34 @@ CONSIGNMENT = ("CONSIGNMENT RECORD\nconsignee: Halden Tools\ndestination: Tromso
 CONSIGNMENT_QUESTION = "What is the destination of this consignment?"
 
 
+REPLAY_DOC = "SHIPMENT\ndestination: Oslo\ncarrier: NordFreight\n"
+
+
+def replay_notebook(client) -> int:
+    """A notebook (through the API of `client`) with a field (Oslo -> Rome) and a question: what a
+    replay on the web needs."""
+    r = client.post("/api/notebooks", json={"title": "s", "model": "smollm2-135m", "text": REPLAY_DOC})
+    assert r.status_code == 201, r.text
+    nid = r.json()["id"]
+    start = REPLAY_DOC.index("Oslo")
+    assert client.post(f"/api/notebooks/{nid}/fields",
+                       json={"start": start, "end": start + 4, "new_value": "Rome"}).status_code == 201
+    assert client.put(f"/api/notebooks/{nid}/question", json={"text": "Where?"}).status_code == 200
+    return nid
+
+
+def run_replay_task(replay_id: int, result: dict) -> None:
+    """The replay's message run in this process, as a worker takes it (under the row's token); what
+    the task returned goes into `result`."""
+    from data.db import get_sessionmaker
+    from data.replays import Replay
+    from worker.replay_task import replay_task
+
+    with get_sessionmaker()() as s:
+        token = s.get(Replay, replay_id).task_id
+    result.update(replay_task.apply(args=(replay_id,), task_id=token).get())
+
+
 def trajectory(n: int = 7, **kw) -> TrajectoryReplaySpec:
     """The first `n` turns over RECORD, as a trajectory replay (`kw`: more of its fields)."""
     turns = tuple(TurnSpec(append=f"2026-03-02 09:{10 + i:02d} {EVENTS[i % len(EVENTS)]}\n",

@@ -12,6 +12,7 @@ import time
 import pytest
 
 from serving import Bounds, ReplayError, ReplaySpec, TrajectoryReplaySpec, replay, replay_trajectory
+from tests.serving.conftest import replay_notebook, run_replay_task
 from tests.serving.engines import Engine
 from vocabulary.trajectories import FieldSpec, TurnSpec
 
@@ -144,3 +145,29 @@ def test_a_server_that_stops_mid_stream_ends_the_replay_naming_the_request(engin
     assert "(POST /v1/chat/completions): nothing came within the request's bound of 1 s, and the server " \
            "showed no progress for 1 s (its /metrics: 0 running, 0 waiting;" in message, message
     print(f"\nserver stalled mid-stream, 1 s bound: ended after {took:.1f} s")
+
+
+def test_the_webs_replay_waits_for_a_working_server_and_stops_for_a_stuck_one(make_client, engine):
+    """The same rule on the web (issue 52): a replay saved through the API and run by its task (in this
+    process, as a worker runs it) with `KVNOTES_REPLAY_REQUEST_TIMEOUT=1`. Queued 3 s behind a working
+    server it succeeds; against a server that accepts and never answers it fails, its row naming the
+    request and what the server's /metrics showed."""
+    client = make_client(KVNOTES_REPLAY_REQUEST_TIMEOUT="1")
+    nid = replay_notebook(client)
+    ends = {}
+    for fault in ("queued", "silent"):
+        server = engine(fault=fault, delay_s=3.0 if fault == "queued" else 60.0, faulty_from=1)
+        made = client.post(f"/api/notebooks/{nid}/replays", json={
+            "url": server.url, "rate": 1000, "variants": ["in_place"], "max_tokens": 4})
+        assert made.status_code == 201, made.text
+        result: dict = {}
+        run_replay_task(made.json()["id"], result)
+        ends[fault] = (result, client.get(f"/api/replays/{made.json()['id']}").json())
+    result, row = ends["queued"]
+    assert result["status"] == row["status"] == "succeeded", row
+    assert row["result"]["variants"]["in_place"]["ttft_ms"][0] > 2000, row["result"]
+    result, row = ends["silent"]
+    assert result["status"] == row["status"] == "failed", row
+    assert row["error"].startswith("in_place request 1 (field = 'Rome') failed: the server at "), row["error"]
+    assert "nothing came within the request's bound of 1 s, and the server showed no progress for 1 s " \
+           "(its /metrics: 0 running, 1 waiting;" in row["error"], row["error"]

@@ -14,21 +14,11 @@ from sqlalchemy import select
 
 from data.db import get_sessionmaker
 from data.replays import Replay
+from tests.serving.conftest import replay_notebook as _notebook
+from tests.serving.conftest import run_replay_task
 from tests.serving.engines import Engine
 
-DOC = "SHIPMENT\ndestination: Oslo\ncarrier: NordFreight\n"
 TRIES = 100
-
-
-def _notebook(client) -> int:
-    r = client.post("/api/notebooks", json={"title": "s", "model": "smollm2-135m", "text": DOC})
-    assert r.status_code == 201, r.text
-    nid = r.json()["id"]
-    start = DOC.index("Oslo")
-    assert client.post(f"/api/notebooks/{nid}/fields",
-                       json={"start": start, "end": start + 4, "new_value": "Rome"}).status_code == 201
-    assert client.put(f"/api/notebooks/{nid}/question", json={"text": "Where?"}).status_code == 200
-    return nid
 
 
 def _row(replay_id: int) -> tuple[str, float, str]:
@@ -38,18 +28,11 @@ def _row(replay_id: int) -> tuple[str, float, str]:
     return row.status, row.progress or 0.0, row.task_id
 
 
-def _run_task(task, replay_id: int, result: dict) -> None:
-    """The replay's message, as a worker takes it (under the row's token)."""
-    result.update(task.apply(args=(replay_id,), task_id=_row(replay_id)[2]).get())
-
-
 def test_a_replay_lost_to_a_cancel_never_logs_success(make_client, caplog):
     """100 replays of one request each; each is cancelled through the API a random 0-40 ms after its
     row shows the last request answered, which lands before, inside or after its end's write. Every
     task returns the row's final status, and "replay succeeded" is logged exactly for the replays
     whose row succeeded: never for one the cancel won."""
-    from worker.replay_task import replay_task
-
     caplog.set_level(logging.INFO, logger="worker")
     server = Engine()
     client = make_client()
@@ -63,7 +46,7 @@ def test_a_replay_lost_to_a_cancel_never_logs_success(make_client, caplog):
             assert made.status_code == 201, made.text
             replay_id = made.json()["id"]
             result: dict = {}
-            task = threading.Thread(target=_run_task, args=(replay_task, replay_id, result), daemon=True)
+            task = threading.Thread(target=run_replay_task, args=(replay_id, result), daemon=True)
             task.start()
             while task.is_alive() and _row(replay_id)[1] < 1.0:
                 time.sleep(0.002)
