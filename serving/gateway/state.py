@@ -59,7 +59,7 @@ import json
 import threading
 import time
 import uuid
-import zlib
+import weakref
 from collections import Counter, OrderedDict, deque
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -260,6 +260,13 @@ class State:
         pass
 
 
+class _TenantLock:
+    """A tenant's lock (a plain lock cannot be weakly referenced)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+
+
 class MemoryState(State):
     """This process's memory: tenants in LRU order, each an LRU of its bases."""
 
@@ -271,17 +278,23 @@ class MemoryState(State):
         self._texts: dict[str, dict[str, str]] = {}
         self._samples: dict[str, deque] = {}
         self._guard = threading.RLock()
-        self._locks = [threading.Lock() for _ in range(64)]  # a stripe: bounded, whatever the tenants
+        # one lock per tenant (never shared: one tenant's wait is never another's), kept only while
+        # some thread holds or waits for it
+        self._locks: weakref.WeakValueDictionary[str, _TenantLock] = weakref.WeakValueDictionary()
+        self._locks_guard = threading.Lock()
 
     @contextmanager
     def lock(self, tenant: str, wait_s: float) -> Iterator[Lease]:
-        stripe = self._locks[zlib.crc32(tenant.encode()) % len(self._locks)]
-        if not stripe.acquire(timeout=wait_s):
+        with self._locks_guard:
+            held = self._locks.get(tenant)
+            if held is None:
+                held = self._locks[tenant] = _TenantLock()
+        if not held.lock.acquire(timeout=wait_s):
             raise LockBusy(f"tenant lock not acquired within {wait_s:g} s")
         try:
             yield Lease(tenant, "memory")
         finally:
-            stripe.release()
+            held.lock.release()
 
     def _expire(self, tenant: str) -> OrderedDict[str, Base]:
         held = self._tenants.get(tenant, OrderedDict())
