@@ -235,6 +235,9 @@ class MechanismRecord(_Frozen):
     costs: dict[str, float] = {}
     notes: list[str] = []
     read_at: str = ""  # which answer token the views read, and why there (issue 43; "" before it)
+    # each strategy's own answer token where it was read, and where and why (issue 51; {} before it)
+    answer_by: dict[str, str] = {}
+    read_at_by: dict[str, str] = {}
 
 
 def _metric_fields() -> dict[str, Any]:

@@ -79,3 +79,27 @@ def test_the_deciding_token_is_where_the_two_values_part() -> None:
     pieces = ["The", " account", " is", " sus", "pended", "."]
     prefixes = ["".join(pieces[:t + 1]) for t in range(len(pieces))]
     assert value_token(prefixes, ["active", "suspended"]) == 3
+
+
+@pytest.mark.parametrize("model", ["tiny-llama", "tiny-qwen3"])
+def test_each_strategy_is_read_at_its_own_answers_deciding_token(model) -> None:
+    """Issue 51 item 7: the knockout and the lens read each strategy on ITS OWN answer (teacher-forced
+    up to its own deciding token), so its unmasked decision is the token its own answer gives there
+    (what the decision table shows), not what its notes say after recompute's answer."""
+    eng = load(model)
+    at = ACCOUNT.index("active")
+    report = eng.edit(ACCOUNT, [Field(at, at + 6, "suspended", "status")], "What is the account's status?",
+                      strategies=["stale", "in_place"], mechanism=True)
+    m = report.mechanism
+    assert set(m.answer_by) == set(m.read_at_by) == set(report.strategies)
+    assert m.answer_by["recompute"] == m.answer and m.read_at_by["recompute"] == m.read_at
+    for name, reading in m.unmasked.items():
+        # greedy: its own answer, teacher-forced, gives its own next token again
+        assert reading.decision == m.answer_by[name], (name, reading.decision, m.answer_by[name])
+        assert m.logit_lens[name][-1] == pytest.approx(reading.p_answer, abs=1e-3)  # the same token
+        if name != "recompute":
+            assert f"of {name}'s own answer" in m.read_at_by[name]
+    for name in m.read_at_by:  # the token read is one of the strategy's own answer
+        token = m.answer_by[name]
+        own = report.strategies[name].text or report.strategies[name].decision
+        assert token.strip() == "" or token.strip() in own or name == "recompute", (name, token, own)

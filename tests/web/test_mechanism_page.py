@@ -41,7 +41,10 @@ def test_the_form_asks_for_the_mechanism(client) -> None:
     nb = new_notebook(client)
     form = client.get(f"/notebooks/{nb}").text
     assert 'name="mechanism"' in form and "Mechanism: why the decision moved" in form
-    assert "(about 11 recomputes, ~2× the run's time; about 1 when in_place already agrees)" in form
+    # issue 51 item 7: what is left when selective@K is skipped is the measured knockout + lens, not "about 1"
+    assert ("(about 11 recomputes, ~2× the run's time; when in_place already agrees, only knockout and the "
+            "lens: measured 0.4 on a long document, 3.8 on a short one)") in form
+    assert "about 1 when in_place" not in form
     asked = {"question": "q?", "strategies": ["recompute"], "mechanism": "1"}
     client.post(f"/notebooks/{nb}/runs", data=asked, headers=HX)
     assert session().query(Run).one().snapshot.mechanism is True
@@ -116,3 +119,29 @@ def test_knockout_marks_a_change_of_the_strategy_s_own_decision_and_the_views_sa
     ticks = re.findall(r'<span class="lens-tick">(\d*)</span>', html)
     assert len(ticks) == 12 and [t for t in ticks if t] == ["1", "2", "4", "6", "8", "10", "12"]
     assert html.count('class="lens-key-cell"') == 6
+
+
+def test_each_strategy_says_where_it_was_read() -> None:
+    """Issue 51 item 7: a record that read each strategy at its own answer's deciding token says so,
+    and each knockout table names where its strategy was read; an older record says it describes
+    recompute's answer."""
+    from app.web.runs.mechanism_view import mechanism_panel
+    from app.web.templating import templates
+
+    template = templates.env.get_template("_mechanism.html")
+    record = _record()
+    mine = record.model_copy(update={
+        "read_at": "answer token 5 ('suspended'), where recompute's answer first names a value",
+        "read_at_by": {"recompute": "answer token 5 ('suspended')",
+                       "stale": "answer token 5 ('active') of stale's own answer, where it first names "
+                                "a value"},
+        "answer_by": {"recompute": "suspended", "stale": "active"},
+        "knockout": [*record.knockout,
+                     *[row.model_copy(update={"strategy": "stale"}) for row in record.knockout]]})
+    panel = mechanism_panel(mine)
+    html = template.render(mechanism=panel)
+    assert "(read at answer token 5 (&#39;active&#39;) of stale&#39;s own answer" in html
+    assert "Each strategy is read at its own answer's deciding token" in html
+    old = mechanism_panel(record.model_copy(update={"read_at": "answer token 5 ('suspended')"}))
+    html = template.render(mechanism=old)
+    assert "these views describe recompute's answer, not each strategy's own" in html

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from vocabulary import FLOOR, REFERENCE
-from vocabulary.agreement import DecidingToken, agrees, deciding_token
+from vocabulary.agreement import DecidingToken, agrees, deciding_token, value_token
 from worker.engine.attention import capture_attention
 from worker.engine.edit import Editor
 from worker.engine.mechanism.knockout import knockout, regions_of
@@ -60,8 +60,10 @@ def explain(engine: LoadedModel, editor: Editor, chosen: dict[str, Outcome],
     at = _deciding(engine, chosen, question, values)
     answer_ids = ref.readout.answer_ids
     answer_id = answer_ids[at.index]
-    # teacher-force recompute's answer up to the deciding token: every view reads the token after it
-    suffix_ids = list(suffix_ids) + list(answer_ids[:at.index])
+    base_suffix = list(suffix_ids)
+    # teacher-force recompute's answer up to the deciding token: recompute's views (and selective@K,
+    # which asks what restores recompute's decision) read the token after it
+    suffix_ids = base_suffix + list(answer_ids[:at.index])
     firsts = [(c, engine.tokenizer(engine.frame.choice_text(c), add_special_tokens=False)["input_ids"][0])
               for c in question.choices]
     recompute_layers = ref.surgery.layers
@@ -78,6 +80,21 @@ def explain(engine: LoadedModel, editor: Editor, chosen: dict[str, Outcome],
                          "probable token")
     if question.cot:
         out.notes.append("with chain of thought, the first answer token is the reasoning's first")
+    # every other strategy is read at ITS OWN answer's deciding token, its own answer teacher-forced
+    # before it (issue 51 item 7), so each view describes the answer the decision table shows
+    points = {REFERENCE: (suffix_ids, probe)}
+    out.answer_by[REFERENCE], out.read_at_by[REFERENCE] = out.answer, out.read_at
+    for name in chosen:
+        if name == REFERENCE:
+            continue
+        own_suffix, own_probe, own_at = _own_point(engine, name, chosen, question, values, base_suffix,
+                                                   firsts, recompute_layers)
+        points[name] = (own_suffix, own_probe)
+        token = engine.tokenizer.decode([own_probe.answer_id])
+        out.answer_by[name] = token
+        forced = "; its answer before it teacher-forced" if own_at.index else ""
+        out.read_at_by[name] = (f"answer token {own_at.index + 1} ({token.strip()!r}) of {name}'s own "
+                                f"answer, {own_at.why}{forced}")
     total = len(editor.new_ids) + len(suffix_ids)  # one recompute's tokens
     generator = torch.Generator().manual_seed(seed)
 
@@ -86,10 +103,11 @@ def explain(engine: LoadedModel, editor: Editor, chosen: dict[str, Outcome],
     for i, name in enumerate([REFERENCE] + ([shown] if shown else [])):
         step("mechanism: knockout", i / 2)
         s = chosen[name].surgery
-        prompt = list(s.pending) + list(suffix_ids)
+        own_suffix, own_probe = points[name]
+        prompt = list(s.pending) + list(own_suffix)
         attention[name] = _decision_attention(model, s.layers, prompt)
-        regions = regions_of(s.segments, s.offsets, len(suffix_ids), fields)
-        unmasked, found, run = knockout(model, probe, name, s.layers, prompt, regions, attention[name],
+        regions = regions_of(s.segments, s.offsets, len(own_suffix), fields)
+        unmasked, found, run = knockout(model, own_probe, name, s.layers, prompt, regions, attention[name],
                                         generator)
         out.unmasked[name], rows = unmasked, rows + run + len(prompt)
         out.knockout += found
@@ -125,8 +143,9 @@ def explain(engine: LoadedModel, editor: Editor, chosen: dict[str, Outcome],
     for i, (name, outcome) in enumerate(chosen.items()):
         step("mechanism: logit lens", i / max(len(chosen), 1))
         s = outcome.surgery
-        prompt = list(s.pending) + list(suffix_ids)
-        out.logit_lens[name] = lens(model, s.layers, prompt, answer_id)
+        own_suffix, own_probe = points[name]
+        prompt = list(s.pending) + list(own_suffix)
+        out.logit_lens[name] = lens(model, s.layers, prompt, own_probe.answer_id)
         rows += len(prompt)
     out.costs["logit_lens"] = rows / total
     return out
@@ -144,6 +163,42 @@ def _deciding(engine: LoadedModel, chosen: dict[str, Outcome], question: Questio
     prefixes = [engine.tokenizer.decode(ids[:t + 1]) for t in range(len(ids))]
     floor = chosen.get(FLOOR)
     return deciding_token(prefixes, values, ids, floor.readout.answer_ids if floor is not None else None)
+
+
+def _own_answer(name: str, chosen: dict[str, Outcome]) -> list[int]:
+    """A strategy's own answer tokens (recompute's when it gave none)."""
+    return list(chosen[name].readout.answer_ids) or list(chosen[REFERENCE].readout.answer_ids)
+
+
+def _own_deciding(engine: LoadedModel, name: str, chosen: dict[str, Outcome], question: Question,
+                  values: Sequence[str]) -> DecidingToken:
+    """Where strategy `name`'s own answer decides: a choice question's first answer token; a free
+    answer's token where it first names (and tells apart) a value, else the first token where it
+    parts from recompute's answer (`vocabulary.agreement.deciding_token`, recompute in the floor's
+    place), else its first."""
+    ids = _own_answer(name, chosen)
+    if question.choices or question.cot:
+        return DecidingToken(0, "the first answer token")
+    prefixes = [engine.tokenizer.decode(ids[:t + 1]) for t in range(len(ids))]
+    at = deciding_token(prefixes, values, ids, chosen[REFERENCE].readout.answer_ids)
+    if value_token(prefixes, values) is not None:
+        return DecidingToken(at.index, "where it first names a value")
+    if "does not differ" not in at.why:
+        return DecidingToken(at.index, "it names no value: the first token where it parts from recompute's")
+    return DecidingToken(0, "it names no value and does not part from recompute's answer: its first token")
+
+
+def _own_point(engine: LoadedModel, name: str, chosen: dict[str, Outcome], question: Question,
+               values: Sequence[str], base_suffix: list[int], firsts: list[tuple[str, int]],
+               recompute_layers) -> tuple[list[int], Probe, DecidingToken]:
+    """Strategy `name`'s reading point: the question's tokens and its own answer up to its deciding
+    token (teacher-forced), a probe of its own token there against recompute's notes read at that
+    same point (KL, and recompute's decision there), and where and why."""
+    ids = _own_answer(name, chosen)
+    at = _own_deciding(engine, name, chosen, question, values)
+    suffix = list(base_suffix) + ids[:at.index]
+    reference = prompt_logits(engine.model, recompute_layers, suffix, [[None] * len(recompute_layers)])[0]
+    return suffix, Probe.of(reference, ids[at.index], firsts, engine.tokenizer.decode), at
 
 
 def _shown(results: dict[str, StrategyResult], question: Question, values: Sequence[str] = ()) -> str | None:

@@ -87,6 +87,10 @@ class Mechanism:
     costs: dict[str, float] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     read_at: str = ""  # which answer token the views read, and why there (`vocabulary.agreement`)
+    # each strategy read at its own answer's deciding token (issue 51 item 7): its token there, and
+    # where and why, in words (recompute's is `answer` and `read_at`)
+    answer_by: dict[str, str] = field(default_factory=dict)
+    read_at_by: dict[str, str] = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         return asdict(self)
