@@ -105,7 +105,8 @@ METRICS = (
            "(for auto without a policy, every probe it ran, summed)"),
     Metric("latency_ms", float, "from the cached notes to the whole answer: ttft_ms + decode_ms"),
     Metric("ttft_ms", float, "time to first token: from the cached notes to the first answer token's logits"),
-    Metric("decode_ms", float, "time after the first token: generating the rest, or scoring the choices"),
+    Metric("decode_ms", float, "time after the first token, generating the rest of the answer (none "
+           "for a choice question: its choices are scored with the first token)"),
     Metric("answer_f1", float,
            "token F1 of the answer against recompute's answer, SQuAD-normalised (1 = same words)"),
     Metric("recompute_answer_nll", float | None,

@@ -9,7 +9,11 @@ When it does not, the reader is told what happened, with the range:
   which the machine's jitter is as large as what is timed;
 - "noisy: 0.9–1.1×, about the same as recompute": the range crosses 1× and is narrow, so the
   strategy is as fast as recompute within the noise;
-- "noisy: 4.1–9.8×": the range is wider than a factor of `MAX_RANGE_FACTOR` (or crosses 1× widely).
+- "noisy: 0.4–3.6×": the range crosses 1× widely: it cannot say which is faster;
+- "at least 4.1×": the range stays above 1× but spans more than a factor of `MAX_RANGE_FACTOR`: the
+  strategy was faster in every round, by at least the range's low end (a speed-up, not noise; the
+  median is not quoted alone because the rounds disagree on how much); "at most 0.6×" likewise when
+  it stays below 1× (slower in every round).
 
 Runs stored before paired rounds have no range: under the floor they are too short to time
 whatever else; above it, the range is read from the two time-to-first-token spreads (recompute's
@@ -23,14 +27,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 MIN_TIMED_MS = 250.0  # recompute's time to first token under this is too short to time
-MAX_RANGE_FACTOR = 2.0  # a speed-up whose range spans more than this factor is noisy
+MAX_RANGE_FACTOR = 2.0  # a range wider than this factor is quoted by its near end (or noisy across 1×)
 
 TOO_SHORT = "too short to time"
 
 
 @dataclass(frozen=True)
 class SpeedupReading:
-    """Why a speed-up does not stand: `kind` short | noisy, the cell's `label`, and the range it
+    """Why a speed-up does not stand as one number: `kind` short | noisy | bound (the range stays on
+    one side of 1× but is wide: `label` quotes its near end), the cell's `label`, and the range it
     was read from (None when there was none)."""
 
     kind: str
@@ -67,6 +72,10 @@ def speedup_reading(ref_ttft_ms: float | None, ttft_ms: float | None,
     if span is None:
         return None  # an old run timed above the floor, without spreads: the division stands
     low, high = span
+    if low > 1.0:  # faster in every round, by a factor the rounds do not agree on
+        return SpeedupReading("bound", f"at least {low:.1f}×", low, high)
+    if 0 < high < 1.0:  # slower in every round
+        return SpeedupReading("bound", f"at most {high:.1f}×", low, high)
     words = f"noisy: {low:.1f}–{high:.1f}×"
     if low <= 1.0 <= high and low > 0 and high / low <= MAX_RANGE_FACTOR:
         words += ", about the same as recompute"

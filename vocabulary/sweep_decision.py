@@ -63,6 +63,11 @@ def needed_words(name: str, needed: int | None, threshold: float, below: bool = 
     return f"{words}, which is not to be expected of a strategy proven below it" if below else words
 
 
+def _all(n: int, noun: str) -> str:
+    """"all 3 determined edits", "its one determined edit": never "all 1 edits"."""
+    return f"its one {noun}" if n == 1 else f"all {n} {noun}s"
+
+
 def standing(s: StrategyStats, threshold: float) -> Standing:
     """Where candidate `s` stands against `threshold` (see `Standing`)."""
     if s.role == "floor":
@@ -70,7 +75,8 @@ def standing(s: StrategyStats, threshold: float) -> Standing:
                         f"{s.name} keeps the original decision: it never follows a changed edit")
     if s.exact:
         ok = s.agreement.k == s.agreement.n
-        agreed = f"it agreed on all {s.agreement.n} determined edits" if s.agreement.n else "by construction"
+        agreed = (f"it agreed on {_all(s.agreement.n, 'determined edit')}" if s.agreement.n
+                  else "by construction")
         return Standing(s.name, s.cost_share, ok, not ok, () if ok else ("determined",), 0 if ok else None,
                         f"{s.name} is exact ({agreed})" if ok else f"{s.name} is exact but agreed on "
                         f"{s.agreement.k} of {s.agreement.n} determined edits")
@@ -143,11 +149,12 @@ def policy(stats: Sequence[StrategyStats], threshold: float = DEFAULT_THRESHOLD,
     best = max(approx, key=lambda st: (min(by_name[st.name].agreement.lower, by_name[st.name].changed.lower),
                                        -st.cost_share), default=None)
     if moved == 0 and ref is not None and undetermined == total:
-        why = (f"recompute's answer named neither the old nor a new value on all {total} edits "
+        why = (f"recompute's answer named neither the old nor a new value on {_all(total, 'edit')} "
                "(undetermined: a free answer that does not read this field back cannot be scored by "
                "its verdict; ask with choices, or read KL)")
     elif moved == 0:
-        why = (f"no edit changed recompute's decision ({total} edits, {undetermined} undetermined): "
+        why = (f"no edit changed recompute's decision ({total} edit{'' if total == 1 else 's'}, "
+               f"{undetermined} undetermined): "
                "the sweep cannot tell the strategies apart on this prompt")
     elif best is not None:
         why = (f"{best.name} agreed with recompute on {_bounds(by_name[best.name])}: held back by "

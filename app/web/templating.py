@@ -50,10 +50,12 @@ def fmt_ms(ms: float | None) -> str:
 
 
 def fmt_float(value: float | None, digits: int = 3) -> str:
+    """`digits` decimals, one format in a column: a value that is not 0 but rounds to it reads
+    "< 0.0001" (never "9.6e-12" beside "0.0000")."""
     if value is None:
         return "–"
-    if value != 0 and abs(value) < 10 ** -digits:
-        return f"{value:.1e}"
+    if value != 0 and round(abs(value), digits) == 0:
+        return f"{'> -' if value < 0 else '< '}{10 ** -digits:.{digits}f}"
     return f"{value:.{digits}f}"
 
 
@@ -128,11 +130,17 @@ def timing_lines(timings: dict[str, Any] | None) -> list[tuple[str, str]]:
     return out
 
 
-def answer_around(text: str | None, values: Any, width: int = 40) -> Markup:
+def answer_around(text: str | None, values: Any, width: int = 40, line: bool = False) -> Markup:
     """An answer cut around the value it names, the value marked (`vocabulary.agreement.around`):
-    wherever an answer is cut, its value stays in sight. `values`: a list, or a dict's values."""
-    listed = list(values.values()) if isinstance(values, dict) else list(values or [])
-    before, value, after = around(text or "", [str(v) for v in listed], width)
+    wherever an answer is cut, its value stays in sight. `values`: a list, or a dict's values.
+    `line`: read only the answer's first line that names a value (else its first line), so a base
+    model's answer that goes on with questions of its own shows its answer, not "Qu…"."""
+    listed = [str(v) for v in (list(values.values()) if isinstance(values, dict) else list(values or []))]
+    text = text or ""
+    if line:
+        lines = [part.strip() for part in text.splitlines() if part.strip()] or [""]
+        text = next((part for part in lines if around(part, listed, len(part) + 1)[1]), lines[0])
+    before, value, after = around(text, listed, width)
     marked = Markup('<mark class="answer-value">{}</mark>').format(value) if value else Markup("")
     return escape(before) + marked + escape(after)
 

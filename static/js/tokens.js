@@ -1,4 +1,4 @@
-// tokens.js — hover the document to see its tokens (index in the cache and token id). The app
+// tokens.js — point at (or tap) the document to see its tokens (index in the cache and token id). The app
 // cannot tokenize, so the spans come from the latest finished run that fits the document as it is
 // now (/notebooks/{id}/tokens.json); before any run the hover stays quiet.
 (function () {
@@ -12,7 +12,7 @@
     if (!status || !status.dataset.tokensUrl) return;
     fetch(status.dataset.tokensUrl).then(function (r) { return r.json(); }).then(function (data) {
       tokens = data.tokens || [];
-      if (tokens.length) status.textContent = "Hover for tokens: " + tokens.length + " document tokens from run #" + data.run_id;
+      if (tokens.length) status.textContent = "Point at or tap a word for its tokens: " + tokens.length + " document tokens from run #" + data.run_id;
     }).catch(function () { tokens = []; });
   }
 
@@ -57,7 +57,11 @@
     if (window.CSS && CSS.highlights) CSS.highlights.delete("token-hover");
   }
 
-  document.addEventListener("mousemove", function (event) {
+  // a mouse shows the token under it as it moves; a finger, the token it tapped
+  document.addEventListener("mousemove", show);
+  document.addEventListener("pointerup", function (event) { if (event.pointerType !== "mouse") show(event); });
+
+  function show(event) {
     var doc = document.getElementById("document");
     if (!tokens.length || !doc || !doc.contains(event.target) || !event.target.closest(".t")) { hide(); return; }
     var caret = caretAt(event.clientX, event.clientY);
@@ -74,7 +78,7 @@
       var range = rangeFor(doc, t);
       if (range) CSS.highlights.set("token-hover", new Highlight(range));
     }
-  });
+  }
   document.addEventListener("DOMContentLoaded", load);
   document.addEventListener("htmx:afterSettle", function (e) { if (e.target && e.target.id === "run-progress") load(); });
 })();

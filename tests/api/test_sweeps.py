@@ -57,6 +57,9 @@ def test_a_sweep_queues_one_run_per_edit_and_skips_the_old_value(make_client, tm
     assert lines[0].startswith("sweep_id,position,run_id,status") and len(lines) == 1 + 3 * 3
     report = client.get(f"/sweeps/{sweep['id']}/report.html")
     assert report.status_code == 200 and "<script" not in report.text and "<svg" in report.text
+    assert "content-disposition" not in report.headers  # it opens, as the other reports do (issue 51)
+    saved = client.get(f"/sweeps/{sweep['id']}/report.html?download=1").headers["content-disposition"]
+    assert saved.startswith("attachment;")
     # cancelled before any edit ran: nothing finished to keep, all 3 cancelled
     done = client.post(f"/api/sweeps/{sweep['id']}/cancel").json()
     assert done["status"] == "cancelled" and done["edits_done"] == 0

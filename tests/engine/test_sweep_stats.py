@@ -250,3 +250,11 @@ def test_decided_only_when_every_cheaper_candidate_is_proven_below_and_needed_in
         "to reach 0.95, which is not to be expected of a strategy proven below it")
     done = sweep_stats(sweep(40), names, True, 0.8).policy  # erratum 40 of 40: 0.85; in_place under 0.73
     assert done.strategy == "erratum" and done.decided
+
+
+def test_one_determined_edit_reads_as_one_not_all_1_edits():
+    """Issue 51: "on all 1 edits" reads "on its one determined edit"."""
+    edits = _choice_sweep(2, erratum_misses=0)[:1]
+    stats = sweep_stats(edits, ["recompute", "stale", "prefix_reuse"], True)
+    assert "it agreed on its one determined edit" in stats.policy.sentence
+    assert "all 1 " not in stats.policy.sentence

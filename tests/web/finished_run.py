@@ -3,11 +3,14 @@ heatmap and the notebook's token hover read. Used by the page and browser tests.
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 from sqlalchemy.orm import Session
 
 from app.services.runs import build_snapshot
 from data.models import Notebook, Run, RunResult
+from vocabulary import render_erratum
 from vocabulary.verdicts import edit_followed
 
 LAYERS, HEADS = 4, 6
@@ -15,8 +18,6 @@ LAYERS, HEADS = 4, 6
 
 def tokens_of(document: str, frame: int = 3, tail: list[tuple[str, str]] | None = None) -> list[dict]:
     """Word-ish tokens of `document` with offsets, after `frame` frame tokens, then `tail`."""
-    import re
-
     out = [{"id": 1 + i, "text": f"<f{i}>", "start": -1, "end": -1, "segment": "frame"} for i in range(frame)]
     for m in re.finditer(r"\s*\S+", document):
         out.append({"id": 100 + len(out), "text": m.group(), "start": m.start(), "end": m.end(),
@@ -50,10 +51,14 @@ NOTES_MAP = {"field_share": 0.94, "kl_stale": 1.7, "kl_in_place": 0.1, "spans": 
 
 
 def finished_run(session: Session, notebook: Notebook, strategies=("recompute", "stale", "field_erratum"),
-                 notes_map: bool = False) -> Run:
+                 notes_map: bool = False, answers: dict[str, dict] | None = None) -> Run:
     """A succeeded run of `notebook` (which must have a question) with plausible results: the
     question's tokens, an answer token, the decision's and every query's attention, and (with
-    `notes_map`) a notes map whose spans cover the document after the first field."""
+    `notes_map`) a notes map whose spans cover the document after the first field.
+
+    answers: per strategy, what a real run answered (`examples/<slug>.measured.json`'s records:
+    answer, edit_followed, same_decision, kl); then the erratum strategies' notes end with the
+    erratum the engine writes, word by word."""
     snapshot = build_snapshot(notebook, notebook.question, list(strategies), attribution=notes_map)
     run = Run(notebook_id=notebook.id, snapshot=snapshot, strategies=list(strategies), status="succeeded",
               stage="done", progress=1.0, timings={"prefill": 420.0, "readout": 35.0})
@@ -80,9 +85,11 @@ def finished_run(session: Session, notebook: Notebook, strategies=("recompute", 
         if name == "stale":
             toks = tokens_of(old_doc, tail=question + answer)
         elif name in ("erratum", "field_erratum"):
+            errata = ([(" [STATE UPDATE]", "erratum"), (" changed", "erratum")] if answers is None else
+                      [(w, "erratum") for f in fields
+                       for w in re.findall(r"\s*\S+", render_erratum(f.label, f.old_value, f.new_value))])
             toks = tokens_of(new_doc if name == "field_erratum" else old_doc,
-                             tail=[(" [STATE UPDATE]", "erratum"), (" changed", "erratum"),
-                                   *question, *answer])
+                             tail=[*errata, *question, *answer])
         else:
             toks = tokens_of(new_doc, tail=question + answer)
         blob, shape = attention_for(toks, seed=k)
@@ -90,9 +97,14 @@ def finished_run(session: Session, notebook: Notebook, strategies=("recompute", 
         probs = {c: (0.8 if (i == 1) == agrees else 0.2) for i, c in enumerate(choices[:2])}
         decision = (max(probs, key=probs.get) if probs
                     else ("The status is suspended." if agrees else "The status is active."))
+        real = (answers or {}).get(name)
+        if real is not None:
+            agrees, decision = real["same_decision"], real["answer"]
+            probs = {c: (0.8 if c == decision else 0.2) for c in choices[:2]}
         session.add(RunResult(
             run_id=run.id, strategy=name, decision=decision, choice_probs=probs,
-            kl_to_recompute=0.0 if name == "recompute" else (1.7 if name == "stale" else 0.012),
+            kl_to_recompute=real["kl"] if real else (0.0 if name == "recompute" else (1.7 if name == "stale"
+                                                                                       else 0.012)),
             top1_agrees=agrees, topk_overlap=10 if agrees else 6, logit_cosine=0.99,
             decision_matches_recompute=agrees,
             edit_followed=(edit_followed(decision, [f.old_value for f in fields],

@@ -26,13 +26,13 @@ def _record(i: int, changed: list[str]) -> TurnRecord:
     return TurnRecord(index=i, prompt_tokens=40 + i, changed=changed, results=results)
 
 
-def finished_trajectory(session=None) -> int:
+def finished_trajectory(session=None, append: str = "a") -> int:
     """A finished 4-turn trajectory (written as the worker writes one), in `session` (else this
-    process's database): its id."""
+    process's database): its id. `append`: what the first turn appends (a tool's output, say)."""
     from data.db import get_sessionmaker
     from data.trajectories import Trajectory
 
-    turns = (TurnSpec(append="a"), TurnSpec(fields={"status": "suspended"}), TurnSpec(append="b"),
+    turns = (TurnSpec(append=append), TurnSpec(fields={"status": "suspended"}), TurnSpec(append="b"),
              TurnSpec(fields={"status": "active"}))
     spec = TrajectorySpec(model="smollm2-135m", document=DOC, fields=(FieldSpec("status", AT, AT + 6),),
                           turns=turns, question="Can this customer log in?", choices=("yes", "no"),

@@ -214,3 +214,20 @@ def test_the_report_draws_the_view_it_names_for_every_strategy(client) -> None:
     data = json.loads(re.search(r'<script type="application/json" id="report-data">(.*?)</script>',
                                 queried, re.S).group(1))
     assert data["strategies"]["stale"]["paint"]["label"].startswith("query=1 ")
+
+
+def test_a_revoked_share_link_says_so_where_nobody_can_sign_in(client) -> None:
+    """Issue 51: on the default setup (no accounts) a revoked link names what happened, not a
+    sign-in form nobody can use."""
+    from data.accounts import create_share, revoke_share
+
+    _, run = finished(client)
+    with session() as s:
+        link, token = create_share(s, run, None)
+        s.commit()
+        assert client.get(f"/share/{token}", follow_redirects=False).status_code == 303
+        revoke_share(s, link)
+        s.commit()
+    page = client.get(f"/share/{token}")
+    assert page.status_code == 404 and "This share link was revoked" in page.text
+    assert 'type="password"' not in page.text and "Sign in to kvnotes" not in page.text

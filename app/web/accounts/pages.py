@@ -18,10 +18,12 @@ from fastapi.responses import RedirectResponse, Response
 
 from app.api.deps import PrincipalDep, SessionDep, get_or_404
 from app.security.cookies import clear_session_cookie, read_session, remember_share, set_session_cookie
+from app.security.principal import sign_in_required
 from app.services import accounts as actions
+from app.web.errors import error_page
 from app.web.templating import render
 from data import sign_in
-from data.accounts import AccountError, HashingBusy, ShareLink, resolve_share
+from data.accounts import AccountError, HashingBusy, ShareLink, count_users, resolve_share
 from data.models import Run
 from data.settings import get_settings
 from vocabulary.text_rules import text_problem
@@ -133,8 +135,12 @@ def change_password(request: Request, session: SessionDep, principal: PrincipalD
 def open_share(request: Request, token: str, session: SessionDep) -> Response:
     link = resolve_share(session, token)
     if link is None:
-        return render(request, "login.html", 404, values={"name": "", "next": "/"}, nav="",
-                      errors={"form": "this share link is not valid or was revoked; ask for a new one"})
+        message = ("This share link was revoked, or is not a link this site made: ask whoever sent it "
+                   "for a new one.")
+        if count_users(session) and sign_in_required(request):  # someone with an account may sign in
+            return render(request, "login.html", 404, values={"name": "", "next": "/"}, nav="",
+                          errors={"form": message})
+        return error_page(request, 404, message, title="Share link revoked")
     response = RedirectResponse(f"/runs/{link.run_id}", status_code=303)
     remember_share(response, request, token)
     return response

@@ -26,6 +26,7 @@ from app.web.runs.view import (
     answer_of,
     decision_rows,
     default_strategy,
+    measured_decode,
     measured_ttft,
     run_note,
     snapshot_pieces,
@@ -89,6 +90,7 @@ class RunPage:
     order_flag: str | None
     mechanism: MechanismPanel | None
     ttft_measured: bool
+    decode_measured: bool  # the answers were decoded past the first token (`view.measured_decode`)
     metric_help: dict[str, str]
     notes_map: NotesMap | None
     map_pieces: list[MapPiece]
@@ -147,7 +149,8 @@ def run_context(session: Session, run: Run) -> RunPage:
         attention_strategies=with_attention, attention_shape=_shape(run),
         default_strategy=default_strategy(rows, with_attention), note=run_note(rows, run.snapshot),
         order_flag=order_flag(rows),
-        ttft_measured=measured_ttft(run), metric_help={m.name: m.help for m in METRICS},
+        ttft_measured=measured_ttft(run), decode_measured=measured_decode(run),
+        metric_help={m.name: m.help for m in METRICS},
         mechanism=mechanism_panel(run.mechanism),
         notes_map=notes_map, map_pieces=notes_map_pieces(run.snapshot, notes_map) if notes_map else [],
         top_spans=top_spans(notes_map) if notes_map else [],

@@ -81,7 +81,7 @@ def run_json(session: Session, run: Run, context: dict[str, Any],
             "default_strategy": context["default_strategy"],
             "speedup_on": "ttft" if context["ttft_measured"] else "latency",
         },
-        "decisions": [decision_record(row) for row in rows],
+        "decisions": [decision_record(row, context["decode_measured"]) for row in rows],
         "answers": [{"strategy": a.row.strategy, "same_as_recompute": a.same,
                      "diff": [{"op": op, "text": text} for op, text in a.diff]}
                     for a in context.answers],
@@ -91,7 +91,9 @@ def run_json(session: Session, run: Run, context: dict[str, Any],
     }
 
 
-def decision_record(row) -> dict[str, Any]:
+def decision_record(row, decoded: bool = True) -> dict[str, Any]:
+    """One strategy's row of the exports; `decoded`: the run timed decoding (else decode_ms is None,
+    as the page leaves it out: `view.measured_decode`)."""
     r = row.result
     record = {"strategy": row.strategy, "is_reference": row.is_reference, "same_decision": row.agrees,
               "edit_followed": row.followed, "tokens_pct": row.tokens_pct, "speedup": row.speedup,
@@ -104,7 +106,8 @@ def decision_record(row) -> dict[str, Any]:
                       top1_agrees=r.top1_agrees, topk_overlap=r.topk_overlap,
                       tokens_computed=r.tokens_computed,
                       prefix_cache_share=r.prefix_cache_share, ttft_ms=r.ttft_ms,
-                      ttft_spread_ms=r.ttft_spread_ms, decode_ms=r.decode_ms, latency_ms=r.latency_ms,
+                      ttft_spread_ms=r.ttft_spread_ms, decode_ms=r.decode_ms if decoded else None,
+                      latency_ms=r.latency_ms,
                       text=r.text, choice_spread=r.choice_spread or {}, order_bias=r.order_bias)
     return record
 
@@ -125,13 +128,14 @@ def _cell(value: Any) -> Any:
     return "" if value is None else value
 
 
-def run_csv(rows) -> str:
-    """The decision table, one row per strategy (recompute first), columns as named in the header."""
+def run_csv(rows, decoded: bool = True) -> str:
+    """The decision table, one row per strategy (recompute first), columns as named in the header
+    (`decoded`: as `decision_record`'s)."""
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
     writer.writerow(CSV_COLUMNS)
     for row in rows:
-        record = decision_record(row)
+        record = decision_record(row, decoded)
         probs = record.get("choice_probs") or {}
         record["choice_probs"] = "; ".join(f"{k}: {v:.4f}" for k, v in probs.items())
         spread = record.get("ttft_spread_ms")

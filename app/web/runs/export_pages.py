@@ -67,9 +67,12 @@ def _export_json(session: SessionDep, run: Run, asked) -> JSONResponse:
 def export_csv(request: Request, run_id: int, session: SessionDep) -> Response:
     """The decision table: one row per strategy, recompute first."""
     run = get_or_404(session, Run, run_id, "run")
-    return cached(request, session, run, "export.csv", lambda: Response(
-        run_csv(run_context(session, run)["rows"]), media_type="text/csv; charset=utf-8",
-        headers=_download(f"run-{run_id}-decisions.csv")))
+    def made() -> Response:
+        context = run_context(session, run)
+        return Response(run_csv(context.rows, context.decode_measured), media_type="text/csv; charset=utf-8",
+                        headers=_download(f"run-{run_id}-decisions.csv"))
+
+    return cached(request, session, run, "export.csv", made)
 
 
 def _view_or_404(run: Run, context: dict, asked) -> ViewParams:

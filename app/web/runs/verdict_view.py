@@ -113,9 +113,9 @@ def headline(rows: Sequence[Any], has_fields: bool) -> Headline | None:
 
 @dataclass(frozen=True)
 class Timing:
-    """Why a speed-up does not stand (`vocabulary.speedups`): the cell's `label` ("too short to
-    time", "noisy: 0.9–1.1×, about the same as recompute", "noisy: 4.1–9.8×"), `kind` short |
-    noisy, and the numbers behind it (the cell's tooltip)."""
+    """Why a speed-up does not stand as one number (`vocabulary.speedups`): the cell's `label`
+    ("too short to time", "noisy: 0.9–1.1×, about the same as recompute", "at least 4.1×"), `kind`
+    short | noisy | bound | untimed, and the numbers behind it (the cell's tooltip)."""
 
     label: str
     kind: str
@@ -150,10 +150,20 @@ def timing(result: Any, reference: Any) -> Timing | None:
         why = f"recompute's time to first token is under {MIN_TIMED_MS:.0f} ms"
     elif reading.low is not None and reading.low <= 1.0 <= (reading.high or 0.0):
         why = f"the speed-up ranges {reading.low:.1f}×–{reading.high:.1f}× over {over}, across 1×"
+    elif reading.kind == "bound":
+        side = "faster" if (reading.low or 0.0) > 1.0 else "slower"
+        median = _x(getattr(result, "speedup", None))
+        why = (f"{side} than recompute in every round: the speed-up ranges {reading.low:.1f}×–"
+               f"{reading.high:.1f}× over {over} (median {median}), more than a factor of "
+               f"{MAX_RANGE_FACTOR:.0f}")
     else:
         why = (f"the speed-up ranges {reading.low:.1f}×–{reading.high:.1f}× over {over}, more than a "
                f"factor of {MAX_RANGE_FACTOR:.0f}")
     return Timing(reading.label, reading.kind, f"{why}: {numbers}")
+
+
+def _x(speedup: float | None) -> str:
+    return "not stored" if speedup is None else f"{speedup:.1f}×"
 
 
 def _ms(median: float, spread: tuple[float, float] | None) -> str:

@@ -121,6 +121,15 @@ def measured_ttft(run: Run) -> bool:
     return any(r.ttft_ms for r in run.results)
 
 
+def measured_decode(run: Run) -> bool:
+    """Whether the run timed decoding: its answers went on past the first token (a free answer, or
+    reasoning before a choice). A choice question's choices are scored with its first token
+    (`worker.engine.readout`), so nothing is decoded after it and its stored decode time (0) is no
+    measurement: the pages and exports leave it out."""
+    question = run.snapshot.question if run.snapshot is not None else None
+    return measured_ttft(run) and question is not None and (not question.choices or question.cot)
+
+
 def agreement_summary(rows: list[DecisionRow]) -> tuple[int, int]:
     """(strategies agreeing with recompute, strategies compared), recompute itself excluded."""
     compared = [r for r in rows if not r.is_reference and r.result is not None]

@@ -123,11 +123,13 @@ def sweep_csv(sweep_id: int, session: SessionDep, threshold: Threshold = None) -
 
 @router.get("/sweeps/{sweep_id}/report.html")
 def sweep_report(request: Request, sweep_id: int, session: SessionDep,
-                 threshold: Threshold = None) -> Response:
-    """The offline report: one HTML file, no scripts and no links it needs, the frontier drawn."""
+                 threshold: Threshold = None, download: str = "") -> Response:
+    """The offline report: one HTML file, no scripts and no links it needs, the frontier drawn. It
+    opens in the browser, as the runs' and trajectories' reports do; `download=1` saves it."""
     view = _view(session, sweep_id, threshold)
     response = render(request, "sweep_report.html", sweep=view, frontier=frontier_svg(view))
-    response.headers.update(_download(f"sweep-{sweep_id}.html"))
+    if download:
+        response.headers.update(_download(f"sweep-{sweep_id}.html"))
     return response
 
 
