@@ -73,13 +73,19 @@ def speedup_reading(ref_ttft_ms: float | None, ttft_ms: float | None,
         return None  # an old run timed above the floor, without spreads: the division stands
     low, high = span
     if low > 1.0:  # faster in every round, by a factor the rounds do not agree on
-        return SpeedupReading("bound", f"at least {low:.1f}×", low, high)
+        return SpeedupReading("bound", f"at least {_factor(low)}×", low, high)
     if 0 < high < 1.0:  # slower in every round
-        return SpeedupReading("bound", f"at most {high:.1f}×", low, high)
+        return SpeedupReading("bound", f"at most {_factor(high)}×", low, high)
     words = f"noisy: {low:.1f}–{high:.1f}×"
     if low <= 1.0 <= high and low > 0 and high / low <= MAX_RANGE_FACTOR:
         words += ", about the same as recompute"
     return SpeedupReading("noisy", words, low, high)
+
+
+def _factor(x: float) -> str:
+    """A bound as it reads: one decimal, two where one would round to 1 ("at least 1.04×", never
+    "at least 1.0×", which reads as no speed-up)."""
+    return f"{x:.2f}" if f"{x:.1f}" == "1.0" else f"{x:.1f}"
 
 
 def _stands(low: float, high: float) -> bool:

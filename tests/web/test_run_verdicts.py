@@ -126,6 +126,7 @@ def test_a_speed_up_that_does_not_stand_says_what_happened(ref_ms, ref_spread, m
     (10000.0, [4.1, 9.8], "at least 4.1×"),  # more than a factor of 2, but faster in every round
     (10000.0, [5.1, 22.2], "at least 5.1×"),  # issue 51: in_place on the shipment log, never "noisy"
     (10000.0, [0.2, 0.6], "at most 0.6×"),  # slower in every round
+    (10000.0, [1.04, 2.6], "at least 1.04×"),  # never "at least 1.0×"
     (10000.0, [0.5, 3.0], "noisy: 0.5–3.0×"),  # across 1× and wide: not "about the same"
     (6540.0, [1.2, 2.3], None),
     (120.0, [0.8, 1.5], "too short to time"),  # noisy, and recompute's first token under the floor
