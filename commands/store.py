@@ -1,10 +1,13 @@
 """`kvnotes store`: the KV store's tiers, each with its size, hits, misses and evictions (issue 40).
 
-    kvnotes store [--store s3://BUCKET/PREFIX] [--json]
+    kvnotes store [--store s3://BUCKET/PREFIX] [--verify] [--json]
 
 The local tier is this host's `<KVNOTES_DATA>/kv` (its counters are every process's on this host:
 they live in its index). The shared tier's size and counters are every worker's, from its index in
-Redis (KVNOTES_STORE_INDEX, else the broker's); `reachable` says whether its bucket answered now.
+Redis (KVNOTES_STORE_INDEX, else the broker's): with the uploads dropped (a full upload queue, or
+the bucket down) and the bytes waiting in the workers' upload queues now. `reachable` says whether
+its bucket answered now; `--verify` also counts the objects and bytes the bucket holds (a listing),
+beside what the index says.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ import argparse
 import json
 
 
-def tiers(url: str = "") -> list[dict]:
+def tiers(url: str = "", verify: bool = False) -> list[dict]:
     """One row per tier: name, where, objects, bytes, hits, misses, evictions (and more)."""
     from worker.engine.store_s3 import TierFault
     from worker.runtime import open_store
@@ -35,12 +38,21 @@ def tiers(url: str = "") -> list[dict]:
                      "bytes": shared.get("bytes", 0), "hits": shared.get("hits", 0),
                      "misses": shared.get("misses", 0), "evictions": shared.get("evictions", 0),
                      "damaged": shared.get("damaged", 0), "budget_bytes": shared["budget_bytes"],
+                     "dropped": shared.get("dropped", 0), "queued_bytes": shared.get("queued_bytes", 0),
+                     "upload_bytes": shared["upload_bytes"],
                      "reachable": reachable, "indexed": store.shared.index is not None})
+        if verify:
+            try:
+                rows[-1]["bucket_objects"], rows[-1]["bucket_bytes"] = store.shared.tier.count_objects()
+            except TierFault as fault:
+                rows[-1]["bucket_objects"] = rows[-1]["bucket_bytes"] = None
+                rows[-1]["reachable"] = f"no: {fault.reason}"
+    store.close(drain=False, timeout_s=0)
     return rows
 
 
 def cmd_store(args) -> None:
-    rows = tiers(args.store or "")
+    rows = tiers(args.store or "", verify=args.verify)
     if args.json:
         print(json.dumps(rows, indent=2))
         return
@@ -53,6 +65,16 @@ def cmd_store(args) -> None:
         mib, budget = r["bytes"] / 2**20, r["budget_bytes"] / 2**20
         print(f"{r['tier']:<7} {r['objects']:>8} {mib:>9.1f} {budget:>11.0f} {r['hits']:>8}"
               f" {r['misses']:>8} {r['evictions']:>9}  {r['where']}{extra}")
+    for r in rows:
+        if r["tier"] != "shared":
+            continue
+        print(f"uploads: {r['dropped']} dropped; {r['queued_bytes'] / 2**20:.1f} MiB queued in the workers "
+              f"(bound {r['upload_bytes'] / 2**20:.0f} MiB each)")
+        if "bucket_objects" in r:
+            held = "unknown (unreachable)" if r["bucket_objects"] is None else \
+                f"{r['bucket_objects']} objects, {r['bucket_bytes'] / 2**20:.1f} MiB"
+            print(f"bucket (listed): {held}; the index says {r['objects']} objects, "
+                  f"{r['bytes'] / 2**20:.1f} MiB")
 
 
 def add_command(sub) -> None:
@@ -60,5 +82,7 @@ def add_command(sub) -> None:
         "store", help="the KV store's tiers (local folder, shared S3 tier): size, hits, misses, evictions")
     p.add_argument("--store", default=None, metavar="s3://BUCKET/PREFIX",
                    help="the shared tier (default: KVNOTES_STORE_URL; unset: the local tier only)")
+    p.add_argument("--verify", action="store_true",
+                   help="also list the bucket: its objects and bytes beside what the index says")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_store)

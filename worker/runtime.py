@@ -31,10 +31,11 @@ def get_store() -> KVStore:
 
 def open_store(url: str = "") -> KVStore:
     """A KV store under `<data>/kv` with the shared tier of `url` (else `KVNOTES_STORE_URL`) behind
-    it; its background writes are waited for, a bounded while, when the process exits."""
+    it; its background writes are drained (at most 30 s, else abandoned, said in the log) and its
+    threads joined when the process exits."""
     store = KVStore(get_settings().data_dir / "kv", shared=shared_config(url))
     if store.shared is not None:
-        atexit.register(store.flush, 30.0)
+        atexit.register(store.close, True, 30.0)
     return store
 
 
@@ -51,7 +52,7 @@ def shared_config(url: str = "") -> SharedConfig | None:
         index = settings.broker_url
     return SharedConfig(url=url, endpoint=settings.s3_endpoint,
                         budget_bytes=settings.store_shared_bytes, index_url=index,
-                        timeout_s=settings.store_timeout_s)
+                        timeout_s=settings.store_timeout_s, upload_bytes=settings.store_upload_bytes)
 
 
 def get_engine(alias: str, say: Callable[[str], None] | None = None) -> Engine:

@@ -91,12 +91,12 @@ def test_a_full_disk_skips_writes_logs_once_and_keeps_serving(tiny_disk: Path, c
         for seed in range(6, 12):
             big = notes(400, seed=seed)
             assert store.put(MODEL, list(range(seed * 1000, seed * 1000 + 400)), big) is None
-            store.guard._down_until = 0.0  # skip the cool-down: every call meets the full disk
+            store.guard.breaker.reset()  # skip the cool-down: every call meets the full disk
     assert len([m for m in _warnings(caplog) if "failed" in m]) == 1
-    store.guard._down_until = 0.0
+    store.guard.breaker.reset()
     assert store.get_prefix(MODEL, ids)[0] in (0, 32)  # a miss at worst (the index cannot even log a read)
     (tiny_disk / "filler").unlink()  # room again: the cache works again, no restart needed
-    store.guard._down_until = 0.0
+    store.guard.breaker.reset()
     assert store.put(MODEL, list(range(7000, 7032)), notes(32, seed=13)) is not None
     n, prefix = store.get_prefix(MODEL, ids)
     assert n == 32 and prefix is not None

@@ -34,11 +34,8 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import sqlite3
-import tempfile
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -46,6 +43,8 @@ import torch
 from worker.engine.store_files import (
     Claims,
     Layers,
+    StoredFile,
+    StoredNotes,
     any_claims,
     block_claims,
     block_keys,
@@ -57,6 +56,7 @@ from worker.engine.store_files import (
     seq_key,
     squeeze,
     verified,
+    write_atomic,
 )
 from worker.engine.store_guard import CacheGuard, is_damaged_index, quarantine, scan_files
 from worker.engine.store_index import StoreIndex
@@ -64,27 +64,6 @@ from worker.engine.store_s3 import SharedConfig
 from worker.engine.store_tiers import Reuse, Shared
 
 log = logging.getLogger(__name__)
-
-@dataclass
-class _File:
-    """One verified file: its tensors, its metadata, its size on disk."""
-
-    tensors: dict[str, torch.Tensor]
-    meta: dict[str, str]
-    size: int
-
-
-@dataclass
-class StoredNotes:
-    """A whole sequence read back: its token ids, per-layer (keys, values) [kv_heads, T, head_dim],
-    and what `put` was told about it: each token's segment ("sink", "skill", ...; empty when not
-    given) and the position of its first token."""
-
-    token_ids: list[int]
-    layers: Layers
-    segments: list[str]
-    first_position: int
-
 
 class KVStore:
     """Content-addressed, block-hashed KV notes on disk with a byte budget and LRU eviction.
@@ -109,6 +88,7 @@ class KVStore:
         self.shared = Shared(shared) if shared is not None else None
         self.last_reuse = Reuse()
         self._reuse = Reuse()
+        self._prefetched: dict[str, bytes] = {}  # what the shared tier sent for the lookup under way
         self._guarded("open", None, self._open)
 
     @property
@@ -202,6 +182,8 @@ class KVStore:
         }
         written.append((seq_key, "seq", self._write("seq", seq_key, tail, meta)))
         self.index.record(written, touched=kept)
+        if self.shared is not None:  # kept blocks the shared index lost are uploaded again (healing)
+            self.shared.offer("block", [(k, self._path("block", k)) for k in kept])
         self._evict()
         return seq_key
 
@@ -221,6 +203,7 @@ class KVStore:
 
     def _get_prefix(self, model_key: str, ids: list[int]) -> tuple[int, Layers | None]:
         block_keys = self._block_keys(model_key, ids)
+        self._prefetch("block", block_keys)
         found: list[dict[str, torch.Tensor]] = []
         read: list[tuple[str, str, int]] = []
         for i, bkey in enumerate(block_keys):
@@ -231,6 +214,7 @@ class KVStore:
                 break
             found.append(loaded.tensors)
             read.append((bkey, "block", loaded.size))
+        self._prefetched = {}
         self.index.after_read(read, hits=len(found), misses=len(block_keys) - len(found))
         if not found:
             return 0, None
@@ -253,6 +237,13 @@ class KVStore:
         return entry
 
     def _get_entry(self, key: str) -> StoredNotes | None:
+        try:
+            return self._get_entry_parts(key)
+        finally:
+            self._prefetched = {}
+
+    def _get_entry_parts(self, key: str) -> StoredNotes | None:
+        self._prefetch("seq", [key])
         seq = self._load("seq", key, seq_claims(key, self.block_tokens))
         if seq is None:
             self.index.after_read([], misses=1)
@@ -263,6 +254,7 @@ class KVStore:
         block_keys = json.loads(meta["blocks"])
         ids = tail["token_ids"].tolist()
         B = self.block_tokens
+        self._prefetch("block", block_keys)
         for i, bkey in enumerate(block_keys):
             block = self._load("block", bkey, block_claims(meta["model_key"], ids[i * B : (i + 1) * B]))
             if block is None:
@@ -289,15 +281,36 @@ class KVStore:
         return self.shared.stats() if self.shared is not None else {}
 
     def flush(self, timeout_s: float = 60.0) -> bool:
-        """Wait for the shared tier's background writes (a worker stopping, tests); False on timeout."""
+        """Wait for the shared tier's background jobs (tests, stats); False on timeout."""
         return self.shared.tier.flush(timeout_s) if self.shared is not None else True
+
+    def close(self, drain: bool = True, timeout_s: float = 30.0) -> str:
+        """Stop the shared tier's writer, draining its queue first (up to `timeout_s`) or abandoning
+        it, and close the index; returns which ("drained", "abandoned N uploads (B bytes)")."""
+        said = self.shared.close(drain, timeout_s) if self.shared is not None else "drained"
+        if self._index is not None:
+            self._index.close()
+        return said
+
+    def _prefetch(self, kind: str, keys: list[str]) -> None:
+        """Before a lookup walks `keys`: the chain of those absent here, read from the shared tier at
+        once (parallel HEADs and GETs, `Shared.lookup`), for `_load_shared` to verify and keep."""
+        self._prefetched = {}
+        if self.shared is None:
+            return
+        absent = [k for k in keys if not self._path(kind, k).exists()]
+        if absent:
+            self._prefetched = self.shared.lookup(kind, absent, self._reuse)
 
     def _heal(self, keys: list[str]) -> None:
         """After a damaged or missing block: check the rest of the chain too, so every damaged
-        block met is deleted now (and written again by the caller's `put`), not one per lookup."""
+        block met is deleted now (and written again by the caller's `put`), not one per lookup:
+        local files and what the shared tier sent alike."""
         for bkey in keys:
             if self._path("block", bkey).exists():
                 self._load("block", bkey, any_claims)  # verifies; a damaged file is deleted and counted
+            elif bkey in self._prefetched:
+                self._load_shared("block", bkey, any_claims)  # kept when sound, else deleted there
 
     # ---- keys and paths ---------------------------------------------------------------------
 
@@ -317,24 +330,12 @@ class KVStore:
         """Write atomically (temp file + os.replace) with a checksum, then queue the same bytes for the
         shared tier (never waited for); return the bytes written."""
         data = file_bytes(tensors, meta)
-        self._write_bytes(self._path(kind, key), data)
+        write_atomic(self._path(kind, key), data)
         if self.shared is not None:
             self.shared.publish(kind, key, data)
         return len(data)
 
-    @staticmethod
-    def _write_bytes(path: Path, data: bytes) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-
-    def _load(self, kind: str, key: str, claims: Claims) -> _File | None:
+    def _load(self, kind: str, key: str, claims: Claims) -> StoredFile | None:
         """Read and verify one file, or None when absent. A file that fails verification, or whose
         contents are not what `claims` expects under its key, is deleted, dropped from the index and
         counted as corrupt. A file absent here is looked up in the shared tier and, when it
@@ -358,12 +359,12 @@ class KVStore:
             self.index.forget([key])
             self.index.count(corrupt=1)
             return None
-        return _File(tensors, meta, len(data))
+        return StoredFile(tensors, meta, len(data))
 
-    def _load_shared(self, kind: str, key: str, claims: Claims) -> _File | None:
+    def _load_shared(self, kind: str, key: str, claims: Claims) -> StoredFile | None:
         if self.shared is None:
             return None
-        data = self.shared.fetch(kind, key, self._reuse)
+        data = self._prefetched.pop(key, None)
         if data is None:
             return None
         try:
@@ -375,9 +376,9 @@ class KVStore:
             # and deleted there
             self.shared.drop_damaged(kind, key, self._reuse)
             return None
-        self._write_bytes(self._path(kind, key), data)  # kept locally; the caller indexes it
+        write_atomic(self._path(kind, key), data)  # kept locally; the caller indexes it
         self._reuse.tier = "shared"
-        return _File(tensors, meta, len(data))
+        return StoredFile(tensors, meta, len(data))
 
     def _evict(self) -> None:
         """Delete least-recently-used files until the store fits its byte budget."""

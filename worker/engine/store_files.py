@@ -6,8 +6,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import struct
+import tempfile
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from safetensors.torch import load as st_load
@@ -164,3 +168,37 @@ def verified(data: bytes) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
 def file_bytes(tensors: dict[str, torch.Tensor], meta: dict[str, str]) -> bytes:
     """A file's bytes: the tensors as safetensors, the checksum of them and of `meta` in the metadata."""
     return st_save(tensors, metadata={**meta, "sha256": checksum(tensors, meta)})
+
+
+@dataclass
+class StoredFile:
+    """One verified file: its tensors, its metadata, its size on disk."""
+
+    tensors: dict[str, torch.Tensor]
+    meta: dict[str, str]
+    size: int
+
+
+@dataclass
+class StoredNotes:
+    """A whole sequence read back: its token ids, per-layer (keys, values) [kv_heads, T, head_dim],
+    and what `put` was told about it: each token's segment ("sink", "skill", ...; empty when not
+    given) and the position of its first token."""
+
+    token_ids: list[int]
+    layers: Layers
+    segments: list[str]
+    first_position: int
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """Write through a temporary file and `os.replace`: a reader never sees half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

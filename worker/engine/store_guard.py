@@ -3,9 +3,11 @@
 `CacheGuard` turns an I/O failure of the store (a damaged or deleted index, a full disk, missing
 permissions) into "no cache this time": the caller computes without it, and the failure is logged
 once (again only after the store worked in between). A store whose disk keeps failing is left alone
-for `COOLDOWN_S` instead of being retried on every call. A damaged or missing index is quarantined
-(moved to `<root>/quarantine/`) and rebuilt from the block files on disk (`scan_files`); the files
-themselves carry their own checksums, so nothing unverified is ever served.
+for `COOLDOWN_S` instead of being retried on every call: the project's one circuit breaker
+(`vocabulary.breaker.Breaker`), open for that long, then one call let through as a probe. A
+damaged or missing index is quarantined (moved to `<root>/quarantine/`) and rebuilt from the block
+files on disk (`scan_files`); the files themselves carry their own checksums, so nothing unverified
+is ever served.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ import logging
 import sqlite3
 import time
 from pathlib import Path
+
+from vocabulary.breaker import Breaker
 
 log = logging.getLogger("worker.engine.store")
 
@@ -32,14 +36,15 @@ def is_damaged_index(exc: BaseException) -> bool:
 
 
 class CacheGuard:
-    """Log-once bookkeeping and a cool-down for one store."""
+    """Log-once bookkeeping and a cool-down (a `Breaker`) for one store."""
 
     def __init__(self) -> None:
         self._logged: set[str] = set()
-        self._down_until = 0.0
+        self.breaker = Breaker("kv store", COOLDOWN_S)
 
     def available(self) -> bool:
-        return time.monotonic() >= self._down_until
+        """False while cooling down; True lets this call through (the probe, once the time passed)."""
+        return self.breaker.allow()
 
     def fault(self, what: str, exc: BaseException, cooldown: bool = True) -> None:
         """Record a failure; log it once per kind; optionally rest the store for `COOLDOWN_S`."""
@@ -49,9 +54,10 @@ class CacheGuard:
             log.warning("kv store: failed; runs compute without the cache",
                         extra={"doing": what, "reason": f"{type(exc).__name__}: {exc}"})
         if cooldown:
-            self._down_until = time.monotonic() + COOLDOWN_S
+            self.breaker.failure()
 
     def ok(self) -> None:
+        self.breaker.success()
         if self._logged:
             log.info("kv store: working again")
             self._logged.clear()

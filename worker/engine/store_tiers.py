@@ -2,19 +2,38 @@
 index in Redis (`SharedIndex`), and `Shared`, the tier plus its index as `KVStore` uses them.
 
 The index holds, under `kvnotes:kv:<bucket>/<prefix>:`, each object's size (`bytes` hash), its last
-use (`lru` sorted set, seconds), the running total (`total`) and the counters of every worker
-(`counters` hash: hits, misses, evictions, damaged). A write that finds the total over the budget
-takes a short lock and deletes least-recently-used objects until it fits. Redis being down costs the
-budget and the counters, never a lookup (objects are read by name, not through the index).
+use (`lru` sorted set, seconds), the running total (`total`), the counters of every worker
+(`counters` hash: hits, misses, evictions, damaged, dropped) and each worker's upload queue in bytes
+(`queue:<host>:<pid>`, expiring a minute after its last report). Recording an object is one Lua
+script (size, total and last use together). A write that finds the total over the budget takes a
+lock (a random token, released only by a script that checks it is still its own) and runs one Lua
+script that pops least-recently-used objects (ZPOPMIN) down to 90% of the budget (`LOW_WATERMARK`),
+so a full tier evicts once per 10% of writes, not on every one; the caller deletes the objects.
+
+Every index call runs on the tier's writer thread (`SharedTier.submit`), never in a run, behind its
+own breaker (`vocabulary.breaker.Breaker`): an index that refuses or hangs costs one timeout per
+`retry_s`, and meanwhile the budget and the counters, never a lookup (objects are read by name).
+
+The tier heals: an object found damaged is deleted and forgotten; a chain that breaks at an object
+the index lists is checked, and the listed-but-absent objects are forgotten (all of them at once
+when the bucket came back empty: the index is reset), so the next worker holding them, which offers
+every block it keeps (`Shared.offer`), uploads them again.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import socket
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
+from worker.engine.store_redis import INDEX_TIMEOUT_S, SharedIndex
 from worker.engine.store_s3 import SharedConfig, SharedTier, TierFault
+
+__all__ = ["Reuse", "Shared", "SharedIndex"]
 
 log = logging.getLogger("worker.engine.store")
 
@@ -36,165 +55,167 @@ class Reuse:
         return out
 
 
-class SharedIndex:
-    """The shared tier's index in Redis (see the module docstring)."""
-
-    def __init__(self, url: str, namespace: str, timeout_s: float = 2.0) -> None:
-        import redis
-
-        self._r = redis.Redis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
-        self._ns = f"kvnotes:kv:{namespace}:"
-        self._logged = False
-
-    def _guard(self, default, action):
-        import redis
-
-        try:
-            out = action()
-        except redis.RedisError as exc:
-            if not self._logged:
-                self._logged = True
-                log.warning("kv store: shared index unreachable; no budget or counters meanwhile",
-                            extra={"reason": str(exc)[:200]})
-            return default
-        self._logged = False
-        return out
-
-    def known(self, path: str) -> bool:
-        return bool(self._guard(False, lambda: self._r.hexists(self._ns + "bytes", path)))
-
-    def record(self, path: str, size: int) -> None:
-        def go():
-            if self._r.hsetnx(self._ns + "bytes", path, size):
-                self._r.incrby(self._ns + "total", size)
-            self._r.zadd(self._ns + "lru", {path: time.time()})
-        self._guard(None, go)
-
-    def touch(self, paths: list[str]) -> None:
-        if paths:
-            now = time.time()
-            self._guard(None, lambda: self._r.zadd(self._ns + "lru", dict.fromkeys(paths, now)))
-
-    def forget(self, path: str) -> None:
-        def go():
-            size = self._r.hget(self._ns + "bytes", path)
-            if size is not None and self._r.hdel(self._ns + "bytes", path):
-                self._r.decrby(self._ns + "total", int(size))
-            self._r.zrem(self._ns + "lru", path)
-        self._guard(None, go)
-
-    def count(self, **deltas: int) -> None:
-        def go():
-            pipe = self._r.pipeline()
-            for name, delta in deltas.items():
-                if delta:
-                    pipe.hincrby(self._ns + "counters", name, delta)
-            pipe.execute()
-        if any(deltas.values()):
-            self._guard(None, go)
-
-    def over_budget(self, budget: int) -> list[str]:
-        """The least-recently-used paths to delete so the total fits `budget` (forgotten here; the
-        caller deletes the objects), under a lock so two workers do not evict the same objects."""
-        def go() -> list[str]:
-            total = int(self._r.get(self._ns + "total") or 0)
-            if total <= budget or not self._r.set(self._ns + "evicting", "1", nx=True, ex=30):
-                return []
-            try:
-                victims: list[str] = []
-                for raw, _ in self._r.zrange(self._ns + "lru", 0, -1, withscores=True):
-                    if total <= budget:
-                        break
-                    path = raw.decode()
-                    size = int(self._r.hget(self._ns + "bytes", path) or 0)
-                    self.forget(path)
-                    victims.append(path)
-                    total -= size
-                self._r.hincrby(self._ns + "counters", "evictions", len(victims))
-                return victims
-            finally:
-                self._r.delete(self._ns + "evicting")
-        return self._guard([], go)
-
-    def stats(self) -> dict[str, int]:
-        def go() -> dict[str, int]:
-            counters = {k.decode(): int(v) for k, v in self._r.hgetall(self._ns + "counters").items()}
-            return {"objects": int(self._r.hlen(self._ns + "bytes")),
-                    "bytes": int(self._r.get(self._ns + "total") or 0),
-                    **{c: counters.get(c, 0) for c in ("hits", "misses", "evictions", "damaged")}}
-        return self._guard({}, go)
-
-    def clear(self) -> None:
-        """Forget everything (tests and benches starting from an empty tier)."""
-        self._guard(None, lambda: self._r.delete(*(self._ns + k for k in
-                                                   ("bytes", "lru", "total", "counters", "evicting"))))
+REPORT_S = 1.0  # how often the writer reports its queue's bytes and drops to the index
 
 
 class Shared:
-    """The shared tier as the store uses it: fetch one file (counted), publish one in the background
-    (recorded in the index, evicting over budget), drop a damaged one, and report stats."""
+    """The shared tier as the store uses it: look a chain up (counted), publish a written file and
+    offer a kept one in the background (recorded in the index, evicting over budget), drop a damaged
+    one, heal the index, report stats. Nothing here waits on Redis in the caller's thread."""
 
     def __init__(self, config: SharedConfig) -> None:
         self.config = config
         self.tier = SharedTier(config)
         namespace = f"{self.tier.bucket}/{self.tier.prefix}"
-        self.index = SharedIndex(config.index_url, namespace, config.timeout_s) if config.index_url else None
-        self.tier.on_written = self._written
+        self.index = SharedIndex(config.index_url, namespace, min(config.timeout_s, INDEX_TIMEOUT_S),
+                                 config.retry_s) if config.index_url else None
+        self.worker = f"{socket.gethostname()}:{os.getpid()}"
+        self._reported = (0.0, -1, 0)  # (when, queued bytes, drops) last reported
+        self.tier.on_idle = self._report
 
-    def fetch(self, kind: str, key: str, reuse: Reuse) -> bytes | None:
-        """The file's bytes from the shared tier, or None (absent, or the tier failed: `reuse` says)."""
-        path = self.tier.path(kind, key)
+    def _later(self, job: Callable[[], None]) -> None:
+        self.tier.submit(job)
+
+    def lookup(self, kind: str, keys: list[str], reuse: Reuse) -> dict[str, bytes]:
+        """The objects of the chain `keys` up to the first absent one (`SharedTier.chain`), by key;
+        {} when the tier faults (`reuse` says how). The index hears one pipeline, later."""
+        if not keys:
+            return {}
+        paths = [self.tier.path(kind, k) for k in keys]
         try:
-            data = self.tier.get(path)
+            found = self.tier.chain(paths)
         except TierFault as fault:
             reuse.shared_fault = reuse.shared_fault or fault.reason
-            return None
+            return {}
+        missing = len(found) < len(paths)
+        self.tier.counters.hits += len(found)
+        self.tier.counters.misses += int(missing)
         if self.index is not None:
-            self.index.count(hits=int(data is not None), misses=int(data is None))
-            if data is not None:
-                self.index.touch([path])
-        if data is None:
-            self.tier.counters.misses += 1
-        else:
-            self.tier.counters.hits += 1
-        return data
+            index, read = self.index, paths[: len(found)]
+            self._later(lambda: index.after_lookup(read, hits=len(read), misses=int(missing)))
+            if missing:
+                rest = paths[len(found):]
+                self._later(lambda: self._heal_missing(rest))
+        return {k: data for k, data in zip(keys, found, strict=False)}
 
     def publish(self, kind: str, key: str, data: bytes) -> None:
+        """Upload a file just written, in the background (bounded in bytes). A block the index
+        already lists is only marked used (its bytes are its key's); a manifest is written again,
+        since a skill saved after its prefill adds segments."""
         path = self.tier.path(kind, key)
-        # a block's bytes are its key's (another worker wrote it: one object, one more use); a
-        # sequence's manifest is written again, since a skill saved after its prefill adds segments
-        if kind == "block" and self.index is not None and self.index.known(path):
-            self.index.touch([path])
+
+        def job() -> None:
+            if kind == "block" and self.index is not None and self.index.known([path])[0]:
+                self.index.touch([path])
+                return
+            if self.tier.upload(path, data):
+                self._written(path, len(data))
+        self.tier.submit(job, len(data))
+
+    def offer(self, kind: str, files: list[tuple[str, Path]]) -> None:
+        """Blocks this worker keeps and did not write now: in the background, each the index does
+        not list (lost, damaged, or the bucket emptied) is read from its file and uploaded again;
+        the others are marked used."""
+        if not files or self.index is None:
             return
-        self.tier.put_later(path, data)
+        paths = [(self.tier.path(kind, key), file) for key, file in files]
+
+        def job() -> None:
+            listed = self.index.known([p for p, _ in paths]) if self.index.breaker.allow() else []
+            if len(listed) != len(paths):
+                return  # the index cannot say: nothing to heal now
+            self.index.touch([p for (p, _), known in zip(paths, listed) if known])
+            for (path, file), known in zip(paths, listed):
+                if known:
+                    continue
+                try:
+                    data = file.read_bytes()
+                except OSError:
+                    continue
+                if self.tier.counters.queued_bytes + len(data) > self.config.upload_bytes:
+                    self.tier._dropped_upload(len(data), "queue full")
+                    continue
+                if not self.tier.upload(path, data):
+                    return
+                self._written(path, len(data))
+        self._later(job)
 
     def drop_damaged(self, kind: str, key: str, reuse: Reuse) -> None:
-        """A shared object failed its checksum: delete it (the caller prefills and puts it again)."""
+        """A shared object failed its checksum or its key: delete it and forget it, in the background
+        (before any upload queued after it), so the caller's `put` writes it again."""
         path = self.tier.path(kind, key)
         reuse.shared_fault = reuse.shared_fault or "damaged"
         self.tier.counters.damaged += 1
         log.warning("kv store: deleting a damaged shared object", extra={"path": path})
+
+        def job() -> None:
+            try:
+                self.tier.delete(path)
+            except TierFault:
+                pass
+            if self.index is not None:
+                self.index.forget([path])
+                self.index.count(damaged=1)
+        self._later(job)
+
+    def _heal_missing(self, paths: list[str]) -> None:
+        """A chain broke at `paths[0]`: objects the index lists but the bucket lacks are forgotten
+        (so they are uploaded again); all of them when the bucket came back empty."""
+        assert self.index is not None
+        listed = [p for p, known in zip(paths, self.index.known(paths)) if known]
+        if not listed:
+            return
         try:
-            self.tier.delete(path)
+            empty = self.tier.is_empty()
         except TierFault:
-            pass
-        if self.index is not None:
-            self.index.forget(path)
-            self.index.count(damaged=1)
+            return
+        if empty:
+            self.index.reset()
+            log.warning("kv store: the shared bucket came back empty; its index is reset",
+                        extra={"bucket": self.tier.bucket, "prefix": self.tier.prefix})
+        else:
+            n = self.index.forget(listed)
+            log.warning("kv store: the shared index listed objects the bucket lacks; forgotten",
+                        extra={"objects": n})
 
     def _written(self, path: str, size: int) -> None:
         if self.index is None:
             return
-        self.index.record(path, size)
+        total = self.index.record(path, size)
+        if total <= self.config.budget_bytes:
+            return
         for victim in self.index.over_budget(self.config.budget_bytes):
             try:
                 self.tier.delete(victim)
             except TierFault:
                 return
 
+    def _report(self) -> None:
+        """On the writer thread: the queue's bytes and the drops since, at most once per REPORT_S."""
+        if self.index is None:
+            return
+        when, queued, dropped = self._reported
+        c = self.tier.counters
+        now = time.monotonic()
+        if now - when < REPORT_S or (queued == c.queued_bytes and dropped == c.dropped and now - when < 30):
+            return
+        if self.index.report(self.worker, c.queued_bytes, c.dropped - dropped):
+            self._reported = (now, c.queued_bytes, c.dropped)
+        else:
+            self._reported = (now, queued, dropped)
+
+    def close(self, drain: bool = True, timeout_s: float = 30.0) -> str:
+        said = self.tier.close(drain, timeout_s)
+        if self.index is not None:  # the last drops (abandoned ones too) and an empty queue
+            self._reported = (0.0, -1, self._reported[2])
+            c = self.tier.counters
+            self.index.report(self.worker, 0, c.dropped - self._reported[2])
+        return said
+
     def stats(self) -> dict[str, int | str]:
         c = self.tier.counters
         mine = {"process_hits": c.hits, "process_misses": c.misses, "written": c.written,
-                "dropped": c.dropped, "faults": c.faults}
+                "process_dropped": c.dropped, "faults": c.faults, "process_queued_bytes": c.queued_bytes,
+                "process_peak_bytes": c.peak_bytes, "upload_bytes": self.config.upload_bytes}
         shared = self.index.stats() if self.index is not None else {}
         return {"url": self.config.url, "budget_bytes": self.config.budget_bytes, **shared, **mine}
