@@ -12,6 +12,7 @@ import random
 import signal
 import socket
 import subprocess
+import threading
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -125,3 +126,30 @@ def objects(server: S3Server, url: str) -> dict[str, int]:
     s3 = S3Store(bucket, endpoint=server.endpoint, region="us-east-1", virtual_hosted_style_request=False,
                  client_options={"allow_http": True})
     return {o["path"]: o["size"] for batch in obstore.list(s3, prefix + "/") for o in batch}
+
+
+@contextmanager
+def silent_listener() -> Iterator[int]:
+    """A port that accepts connections and never answers; yields the port."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(64)
+    sock.settimeout(0.2)
+    held: list[socket.socket] = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        while not stop.is_set():
+            try:
+                held.append(sock.accept()[0])
+            except OSError:
+                continue
+
+    threading.Thread(target=accept, daemon=True).start()
+    try:
+        yield sock.getsockname()[1]
+    finally:
+        stop.set()
+        for conn in held:
+            conn.close()
+        sock.close()

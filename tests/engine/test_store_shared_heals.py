@@ -17,8 +17,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
-import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -30,7 +28,7 @@ from obstore.store import S3Store
 
 from tests.conftest import kvnotes_cli, kvnotes_env
 from tests.engine.conftest import MODEL, notes
-from tests.s3 import REDIS_URL, S3Server, objects, seaweedfs, shared_store
+from tests.s3 import REDIS_URL, S3Server, objects, seaweedfs, shared_store, silent_listener
 from worker.engine.store_s3 import parse_store_url
 from worker.engine.store_tiers import SharedIndex
 
@@ -69,33 +67,6 @@ def paused(server: S3Server) -> Iterator[None]:
         yield
     finally:
         os.killpg(server.proc.pid, signal.SIGCONT)
-
-
-@contextmanager
-def silent_listener() -> Iterator[int]:
-    """A port that accepts connections and never answers; yields the port."""
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(64)
-    sock.settimeout(0.2)
-    held: list[socket.socket] = []
-    stop = threading.Event()
-
-    def accept() -> None:
-        while not stop.is_set():
-            try:
-                held.append(sock.accept()[0])
-            except OSError:
-                continue
-
-    threading.Thread(target=accept, daemon=True).start()
-    try:
-        yield sock.getsockname()[1]
-    finally:
-        stop.set()
-        for conn in held:
-            conn.close()
-        sock.close()
 
 
 def test_a_paused_bucket_keeps_the_upload_queue_under_its_byte_bound(tmp_path, own_server) -> None:

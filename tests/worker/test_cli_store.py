@@ -12,8 +12,7 @@ import os
 import time
 
 from tests.conftest import kvnotes_cli, kvnotes_env
-from tests.engine.test_store_shared_heals import silent_listener
-from tests.s3 import REDIS_URL
+from tests.s3 import REDIS_URL, silent_listener
 from worker.engine.store_tiers import SharedIndex
 
 DOC = "Account record.\nstatus: active\nowner: Ada\n" + "Only active accounts may log in. " * 8
@@ -48,7 +47,8 @@ def test_edit_with_a_store_on_two_hosts_and_the_store_command(tmp_path, s3_serve
         assert shared["objects"] == full // 64 + 1 and shared["hits"] == full // 64  # + A's manifest
         table = kvnotes_cli("store", "--store", url, env=envs["b"])
         assert table.returncode == 0 and table.stdout.splitlines()[2].startswith("shared")
-        verified = json.loads(kvnotes_cli("store", "--store", url, "--verify", "--json", env=envs["b"]).stdout)
+        listed = kvnotes_cli("store", "--store", url, "--verify", "--json", env=envs["b"])
+        verified = json.loads(listed.stdout)
         assert verified[1]["bucket_objects"] == shared["objects"] and verified[1]["bucket_bytes"] > 0
     finally:
         SharedIndex(REDIS_URL, url.removeprefix("s3://")).clear()
