@@ -154,17 +154,23 @@ def _gateway() -> Gateway:
 
 
 class _Held(StreamingResponse):
-    """A stream that gives its gateway slot back once it has been sent (or its client went away)."""
+    """A stream that gives its gateway slot back once it has been sent (or its client went away), and
+    its upstream relay too: a client gone before the first chunk makes the first `send` fail, so the
+    stream's generator never starts and its own `finally` never runs (`_Relayed.close` runs here)."""
 
-    def __init__(self, *args, tenant: str, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
+    def __init__(self, relayed: _Relayed, *args, tenant: str, **kwargs) -> None:
+        super().__init__(relayed.stream(), *args, **kwargs)
+        self.relayed = relayed
         self.tenant = tenant
 
     async def __call__(self, scope, receive, send) -> None:
         try:
             await super().__call__(scope, receive, send)
         finally:
-            SLOTS.give(self.tenant)
+            try:
+                await self.relayed.close()
+            finally:
+                SLOTS.give(self.tenant)
 
 
 async def _forward(request: Request, route: str) -> Response:
@@ -217,7 +223,7 @@ async def _answer(request: Request, route: str, gateway: Gateway, tenant: Tenant
         if relay.status != 200:
             return _upstream_error(relay.status, data, headers)
         return Response(data, status_code=200, media_type=relay.content_type, headers=headers)
-    return _Held(_stream(gateway, prepared, relay), media_type="text/event-stream", headers=headers,
+    return _Held(_Relayed(gateway, prepared, relay), media_type="text/event-stream", headers=headers,
                  tenant=tenant.id)
 
 
@@ -232,25 +238,44 @@ def _upstream_error(status: int, data: bytes, headers: dict[str, str]) -> JSONRe
     return openai_error(status, text, headers=headers)
 
 
-async def _stream(gateway: Gateway, prepared: Prepared, relay: Relay) -> AsyncIterator[bytes]:
-    """The upstream's events as they come; closing (the client gone: cancelled) closes the upstream.
-    The request is counted before `data: [DONE]` is passed on: a client that closes once it has read
-    it (the `openai` client does) cancels this generator before the upstream's stream ends."""
-    counted = False
-    try:
-        async for piece in relay.chunks():
-            if relay.outcome.done and not counted:
-                counted = True
+class _Relayed:
+    """One upstream stream passed on to its client (`stream`), closed once (`close`): the upstream
+    relay closed and its upstream's in-flight count given back (`Gateway.release`)."""
+
+    def __init__(self, gateway: Gateway, prepared: Prepared, relay: Relay) -> None:
+        self.gateway, self.prepared, self.relay = gateway, prepared, relay
+        self._closed = False
+
+    async def stream(self) -> AsyncIterator[bytes]:
+        """The upstream's events as they come; closing (the client gone: cancelled) closes the
+        upstream. The request is counted before `data: [DONE]` is passed on: a client that closes once
+        it has read it (the `openai` client does) cancels this generator before the upstream's stream
+        ends."""
+        gateway, prepared, relay = self.gateway, self.prepared, self.relay
+        counted = False
+        try:
+            async for piece in relay.chunks():
+                if relay.outcome.done and not counted:
+                    counted = True
+                    gateway.finish(prepared, relay)
+                yield piece
+            if not counted:
                 gateway.finish(prepared, relay)
-            yield piece
-        if not counted:
-            gateway.finish(prepared, relay)
-    except UpstreamError as exc:
-        error = {"error": {"message": str(exc), "type": "upstream_error", "param": None, "code": exc.status}}
-        yield f"data: {json.dumps(error)}\n\n".encode()
-    finally:
-        await asyncio.shield(relay.aclose())
-        gateway.release(prepared, relay)
+        except UpstreamError as exc:
+            error = {"error": {"message": str(exc), "type": "upstream_error", "param": None,
+                               "code": exc.status}}
+            yield f"data: {json.dumps(error)}\n\n".encode()
+        finally:
+            await self.close()
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            await asyncio.shield(self.relay.aclose())
+        finally:
+            self.gateway.release(self.prepared, self.relay)
 
 
 @router.post("/chat/completions")

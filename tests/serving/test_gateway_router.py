@@ -14,6 +14,7 @@ routing table is in the real Redis at 127.0.0.1:6379 (each test under its own ke
 
 from __future__ import annotations
 
+import time
 import uuid
 
 import httpx
@@ -166,3 +167,32 @@ def test_a_base_leaves_its_replica_only_past_the_overload_bound_or_when_it_is_ou
     finally:
         for engine in engines:
             engine.close()
+
+
+def _loads(gateway: Gateway) -> list[float]:
+    text = httpx.get(f"{gateway.url}/metrics").text
+    return [s.value for f in text_string_to_metric_families(text) for s in f.samples
+            if s.name == "kvnotes_gateway_upstream_load"]
+
+
+def test_a_client_gone_before_the_first_chunk_gives_its_upstream_back(tmp_path):
+    """A streamed request whose client leaves while the upstream is still silent: the answer's first
+    `send` fails, so its stream never starts; the upstream's in-flight count must still go back to 0
+    (else the router reads that replica as busier for good, one request per client that left)."""
+    engine = Engine("vllm", fault="slow", delay_s=2.0)
+    gateway = Gateway(tmp_path / "g", f"{engine.url}/v1", "--check-rate", "0")
+    try:
+        body = {"model": "smollm2-135m", "max_tokens": 8, "temperature": 0, "stream": True,
+                "messages": [{"role": "user", "content": "What is the destination of this shipment?"}]}
+        for _ in range(3):
+            with pytest.raises(httpx.ReadTimeout):
+                with httpx.stream("POST", f"{gateway.url}/v1/chat/completions", json=body, timeout=0.5) as r:
+                    r.read()
+        assert len(_loads(gateway)) == 1 and _loads(gateway)[0] >= 1  # in flight while the upstream waits
+        deadline = time.monotonic() + 30
+        while _loads(gateway) != [0.0] and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert _loads(gateway) == [0.0]
+    finally:
+        gateway.stop()
+        engine.close()
