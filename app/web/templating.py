@@ -141,6 +141,8 @@ def answer_around(text: str | None, values: Any, width: int = 40, line: bool = F
         lines = [part.strip() for part in text.splitlines() if part.strip()] or [""]
         text = next((part for part in lines if around(part, listed, len(part) + 1)[1]), lines[0])
     before, value, after = around(text, listed, width)
+    if value and after == "…" and len(text.partition(value)[2].strip()) <= 1:  # "." is no longer than "…"
+        after = text.partition(value)[2]
     marked = Markup('<mark class="answer-value">{}</mark>').format(value) if value else Markup("")
     return escape(before) + marked + escape(after)
 

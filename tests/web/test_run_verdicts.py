@@ -295,3 +295,13 @@ def test_a_choice_read_over_some_of_its_orders_is_marked_partial(make_client):
     api = client.get(f"/api/runs/{run.id}").json()
     got = {name: (r["orders_read"], r["orders_total"]) for name, r in api["results"].items()}
     assert got["in_place"] == (6, 8) and got["recompute"] == (8, 8)
+
+
+def test_the_note_quoting_an_answer_does_not_double_its_full_stop(make_client):
+    """Issue 51: "…suspended.”." read as a doubled full stop: an answer's own stop ends the sentence."""
+    from tests.web.conftest import long_record_run, session
+
+    client = make_client()
+    run = long_record_run(session(), ("recompute", "stale"))
+    page = client.get(f"/runs/{run.id}").text
+    assert "to “The status is suspended.” " in page and ".”." not in page

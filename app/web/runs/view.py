@@ -165,7 +165,7 @@ def run_note(rows: list[DecisionRow], snapshot: RunSnapshot) -> str:
         return (f"No field changed: this run compares composing notes against recompute. "
                 f"{len(follow)} of {len(others)} strategies give recompute's {kind}.")
     moved = (f"The edit moved recompute's {kind} from “{stale.result.decision}” (stale notes) to "
-             f"“{ref.result.decision}”. " if stale is not None and not stale.agrees else "")
+             f"{_quoted_end(ref.result.decision)} " if stale is not None and not stale.agrees else "")
     if ref.followed is not None:
         return _verdict_note(rows, ref.followed, kind, moved)
     if stale is not None and stale.agrees:
@@ -176,6 +176,11 @@ def run_note(rows: list[DecisionRow], snapshot: RunSnapshot) -> str:
     follows = f"Following it: {', '.join(follow)}." if follow else "No strategy follows it."
     kept = f" Not following: {', '.join(keep)}." if keep else ""
     return moved + follows + kept
+
+
+def _quoted_end(text: str) -> str:
+    """`text` quoted to end a sentence: “…suspended.”, never “…suspended.”. (its own stop ends it)."""
+    return f"“{text}”" if text.rstrip().endswith((".", "!", "?", "…")) else f"“{text}”."
 
 
 def _verdict_note(rows: list[DecisionRow], reference: str, kind: str, moved: str) -> str:
