@@ -25,6 +25,7 @@ from contextlib import contextmanager
 
 import redis
 
+from serving.gateway.memory_state import MemoryState
 from serving.gateway.sealing import Sealer, Unsealable
 from serving.gateway.state import (
     TOTALS,
@@ -33,7 +34,6 @@ from serving.gateway.state import (
     Lease,
     Limits,
     LockBusy,
-    MemoryState,
     State,
     new_token,
 )

@@ -43,8 +43,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from serving.gateway.changes import Change, Template, common_head, common_tail, diff_changes
+from serving.gateway.memory_state import MemoryState
 from serving.gateway.prompts import Prompt
-from serving.gateway.state import Base, Lease, Limits, LockBusy, MemoryState, State
+from serving.gateway.state import Base, Lease, Limits, LockBusy, State
 from serving.gateway.stats import Stats
 from serving.gateway.tenants import Tenant
 from vocabulary import render_erratum

@@ -29,7 +29,8 @@ from dataclasses import dataclass
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
-from serving.gateway.state import TOTALS, Limits, MemoryState, State
+from serving.gateway.memory_state import MemoryState
+from serving.gateway.state import TOTALS, Limits, State
 from serving.replay import percentile
 from vocabulary.sweeps import wilson
 

@@ -24,10 +24,11 @@ import pytest
 import redis
 from prometheus_client.parser import text_string_to_metric_families
 
+from serving.gateway.memory_state import MemoryState
 from serving.gateway.prompts import CHAT, read_prompt
 from serving.gateway.redis_state import RedisState
 from serving.gateway.rewrite import Rewriter, Settings
-from serving.gateway.state import Base, LockBusy, MemoryState
+from serving.gateway.state import Base, LockBusy
 from serving.gateway.stats import Stats
 from tests.conftest import free_port, listening, stop_process
 from tests.serving.engines import Engine, Gateway

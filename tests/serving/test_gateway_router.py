@@ -139,8 +139,9 @@ def test_a_base_leaves_its_replica_only_past_the_overload_bound_or_when_it_is_ou
     on its replica while it is at most `overload` requests busier than the other, moves past that
     (and is recorded there), and moves when its replica is out of rotation."""
     from serving import connect
+    from serving.gateway.memory_state import MemoryState
     from serving.gateway.router import Router
-    from serving.gateway.state import Base, Limits, MemoryState
+    from serving.gateway.state import Base, Limits
     from serving.gateway.upstreams import Pool, Upstream
 
     engines = [Engine("vllm"), Engine("vllm")]

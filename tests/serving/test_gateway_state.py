@@ -22,10 +22,10 @@ import pytest
 import redis
 from prometheus_client.parser import text_string_to_metric_families
 
+from serving.gateway.memory_state import MemoryState
 from serving.gateway.prompts import CHAT, read_prompt
 from serving.gateway.redis_state import RedisState
 from serving.gateway.rewrite import Rewriter, Settings
-from serving.gateway.state import MemoryState
 from serving.gateway.stats import Stats
 from tests.serving.engines import SECRET_KEY, Engine, Gateway
 
