@@ -126,3 +126,25 @@ def test_a_run_succeeds_without_its_index(tmp_path: Path) -> None:
         for (k, v), (ek, ev) in zip(notes_.layers, expected.layers, strict=True):
             assert torch.allclose(k, ek, atol=1e-5) and torch.allclose(v, ev, atol=1e-5)
     assert block_files(store)
+
+
+def test_the_index_keeps_one_connection_with_the_databases_pragmas(tmp_path: Path) -> None:
+    """data/db.py's choice (issue 49): the rollback journal and no memory mapping, so no `-shm` that
+    storage could take away under a worker; one connection per process, not one per call; an
+    index an older version left in WAL goes back to the rollback journal."""
+    import sqlite3
+
+    (tmp_path / "kv").mkdir()
+    old = sqlite3.connect(tmp_path / "kv" / "index.sqlite")
+    assert old.execute("PRAGMA journal_mode=WAL").fetchone()[0] == "wal"
+    old.close()
+    store = KVStore(tmp_path / "kv", block_tokens=16)
+    ids = list(range(32))
+    store.put(MODEL, ids, notes(32, seed=1))
+    conn = store.index._conn
+    assert store.get_prefix(MODEL, ids)[0] == 32 and store.stats()["hits"] == 2
+    assert store.index._conn is conn
+    assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "delete"
+    assert conn.execute("PRAGMA mmap_size").fetchone()[0] == 0
+    assert not (tmp_path / "kv" / "index.sqlite-wal").exists()
+    assert not (tmp_path / "kv" / "index.sqlite-shm").exists()

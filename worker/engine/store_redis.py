@@ -106,14 +106,14 @@ class SharedIndex:
             log.info("kv store: shared index reachable again")
         return out
 
-    def known(self, paths: list[str]) -> list[bool]:
-        """Whether the index lists each path (one pipeline); all False when it cannot answer."""
+    def known(self, paths: list[str]) -> list[bool] | None:
+        """Whether the index lists each path (one pipeline); None when it cannot answer."""
         def go() -> list[bool]:
             pipe = self._r.pipeline(transaction=False)
             for path in paths:
                 pipe.hexists(self._ns + "bytes", path)
             return [bool(x) for x in pipe.execute()]
-        return self._guard([False] * len(paths), go) if paths else []
+        return self._guard(None, go) if paths else []
 
     def record(self, path: str, size: int) -> int:
         """List the object (once) and mark its use, atomically; returns the tier's total (-1: unknown)."""

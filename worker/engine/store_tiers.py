@@ -105,9 +105,9 @@ class Shared:
         path = self.tier.path(kind, key)
 
         def job() -> None:
-            if kind == "block" and self.index is not None and self.index.known([path])[0]:
+            if kind == "block" and self.index is not None and self.index.known([path]) == [True]:
                 self.index.touch([path])
-                return
+                return  # (an index that cannot say: uploaded; the bytes are the same)
             if self.tier.upload(path, data):
                 self._written(path, len(data))
         self.tier.submit(job, len(data))
@@ -121,8 +121,8 @@ class Shared:
         paths = [(self.tier.path(kind, key), file) for key, file in files]
 
         def job() -> None:
-            listed = self.index.known([p for p, _ in paths]) if self.index.breaker.allow() else []
-            if len(listed) != len(paths):
+            listed = self.index.known([p for p, _ in paths])
+            if listed is None:
                 return  # the index cannot say: nothing to heal now
             self.index.touch([p for (p, _), known in zip(paths, listed) if known])
             for (path, file), known in zip(paths, listed):
@@ -162,7 +162,7 @@ class Shared:
         """A chain broke at `paths[0]`: objects the index lists but the bucket lacks are forgotten
         (so they are uploaded again); all of them when the bucket came back empty."""
         assert self.index is not None
-        listed = [p for p, known in zip(paths, self.index.known(paths)) if known]
+        listed = [p for p, known in zip(paths, self.index.known(paths) or []) if known]
         if not listed:
             return
         try:
