@@ -5,14 +5,16 @@ after every edit (`vocabulary.sweeps.sweep_stats`, the code the sweep itself use
 at which edit the policy first became decided, and whether the stopping sweep stopped exactly there
 with the same decisions. Written to `docs/sweep-stopping.md`.
 
-The default is the account-status field of `examples/sweeps/agent-status.json` (20 values, a free
-answer) on smollm2-135m: the field the model reads back, so recompute's answer moves and strategies
-can be told apart. (The held-out MuSiQue records of `bench/bench_sweep_heldout.py` cannot show this:
+The default is the destination-city field of `examples/sweeps/destination-city.json` (45 values, a
+free answer) on smollm2-135m: the field the model reads back, so recompute's answer moves and
+strategies can be told apart. (docs/sweep-stopping.md was written on the example before it, the
+account status of an agent prompt, 20 values.)
+(The held-out MuSiQue records of `bench/bench_sweep_heldout.py` cannot show this:
 in the 100 records only 4 state the gold answer within their first ~1,000 tokens, and on the one
 measured, example 6, recompute's answer never moved.)
 
-    .venv/bin/python bench/bench_sweep_stop.py [--example examples/sweeps/agent-status.json]
-        [--field 1] [--threshold 0.5] [--model smollm2-135m] [--out docs/sweep-stopping.md]
+    .venv/bin/python bench/bench_sweep_stop.py [--example examples/sweeps/destination-city.json]
+        [--field 0] [--threshold 0.5] [--model smollm2-135m] [--out docs/sweep-stopping.md]
 """
 
 from __future__ import annotations
@@ -58,8 +60,8 @@ def replay(result: dict, label: str, threshold: float) -> list[dict]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--example", default=str(ROOT / "examples" / "sweeps" / "agent-status.json"))
-    parser.add_argument("--field", type=int, default=1, help="which of the example's fields (0-based)")
+    parser.add_argument("--example", default=str(ROOT / "examples" / "sweeps" / "destination-city.json"))
+    parser.add_argument("--field", type=int, default=0, help="which of the example's fields (0-based)")
     parser.add_argument("--threshold", type=float, default=0.5)
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--out", default=str(ROOT / "docs" / "sweep-stopping.md"))

@@ -151,7 +151,8 @@ def _panel(request: Request, session, notebook: Notebook, errors: dict[str, str]
         if example is not None and not sweeps:  # a sweep example, before its first sweep: its values
             form.update({f"values_{i}": "\n".join(example.values.get(f.label, ()))
                          for i, f in enumerate(fields)},
-                        strategies=list(example.strategies), threshold=f"{example.threshold:.2f}")
+                        strategies=list(example.strategies), threshold=f"{example.threshold:.2f}",
+                        stop_when_decided=example.stop_when_decided)
     return render(request, "_sweep_panel.html", status_code=status_code, notebook=notebook,
                   fields=fields, sweeps=sweeps, errors=errors or {}, form=form,
                   strategies=list(SWEEP_STRATEGIES), active=RUN_ACTIVE, kinds=KIND_HELP,
