@@ -117,7 +117,7 @@ def test_every_slide_of_the_examples_fits_1280x720_and_names_the_edit_and_each_a
     assert problems == [], problems
 
 
-def test_at_390px_no_card_cuts_its_answer_s_value(site, browser):
+def test_at_390px_no_card_cuts_its_answer_s_value_and_no_slide_is_wider(site, browser):
     server, runs = site
     page = browser.new_context(viewport={"width": 390, "height": 844}, device_scale_factor=2,
                                bypass_csp=True).new_page()
@@ -128,7 +128,29 @@ def test_at_390px_no_card_cuts_its_answer_s_value(site, browser):
         assert all(c["whole"] and c["value"] for c in cards), (slug, cards)
         stale = next(c for c in cards if c["strategy"] == "stale")
         assert stale["value"] in ("active", "Oslo"), (slug, stale)  # the old value, in sight
-        assert page.evaluate("document.scrollingElement.scrollWidth") <= 390, slug
+        for step in range(1, 6):
+            page.goto(f"{server.url}/runs/{run}/present/{step}")
+            assert page.evaluate("document.scrollingElement.scrollWidth") <= 390, (slug, step)
+            assert "answers name" in page.inner_text(".slide:not([hidden]) .slide-edit") or step == 2
+    page.context.close()
+
+
+def test_a_tap_on_the_document_shows_its_token(site, browser):
+    """"Hover for tokens" asked a touch screen for what it cannot do: the status says point at or
+    tap, and a tap on a word shows its token."""
+    server, runs = site
+    with server.db() as s:
+        from data.models import Run
+
+        notebook = s.get(Run, runs["access-policy"]).notebook_id
+    page = browser.new_context(viewport={"width": 390, "height": 844}, has_touch=True, is_mobile=True,
+                               bypass_csp=True).new_page()
+    page.goto(f"{server.url}/notebooks/{notebook}")
+    expect(page.locator("#token-status")).to_contain_text("Point at or tap a word for its tokens")
+    page.wait_for_function("document.getElementById('token-status').textContent.includes('document tokens')")
+    page.tap("#document .t >> nth=2")
+    expect(page.locator("#token-tip")).to_be_visible()
+    expect(page.locator("#token-tip")).to_contain_text("token #")
     page.context.close()
 
 
