@@ -1,7 +1,8 @@
 """KVNOTES_STORE_SCOPE=user on a real served kvnotes with accounts required (issue 48): the run's
 snapshot carries its user to a real worker, which keys the KV store's notes by that user. Alice's
 second run of her document reads it from the store; Bob's run of the same document reads 0 stored
-tokens, so `store_reuse` (the API, the page, export.json) tells Bob nothing of what Alice ran."""
+tokens, so `store_reuse` (the API, the page, export.json) tells Bob nothing of what Alice ran. A
+notebook's delete page says the store keeps its document's notes."""
 
 from __future__ import annotations
 
@@ -62,3 +63,7 @@ def test_with_a_user_scope_another_users_run_reads_no_stored_notes(tmp_path: Pat
         assert bobs["store_reuse"]["tokens"] == 0, bobs["store_reuse"]
         assert {n: r["decision"] for n, r in bobs["results"].items()} == \
             {n: r["decision"] for n, r in again["results"].items()}
+        # deleting a notebook leaves its notes in the store: its delete page says so
+        page = httpx.get(f"{app.url}/notebooks/{first['notebook_id']}/delete", timeout=60,
+                         headers=alice.headers)
+        assert page.status_code == 200 and "KV store keeps this document" in page.text
