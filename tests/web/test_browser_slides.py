@@ -174,6 +174,8 @@ def test_a_speed_up_range_above_1x_reads_at_least_never_noisy(site, browser):
     expect(page.locator('.decision-card.s-in_place .decision-facts')).to_contain_text("at least 5.1× faster")
     page.goto(f"{server.url}/compare?runs={runs['access-policy']},{run}")
     assert "noisy: 5.1" not in page.content() and "at least 5.1×" in page.content()
+    assert "best <strong>at least 5.5×</strong> (stale)" not in page.content()  # stale does not agree
+    assert "best <strong>at least 5.1×</strong> (in_place)" in page.content()  # every round faster
     page.context.close()
 
 

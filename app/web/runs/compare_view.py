@@ -74,8 +74,8 @@ def run_columns(session: Session, runs: list[Run]) -> list[RunColumn]:
     for run in runs:
         rows = decision_rows(run)
         agree, compared = agreement_summary(rows)
-        fast = [r for r in rows if not r.is_reference and r.agrees and r.speedup and r.timing is None]
-        best = max(fast, key=lambda r: r.speedup, default=None)
+        fast = [r for r in rows if r.agrees and r.quoted_speedup is not None]
+        best = max(fast, key=lambda r: r.quoted_speedup[0], default=None)
         notebook = session.get(Notebook, run.notebook_id) if run.notebook_id else None
         said = headline(rows, bool(run.snapshot.fields)) if run.snapshot else None
         out.append(RunColumn(run, notebook, {r.strategy: r for r in rows}, agree, compared, best, said))

@@ -120,6 +120,7 @@ class Timing:
     label: str
     kind: str
     tip: str
+    floor: float | None = None  # a bound above 1×: the speed-up every paired round reached
 
 
 def _spread(result: Any) -> tuple[float, float] | None:
@@ -159,7 +160,8 @@ def timing(result: Any, reference: Any) -> Timing | None:
     else:
         why = (f"the speed-up ranges {reading.low:.1f}×–{reading.high:.1f}× over {over}, more than a "
                f"factor of {MAX_RANGE_FACTOR:.0f}")
-    return Timing(reading.label, reading.kind, f"{why}: {numbers}")
+    floor = reading.low if reading.kind == "bound" and (reading.low or 0.0) > 1.0 else None
+    return Timing(reading.label, reading.kind, f"{why}: {numbers}", floor)
 
 
 def _x(speedup: float | None) -> str:

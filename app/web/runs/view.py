@@ -45,6 +45,18 @@ class DecisionRow:
     speedup_range: tuple[float, float] | None = None  # [min, max] over the paired rounds (None before)
 
     @property
+    def quoted_speedup(self) -> tuple[float, str] | None:
+        """The speed-up a summary may quote, as (how it ranks, how it reads): the median when it
+        stands ("3.3×"), the floor when every paired round was faster ("at least 2.3×"); else None."""
+        if self.is_reference or not self.speedup:
+            return None
+        if self.timing is None:
+            return self.speedup, f"{self.speedup:.1f}×"
+        if self.timing.floor is not None:
+            return self.timing.floor, self.timing.label
+        return None
+
+    @property
     def followed_words(self) -> str:
         """"follows the edit", "keeps the old value", … ("" when answers name no value)."""
         return FOLLOWED_WORDS.get(self.followed or "", "")
