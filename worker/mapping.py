@@ -46,6 +46,17 @@ def store_owner(user: str | None) -> str | None:
     return user or LOCAL_USER
 
 
+def unowned_job_store(eng: Engine):
+    """The context a job that records no user (a trajectory) runs its engine work in: the
+    deployment's notes, or under KVNOTES_STORE_SCOPE=user no store at all, so neither its reads nor
+    its timing tell anyone what another user prefilled (it prefills, and compiles its skills, anew)."""
+    from contextlib import nullcontext
+
+    from worker.engine.engine import no_store
+
+    return nullcontext() if get_settings().store_scope != "user" else no_store(eng)
+
+
 def run_request(eng: Engine, snapshot: RunSnapshot) -> RunRequest:
     """What the engine runs for `snapshot`; a document over the token limit is refused."""
     limit = get_settings().max_document_tokens

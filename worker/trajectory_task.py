@@ -29,7 +29,7 @@ from worker import jobs
 from worker.celery_app import app
 from worker.engine import EngineError
 from worker.engine.trajectory import request_of, trajectory
-from worker.mapping import stored_skill_notes
+from worker.mapping import stored_skill_notes, unowned_job_store
 from worker.runtime import describe_failure, get_engine
 
 log = logging.getLogger(__name__)
@@ -75,9 +75,10 @@ def trajectory_task(self, trajectory_id: int) -> dict[str, Any]:
             eng = get_engine(spec.model, say=lambda said: _write(trajectory_id, hostname, stage=said[:64]))
             device, stage = str(eng.device), "prefill"
             _write(trajectory_id, hostname, stage="prefill")
-            stored = {s.name: stored_skill_notes(eng, s.skill_id, s.text) for s in spec.skills}
-            request = request_of(spec, {name: notes for name, notes in stored.items() if notes is not None})
-            trajectory(eng, request, progress=progress, cancelled=stopping)
+            with unowned_job_store(eng):  # KVNOTES_STORE_SCOPE=user: a trajectory records no user
+                stored = {s.name: stored_skill_notes(eng, s.skill_id, s.text) for s in spec.skills}
+                request = request_of(spec, {n: notes for n, notes in stored.items() if notes is not None})
+                trajectory(eng, request, progress=progress, cancelled=stopping)
             if len(turns) < total and beat.check_deadline():  # stopped by it, not done
                 raise PastDeadline(deadline_message(TRAJECTORIES, f"turn {len(turns) + 1} of {total}"))
     except PastDeadline as exc:

@@ -147,3 +147,31 @@ def test_a_manifest_or_block_under_another_key_is_a_miss(store: KVStore) -> None
     # the manifest's block list is derived again from its ids: A's whole sequence is now a miss too
     assert json.loads(verified(store._path("seq", key_a).read_bytes())[1]["blocks"])[0] == block_a
     assert store.get_entry(key_a) is None
+
+
+def test_a_job_that_records_no_user_runs_without_the_store_under_a_user_scope(tmp_path, monkeypatch) -> None:
+    """A trajectory records no user: under KVNOTES_STORE_SCOPE=user it neither reads nor writes the
+    store (its timing tells nobody what another user prefilled); under the deployment scope it does."""
+    from data.settings import get_settings
+    from worker.mapping import unowned_job_store
+
+    model, tokenizer, info = load_model("tiny-llama")
+    store = KVStore(tmp_path / "kv", block_tokens=16)
+    eng = LoadedModel(model, tokenizer, info, store)
+    eng.prefill(DOCUMENT)  # what some user's run left in the deployment's notes
+    try:
+        monkeypatch.setenv("KVNOTES_STORE_SCOPE", "user")
+        get_settings.cache_clear()
+        with unowned_job_store(eng):
+            assert eng.store is None
+            eng.prefill(DOCUMENT)
+            assert eng.last_reuse is None
+        assert eng.store is store
+        monkeypatch.setenv("KVNOTES_STORE_SCOPE", "deployment")
+        get_settings.cache_clear()
+        with unowned_job_store(eng):
+            eng.prefill(DOCUMENT)
+            assert eng.last_reuse.tokens > 0
+    finally:
+        monkeypatch.delenv("KVNOTES_STORE_SCOPE")
+        get_settings.cache_clear()
