@@ -372,3 +372,27 @@ class SilentSocket:
     def close(self) -> None:
         for conn in [self.listener, *self.held]:
             conn.close()
+
+
+GATEWAY_REDIS = "redis://127.0.0.1:6379/0"  # the machine's Redis, where the gateway tests keep their state
+
+
+@pytest.fixture
+def prefix() -> Iterator[str]:
+    """A Redis key prefix of this test's own (`--state redis://…#PREFIX`), its keys removed after it;
+    no Redis at `GATEWAY_REDIS` is `missing` (a failure under CI)."""
+    import uuid
+
+    import redis
+
+    name = f"kvnotes-test:{uuid.uuid4().hex[:10]}:"
+    client = redis.Redis.from_url(GATEWAY_REDIS)
+    try:
+        client.ping()
+    except redis.RedisError as exc:
+        missing(f"no Redis at {GATEWAY_REDIS}: {exc}")
+    yield name
+    keys = list(client.scan_iter(f"{name}*"))
+    if keys:
+        client.delete(*keys)
+    client.close()

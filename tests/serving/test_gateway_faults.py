@@ -17,7 +17,6 @@ import shutil
 import subprocess
 import threading
 import time
-import uuid
 
 import httpx
 import pytest
@@ -55,20 +54,6 @@ def private_redis(tmp_path):
     finally:
         stop_process(proc, 5)
 
-
-@pytest.fixture
-def prefix():
-    name = f"kvnotes-test:{uuid.uuid4().hex[:10]}:"
-    client = redis.Redis.from_url(SHARED)
-    try:
-        client.ping()
-    except redis.RedisError as exc:
-        pytest.skip(f"no Redis at {SHARED}: {exc}")
-    yield name
-    keys = list(client.scan_iter(f"{name}*"))
-    if keys:
-        client.delete(*keys)
-    client.close()
 
 
 def _chat(city: str, stream: bool = False, system: str = SYSTEM) -> dict:

@@ -15,11 +15,9 @@ routing table is in the real Redis at 127.0.0.1:6379 (each test under its own ke
 from __future__ import annotations
 
 import time
-import uuid
 
 import httpx
 import pytest
-import redis
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.serving.engines import Engine, Gateway
@@ -29,20 +27,6 @@ LOG = "\n".join(f"2026-03-01 08:{i:02d} The carrier confirmed step {i} of the bo
 CITIES = ["Oslo", "Madrid", "Rome", "Lisbon", "Paris", "Bergen", "Turin", "Porto"]
 TENANTS = 8
 
-
-@pytest.fixture
-def prefix():
-    name = f"kvnotes-test:{uuid.uuid4().hex[:10]}:"
-    client = redis.Redis.from_url(REDIS)
-    try:
-        client.ping()
-    except redis.RedisError as exc:
-        pytest.skip(f"no Redis at {REDIS}: {exc}")
-    yield name
-    keys = list(client.scan_iter(f"{name}*"))
-    if keys:
-        client.delete(*keys)
-    client.close()
 
 
 def _system(tenant: int, city: str) -> str:

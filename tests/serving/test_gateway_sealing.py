@@ -4,8 +4,6 @@ Redis dump held the prompts: 4 values held the test prompt's secret."""
 
 from __future__ import annotations
 
-import uuid
-
 import httpx
 import pytest
 import redis
@@ -20,20 +18,6 @@ LOG = "\n".join(f"2026-03-01 08:{i:02d} The carrier confirmed step {i} of the bo
 SYSTEM = "You are the account agent.\nowner ZQXALPHA93817 status: {}\nplan: business\n\n" + LOG
 VALUES = ["active", "suspended", "ZQXBRAVO55102", "closed"]
 
-
-@pytest.fixture
-def prefix():
-    name = f"kvnotes-test:{uuid.uuid4().hex[:10]}:"
-    client = redis.Redis.from_url(REDIS)
-    try:
-        client.ping()
-    except redis.RedisError as exc:
-        pytest.skip(f"no Redis at {REDIS}: {exc}")
-    yield name
-    keys = list(client.scan_iter(f"{name}*"))
-    if keys:
-        client.delete(*keys)
-    client.close()
 
 
 def _dump(prefix: str) -> dict[str, list[bytes]]:

@@ -15,11 +15,9 @@ from __future__ import annotations
 
 import threading
 import time
-import uuid
 
 import httpx
 import pytest
-import redis
 from prometheus_client.parser import text_string_to_metric_families
 
 from serving.gateway.memory_state import MemoryState
@@ -34,21 +32,6 @@ LOG = "\n".join(f"2026-03-01 08:{i:02d} The carrier confirmed step {i} of the bo
 SYSTEM = "You are the shipping agent.\nrecord_id: SR-20417\ndestination: {}\ncarrier: NordFreight\n\n" + LOG
 CITIES = ["Oslo", "Madrid", "Rome", "Lisbon", "Paris", "Bergen", "Turin", "Porto", "Lyon", "Malmo"]
 
-
-@pytest.fixture
-def prefix():
-    """A key prefix of this test's own, and its keys removed after it."""
-    name = f"kvnotes-test:{uuid.uuid4().hex[:10]}:"
-    client = redis.Redis.from_url(REDIS)
-    try:
-        client.ping()
-    except redis.RedisError as exc:
-        pytest.skip(f"no Redis at {REDIS}: {exc}")
-    yield name
-    keys = list(client.scan_iter(f"{name}*"))
-    if keys:
-        client.delete(*keys)
-    client.close()
 
 
 def _eventually(check, within_s: float = 10.0) -> bool:
