@@ -167,6 +167,9 @@ def with_recompute(names: list[str] | tuple[str, ...]) -> list[str]:
 
 REFERENCE = by_role("reference")  # every strategy is measured against it (edit and compose alike)
 FLOOR = by_role("floor")  # recomputes nothing: the model acts on the old notes
+EXACT_REUSE = next(name for name, info in EDIT_INFO.items() if info.exact and info.role == "candidate")
+# the exact candidate (its notes equal the reference's, recomputed from the first change on): the
+# cheapest strategy a decided sweep policy must beat, and what a serving prefix cache does
 
 # The names and words earlier code reads, derived from the descriptors (one place for each fact).
 STRATEGIES = tuple(EDIT_INFO)

@@ -33,9 +33,6 @@ def touch_first(session: Session, notebook_id: int, what: str) -> None:
         raise Gone(gone)
 
 
-_PARTS: dict[type, str] = {Field: "field", Erratum: "erratum", Placement: "placement"}
-
-
 def hold(row: Notebook | Field | Erratum | Placement) -> None:
     """The first statement of every action that changes a notebook or what hangs on it: lock order
     is the notebook, then its parts (issue 49: a field's PATCH wrote the field, then the notebook,
@@ -48,7 +45,7 @@ def hold(row: Notebook | Field | Erratum | Placement) -> None:
         touch_first(session, row.id, f"notebook {row.id}")
         return
     kind = type(row)
-    what = f"{_PARTS[kind]} {row.id}"
+    what = f"{kind.__name__.lower()} {row.id}"  # field, erratum or placement
     touch_first(session, row.notebook_id, what)
     if session.scalar(select(kind.id).where(kind.id == row.id)) is None:
         raise Gone(f"{what} was deleted meanwhile")

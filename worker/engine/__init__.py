@@ -13,7 +13,8 @@ Import floors, bottom to top: a module imports only from its own floor or below,
 (tests/engine/test_floors.py reads this list; a new module goes on its concept's floor).
 
     1 plumbing: types mechanism.types compare devices models tiny offsets store store_guard
-        store_index store_files store_s3 store_tiers attention_plan split_attention
+        store_index store_files store_s3 store_redis store_tiers fingerprint attention_plan
+        split_attention
     2 notes: rope notes
     3 forward: forward selective orders mechanism.masked
     4 readout and surgery: readout batched decode edit compose attention loaded mechanism.knockout

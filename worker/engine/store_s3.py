@@ -363,7 +363,8 @@ class SharedTier:
             return "drained"
         said = f"abandoned {uploads} uploads ({sum(left)} bytes)"
         self.counters.dropped += uploads
-        log.warning(f"kv store: shared uploads {said}", extra={"bucket": self.bucket})
+        log.warning("kv store: shared uploads abandoned",
+                    extra={"bucket": self.bucket, "uploads": uploads, "bytes": sum(left)})
         return said
 
     def _drain(self) -> None:

@@ -16,6 +16,7 @@ from app.web.notebooks.examples import ExampleError, load_example
 from app.web.templating import EXAMPLES_DIR
 from data.accounts import LOCAL_USER
 from data.models import Notebook
+from vocabulary import EXACT_REUSE
 from vocabulary.confidence import more_needed
 from vocabulary.sweeps import SWEEP_STRATEGIES
 
@@ -71,7 +72,7 @@ def _measured(path: Path) -> Measured | None:
         return Measured(data["model"], str(run["device"]), int(run["edits_done"]), float(run["seconds"]),
                         float(run["load_before"][0]), policy, bool(run["policy"]["decided"]),
                         run["strategies"].get(policy, {}).get("cost_share"),
-                        run["strategies"].get("prefix_reuse", {}).get("cost_share"))
+                        run["strategies"].get(EXACT_REUSE, {}).get("cost_share"))
     except (OSError, KeyError, TypeError, ValueError):
         return None
 
