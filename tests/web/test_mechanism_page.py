@@ -42,8 +42,9 @@ def test_the_form_asks_for_the_mechanism(client) -> None:
     form = client.get(f"/notebooks/{nb}").text
     assert 'name="mechanism"' in form and "Mechanism: why the decision moved" in form
     # issue 51 item 7: what is left when selective@K is skipped is the measured knockout + lens, not "about 1"
-    assert ("(about 11 recomputes, ~2× the run's time; when in_place already agrees, only knockout and the "
-            "lens: measured 0.4 on a long document, 3.8 on a short one)") in form
+    # (one short line: the tooltip says which is which; a longer one pushed the skill palette down)
+    assert "(about 11 recomputes, ~2× the run's time; 0.4–3.8 when in_place already agrees)" in form
+    assert "0.41 recomputes measured on the shipment log" in form and "3.77 on the 137-token" in form
     assert "about 1 when in_place" not in form
     asked = {"question": "q?", "strategies": ["recompute"], "mechanism": "1"}
     client.post(f"/notebooks/{nb}/runs", data=asked, headers=HX)

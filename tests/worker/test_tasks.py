@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import applied, kvnotes_env
+from tests.conftest import until as wait_for
 from vocabulary import STRATEGIES
 
 pytestmark = pytest.mark.slow
@@ -345,6 +346,9 @@ def test_a_deleted_queued_run_never_starts_or_delays_another(worker: Worker) -> 
     busy_run, _ = _poll_run(busy, _finished, timeout=120)
     run, _ = _poll_run(own_id, _finished, timeout=120)
     assert run.status == "succeeded" and run.task_id == own_token, (run.status, run.error)
+    # the worker commits the row, then logs: read the log once C's line is there (or give up)
+    done = f'msg="run succeeded" run_id={own_id} '
+    wait_for("C's success logged", lambda: done in worker.log_path.read_text(errors="replace"), 30)
     log = worker.log_path.read_text(errors="replace")
     # B's message is dropped either by the broadcast revoke (Redis, when it reaches the worker
     # first) or by the missing row (always on SQLite, which has no broadcast); never run
