@@ -1,14 +1,15 @@
 """A crowd of signed-in users against a real `kvnotes serve`, on SQLite and on PostgreSQL.
 
     .venv/bin/python bench/load_test.py [--notebooks 10000] [--users 50] [--seconds 30] [--burst 200]
-        [--databases sqlite,postgresql] [--out docs/load-latest.md]
+        [--think 0] [--databases sqlite,postgresql] [--out docs/load-latest.md]
 
 For each database: a fresh one seeded with `--notebooks` notebooks, 2,000 finished runs and 200
 skills (`bench/load_pages.seed`); a user and an API token (`kvnotes users add`, `kvnotes tokens
 create`); `kvnotes serve --no-worker` with sign-in required (`KVNOTES_AUTH=required`) on a free
 loopback port; then two phases, every request carrying the token:
 
-1. `--users` users with no think time for `--seconds`, each GETting a random read page after the other
+1. `--users` users for `--seconds`, each GETting a random read page after the other (with `--think S`,
+   thinking 0.5-1.5 x S seconds between pages; none by default)
    (the notebooks list and its later pages, a notebook, the runs list, a run, the skills library, the
    JSON notebook and list);
 2. `--burst` requests released at once (`GET /api/notebooks?limit=50`).
@@ -129,9 +130,10 @@ async def _get(client: httpx.AsyncClient, path: str, phase: Phase) -> None:
     phase.record(status, (time.perf_counter() - t0) * 1000)
 
 
-async def crowd(url: str, headers: dict[str, str], users: int, seconds: float, routes: dict) -> Phase:
-    """`users` users, no think time, for `seconds`."""
-    phase = Phase(f"{users} users, no think time")
+async def crowd(url: str, headers: dict[str, str], users: int, seconds: float, routes: dict,
+                think: float = 0.0) -> Phase:
+    """`users` users for `seconds`, each thinking 0.5-1.5 x `think` s between its requests (none at 0)."""
+    phase = Phase(f"{users} users, " + (f"{think:g} s think time" if think else "no think time"))
     limits = httpx.Limits(max_connections=users, max_keepalive_connections=users)
     async with httpx.AsyncClient(base_url=url, headers=headers, limits=limits, timeout=60) as client:
         until = time.monotonic() + seconds
@@ -139,6 +141,8 @@ async def crowd(url: str, headers: dict[str, str], users: int, seconds: float, r
         async def user() -> None:
             while time.monotonic() < until:
                 await _get(client, random.choice(list(routes.values()))(), phase)
+                if think:
+                    await asyncio.sleep(think * random.uniform(0.5, 1.5))
 
         await asyncio.gather(*(user() for _ in range(users)))
     return phase
@@ -175,7 +179,7 @@ def run_one(kind: str, args: argparse.Namespace) -> tuple[list[str], tuple[float
         with served(env, data) as (base, headers):
             before = os.getloadavg()[0]
             routes = pages(counts["notebooks"], counts["runs"])
-            phases = [asyncio.run(crowd(base, headers, args.users, args.seconds, routes)),
+            phases = [asyncio.run(crowd(base, headers, args.users, args.seconds, routes, args.think)),
                       asyncio.run(burst(base, headers, args.burst))]
             after = os.getloadavg()[0]
     rows = [phases[0].row(kind, args.seconds), phases[1].row(kind, None)]
@@ -192,6 +196,8 @@ def main() -> int:
     parser.add_argument("--users", type=int, default=50)
     parser.add_argument("--seconds", type=float, default=30.0)
     parser.add_argument("--burst", type=int, default=200)
+    parser.add_argument("--think", type=float, default=0.0,
+                        help="mean think time between a user's requests, s (0.5-1.5 x it; 0: none)")
     parser.add_argument("--databases", default="sqlite,postgresql")
     parser.add_argument("--out", type=Path, default=None, help="write the table (markdown) here too")
     args = parser.parse_args()
