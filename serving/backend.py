@@ -116,7 +116,10 @@ class EngineBackend(Server):
         """Count the tokens: the token ids of the prompt that carries `content` (chat: as the user
         message), from the engine's tokenize endpoint."""
         extra = {"add_generation_prompt": True} if self.chat is not False else {}
-        body = {"model": self.model, **self._prompt(content), **extra}
+        return self._token_ids({"model": self.model, **self._prompt(content), **extra})
+
+    def _token_ids(self, body: dict) -> list[int]:
+        """The engine's tokenize endpoint on `body`: its token ids, or a failure naming the call."""
         asked = f"POST {self.tokenize_path}"
         status, data = self._request("POST", self.tokenize_path, body)
         if status != 200:
@@ -153,19 +156,10 @@ class EngineBackend(Server):
     def tokenize(self, body: dict) -> list[int]:
         """The token ids of a client's request body as the engine renders it (chat messages through
         its template, or a completion's prompt): the gateway hashes them to find a base's blocks."""
-        asked = f"POST {self.tokenize_path}"
         if "messages" in body:
-            request = {"model": body.get("model"), "messages": body["messages"],
-                       "add_generation_prompt": True}
-        else:
-            request = {"model": body.get("model"), "prompt": body.get("prompt", "")}
-        status, data = self._request("POST", self.tokenize_path, request)
-        if status != 200:
-            raise self._failure(asked, answered(status, data))
-        tokens = self._json(data, asked).get("tokens")
-        if not isinstance(tokens, list):
-            raise self._failure(asked, "no token ids")
-        return tokens
+            return self._token_ids({"model": body.get("model"), "messages": body["messages"],
+                                    "add_generation_prompt": True})
+        return self._token_ids({"model": body.get("model"), "prompt": body.get("prompt", "")})
 
     def relay(self, path: str, body: dict, timeout_s: float, idle_s: float | None = None) -> Relay:
         """A client's own request to this engine, forwarded as it is (`serving.relay`: `timeout_s` to

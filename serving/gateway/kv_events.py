@@ -25,25 +25,16 @@ what events cost is on `/metrics` (`kvnotes_gateway_kv_events_*`).
 
 from __future__ import annotations
 
-import hashlib
 import logging
-import struct
 import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from vocabulary.prefix import hash_parts, next_block
+
 log = logging.getLogger("kvnotes.gateway")
 POLL_MS = 200
-
-
-def hash_parts(*parts: bytes) -> str:
-    """`worker.engine.store_files.hash_parts`: each part with its length, SHA-256."""
-    h = hashlib.sha256()
-    for p in parts:
-        h.update(len(p).to_bytes(8, "little"))
-        h.update(p)
-    return h.hexdigest()
 
 
 def root(block_size: int, model: str = "", salt: str = "") -> str:
@@ -58,7 +49,7 @@ def chain(tokens: Sequence[int], block_size: int, model: str = "", salt: str = "
     out = []
     for start in range(0, len(tokens) - block_size + 1, block_size):
         ids = tokens[start:start + block_size]
-        prev = hash_parts(b"block", prev.encode(), struct.pack(f"<{len(ids)}q", *ids))
+        prev = next_block(prev, ids)
         out.append(prev)
     return out
 
@@ -150,7 +141,7 @@ class KvEvents:
                     replica.orphans += 1
                     continue
                 ids = tokens[i * size:(i + 1) * size]
-                prev = hash_parts(b"block", prev.encode(), struct.pack(f"<{len(ids)}q", *ids))
+                prev = next_block(prev, ids)
                 replica.ours[_key(vllm_hash)] = prev
                 replica.held.add(prev)
                 replica.stored += 1

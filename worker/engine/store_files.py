@@ -9,13 +9,15 @@ import json
 import os
 import struct
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
+
+from vocabulary.prefix import hash_parts, ids_bytes, next_block
 
 Layers = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: (keys, values), each [kv_heads, T, head_dim]
 
@@ -67,21 +69,9 @@ def block_keys(model_key: str, block_tokens: int, ids: list[int]) -> list[str]:
     prev = hash_parts(b"root", model_key.encode(), str(block_tokens).encode())
     for i in range(len(ids) // block_tokens):
         chunk = ids[i * block_tokens : (i + 1) * block_tokens]
-        prev = hash_parts(b"block", prev.encode(), ids_bytes(chunk))
+        prev = next_block(prev, chunk)
         keys.append(prev)
     return keys
-
-
-def hash_parts(*parts: bytes) -> str:
-    h = hashlib.sha256()
-    for p in parts:
-        h.update(len(p).to_bytes(8, "little"))
-        h.update(p)
-    return h.hexdigest()
-
-
-def ids_bytes(ids: Sequence[int]) -> bytes:
-    return struct.pack(f"<{len(ids)}q", *ids)
 
 
 def tensor_bytes(t: torch.Tensor) -> bytes:
